@@ -1,0 +1,263 @@
+"""The book's manifest (book.toml) and the checks that keep its chapters honest.
+
+A chapter is a jupytext `py:percent` source (chapters/NN_name.py) beside its
+executed notebook (chapters/NN_name.ipynb, outputs committed). `run_chapter`
+rebuilds the notebook from the source in a fresh kernel; `check_chapter`
+re-executes it under nbval and compares every output; `prose_number_offenders`
+finds numbers written in the prose that the code never computes.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import re
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+try:
+    import tomllib
+except ModuleNotFoundError:  # Python 3.10
+    import tomli as tomllib
+
+TIERS = ("cpu", "gpu", "multi-gpu")
+ROOT = Path(__file__).resolve().parent.parent
+
+# The execution settings shared by `book run` and `book check`: the same kernel
+# environment is what makes a rebuilt notebook equal to a re-executed one.
+KERNEL_ENV = {
+    "PYTHONHASHSEED": "0",
+    "OMP_NUM_THREADS": "1",
+    "MKL_NUM_THREADS": "1",
+    "TOKENIZERS_PARALLELISM": "false",
+    "HF_HUB_OFFLINE": "1",
+    "TRANSFORMERS_OFFLINE": "1",
+    "MPLBACKEND": "module://matplotlib_inline.backend_inline",
+    "TQDM_MININTERVAL": "1000",
+}
+
+
+class ManifestError(ValueError):
+    """book.toml is inconsistent with itself or with chapters/."""
+
+
+@dataclass(frozen=True)
+class Chapter:
+    number: int
+    path: Path          # the executed notebook, relative to the book root
+    title: str
+    summary: str
+    tier: str
+    budget_seconds: int
+
+    @property
+    def source(self) -> Path:
+        """The jupytext py:percent source beside the notebook."""
+        return self.path.with_suffix(".py")
+
+    @property
+    def name(self) -> str:
+        return self.path.stem
+
+
+@dataclass(frozen=True)
+class Book:
+    root: Path
+    title: str
+    description: str
+    chapters: tuple[Chapter, ...]
+
+    def select(self, names: list[str] | None) -> list[Chapter]:
+        """Chapters by number ("1"), stem ("01_grpo_by_hand") or path; all when empty."""
+        if not names:
+            return list(self.chapters)
+        chosen = []
+        for name in names:
+            matches = [c for c in self.chapters
+                       if name in (str(c.number), f"{c.number:02d}", c.name, str(c.path))]
+            if not matches:
+                known = ", ".join(f"{c.number} ({c.name})" for c in self.chapters)
+                raise ManifestError(f"chapter {name!r} is not in book.toml; known: {known}")
+            chosen.extend(m for m in matches if m not in chosen)
+        return chosen
+
+
+def load_book(root: Path | str = ROOT) -> Book:
+    """Read and validate book.toml: every listed notebook exists, once, with a known
+    tier and a positive budget, and every notebook in chapters/ is listed."""
+    root = Path(root)
+    manifest = root / "book.toml"
+    with open(manifest, "rb") as f:
+        data = tomllib.load(f)
+    meta = data.get("book", {})
+    for key in ("title", "description"):
+        if not isinstance(meta.get(key), str) or not meta[key].strip():
+            raise ManifestError(f"book.toml [book] needs a non-empty string {key!r}")
+    entries = data.get("chapters")
+    if not isinstance(entries, list) or not entries:
+        raise ManifestError("book.toml needs at least one [[chapters]] entry")
+
+    chapters, seen = [], set()
+    for number, entry in enumerate(entries, start=1):
+        label = f"book.toml chapter {number} ({entry.get('path', '<no path>')})"
+        missing = {"path", "title", "summary", "tier", "budget_seconds"} - set(entry)
+        if missing:
+            raise ManifestError(f"{label}: missing {sorted(missing)}")
+        unknown = set(entry) - {"path", "title", "summary", "tier", "budget_seconds"}
+        if unknown:
+            raise ManifestError(f"{label}: unknown keys {sorted(unknown)}")
+        path = Path(entry["path"])
+        if path.suffix != ".ipynb" or path.parent != Path("chapters"):
+            raise ManifestError(f"{label}: path must be chapters/<name>.ipynb, got {entry['path']!r}")
+        if path in seen:
+            raise ManifestError(f"{label}: duplicate entry for {entry['path']!r}")
+        seen.add(path)
+        if not (root / path).is_file():
+            raise ManifestError(f"{label}: notebook {entry['path']!r} does not exist")
+        if not (root / path.with_suffix(".py")).is_file():
+            raise ManifestError(f"{label}: source {path.with_suffix('.py')} does not exist")
+        if entry["tier"] not in TIERS:
+            raise ManifestError(f"{label}: tier must be one of {TIERS}, got {entry['tier']!r}")
+        budget = entry["budget_seconds"]
+        if not isinstance(budget, int) or isinstance(budget, bool) or budget <= 0:
+            raise ManifestError(f"{label}: budget_seconds must be a positive integer, got {budget!r}")
+        chapters.append(Chapter(number, path, entry["title"], entry["summary"], entry["tier"], budget))
+
+    on_disk = {p.relative_to(root) for p in (root / "chapters").glob("*.ipynb")}
+    unlisted = sorted(str(p) for p in on_disk - seen)
+    if unlisted:
+        raise ManifestError(f"notebooks in chapters/ not listed in book.toml: {unlisted}")
+    return Book(root, meta["title"], meta["description"], tuple(chapters))
+
+
+def chapter_table(book: Book) -> str:
+    """The chapter table as Markdown (the README carries exactly this)."""
+    rows = ["| # | Chapter | Tier | Budget |", "|---|---|---|---|"]
+    for c in book.chapters:
+        rows.append(f"| {c.number} | [{c.title}]({c.path}): {c.summary} | {c.tier} | {c.budget_seconds} s |")
+    return "\n".join(rows)
+
+
+# --------------------------------------------------------------------------- tiers
+
+def available_tiers() -> dict[str, str | None]:
+    """For each tier, None if this machine can run it, else the reason it cannot."""
+    try:
+        import torch
+        gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    except ImportError:
+        gpus = 0
+    return {
+        "cpu": None,
+        "gpu": None if gpus >= 1 else "no CUDA GPU on this machine",
+        "multi-gpu": None if gpus >= 2 else f"needs >= 2 CUDA GPUs, this machine has {gpus}",
+    }
+
+
+# --------------------------------------------------------------------------- prose numbers
+
+# A decimal number: 0.384, -1.432, .5, 1e-8, 2.5e+3. Integers are not checked.
+_NUMBER = re.compile(r"(?<![\w.])[-−]?(?:\d+\.\d+(?:[eE][-+]?\d+)?|\.\d+|\d+[eE][-+]?\d+)(?![\w.]*\d)")
+# Contexts that hold numbers that are not results: versions (1.2.3, v0.10,
+# TRL 1.16), section references, URLs and code spans.
+_SKIPPED_SPANS = re.compile(
+    r"`[^`]*`"                                   # inline code: shown code, not a claim
+    r"|\]\([^)]*\)|https?://\S+"                 # link targets
+    r"|\b\d+\.\d+(?:\.\d+)+\b"                   # dotted versions 0.10.2
+    r"|(?:[Ss]ection|§|[Cc]hapter|[Vv]ersion|\bv|TRL|vLLM|PyTorch|torch|transformers|Python|nbval)\s*[\d.]+(?:\s*(?:and|or|,|-)\s*[\d.]+)*"
+)
+
+
+def _numbers(text: str) -> list[str]:
+    text = _SKIPPED_SPANS.sub(" ", text)
+    return [m.group(0).replace("−", "-") for m in _NUMBER.finditer(text)]
+
+
+def _decimals(literal: str) -> int:
+    mantissa = re.split(r"[eE]", literal)[0]
+    return len(mantissa.split(".")[1]) if "." in mantissa else 0
+
+
+def _matches(claim: str, candidates: list[float]) -> bool:
+    """A prose number matches a computed one if they agree at the precision written:
+    0.384 matches 0.38406; -1.432 matches -1.43208; 1e-8 matches 1e-08."""
+    value = float(claim)
+    if re.search(r"[eE]", claim):
+        return any(math.isclose(value, c, rel_tol=10 ** -(_decimals(claim) + 1)) for c in candidates)
+    digits = _decimals(claim)
+    return any(abs(c - value) <= 0.5 * 10 ** -digits + 1e-12 for c in candidates)
+
+
+def _cell_text(cell: dict) -> str:
+    source = cell.get("source", "")
+    return "".join(source) if isinstance(source, list) else source
+
+
+def _output_text(cell: dict) -> str:
+    parts = []
+    for output in cell.get("outputs", []):
+        if "text" in output:
+            parts.append(_cell_text({"source": output["text"]}))
+        for mime in ("text/plain", "text/html", "text/latex", "text/markdown"):
+            if mime in output.get("data", {}):
+                parts.append(_cell_text({"source": output["data"][mime]}))
+    return "\n".join(parts)
+
+
+def prose_number_offenders(notebook: Path | str) -> list[str]:
+    """Decimal numbers in a chapter's markdown that occur nowhere in its code or
+    outputs at the precision written. Each offender names its cell."""
+    cells = json.loads(Path(notebook).read_text())["cells"]
+    computed_text = "\n".join(_cell_text(c) + "\n" + _output_text(c)
+                              for c in cells if c["cell_type"] == "code")
+    candidates = []
+    for literal in re.findall(r"[-−]?(?:\d+\.\d*|\.\d+|\d+)(?:[eE][-+]?\d+)?", computed_text):
+        try:
+            candidates.append(float(literal.replace("−", "-")))
+        except ValueError:
+            continue
+    offenders = []
+    for index, cell in enumerate(cells):
+        if cell["cell_type"] != "markdown":
+            continue
+        for claim in _numbers(_cell_text(cell)):
+            if not _matches(claim, candidates):
+                first_line = _cell_text(cell).strip().splitlines()[0][:60]
+                offenders.append(f"cell {index} ({first_line!r}): {claim} is not computed by the chapter")
+    return offenders
+
+
+# --------------------------------------------------------------------------- run and check
+
+def kernel_env() -> dict[str, str]:
+    env = dict(os.environ)
+    env.update(KERNEL_ENV)
+    return env
+
+
+def run_chapter(chapter: Chapter, root: Path = ROOT) -> float:
+    """Rebuild chapter.path from its py:percent source in a fresh kernel and write it
+    with outputs. Returns the execution time in seconds."""
+    from grpo_edu import notebooks
+
+    start = time.perf_counter()
+    notebooks.build(root / chapter.source, root / chapter.path, env=kernel_env(),
+                    timeout=max(600, 3 * chapter.budget_seconds))
+    return time.perf_counter() - start
+
+
+def check_chapter(chapter: Chapter, root: Path = ROOT, extra_args: list[str] | None = None
+                  ) -> tuple[bool, float, str]:
+    """Re-execute a chapter under strict nbval and compare every output.
+    Returns (passed, seconds, pytest's output)."""
+    # pyproject.toml's addopts carry the nbval settings; chapters/conftest.py the
+    # kernel environment. The suite and this command therefore check alike.
+    command = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q",
+               str(root / chapter.path), *(extra_args or [])]
+    start = time.perf_counter()
+    result = subprocess.run(command, cwd=root, env=kernel_env(), capture_output=True, text=True)
+    return result.returncode == 0, time.perf_counter() - start, result.stdout + result.stderr

@@ -1,0 +1,106 @@
+"""The `grpo-edu` command.
+
+    grpo-edu book list                 the chapter table
+    grpo-edu book run [CHAPTER ...]    rebuild chapters (fresh kernel) and write their outputs
+    grpo-edu book check [CHAPTER ...]  re-execute and compare outputs (nbval), check prose numbers
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from grpo_edu import book as bookmod
+
+
+def _book_list(args) -> int:
+    book = bookmod.load_book(args.root)
+    print(f"{book.title}\n")
+    print(f"{'#':>2}  {'title':<48} {'tier':<9} {'budget':>7}")
+    for c in book.chapters:
+        print(f"{c.number:>2}  {c.title:<48} {c.tier:<9} {c.budget_seconds:>5} s")
+    return 0
+
+
+def _runnable(chapter, tiers):
+    reason = tiers[chapter.tier]
+    if reason:
+        print(f"chapter {chapter.number} ({chapter.name}): skipped, tier {chapter.tier!r}: {reason}")
+    return reason is None
+
+
+def _book_run(args) -> int:
+    book = bookmod.load_book(args.root)
+    tiers = bookmod.available_tiers()
+    for chapter in book.select(args.chapters):
+        if not _runnable(chapter, tiers):
+            continue
+        print(f"chapter {chapter.number} ({chapter.name}): running ...", flush=True)
+        seconds = bookmod.run_chapter(chapter, book.root)
+        verdict = "within" if seconds <= chapter.budget_seconds else "OVER"
+        print(f"chapter {chapter.number}: wrote {chapter.path} in {seconds:.1f} s "
+              f"({verdict} budget {chapter.budget_seconds} s)")
+    return 0
+
+
+def _book_check(args) -> int:
+    book = bookmod.load_book(args.root)
+    tiers = bookmod.available_tiers()
+    rows, failed = [], False
+    for chapter in book.select(args.chapters):
+        offenders = bookmod.prose_number_offenders(book.root / chapter.path)
+        for offender in offenders:
+            print(f"chapter {chapter.number} prose: {offender}")
+        if not _runnable(chapter, tiers):
+            rows.append((chapter, "skipped", None, tiers[chapter.tier]))
+            continue
+        passed, seconds, output = bookmod.check_chapter(chapter, book.root)
+        if not passed:
+            print(output)
+        within = seconds <= chapter.budget_seconds
+        status = "ok" if passed and within and not offenders else "FAIL"
+        failed |= status == "FAIL"
+        notes = []
+        if not passed:
+            notes.append("outputs differ or a cell failed")
+        if offenders:
+            notes.append(f"{len(offenders)} prose number(s) not computed")
+        if not within:
+            notes.append("over budget")
+        rows.append((chapter, status, seconds, "; ".join(notes)))
+
+    print(f"\n{'#':>2}  {'chapter':<34} {'status':<8} {'time':>8} {'budget':>7}  notes")
+    for chapter, status, seconds, note in rows:
+        time = f"{seconds:.1f} s" if seconds is not None else "-"
+        print(f"{chapter.number:>2}  {chapter.name:<34} {status:<8} {time:>8} {chapter.budget_seconds:>5} s  {note or ''}")
+    return 1 if failed else 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="grpo-edu", description="GRPO, a runnable textbook.")
+    commands = parser.add_subparsers(dest="command", required=True)
+
+    book = commands.add_parser("book", help="list, run and check the book's chapters")
+    book.add_argument("--root", default=str(bookmod.ROOT), help="the book's folder (holds book.toml)")
+    actions = book.add_subparsers(dest="action", required=True)
+    actions.add_parser("list", help="the chapter table").set_defaults(func=_book_list)
+    for name, func, text in (("run", _book_run, "execute chapters in a fresh kernel and write their outputs"),
+                             ("check", _book_check, "re-execute, compare every output, check prose numbers")):
+        action = actions.add_parser(name, help=text)
+        action.add_argument("chapters", nargs="*", metavar="CHAPTER",
+                            help="chapter number or name (default: all)")
+        action.set_defaults(func=func)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return args.func(args)
+    except bookmod.ManifestError as error:
+        print(f"grpo-edu: {error}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,12 @@
+"""Checkers for the exercises at the end of each chapter.
+
+Each checker runs a reader's function (or answers) on a set of cases and says
+exactly which case failed, with the expected and the actual value:
+
+    >>> from grpo_edu.exercises import ch01
+    >>> ch01.check_group_advantages(my_group_advantages)
+"""
+
+from grpo_edu.exercises.checking import CheckResult
+
+__all__ = ["CheckResult"]

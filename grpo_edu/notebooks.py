@@ -1,0 +1,76 @@
+"""Build an executed notebook from a jupytext py:percent source, reproducibly.
+
+The .py source is what people edit and review; the .ipynb is generated from it
+with outputs, normalised so that rebuilding an unchanged chapter gives the same
+bytes: cell ids from the cell index, execution counts 1..n, no timing metadata.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import nbformat
+
+NBVAL_SKIP_KERNEL = {"display_name": "Python 3 (ipykernel)", "language": "python", "name": "python3"}
+
+
+def read_source(source: Path) -> nbformat.NotebookNode:
+    """The py:percent source as an unexecuted notebook."""
+    import jupytext
+
+    notebook = jupytext.read(source, fmt="py:percent")
+    notebook.metadata = {"kernelspec": NBVAL_SKIP_KERNEL,
+                         "language_info": {"name": "python"}}
+    return notebook
+
+
+def normalise(notebook: nbformat.NotebookNode) -> nbformat.NotebookNode:
+    """Strip what differs between runs of the same chapter: ids, counts, timings."""
+    count = 0
+    for index, cell in enumerate(notebook.cells):
+        cell["id"] = f"cell-{index:03d}"
+        cell.metadata.pop("execution", None)
+        if cell.metadata.get("jupyter") == {}:
+            cell.metadata.pop("jupyter")
+        if cell.cell_type != "code":
+            continue
+        count += 1
+        cell.execution_count = count
+        for output in cell.get("outputs", []):
+            if "execution_count" in output:
+                output["execution_count"] = count
+            output.get("metadata", {}).pop("execution", None)
+    if not _has_widget_outputs(notebook):
+        notebook.metadata.pop("widgets", None)
+    notebook.nbformat, notebook.nbformat_minor = 4, 5
+    return notebook
+
+
+def _has_widget_outputs(notebook: nbformat.NotebookNode) -> bool:
+    return any("application/vnd.jupyter.widget-view+json" in o.get("data", {})
+               for c in notebook.cells if c.cell_type == "code" for o in c.get("outputs", []))
+
+
+def execute(notebook: nbformat.NotebookNode, cwd: Path, env: dict[str, str], timeout: int
+            ) -> nbformat.NotebookNode:
+    """Run every cell in a fresh kernel (the current Python environment)."""
+    from nbclient import NotebookClient
+
+    client = NotebookClient(notebook, timeout=timeout, kernel_name="python3",
+                            resources={"metadata": {"path": str(cwd)}},
+                            coalesce_streams=True, store_widget_state=True,
+                            record_timing=False, allow_errors=False)
+    client.execute(env=env)  # the kernel gets exactly the book's environment
+    return notebook
+
+
+def build(source: Path, target: Path, env: dict[str, str], timeout: int = 600) -> None:
+    """Rebuild `target` (.ipynb) from `source` (.py), executed and normalised."""
+    notebook = execute(read_source(source), cwd=target.parent, env=env, timeout=timeout)
+    nbformat.write(normalise(notebook), target)
+
+
+def code_sources(notebook_path: Path) -> list[str]:
+    """The code and markdown sources of a notebook, cell by cell (for drift checks)."""
+    notebook = nbformat.read(notebook_path, as_version=4)
+    return [f"{c.cell_type}:{c.source}" for c in notebook.cells]
