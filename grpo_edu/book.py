@@ -86,9 +86,12 @@ class Book:
         return chosen
 
 
-def load_book(root: Path | str = ROOT) -> Book:
+def load_book(root: Path | str = ROOT, *, building: bool = False) -> Book:
     """Read and validate book.toml: every listed notebook exists, once, with a known
-    tier and a positive budget, and every notebook in chapters/ is listed."""
+    tier and a positive budget, and every notebook in chapters/ is listed.
+
+    building=True (for `book run`) accepts a listed notebook that does not exist
+    yet, as long as its .py source does: running the chapter creates it."""
     root = Path(root)
     manifest = root / "book.toml"
     with open(manifest, "rb") as f:
@@ -116,7 +119,7 @@ def load_book(root: Path | str = ROOT) -> Book:
         if path in seen:
             raise ManifestError(f"{label}: duplicate entry for {entry['path']!r}")
         seen.add(path)
-        if not (root / path).is_file():
+        if not (root / path).is_file() and not building:
             raise ManifestError(f"{label}: notebook {entry['path']!r} does not exist")
         if not (root / path.with_suffix(".py")).is_file():
             raise ManifestError(f"{label}: source {path.with_suffix('.py')} does not exist")

@@ -30,7 +30,7 @@ def _runnable(chapter, tiers):
 
 
 def _book_run(args) -> int:
-    book = bookmod.load_book(args.root)
+    book = bookmod.load_book(args.root, building=True)
     tiers = bookmod.available_tiers()
     for chapter in book.select(args.chapters):
         if not _runnable(chapter, tiers):
