@@ -1,0 +1,133 @@
+"""The tiny policy's tokenizer and architecture, and one loader for any causal LM.
+
+The CPU tier trains a model small enough to run hundreds of rollouts a second on
+a laptop, so everything is minimal but real:
+
+- `char_tokenizer()`: one token per character, built with the `tokenizers`
+  library and wrapped as a transformers `PreTrainedTokenizerFast`, so it saves,
+  loads, pads and decodes like any Hugging Face tokenizer (and TRL accepts it).
+  The markup the rewards parse is one token each: `<think>`, `</think>` and
+  `\\boxed{` (a reasoning tag split into seven characters would make every
+  completion seven tokens longer and the format seven times easier to break).
+  They are *added* tokens, not *special* ones, so `decode(...,
+  skip_special_tokens=True)` (what TRL does before calling reward functions)
+  keeps them; only `<pad>`, `<eos>` and `<unk>` are special.
+- `tiny_llama_config()`: a 2-layer, 128-wide Llama (about 0.4M parameters).
+- `load_policy(name_or_path)`: model + tokenizer from a local directory or, on a
+  reader's machine with network, a Hugging Face hub id.
+"""
+
+from __future__ import annotations
+
+import string
+from pathlib import Path
+
+import torch
+from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers
+from transformers import (AutoModelForCausalLM, AutoTokenizer, LlamaConfig, LlamaForCausalLM,
+                          PreTrainedModel, PreTrainedTokenizerBase, PreTrainedTokenizerFast)
+
+PAD, EOS, UNK = "<pad>", "<eos>", "<unk>"
+THINK_OPEN, THINK_CLOSE, BOXED_OPEN = "<think>", "</think>", "\\boxed{"
+SPECIAL_TOKENS = (PAD, EOS, UNK)
+MARKUP_TOKENS = (THINK_OPEN, THINK_CLOSE, BOXED_OPEN)
+# Printable ASCII (space to tilde) and newline: enough for arithmetic, countdown
+# and English reasoning. Any other character encodes as <unk>.
+CHARACTERS = "\n" + "".join(chr(c) for c in range(32, 127))
+
+# The starting policy committed with the package (see grpo_edu/pretrain.py).
+ASSETS = Path(__file__).resolve().parent / "assets"
+STARTING_POLICY = ASSETS / "tiny-arithmetic-start"
+
+
+def char_tokenizer(max_length: int = 64) -> PreTrainedTokenizerFast:
+    """The character-level tokenizer: ids 0-2 special, 3-5 markup, then characters.
+
+    Padding is on the left (decoder-only generation continues from the right end
+    of every row); `max_length` is the model's context, stored as
+    `model_max_length`.
+    """
+    vocab = {token: index for index, token in enumerate(SPECIAL_TOKENS + MARKUP_TOKENS)}
+    for character in CHARACTERS:
+        vocab[character] = len(vocab)
+    backend = Tokenizer(models.WordLevel(vocab, unk_token=UNK))
+    # Every character is its own pre-token; [\s\S] also matches newline.
+    backend.pre_tokenizer = pre_tokenizers.Split(Regex(r"[\s\S]"), behavior="isolated")
+    backend.decoder = decoders.Fuse()  # join tokens with nothing in between
+    backend.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in SPECIAL_TOKENS])
+    backend.add_tokens([AddedToken(t, special=False, normalized=False) for t in MARKUP_TOKENS])
+    return PreTrainedTokenizerFast(
+        tokenizer_object=backend, pad_token=PAD, eos_token=EOS, unk_token=UNK,
+        padding_side="left", model_max_length=max_length, clean_up_tokenization_spaces=False)
+
+
+def tiny_llama_config(tokenizer: PreTrainedTokenizerBase, *, hidden_size: int = 128,
+                      num_layers: int = 2, num_heads: int = 4, intermediate_size: int = 256,
+                      max_position_embeddings: int = 64) -> LlamaConfig:
+    """A Llama small enough to train and sample on a laptop CPU.
+
+    Defaults: 2 layers, width 128, 4 heads of 32, SwiGLU width 256, tied input
+    and output embeddings, 64 positions (prompt + completion never exceed it).
+    """
+    if hidden_size % num_heads:
+        raise ValueError(f"hidden_size must be divisible by num_heads, got {hidden_size} and {num_heads}")
+    return LlamaConfig(
+        vocab_size=len(tokenizer), hidden_size=hidden_size, intermediate_size=intermediate_size,
+        num_hidden_layers=num_layers, num_attention_heads=num_heads,
+        num_key_value_heads=num_heads, max_position_embeddings=max_position_embeddings,
+        rms_norm_eps=1e-5, tie_word_embeddings=True, attention_bias=False, mlp_bias=False,
+        pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id,
+        bos_token_id=None)
+
+
+def tiny_llama(tokenizer: PreTrainedTokenizerBase, seed: int = 0, **config_overrides) -> LlamaForCausalLM:
+    """A freshly initialised tiny Llama (float32, eval mode), the same for the same seed."""
+    config = tiny_llama_config(tokenizer, **config_overrides)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model = LlamaForCausalLM(config)
+    _set_generation_defaults(model, tokenizer)
+    return model.eval()
+
+
+def _set_generation_defaults(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase) -> None:
+    generation = model.generation_config
+    generation.pad_token_id = tokenizer.pad_token_id
+    generation.eos_token_id = tokenizer.eos_token_id
+    generation.bos_token_id = None
+
+
+def load_policy(name_or_path: str | Path = STARTING_POLICY, *, dtype: torch.dtype = torch.float32,
+                device: str | torch.device = "cpu"
+                ) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
+    """A causal LM and its tokenizer, in eval mode, from a local directory or a hub id.
+
+    name_or_path: a directory holding config.json, model.safetensors and the
+        tokenizer files (the committed starting policy by default), or a hub id
+        such as "Qwen/Qwen2.5-0.5B-Instruct" (downloads unless HF_HUB_OFFLINE=1).
+    A tokenizer without a pad token gets its EOS token as pad; generation pads
+    on the left.
+    """
+    path = Path(name_or_path).expanduser()
+    looks_local = path.exists() or str(name_or_path).startswith((".", "/", "~"))
+    if looks_local and not (path / "config.json").is_file():
+        raise FileNotFoundError(f"name_or_path {str(name_or_path)!r} is a local path but holds no "
+                                f"config.json (expected a saved model directory)")
+    source = str(path) if looks_local else str(name_or_path)
+    tokenizer = AutoTokenizer.from_pretrained(source)
+    if tokenizer.pad_token is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    tokenizer.padding_side = "left"
+    model = AutoModelForCausalLM.from_pretrained(source, dtype=dtype).to(device)
+    if model.generation_config.pad_token_id is None:
+        model.generation_config.pad_token_id = tokenizer.pad_token_id
+    return model.eval(), tokenizer
+
+
+def save_policy(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, directory: str | Path) -> Path:
+    """Write model (safetensors + config + generation config) and tokenizer to `directory`."""
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(directory, safe_serialization=True)
+    tokenizer.save_pretrained(directory)
+    return directory
