@@ -1,0 +1,110 @@
+"""Group-relative advantages: rewards (B, G) -> advantages (B, G).
+
+B prompts, G completions per prompt. Each completion is scored against the other
+completions of its own prompt, so no value network is needed:
+
+    A_bg = (r_bg - mean_g r_b) / (std + eps)
+
+`scale` chooses the std: "group" (each prompt's own, DeepSeekMath), "batch" (one
+std over all B x G rewards, the mean still per group: Lite PPO / TRL's
+scale_rewards="batch") or "none" (no division: Dr. GRPO, which argues the group
+std over-weights prompts that are almost always right or almost always wrong).
+`std` chooses the estimator: "population" divides by G (chapter 1's reference),
+"sample" by G - 1 (torch.std's default, as in TRL).
+
+A group whose rewards are all equal carries no learning signal; its advantages
+are exactly zero (not 1e-9 left over from floating-point rounding of the mean).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+SCALES = ("group", "batch", "none")
+STD_KINDS = ("population", "sample")
+
+
+def _as_reward_tensor(rewards) -> tuple[torch.Tensor, bool]:
+    """rewards as a floating tensor, and whether the caller gave NumPy."""
+    if isinstance(rewards, torch.Tensor):
+        tensor, from_numpy = rewards, False
+    elif isinstance(rewards, np.ndarray):
+        tensor, from_numpy = torch.from_numpy(rewards), True
+    else:
+        raise TypeError(f"rewards must be a torch.Tensor or numpy.ndarray of shape (B, G), "
+                        f"got {type(rewards).__name__}")
+    if tensor.is_complex() or not (tensor.is_floating_point() or tensor.dtype in (
+            torch.bool, torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64)):
+        raise TypeError(f"rewards must hold real numbers, got dtype {tensor.dtype}")
+    if not tensor.is_floating_point():  # 0/1 correctness rewards are common
+        tensor = tensor.to(torch.float64 if from_numpy else torch.get_default_dtype())
+    return tensor, from_numpy
+
+
+def check_rewards(rewards: torch.Tensor, name: str = "rewards") -> None:
+    """Raise a ValueError that says what is wrong with a (B, G) reward tensor."""
+    if rewards.ndim == 1:
+        raise ValueError(
+            f"{name} must have shape (B, G) = (prompts, completions per prompt), got the flat shape "
+            f"{tuple(rewards.shape)}; if it holds each prompt's G completions one after another, "
+            f"pass {name}.reshape(-1, G)")
+    if rewards.ndim != 2:
+        raise ValueError(f"{name} must have shape (B, G), got shape {tuple(rewards.shape)}")
+    if rewards.shape[0] < 1:
+        raise ValueError(f"{name} must hold at least one prompt, got shape {tuple(rewards.shape)}")
+    if rewards.shape[1] < 2:
+        raise ValueError(f"{name} needs G >= 2 completions per prompt to form a group, "
+                         f"got shape {tuple(rewards.shape)} (G = {rewards.shape[1]})")
+    bad = ~torch.isfinite(rewards)
+    if bad.any():
+        b, g = (int(i) for i in bad.nonzero()[0])
+        raise ValueError(f"{name} must be finite, got {rewards[b, g].item()} at prompt {b}, completion {g}")
+
+
+def zero_std_groups(rewards) -> torch.Tensor | np.ndarray:
+    """(B, G) -> (B,) bool: True where all G rewards of a prompt are equal.
+
+    Such a group has zero advantages everywhere, so it contributes no policy
+    gradient (only the KL term, if any). DAPO's dynamic sampling drops them.
+    """
+    tensor, from_numpy = _as_reward_tensor(rewards)
+    check_rewards(tensor)
+    flat = (tensor == tensor[:, :1]).all(dim=1)
+    return flat.numpy() if from_numpy else flat
+
+
+def group_advantages(rewards, *, scale: str = "group", std: str = "population",
+                     eps: float = 1e-8):
+    """Group-relative advantages: rewards (B, G) -> advantages (B, G), same type.
+
+    rewards: (B, G) torch.Tensor or numpy.ndarray, row b = the G completions of prompt b.
+    scale: "group" | "batch" | "none" (see the module docstring).
+    std: "population" (divide by G, or by B*G for scale="batch") | "sample" (by G - 1).
+    eps: added to the std, so a near-constant group does not divide by ~0.
+    Returns a torch.Tensor (same dtype and device) for a tensor, a numpy.ndarray for
+    an array. Differentiable w.r.t. tensor rewards (nothing here needs it, but
+    nothing breaks either).
+    """
+    if scale not in SCALES:
+        raise ValueError(f"scale must be one of {SCALES}, got {scale!r}")
+    if std not in STD_KINDS:
+        raise ValueError(f"std must be one of {STD_KINDS}, got {std!r}")
+    if not (isinstance(eps, (int, float)) and eps >= 0):
+        raise ValueError(f"eps must be a number >= 0, got {eps!r}")
+    tensor, from_numpy = _as_reward_tensor(rewards)
+    check_rewards(tensor)
+
+    correction = 0 if std == "population" else 1
+    centred = tensor - tensor.mean(dim=1, keepdim=True)
+    # An all-equal group: the mean can differ from the rewards in the last bit
+    # (0.1 + 0.1 + 0.1 != 0.3), which eps would blow up to ~1e-9. Make it exact.
+    flat = (tensor == tensor[:, :1]).all(dim=1, keepdim=True)
+    centred = torch.where(flat, torch.zeros_like(centred), centred)
+    if scale == "group":
+        advantages = centred / (tensor.std(dim=1, correction=correction, keepdim=True) + eps)
+    elif scale == "batch":
+        advantages = centred / (tensor.std(correction=correction) + eps)
+    else:
+        advantages = centred
+    return advantages.numpy() if from_numpy else advantages

@@ -1,0 +1,351 @@
+"""The GRPO loss on padded, masked batches, with its variants and diagnostics.
+
+Per-token tensors are (B, G, S) (B prompts, G completions each, S completion
+columns) or already flat (N, S) with N = B * G; advantages are (B, G) or (N,).
+`completion_mask` is 1 on a completion's real tokens and 0 on right padding.
+
+    rho_t    = exp(logp_t - old_logp_t)                  token ratio ("token" level)
+    rho_i    = exp(mean_t (logp_t - old_logp_t))         one ratio per response (GSPO)
+    policy_t = -min(rho A, clip(rho, 1 - epsilon, 1 + epsilon_high) A)
+    kl_t     = k1 | k2 | k3 estimate of KL(pi || pi_ref) at token t
+    l_t      = policy_t + beta kl_t
+
+and the loss is a weighted sum of l_t over the real tokens; the loss types differ
+only in the weight a token gets (`aggregation_weights`):
+
+    grpo     1 / (N |o_i|)        token mean per response, then mean over responses
+    bnpo     1 / sum_i |o_i|      token mean over the batch
+    dr_grpo  1 / (N L)            L = max_completion_length, a constant
+    dapo     1 / num_items        token count of the whole generation batch
+
+so under grpo a token of a long response weighs less than a token of a short one
+(the length bias chapter 4 measures); the other three give every token the same
+weight. For the settings they share, the loss equals TRL 1.16's GRPOTrainer
+(tests/test_trl_parity.py) and, on one group, chapter 1's NumPy reference.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+LOSS_TYPES = ("grpo", "bnpo", "dr_grpo", "dapo")
+IMPORTANCE_SAMPLING_LEVELS = ("token", "sequence")
+KL_ESTIMATORS = ("k1", "k2", "k3")
+
+
+@dataclass
+class GRPOLossOutput:
+    """What `grpo_loss` returns. Tensors have the caller's leading shape ((B, G) or (N,))."""
+
+    loss: torch.Tensor            # scalar: call .backward() on this
+    metrics: dict[str, float]     # diagnostics (see grpo_loss), plain floats
+    per_token_loss: torch.Tensor  # (..., S) policy_t + beta kl_t, 0 on padding
+    token_weights: torch.Tensor   # (..., S) weight of each token: loss = sum(w * per_token_loss)
+    ratio: torch.Tensor = field(repr=False)  # (..., S) token or (..., 1) sequence ratios, detached
+
+
+def kl_estimate(logp: torch.Tensor, ref_logp: torch.Tensor, estimator: str = "k3") -> torch.Tensor:
+    """Per-token estimate of KL(pi || pi_ref) at tokens sampled from pi: (...), (...) -> (...).
+
+    With d = ref_logp - logp (Schulman, "Approximating KL divergence"):
+    k1 = -d (unbiased, can be negative), k2 = d^2 / 2 (biased, low variance),
+    k3 = exp(d) - d - 1 (unbiased, always >= 0; DeepSeekMath's choice).
+    """
+    if estimator not in KL_ESTIMATORS:
+        raise ValueError(f"kl_estimator must be one of {KL_ESTIMATORS}, got {estimator!r}")
+    d = ref_logp - logp
+    if estimator == "k1":
+        return -d
+    if estimator == "k2":
+        return 0.5 * d * d
+    return torch.exp(d) - d - 1.0
+
+
+def aggregation_weights(completion_mask: torch.Tensor, loss_type: str = "grpo", *,
+                        max_completion_length: int | None = None,
+                        num_items: float | torch.Tensor | None = None) -> torch.Tensor:
+    """The weight of each token in the loss: mask (..., S) -> weights (..., S).
+
+    loss = sum(weights * per_token_loss), so this is also d loss / d per_token_loss:
+    how hard each token is pushed. 0 on padding.
+    """
+    _check_loss_type(loss_type)
+    mask = completion_mask.reshape(-1, completion_mask.shape[-1]).to(torch.float64)
+    responses, lengths = mask.shape[0], mask.sum(-1, keepdim=True)
+    if loss_type == "grpo":
+        weights = mask / lengths.clamp(min=1) / responses
+    elif loss_type == "bnpo":
+        weights = mask / mask.sum().clamp(min=1)
+    elif loss_type == "dr_grpo":
+        weights = mask / (responses * _max_length(max_completion_length, lengths))
+    else:
+        weights = mask / _num_items(num_items, mask)
+    return weights.reshape(completion_mask.shape)
+
+
+def aggregate(per_token_loss: torch.Tensor, completion_mask: torch.Tensor, loss_type: str = "grpo", *,
+              max_completion_length: int | None = None,
+              num_items: float | torch.Tensor | None = None) -> torch.Tensor:
+    """Reduce per-token losses (N, S) to the scalar loss the way `loss_type` says.
+
+    per_token_loss must already be 0 on padding (grpo_loss makes it so).
+    """
+    _check_loss_type(loss_type)
+    mask = completion_mask.to(per_token_loss.dtype)
+    if loss_type == "grpo":
+        return ((per_token_loss * mask).sum(-1) / mask.sum(-1).clamp(min=1)).mean()
+    if loss_type == "bnpo":
+        return (per_token_loss * mask).sum() / mask.sum().clamp(min=1)
+    if loss_type == "dr_grpo":
+        length = _max_length(max_completion_length, mask.sum(-1))
+        return (per_token_loss * mask).sum() / (per_token_loss.shape[0] * length)
+    return (per_token_loss * mask).sum() / _num_items(num_items, mask)
+
+
+def grpo_loss(logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Tensor,
+              completion_mask: torch.Tensor, *, ref_logp: torch.Tensor | None = None,
+              beta: float = 0.0, epsilon: float = 0.2, epsilon_high: float | None = None,
+              loss_type: str = "grpo", max_completion_length: int | None = None,
+              importance_sampling_level: str = "token", kl_estimator: str = "k3",
+              num_items: float | torch.Tensor | None = None) -> GRPOLossOutput:
+    """The clipped GRPO surrogate + KL penalty, aggregated per `loss_type`.
+
+    logp: (B, G, S) or (N, S) log pi_theta at the sampled tokens (requires grad)
+    old_logp: same shape, log pi_old from the sampling policy (a constant: no grad)
+    advantages: (B, G) or (N,) one advantage per completion
+    completion_mask: same shape as logp, bool or 0/1: real completion tokens
+    ref_logp: same shape, log pi_ref; needed when beta != 0 (the "kl" metric
+        is reported whenever it is given)
+    beta: weight of the KL penalty; epsilon / epsilon_high: clip range
+        [1 - epsilon, 1 + epsilon_high], epsilon_high defaulting to epsilon
+        (DAPO's clip-higher sets it larger, e.g. 0.28)
+    loss_type: "grpo" | "bnpo" | "dr_grpo" | "dapo" (see the module docstring)
+    max_completion_length: L of dr_grpo (the generation limit, not S: padding
+        must not change the loss)
+    importance_sampling_level: "token" or "sequence" (GSPO: one length-normalised
+        ratio per response, clipped as a whole)
+    kl_estimator: "k1" | "k2" | "k3"
+    num_items: dapo's denominator, the token count of the whole generation batch
+        (all ranks, all micro-batches); defaults to this batch's token count
+
+    Metrics: loss, policy_loss (the loss without the KL term), kl (token mean,
+    to pi_ref; only when ref_logp is given), approx_kl (token mean of (rho - 1) - log rho: KL(pi_old || pi),
+    how far the policy has moved since sampling), clip_ratio/low (rho below
+    1 - epsilon with A < 0), clip_ratio/high (rho above 1 + epsilon_high with
+    A > 0), clip_ratio/region (either: the tokens with no policy gradient),
+    ratio/mean|min|max, advantage/std (over completions), zero_std_groups
+    (fraction of prompts whose G advantages are all equal; (B, G) input only),
+    completion_length/mean. Token means run over real tokens; at the sequence
+    level the ratio and clip metrics run over completions, as in TRL.
+    """
+    _check_options(loss_type, importance_sampling_level, kl_estimator, epsilon, epsilon_high, beta)
+    epsilon_high = epsilon if epsilon_high is None else epsilon_high
+    mask = _check_inputs(logp, old_logp, advantages, completion_mask, ref_logp, beta)
+    shape = logp.shape
+    S = shape[-1]
+    if loss_type == "dr_grpo":
+        _max_length(max_completion_length, mask.sum(-1).reshape(-1))
+
+    # Flatten (B, G, S) to (N, S); zero the padding first, so whatever it held
+    # (NaN from a sampler, say) reaches neither the loss nor the gradient.
+    mask = mask.reshape(-1, S)
+    dtype = torch.promote_types(logp.dtype, torch.float32)
+    weights_mask = mask.to(dtype)
+    logp = logp.reshape(-1, S).to(dtype).masked_fill(~mask, 0.0)
+    old_logp = old_logp.reshape(-1, S).to(dtype).masked_fill(~mask, 0.0)
+    A = advantages.reshape(-1, 1).to(dtype)
+    lengths = weights_mask.sum(-1, keepdim=True)
+
+    log_ratio = logp - old_logp                                            # (N, S)
+    if importance_sampling_level == "sequence":
+        log_ratio_used = (log_ratio * weights_mask).sum(-1, keepdim=True) / lengths  # (N, 1)
+    else:
+        log_ratio_used = log_ratio
+    ratio = torch.exp(log_ratio_used)
+    clipped_ratio = torch.clamp(ratio, 1.0 - epsilon, 1.0 + epsilon_high)
+    # Where the clipped term is smaller, it wins the min, and it is constant in
+    # theta: those tokens get no policy gradient (the trust region).
+    policy = -torch.minimum(ratio * A, clipped_ratio * A) * weights_mask   # (N, S)
+
+    kl = None
+    if ref_logp is not None:
+        ref = ref_logp.reshape(-1, S).to(dtype).masked_fill(~mask, 0.0)
+        kl = kl_estimate(logp, ref, kl_estimator) * weights_mask
+    per_token_loss = policy + beta * kl if beta != 0.0 else policy
+
+    options = dict(max_completion_length=max_completion_length, num_items=num_items)
+    loss = aggregate(per_token_loss, weights_mask, loss_type, **options)
+
+    with torch.no_grad():
+        metrics = _metrics(loss, policy, kl, ratio, log_ratio, A, weights_mask, lengths, epsilon,
+                           epsilon_high, loss_type, options, advantages)
+    return GRPOLossOutput(
+        loss=loss, metrics=metrics, per_token_loss=per_token_loss.reshape(shape),
+        token_weights=aggregation_weights(mask, loss_type, **options).to(dtype).reshape(shape),
+        ratio=ratio.detach().reshape(*shape[:-1], ratio.shape[-1]))
+
+
+# --------------------------------------------------------------------------- metrics
+
+def _metrics(loss, policy, kl, ratio, log_ratio, A, mask, lengths, epsilon, epsilon_high,
+             loss_type, options, advantages) -> dict[str, float]:
+    def token_mean(x):
+        return ((x * mask).sum() / mask.sum()).item()
+
+    if ratio.shape[-1] == 1:  # sequence level: one ratio per completion
+        def unit_mean(x):
+            return x.float().mean().item()
+        real_ratios = ratio.reshape(-1)
+    else:
+        unit_mean = token_mean
+        real_ratios = ratio[mask.bool()]
+    low = (ratio < 1.0 - epsilon) & (A < 0)
+    high = (ratio > 1.0 + epsilon_high) & (A > 0)
+    token_ratio = torch.exp(log_ratio)
+    metrics = {
+        "loss": loss.item(),
+        "policy_loss": aggregate(policy, mask, loss_type, **options).item(),
+        "approx_kl": token_mean(token_ratio - 1.0 - log_ratio),
+        "clip_ratio/low": unit_mean(low.to(mask.dtype)),
+        "clip_ratio/high": unit_mean(high.to(mask.dtype)),
+        "clip_ratio/region": unit_mean((low | high).to(mask.dtype)),
+        "ratio/mean": real_ratios.mean().item(),
+        "ratio/min": real_ratios.min().item(),
+        "ratio/max": real_ratios.max().item(),
+        "advantage/std": A.std(correction=0).item(),
+        "completion_length/mean": lengths.mean().item(),
+    }
+    if kl is not None:
+        metrics["kl"] = token_mean(kl)
+    if advantages.ndim == 2:
+        # All-equal rewards give bitwise-equal advantages under any convention.
+        flat = (advantages == advantages[:, :1]).all(dim=1)
+        metrics["zero_std_groups"] = flat.float().mean().item()
+    return metrics
+
+
+# --------------------------------------------------------------------------- checks
+
+def _check_loss_type(loss_type: str) -> None:
+    if loss_type not in LOSS_TYPES:
+        raise ValueError(f"loss_type must be one of {LOSS_TYPES}, got {loss_type!r}")
+
+
+def _max_length(max_completion_length, lengths: torch.Tensor) -> int:
+    if max_completion_length is None:
+        raise ValueError("loss_type='dr_grpo' needs max_completion_length (the generation limit L "
+                         "in sum / (N L)); it is not inferred from the padded width, which would "
+                         "make the loss depend on padding")
+    if isinstance(max_completion_length, bool) or not isinstance(max_completion_length, int) \
+            or max_completion_length < 1:
+        raise ValueError(f"max_completion_length must be a positive int, got {max_completion_length!r}")
+    longest = int(lengths.max().item()) if lengths.numel() else 0
+    if longest > max_completion_length:
+        raise ValueError(f"max_completion_length = {max_completion_length} is shorter than the longest "
+                         f"completion in completion_mask ({longest} tokens)")
+    return max_completion_length
+
+
+def _num_items(num_items, mask: torch.Tensor):
+    if num_items is None:
+        return mask.sum()
+    value = float(num_items.item() if isinstance(num_items, torch.Tensor) else num_items)
+    if not value > 0:
+        raise ValueError(f"num_items (dapo's token count of the generation batch) must be > 0, "
+                         f"got {num_items!r}")
+    local = float(mask.sum().item())
+    if value < local:
+        raise ValueError(f"num_items = {value:g} is smaller than this batch's own token count "
+                         f"({local:g}); it must count the tokens of the whole generation batch")
+    return num_items.to(mask.dtype) if isinstance(num_items, torch.Tensor) else value
+
+
+def _check_options(loss_type, level, kl_estimator, epsilon, epsilon_high, beta) -> None:
+    _check_loss_type(loss_type)
+    if level not in IMPORTANCE_SAMPLING_LEVELS:
+        raise ValueError(f"importance_sampling_level must be one of {IMPORTANCE_SAMPLING_LEVELS}, "
+                         f"got {level!r}")
+    if kl_estimator not in KL_ESTIMATORS:
+        raise ValueError(f"kl_estimator must be one of {KL_ESTIMATORS}, got {kl_estimator!r}")
+    if not (isinstance(epsilon, (int, float)) and 0 <= epsilon < 1):
+        raise ValueError(f"epsilon must be a number in [0, 1), got {epsilon!r}")
+    if epsilon_high is not None and not (isinstance(epsilon_high, (int, float)) and epsilon_high >= 0):
+        raise ValueError(f"epsilon_high must be a number >= 0 or None, got {epsilon_high!r}")
+    if not (isinstance(beta, (int, float)) and beta >= 0):
+        raise ValueError(f"beta must be a number >= 0, got {beta!r}")
+
+
+def _first_bad(bad: torch.Tensor) -> str:
+    return "position " + str(tuple(int(i) for i in bad.nonzero()[0]))
+
+
+def _check_inputs(logp, old_logp, advantages, completion_mask, ref_logp, beta) -> torch.Tensor:
+    """Validate everything; return the completion mask as bool."""
+    tensors = {"logp": logp, "old_logp": old_logp, "advantages": advantages,
+               "completion_mask": completion_mask}
+    if ref_logp is not None:
+        tensors["ref_logp"] = ref_logp
+    for name, value in tensors.items():
+        if not isinstance(value, torch.Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor, got {type(value).__name__}")
+    if logp.ndim not in (2, 3):
+        raise ValueError(f"logp must have shape (B, G, S) or (N, S), got shape {tuple(logp.shape)}")
+    if logp.shape[-1] < 1:
+        raise ValueError(f"logp needs at least one completion column, got shape {tuple(logp.shape)}")
+    for name in ("old_logp", "completion_mask", "ref_logp"):
+        if name in tensors and tensors[name].shape != logp.shape:
+            raise ValueError(f"{name} must have the shape of logp {tuple(logp.shape)}, "
+                             f"got {tuple(tensors[name].shape)}")
+    if advantages.shape != logp.shape[:-1]:
+        layout = "(B, G)" if logp.ndim == 3 else "(N,)"
+        raise ValueError(f"advantages must have shape {layout} = {tuple(logp.shape[:-1])} (logp's shape "
+                         f"without S), got {tuple(advantages.shape)}")
+    if logp.ndim == 3 and logp.shape[1] < 2:
+        raise ValueError(f"logp of shape (B, G, S) needs G >= 2 completions per prompt, got G = {logp.shape[1]}")
+    for name in ("logp", "old_logp", "advantages", "ref_logp"):
+        if name in tensors and not tensors[name].is_floating_point():
+            raise TypeError(f"{name} must be a floating-point tensor, got dtype {tensors[name].dtype}")
+    for name in ("old_logp", "ref_logp", "advantages"):
+        if name in tensors and tensors[name].requires_grad:
+            raise ValueError(f"{name} requires grad, but it is a constant of the loss: pass "
+                             f"{name}.detach() (with old_logp = logp undetached, the ratio is 1 "
+                             f"for every theta and the policy gradient vanishes)")
+    if beta != 0.0 and ref_logp is None:
+        raise ValueError(f"beta = {beta} needs ref_logp (the reference policy's log-probs); "
+                         f"pass ref_logp or set beta = 0")
+
+    if completion_mask.dtype == torch.bool:
+        mask = completion_mask
+    elif completion_mask.is_complex() or not ((completion_mask == 0) | (completion_mask == 1)).all():
+        raise ValueError("completion_mask must be bool or hold only 0 and 1, got values "
+                         f"{torch.unique(completion_mask)[:5].tolist()}")
+    else:
+        mask = completion_mask != 0
+    lengths = mask.sum(-1)
+    if (lengths == 0).any():
+        raise ValueError(f"every completion needs at least one token in completion_mask; completion at "
+                         f"{_first_bad(lengths == 0)} (of shape {tuple(lengths.shape)}) has none")
+
+    with torch.no_grad():
+        for name in ("logp", "old_logp", "ref_logp"):
+            if name not in tensors:
+                continue
+            value = tensors[name].detach()
+            bad = mask & ~torch.isfinite(value)
+            if bad.any():
+                raise ValueError(f"{name} must be finite on completion tokens, got "
+                                 f"{value[tuple(bad.nonzero()[0])].item()} at {_first_bad(bad)}")
+            # Log-probabilities are <= 0; a clearly positive one means probabilities
+            # or logits were passed. (A little slack for rounding near p = 1.)
+            positive = mask & (value > 1e-4)
+            if positive.any():
+                raise ValueError(f"{name} must hold log-probabilities (<= 0), got "
+                                 f"{value[tuple(positive.nonzero()[0])].item():.4g} at {_first_bad(positive)}: "
+                                 f"were probabilities or logits passed?")
+        bad = ~torch.isfinite(advantages)
+        if bad.any():
+            raise ValueError(f"advantages must be finite, got {advantages[tuple(bad.nonzero()[0])].item()} "
+                             f"at {_first_bad(bad)}")
+    return mask
