@@ -15,6 +15,9 @@ from grpo_edu import book as bookmod
 
 def _book_list(args) -> int:
     book = bookmod.load_book(args.root)
+    if args.markdown:
+        print(bookmod.chapter_table(book))  # the table README.md carries
+        return 0
     print(f"{book.title}\n")
     print(f"{'#':>2}  {'title':<48} {'tier':<9} {'budget':>7}")
     for c in book.chapters:
@@ -83,7 +86,9 @@ def build_parser() -> argparse.ArgumentParser:
     book = commands.add_parser("book", help="list, run and check the book's chapters")
     book.add_argument("--root", default=str(bookmod.ROOT), help="the book's folder (holds book.toml)")
     actions = book.add_subparsers(dest="action", required=True)
-    actions.add_parser("list", help="the chapter table").set_defaults(func=_book_list)
+    listing = actions.add_parser("list", help="the chapter table")
+    listing.add_argument("--markdown", action="store_true", help="print README.md's Markdown table")
+    listing.set_defaults(func=_book_list)
     for name, func, text in (("run", _book_run, "execute chapters in a fresh kernel and write their outputs"),
                              ("check", _book_check, "re-execute, compare every output, check prose numbers")):
         action = actions.add_parser(name, help=text)

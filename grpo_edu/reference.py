@@ -36,6 +36,12 @@ def _as_finite_vector(values, name: str) -> np.ndarray:
     return array
 
 
+def _group_mean(rewards: np.ndarray) -> float:
+    # Shifted by the first reward: exact for an all-equal group (so its advantages
+    # are exactly zero), and more accurate for large rewards with a small spread.
+    return float(rewards[0] + sum(r - rewards[0] for r in rewards) / len(rewards))
+
+
 def group_std(rewards, std: str = "population") -> float:
     """Standard deviation of one group's rewards: (G,) -> float.
 
@@ -46,7 +52,7 @@ def group_std(rewards, std: str = "population") -> float:
         raise ValueError(f"std must be one of {STD_KINDS}, got {std!r}")
     rewards = _as_finite_vector(rewards, "rewards")
     G = len(rewards)
-    mean = sum(rewards) / G
+    mean = _group_mean(rewards)
     squares = sum((r - mean) ** 2 for r in rewards)
     return float(np.sqrt(squares / (G if std == "population" else G - 1)))
 
@@ -63,7 +69,7 @@ def group_advantages(rewards, *, std: str = "population", scale_by_std: bool = T
         raise ValueError(f"rewards needs G >= 2 responses to form a group, got G = {len(rewards)}")
     if not eps >= 0:
         raise ValueError(f"eps must be >= 0, got {eps}")
-    mean = sum(rewards) / len(rewards)
+    mean = _group_mean(rewards)
     centred = np.array([r - mean for r in rewards])
     if not scale_by_std:
         return centred
@@ -149,7 +155,7 @@ def grpo_update(token_ids: Sequence[Sequence[int]], new_logits: Sequence, old_lo
                          f"epsilon_high={epsilon_high}")
     rewards = _as_finite_vector(rewards, "rewards")
     advantages = group_advantages(rewards, std=std, scale_by_std=scale_by_std, eps=eps)
-    update = GRPOUpdate(rewards=rewards, mean=float(rewards.mean()),
+    update = GRPOUpdate(rewards=rewards, mean=_group_mean(rewards),
                         std=group_std(rewards, std), advantages=advantages)
 
     for i in range(G):

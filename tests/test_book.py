@@ -1,0 +1,187 @@
+"""The book's manifest, its chapters' committed state, and the checks around them."""
+
+import json
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from grpo_edu import book, notebooks
+from grpo_edu.cli import main
+
+ROOT = Path(__file__).resolve().parent.parent
+BOOK = book.load_book(ROOT)
+
+
+# ----------------------------------------------------------------- manifest
+
+def _make_book(tmp_path, chapters_toml, notebooks_on_disk):
+    (tmp_path / "chapters").mkdir()
+    for name in notebooks_on_disk:
+        (tmp_path / "chapters" / name).write_text("{}")
+        (tmp_path / "chapters" / name.replace(".ipynb", ".py")).write_text("")
+    (tmp_path / "book.toml").write_text(
+        '[book]\ntitle = "T"\ndescription = "D"\n' + chapters_toml)
+    return tmp_path
+
+
+def _entry(path, tier="cpu", budget=10):
+    return (f'[[chapters]]\npath = "{path}"\ntitle = "t"\nsummary = "s"\n'
+            f'tier = "{tier}"\nbudget_seconds = {budget}\n')
+
+
+def test_manifest_loads_and_numbers_chapters():
+    assert BOOK.chapters[0].number == 1
+    assert BOOK.chapters[0].path == Path("chapters/01_grpo_by_hand.ipynb")
+    assert [c.number for c in BOOK.chapters] == list(range(1, len(BOOK.chapters) + 1))
+
+
+@pytest.mark.parametrize("toml, on_disk, message", [
+    (_entry("chapters/a.ipynb"), [], r"chapter 1 \(chapters/a.ipynb\): notebook 'chapters/a.ipynb' does not exist"),
+    (_entry("chapters/a.ipynb", tier="tpu"), ["a.ipynb"], r"chapter 1 \(chapters/a.ipynb\): tier must be one of .*got 'tpu'"),
+    (_entry("chapters/a.ipynb") + _entry("chapters/a.ipynb"), ["a.ipynb"],
+     r"chapter 2 \(chapters/a.ipynb\): duplicate entry"),
+    (_entry("chapters/a.ipynb"), ["a.ipynb", "b.ipynb"], r"not listed in book.toml: \['chapters/b.ipynb'\]"),
+    (_entry("chapters/a.ipynb", budget=0), ["a.ipynb"], r"budget_seconds must be a positive integer, got 0"),
+    (_entry("a.ipynb"), [], r"path must be chapters/<name>.ipynb, got 'a.ipynb'"),
+    ('[[chapters]]\npath = "chapters/a.ipynb"\n', ["a.ipynb"], r"chapter 1 \(chapters/a.ipynb\): missing \["),
+    ("", [], r"at least one \[\[chapters\]\]"),
+])
+def test_manifest_errors_name_the_entry(tmp_path, toml, on_disk, message):
+    root = _make_book(tmp_path, toml, on_disk)
+    with pytest.raises(book.ManifestError, match=message):
+        book.load_book(root)
+
+
+def test_building_accepts_a_notebook_not_yet_run(tmp_path):
+    root = _make_book(tmp_path, _entry("chapters/a.ipynb"), [])
+    (root / "chapters" / "a.py").write_text("")
+    assert book.load_book(root, building=True).chapters[0].name == "a"
+
+
+def test_select_by_number_and_name():
+    assert BOOK.select(["1"]) == [BOOK.chapters[0]]
+    assert BOOK.select(["01_grpo_by_hand"]) == [BOOK.chapters[0]]
+    with pytest.raises(book.ManifestError, match="chapter '99' is not in book.toml"):
+        BOOK.select(["99"])
+
+
+def test_readme_chapter_table_matches_manifest():
+    readme = (ROOT / "README.md").read_text()
+    assert book.chapter_table(BOOK) in readme, (
+        "README.md's chapter table is out of date; paste this:\n" + book.chapter_table(BOOK))
+
+
+def test_book_list_prints_every_chapter(capsys):
+    assert main(["book", "list"]) == 0
+    out = capsys.readouterr().out
+    for chapter in BOOK.chapters:
+        assert chapter.title in out and f"{chapter.budget_seconds} s" in out
+
+
+def test_quickstart_commands_exist():
+    """The README's two commands are make targets, and CI runs the second one."""
+    readme = (ROOT / "README.md").read_text()
+    assert "make book" in readme and "make test" in readme
+    makefile = (ROOT / "Makefile").read_text()
+    assert re.search(r"^book:", makefile, re.M) and re.search(r"^test:", makefile, re.M)
+    assert re.search(r"^make test$", (ROOT / ".ci" / "run").read_text(), re.M)
+    assert "torch==2.13.0" in makefile
+
+
+# ----------------------------------------------------------------- committed chapters
+
+@pytest.mark.parametrize("chapter", BOOK.chapters, ids=lambda c: c.name)
+def test_chapter_is_committed_executed(chapter):
+    """A stripped notebook passes nbval vacuously: every code cell must carry an
+    integer execution count, and the chapter must have outputs and no errors."""
+    cells = json.loads((ROOT / chapter.path).read_text())["cells"]
+    code = [c for c in cells if c["cell_type"] == "code" and "".join(c["source"]).strip()]
+    assert code, f"{chapter.path} has no code cells"
+    not_run = [i for i, c in enumerate(cells) if c["cell_type"] == "code" and not isinstance(c["execution_count"], int)]
+    assert not not_run, f"{chapter.path}: cells {not_run} were not executed"
+    assert any(c["outputs"] for c in code), f"{chapter.path}: no outputs committed"
+    errors = [i for i, c in enumerate(cells) for o in c.get("outputs", []) if o.get("output_type") == "error"
+              and "raises-exception" not in c.get("metadata", {}).get("tags", [])]
+    assert not errors, f"{chapter.path}: error outputs in cells {errors}"
+
+
+@pytest.mark.parametrize("chapter", BOOK.chapters, ids=lambda c: c.name)
+def test_notebook_matches_its_source(chapter):
+    """The .ipynb was built from the current .py: no edit of one without the other."""
+    built = [f"{c.cell_type}:{c.source}" for c in notebooks.read_source(ROOT / chapter.source).cells]
+    assert notebooks.code_sources(ROOT / chapter.path) == built, (
+        f"{chapter.path} is stale: run `grpo-edu book run {chapter.number}`")
+
+
+@pytest.mark.parametrize("chapter", BOOK.chapters, ids=lambda c: c.name)
+def test_prose_numbers_are_computed(chapter):
+    offenders = book.prose_number_offenders(ROOT / chapter.path)
+    assert not offenders, "\n".join(offenders)
+
+
+# ----------------------------------------------------------------- the prose-number check
+
+def _notebook(tmp_path, markdown, code, output):
+    nb = {"cells": [
+        {"cell_type": "markdown", "metadata": {}, "source": markdown},
+        {"cell_type": "code", "metadata": {}, "source": code, "execution_count": 1,
+         "outputs": [{"output_type": "stream", "name": "stdout", "text": output}]},
+    ], "metadata": {}, "nbformat": 4, "nbformat_minor": 5}
+    path = tmp_path / "nb.ipynb"
+    path.write_text(json.dumps(nb))
+    return path
+
+
+@pytest.mark.parametrize("markdown, found", [
+    ("the std is 0.384", True),              # printed 0.38406 rounds to it
+    ("the std is 0.3841", True),
+    ("the std is 0.385", False),
+    ("advantage -1.432", True),
+    ("advantage −1.432", True),               # unicode minus
+    ("advantage 1.432", False),              # sign matters
+    ("eps is 1e-8", True),                   # written in the code
+    ("eps is 1e-6", False),
+    ("see Section 15.2 and TRL 1.16", True),  # references, not results
+    ("vLLM 0.10.2 or v0.11", True),
+    ("`x = 3.14159` in code", True),
+    ("G = 4 responses in 2026", True),       # integers are not checked
+])
+def test_prose_number_matching(tmp_path, markdown, found):
+    path = _notebook(tmp_path, markdown, "eps = 1e-8\n", "std 0.38406, A -1.43208\n")
+    offenders = book.prose_number_offenders(path)
+    assert (not offenders) == found, offenders
+
+
+def test_prose_offender_names_its_cell(tmp_path):
+    path = _notebook(tmp_path, "## Results\nthe loss is 0.000", "x = 1\n", "loss 0.1048\n")
+    assert book.prose_number_offenders(path) == [
+        "cell 0 ('## Results'): 0.000 is not computed by the chapter"]
+
+
+# ----------------------------------------------------------------- nbval really compares
+
+@pytest.mark.slow
+def test_nbval_catches_a_changed_number(tmp_path):
+    """Guard against a vacuous check: change one printed number in a copy of
+    chapter 1 and the strict nbval run over it must fail."""
+    shutil.copy(ROOT / "chapters" / "conftest.py", tmp_path / "conftest.py")
+    notebook = json.loads((ROOT / BOOK.chapters[0].path).read_text())
+    changed = False
+    for cell in notebook["cells"]:
+        for output in cell.get("outputs", []):
+            text = "".join(output.get("text", []))
+            if not changed and "group loss = mean over 4 responses = +0.1048" in text:
+                output["text"] = text.replace("+0.1048", "+0.1049")
+                changed = True
+    assert changed
+    (tmp_path / "ch.ipynb").write_text(json.dumps(notebook))
+    result = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
+                             "--rootdir", str(ROOT), "-c", str(ROOT / "pyproject.toml"),
+                             str(tmp_path / "ch.ipynb")],
+                            cwd=ROOT, capture_output=True, text=True, env=book.kernel_env())
+    assert result.returncode == 1, result.stdout[-2000:]
+    assert "+0.1049" in result.stdout and "+0.1048" in result.stdout
