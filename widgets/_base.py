@@ -1,0 +1,141 @@
+"""What every explorer shares: a figure that renders to a PNG widget, HTML tables whose
+cells carry their exact values, and the Explorer class (controls -> compute -> show).
+
+An explorer computes a plain, frozen `state` from its controls with grpo_edu's own
+functions, then shows it. Tests set control values and read `state` (or the table
+HTML, as a browser would); the benchmark times a value change to the new PNG.
+"""
+
+from __future__ import annotations
+
+import html
+import io
+import time
+from contextlib import contextmanager
+
+import ipywidgets as widgets
+from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.figure import Figure
+from PIL import Image
+
+
+class Plot:
+    """A matplotlib Figure drawn off-screen (Agg) into an ipywidgets Image.
+
+    Not pyplot: the figure never leaks into the notebook's inline output, and
+    redrawing the same artists is several times faster than a new figure.
+    """
+
+    def __init__(self, width: float, height: float, ncols: int = 1, dpi: int = 90):
+        self.figure = Figure(figsize=(width, height), dpi=dpi)
+        self.canvas = FigureCanvasAgg(self.figure)
+        axes = self.figure.subplots(1, ncols, squeeze=False)[0]
+        self.axes = list(axes)
+        self.image = widgets.Image(format="png", layout=widgets.Layout(
+            width=f"{round(width * dpi)}px", height=f"{round(height * dpi)}px"))
+
+    def render(self) -> None:
+        """Draw the figure and publish it as PNG bytes."""
+        self.canvas.draw()
+        size = self.canvas.get_width_height()
+        png = io.BytesIO()
+        Image.frombuffer("RGBA", size, self.canvas.buffer_rgba(), "raw", "RGBA", 0, 1).save(
+            png, format="png", compress_level=1)
+        self.image.value = png.getvalue()
+
+
+def fmt(value: float, digits: int = 4) -> str:
+    """A signed number at fixed precision, never '-0.0000'."""
+    return f"{round(float(value), digits) + 0.0:+.{digits}f}"
+
+
+def cell(value: float, css: str = "", digits: int = 4, **data) -> str:
+    """A table cell that shows `value` rounded and carries it exactly in data-value."""
+    attributes = "".join(f' data-{k.replace("_", "-")}="{html.escape(str(v))}"'
+                         for k, v in data.items())
+    return (f'<td class="{css}" data-value="{float(value)!r}"{attributes}>'
+            f"{fmt(value, digits)}</td>")
+
+
+def table(css: str, header: list[str], rows: list[list[str]]) -> str:
+    """An HTML table; `rows` hold ready <td> strings or plain text."""
+    head = "".join(f"<th>{html.escape(h)}</th>" for h in header)
+    body = "".join("<tr>" + "".join(c if c.startswith("<td") else f"<td>{html.escape(c)}</td>"
+                                    for c in row) + "</tr>" for row in rows)
+    return (f'<table class="grpo-table {css}" style="border-collapse: collapse; '
+            f'font-family: monospace; text-align: right">'
+            f"<thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>")
+
+
+def notes_html(css: str, notes: list[str]) -> str:
+    items = "".join(f"<li>{html.escape(n)}</li>" for n in notes)
+    return f'<ul class="{css}" style="margin: 0.3em 0">{items}</ul>' if notes else ""
+
+
+class Explorer:
+    """Base class: subclasses build `controls`, `compute()` a state, and `show()` it."""
+
+    css = "grpo-explorer"
+
+    def __init__(self):
+        self._held = 0
+        self.updates = 0
+        self.last_update_seconds: float | None = None
+        self.state = None
+
+    # -- wiring
+    def _observe(self, *controls: widgets.Widget) -> None:
+        for control in controls:
+            control.observe(self._on_change, names="value")
+
+    def _on_change(self, change=None) -> None:
+        if not self._held:
+            self.update()
+
+    @contextmanager
+    def hold(self):
+        """Change several controls, then update once."""
+        self._held += 1
+        try:
+            yield self
+        finally:
+            self._held -= 1
+        if not self._held:
+            self.update()
+
+    def update(self) -> None:
+        start = time.perf_counter()
+        self.state = self.compute()
+        self.show(self.state)
+        self.updates += 1
+        self.last_update_seconds = time.perf_counter() - start
+
+    def compute(self):  # pragma: no cover - abstract
+        raise NotImplementedError
+
+    def show(self, state) -> None:  # pragma: no cover - abstract
+        raise NotImplementedError
+
+    # -- display
+    def _assemble(self, *children: widgets.Widget) -> widgets.VBox:
+        box = widgets.VBox(list(children))
+        box.add_class("grpo-explorer")
+        box.add_class(self.css)
+        return box
+
+    def _repr_mimebundle_(self, include=None, exclude=None, **kwargs):
+        # The widget view for a live kernel; a short, stable text/plain for everything
+        # else (nbval compares it; the default repr of a VBox lists every child's state).
+        bundle = self.widget._repr_mimebundle_(include=include, exclude=exclude, **kwargs)
+        bundle["text/plain"] = repr(self)
+        return bundle
+
+    def __repr__(self) -> str:
+        return f"<{type(self).__name__}: {self.describe()}; live in a running kernel>"
+
+    def describe(self) -> str:  # pragma: no cover - abstract
+        raise NotImplementedError
+
+    def report(self) -> str:  # pragma: no cover - abstract
+        """The state's key numbers as plain text (for a print() in the chapter)."""
+        raise NotImplementedError
