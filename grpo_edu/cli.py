@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 
 from grpo_edu import book as bookmod
 
@@ -79,6 +80,40 @@ def _book_check(args) -> int:
     return 1 if failed else 0
 
 
+def _train(args) -> int:
+    from grpo_edu import trainer
+    from grpo_edu.config import DEFAULT_CONFIG, TrainConfig
+
+    config_file = args.config or (DEFAULT_CONFIG if DEFAULT_CONFIG.is_file() else None)
+    try:
+        config = TrainConfig.from_toml(config_file, args.set)
+    except ValueError as error:
+        print(f"grpo-edu train: {error}", file=sys.stderr)
+        return 2
+    if args.resume:
+        # Continue the same run: its own config (written when it started), --set on top.
+        config = TrainConfig.load_run_config(args.resume, args.set)
+        config_file = f"{args.resume}/config.json"
+    print(f"config: {config_file or 'defaults'}; output: {config.output_dir}")
+    result = trainer.train(config, resume=args.resume)
+    summary = result.summary
+    print(f"\n{'':<28}{'before':>10}{'after':>10}")
+    print(f"{'held-out greedy accuracy':<28}{summary['start_accuracy']:>10.4f}{summary['final_accuracy']:>10.4f}")
+    print(f"steps {summary['steps']}, {summary['seconds']:.0f} s, "
+          f"median {summary['median_steps_per_second']:.1f} steps/s")
+    run = Path(config.output_dir)
+    for name in ("samples_before.txt", "samples_after.txt"):
+        if (run / name).is_file():
+            print(f"\n{name[:-4].replace('_', ' ')}:\n" + (run / name).read_text())
+    try:
+        from grpo_edu.plots import plot_run
+        plot_run(run, run / "curves.png", start_accuracy=summary["start_accuracy"])
+        print(f"curves: {run / 'curves.png'}")
+    except ImportError:
+        print("curves: not plotted (matplotlib is not installed; pip install 'grpo-edu[book]')")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="grpo-edu", description="GRPO, a runnable textbook.")
     commands = parser.add_subparsers(dest="command", required=True)
@@ -95,6 +130,14 @@ def build_parser() -> argparse.ArgumentParser:
         action.add_argument("chapters", nargs="*", metavar="CHAPTER",
                             help="chapter number or name (default: all)")
         action.set_defaults(func=func)
+    from grpo_edu.config import help_text
+    train = commands.add_parser("train", help="train a policy with GRPO",
+                                formatter_class=argparse.RawDescriptionHelpFormatter, epilog=help_text())
+    train.add_argument("--config", help="TOML config (default: configs/cpu-tiny.toml)")
+    train.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                       help="override one config key (repeatable), e.g. --set beta=0.0")
+    train.add_argument("--resume", metavar="RUN_DIR", help="continue the run in RUN_DIR from its latest checkpoint")
+    train.set_defaults(func=_train)
     return parser
 
 

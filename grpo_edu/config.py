@@ -1,0 +1,213 @@
+"""The training configuration: one dataclass, every field documented once.
+
+The one-line doc of each field is also its `grpo-edu train --help` text. A run is
+configured by a TOML file (configs/cpu-tiny.toml holds exactly these defaults)
+and `--set key=value` overrides; an unknown key or a value of the wrong type is
+an error that names the key.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import types
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+
+try:
+    import tomllib
+except ModuleNotFoundError:  # Python 3.10
+    import tomli as tomllib
+
+from grpo_edu.book import ROOT
+
+DEFAULT_CONFIG = ROOT / "configs" / "cpu-tiny.toml"
+
+
+def _doc(text: str, default, **kwargs):
+    if isinstance(default, (dict, list)):
+        return field(default_factory=lambda: type(default)(default), metadata={"doc": text}, **kwargs)
+    return field(default=default, metadata={"doc": text}, **kwargs)
+
+
+@dataclass
+class TrainConfig:
+    # --- what to train
+    model: str = _doc("starting policy: a local model directory or a hub id ('start' = the committed tiny policy)", "start")
+    task: str = _doc("task generator: 'arithmetic' or 'countdown'", "arithmetic")
+    rewards: dict = _doc("reward functions and their weights, e.g. {accuracy = 1.0, format = 0.5}",
+                         {"accuracy": 1.0, "format": 0.5})
+    seed: int = _doc("seed for prompts, sampling and initialisation (same seed + threads = same weights)", 0)
+    threads: int = _doc("torch CPU threads (part of what makes a run bitwise reproducible)", 2)
+    device: str = _doc("'cpu' or 'cuda'", "cpu")
+
+    # --- rollout
+    prompts_per_step: int = _doc("B: prompts sampled per rollout", 16)
+    num_generations: int = _doc("G: completions sampled per prompt", 8)
+    max_completion_length: int = _doc("L: most tokens generated per completion", 16)
+    temperature: float = _doc("sampling temperature (training log-probs use the same one)", 1.0)
+
+    # --- optimisation
+    steps: int = _doc("optimizer steps in the run", 1500)
+    learning_rate: float = _doc("peak AdamW learning rate", 3e-4)
+    lr_schedule: str = _doc("'constant', 'linear' (decay to 0) or 'cosine' (decay to 0), after warmup", "constant")
+    warmup_steps: int = _doc("linear learning-rate warmup, in optimizer steps", 0)
+    weight_decay: float = _doc("AdamW weight decay", 0.0)
+    adam_betas: list = _doc("AdamW (beta1, beta2)", [0.9, 0.99])
+    max_grad_norm: float = _doc("global gradient-norm clip (0 = none)", 1.0)
+    num_iterations: int = _doc("mu: passes over each rollout (old log-probs recomputed once per rollout when > 1)", 1)
+    num_mini_batches: int = _doc("optimizer steps per pass over a rollout (each a slice of whole groups)", 1)
+    micro_batch_size: int = _doc("completions per forward/backward (gradient accumulation below a mini-batch)", 128)
+
+    # --- the GRPO loss
+    loss_type: str = _doc("aggregation: 'grpo', 'bnpo', 'dr_grpo' or 'dapo'", "grpo")
+    beta: float = _doc("KL-to-reference coefficient (DeepSeek-R1: 0.04)", 0.04)
+    kl_estimator: str = _doc("'k1', 'k2' or 'k3'", "k3")
+    epsilon: float = _doc("clip range below: ratio >= 1 - epsilon", 0.2)
+    epsilon_high: float = _doc("clip range above: ratio <= 1 + epsilon_high (DAPO clip-higher: 0.28)", 0.2)
+    importance_sampling_level: str = _doc("'token' (GRPO) or 'sequence' (GSPO)", "token")
+    advantage_scale: str = _doc("advantage std: 'group', 'batch' or 'none' (Dr. GRPO)", "group")
+    advantage_std: str = _doc("'population' (divide by G) or 'sample' (by G - 1, as TRL)", "population")
+    filter_zero_std_groups: bool = _doc("drop groups whose rewards are all equal (dynamic sampling)", False)
+    ref_sync_steps: int = _doc("copy the policy into the reference every K steps (0 = never; R1: 400)", 0)
+
+    # --- evaluation, logging, checkpoints
+    eval_every: int = _doc("held-out greedy accuracy every N steps (and at the start and end)", 100)
+    eval_size: int = _doc("held-out problems per evaluation", 256)
+    checkpoint_every: int = _doc("checkpoint every N steps (0 = only at the end)", 500)
+    output_dir: str = _doc("run directory: metrics.jsonl, summary.json, plot, checkpoints", "runs/cpu-tiny")
+    progress: bool = _doc("show a tqdm progress bar", True)
+
+    def __post_init__(self):
+        self.validate()
+
+    def validate(self) -> None:
+        choices = {"task": ("arithmetic", "countdown"), "lr_schedule": ("constant", "linear", "cosine"),
+                   "loss_type": ("grpo", "bnpo", "dr_grpo", "dapo"), "kl_estimator": ("k1", "k2", "k3"),
+                   "importance_sampling_level": ("token", "sequence"),
+                   "advantage_scale": ("group", "batch", "none"), "advantage_std": ("population", "sample"),
+                   "device": ("cpu", "cuda")}
+        for key, allowed in choices.items():
+            if getattr(self, key) not in allowed:
+                raise ValueError(f"config key {key!r} must be one of {allowed}, got {getattr(self, key)!r}")
+        positive = ("threads", "prompts_per_step", "max_completion_length", "steps", "num_iterations",
+                    "num_mini_batches", "micro_batch_size", "eval_every", "eval_size")
+        for key in positive:
+            if getattr(self, key) < 1:
+                raise ValueError(f"config key {key!r} must be >= 1, got {getattr(self, key)}")
+        if self.num_generations < 2:
+            raise ValueError(f"config key 'num_generations' must be >= 2 (a group needs two completions), "
+                             f"got {self.num_generations}")
+        if self.temperature <= 0:
+            raise ValueError(f"config key 'temperature' must be > 0, got {self.temperature}")
+        if self.prompts_per_step % self.num_mini_batches:
+            raise ValueError(f"config key 'num_mini_batches' ({self.num_mini_batches}) must divide "
+                             f"prompts_per_step ({self.prompts_per_step}): mini-batches hold whole groups")
+        if len(self.adam_betas) != 2:
+            raise ValueError(f"config key 'adam_betas' must be [beta1, beta2], got {self.adam_betas}")
+        if not self.rewards:
+            raise ValueError("config key 'rewards' must name at least one reward function")
+
+    @classmethod
+    def from_toml(cls, path: str | Path | None = None, overrides: list[str] | None = None) -> "TrainConfig":
+        """Defaults, then the TOML file (if any), then `key=value` overrides."""
+        values: dict = {}
+        if path is not None:
+            with open(path, "rb") as f:
+                values.update(_flatten_file(tomllib.load(f), str(path)))
+        for override in overrides or []:
+            key, value = parse_override(override)
+            if key.startswith("rewards."):
+                values.setdefault("rewards", dict(values.get("rewards", cls().rewards)))
+                values["rewards"][key.split(".", 1)[1]] = _coerce("rewards.*", value, float)
+            else:
+                values[key] = value
+        return cls.from_dict(values)
+
+    @classmethod
+    def from_dict(cls, values: dict) -> "TrainConfig":
+        fields = {f.name: f for f in dataclasses.fields(cls)}
+        typed = {}
+        for key, value in values.items():
+            if key not in fields:
+                raise ValueError(f"unknown config key {key!r}; known keys: {', '.join(fields)}")
+            typed[key] = _coerce(key, value, _resolved_types()[key])
+        return cls(**typed)
+
+    @classmethod
+    def load_run_config(cls, run_dir: str | Path, overrides: list[str] | None = None) -> "TrainConfig":
+        """The config a run directory was started with (its config.json), plus overrides."""
+        import json
+        path = Path(run_dir) / "config.json"
+        if not path.is_file():
+            raise ValueError(f"--resume {run_dir}: no config.json there (not a grpo-edu run directory)")
+        values = json.loads(path.read_text())
+        for override in overrides or []:
+            key, value = parse_override(override)
+            values[key] = value
+        values["output_dir"] = str(run_dir)
+        return cls.from_dict(values)
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+def _resolved_types() -> dict:
+    return typing.get_type_hints(TrainConfig)
+
+
+def _flatten_file(data: dict, source: str) -> dict:
+    # TOML sections are for reading only ([rollout], [loss], ...): keys are unique.
+    flat = {}
+    for key, value in data.items():
+        if isinstance(value, dict) and key != "rewards":
+            for inner, inner_value in value.items():
+                if inner in flat:
+                    raise ValueError(f"{source}: config key {inner!r} given twice")
+                flat[inner] = inner_value
+        else:
+            flat[key] = value
+    return flat
+
+
+def parse_override(text: str) -> tuple[str, object]:
+    """'beta=0.0' -> ('beta', 0.0): the value is read as TOML (strings may be bare)."""
+    if "=" not in text:
+        raise ValueError(f"--set expects key=value, got {text!r}")
+    key, raw = (part.strip() for part in text.split("=", 1))
+    try:
+        value = tomllib.loads(f"v = {raw}")["v"]
+    except tomllib.TOMLDecodeError:
+        value = raw  # a bare string: --set task=countdown
+    return key, value
+
+
+def _coerce(key: str, value, expected):
+    """Check (and widen int -> float) a value against the field's type."""
+    origin = typing.get_origin(expected)
+    if origin in (typing.Union, types.UnionType):
+        expected = tuple(t for t in typing.get_args(expected) if t is not type(None))[0]
+    if expected is float and isinstance(value, int) and not isinstance(value, bool):
+        return float(value)
+    if expected is bool and not isinstance(value, bool):
+        raise ValueError(f"config key {key!r} must be true or false, got {value!r}")
+    if expected is int and (isinstance(value, bool) or not isinstance(value, int)):
+        raise ValueError(f"config key {key!r} must be an integer, got {value!r}")
+    if expected in (dict, list) and not isinstance(value, expected):
+        raise ValueError(f"config key {key!r} must be a {expected.__name__}, got {value!r}")
+    if expected is dict:
+        return {str(k): _coerce(f"{key}.{k}", v, float) for k, v in value.items()}
+    if expected in (float, str) and not isinstance(value, expected):
+        raise ValueError(f"config key {key!r} must be a {expected.__name__}, got {value!r}")
+    return value
+
+
+def help_text() -> str:
+    """Every key with its type, default and one-line doc (the --help epilog)."""
+    lines = ["config keys (set in a TOML file or with --set key=value):"]
+    hints = _resolved_types()
+    for f in dataclasses.fields(TrainConfig):
+        default = f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
+        kind = getattr(hints[f.name], "__name__", str(hints[f.name]))
+        lines.append(f"  {f.name} ({kind}, default {default!r}): {f.metadata['doc']}")
+    return "\n".join(lines)

@@ -1,0 +1,112 @@
+"""Rollout: G sampled completions per prompt, with the sampler's log-probabilities.
+
+An engine turns B prompts into B * G completions in prompt-major order (row
+b * G + g is completion g of prompt b), so `.view(B, G, ...)` recovers the
+groups. Every engine returns the same `Rollout`; the trainer never needs to
+know which engine sampled. `HFEngine` uses transformers' `generate` and runs
+anywhere; the vLLM engine (grpo_edu.vllm_engine) is for GPUs.
+
+Shapes: N = B * G completions, P prompt columns (left-padded), S completion
+columns (right-padded, S <= max_new_tokens).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+import torch
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """How to sample: G completions per prompt of at most max_new_tokens tokens, from
+    softmax(logits / temperature) (no top-k / top-p: the log-probs the trainer
+    recomputes must describe the distribution that was really sampled)."""
+
+    num_generations: int
+    max_new_tokens: int
+    temperature: float = 1.0
+
+    def __post_init__(self):
+        if self.num_generations < 1:
+            raise ValueError(f"num_generations must be >= 1, got {self.num_generations}")
+        if self.max_new_tokens < 1:
+            raise ValueError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
+        if not self.temperature > 0:
+            raise ValueError(f"temperature must be > 0, got {self.temperature}")
+
+
+@dataclass
+class Rollout:
+    """What an engine returns; every tensor is on the engine's device."""
+
+    prompt_ids: torch.Tensor       # (N, P) left-padded prompts, each repeated G times
+    prompt_mask: torch.Tensor      # (N, P) 1 on real prompt tokens
+    completion_ids: torch.Tensor   # (N, S) right-padded with the pad id
+    completion_mask: torch.Tensor  # (N, S) 1 on real tokens, up to and including EOS
+    sampler_logp: torch.Tensor     # (N, S) log softmax(logits / T) at the sampled ids, 0 on padding
+    finished: torch.Tensor         # (N,) True if the completion ended with EOS (else truncated at S)
+    num_generations: int           # G
+
+    @property
+    def num_prompts(self) -> int:
+        return self.completion_ids.shape[0] // self.num_generations
+
+
+class RolloutEngine(Protocol):
+    def generate(self, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor,
+                 sampling: SamplingParams) -> Rollout:
+        """prompt_ids, prompt_mask: (B, P) left-padded -> Rollout of B * G completions."""
+
+
+def completion_mask_from_ids(completion_ids: torch.Tensor, eos_token_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(N, S) ids -> (mask (N, S), finished (N,)): tokens up to and including the
+    first EOS are real; everything after it is padding."""
+    is_eos = completion_ids == eos_token_id
+    finished = is_eos.any(dim=1)
+    # Position of the first EOS, or S when there is none.
+    first_eos = torch.where(finished, is_eos.int().argmax(dim=1),
+                            torch.full_like(finished, completion_ids.shape[1], dtype=torch.long))
+    positions = torch.arange(completion_ids.shape[1], device=completion_ids.device)
+    return positions[None, :] <= first_eos[:, None], finished
+
+
+class HFEngine:
+    """Sampling with transformers' `model.generate` (KV cache, any causal LM)."""
+
+    def __init__(self, model, tokenizer):
+        self.model = model
+        self.tokenizer = tokenizer
+        if tokenizer.eos_token_id is None or tokenizer.pad_token_id is None:
+            raise ValueError("tokenizer needs an eos and a pad token for batched generation")
+
+    @torch.no_grad()
+    def generate(self, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor,
+                 sampling: SamplingParams, *, greedy: bool = False) -> Rollout:
+        if prompt_ids.ndim != 2 or prompt_ids.shape != prompt_mask.shape:
+            raise ValueError(f"prompt_ids and prompt_mask must both be (B, P), got "
+                             f"{tuple(prompt_ids.shape)} and {tuple(prompt_mask.shape)}")
+        if bool((prompt_mask[:, -1] == 0).any()):
+            raise ValueError("prompts must be left-padded: prompt_mask[:, -1] must be 1 for every prompt")
+        G, T = sampling.num_generations, sampling.temperature
+        ids = prompt_ids.repeat_interleave(G, dim=0)
+        mask = prompt_mask.repeat_interleave(G, dim=0)
+        was_training = self.model.training
+        self.model.eval()
+        out = self.model.generate(
+            input_ids=ids, attention_mask=mask, max_new_tokens=sampling.max_new_tokens,
+            do_sample=not greedy, temperature=None if greedy else T, top_k=0, top_p=1.0,
+            pad_token_id=self.tokenizer.pad_token_id, eos_token_id=self.tokenizer.eos_token_id,
+            output_logits=True, return_dict_in_generate=True)
+        self.model.train(was_training)
+        completion_ids = out.sequences[:, ids.shape[1]:]
+        completion_mask, finished = completion_mask_from_ids(completion_ids, self.tokenizer.eos_token_id)
+        # out.logits: one (N, V) tensor per generated position, before temperature.
+        logits = torch.stack(out.logits, dim=1).float()
+        temperature = 1.0 if greedy else T
+        sampler_logp = torch.log_softmax(logits / temperature, dim=-1).gather(
+            -1, completion_ids.unsqueeze(-1)).squeeze(-1)
+        sampler_logp = sampler_logp.masked_fill(~completion_mask, 0.0)
+        completion_ids = completion_ids.masked_fill(~completion_mask, self.tokenizer.pad_token_id)
+        return Rollout(ids, mask, completion_ids, completion_mask, sampler_logp, finished, G)
