@@ -97,14 +97,15 @@ def group_advantages(rewards, *, scale: str = "group", std: str = "population",
 
     correction = 0 if std == "population" else 1
     centred = tensor - tensor.mean(dim=1, keepdim=True)
-    # An all-equal group: the mean can differ from the rewards in the last bit
-    # (0.1 + 0.1 + 0.1 != 0.3), which eps would blow up to ~1e-9. Make it exact.
-    flat = (tensor == tensor[:, :1]).all(dim=1, keepdim=True)
-    centred = torch.where(flat, torch.zeros_like(centred), centred)
     if scale == "group":
         advantages = centred / (tensor.std(dim=1, correction=correction, keepdim=True) + eps)
     elif scale == "batch":
         advantages = centred / (tensor.std(correction=correction) + eps)
     else:
         advantages = centred
+    # An all-equal group: the mean can differ from the rewards in the last bit
+    # (0.1 + 0.1 + 0.1 != 0.3), which eps would blow up to ~1e-9, and with
+    # eps = 0 it is 0 / 0. It carries no signal: make it exactly 0.
+    flat = (tensor == tensor[:, :1]).all(dim=1, keepdim=True)
+    advantages = torch.where(flat, torch.zeros_like(advantages), advantages)
     return advantages.numpy() if from_numpy else advantages
