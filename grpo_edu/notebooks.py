@@ -7,6 +7,8 @@ bytes: cell ids from the cell index, execution counts 1..n, no timing metadata.
 
 from __future__ import annotations
 
+import json
+import uuid
 from pathlib import Path
 
 import nbformat
@@ -43,7 +45,28 @@ def normalise(notebook: nbformat.NotebookNode) -> nbformat.NotebookNode:
     if not _has_widget_outputs(notebook):
         notebook.metadata.pop("widgets", None)
     notebook.nbformat, notebook.nbformat_minor = 4, 5
-    return notebook
+    return _renumber_widget_models(notebook)
+
+
+WIDGET_STATE = "application/vnd.jupyter.widget-state+json"
+
+
+def _renumber_widget_models(notebook: nbformat.NotebookNode) -> nbformat.NotebookNode:
+    """Replace the kernel's random widget model ids (uuid4) by 1, 2, ... as 32-digit hex,
+    in the order the kernel created the models (which a rerun repeats). The ids occur as
+    keys of the saved widget state, as "IPY_MODEL_<id>" references inside it and as the
+    model_id of widget outputs. Sorted, the new ids keep their order, so normalising a
+    normalised notebook changes nothing."""
+    state = notebook.metadata.get("widgets", {}).get(WIDGET_STATE, {}).get("state")
+    if not state:
+        return notebook
+    renamed = {old: uuid.UUID(int=number).hex for number, old in enumerate(state, start=1)}
+    if all(old == new for old, new in renamed.items()):
+        return notebook
+    text = json.dumps(notebook)
+    for old, new in renamed.items():
+        text = text.replace(old, new)
+    return nbformat.from_dict(json.loads(text))
 
 
 def _has_widget_outputs(notebook: nbformat.NotebookNode) -> bool:

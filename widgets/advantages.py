@@ -10,7 +10,7 @@ import numpy as np
 
 from grpo_edu import reference, worked_example
 from grpo_edu.advantages import group_advantages
-from grpo_edu.widgets._base import Explorer, Plot, cell, fmt, notes_html, table
+from grpo_edu.widgets._base import Explorer, Plot, cell, fmt, notes_html, snap, table
 
 SCALES = (("group std (GRPO)", "group"), ("batch std", "batch"), ("none (Dr. GRPO)", "none"))
 STDS = (("population (/G)", "population"), ("sample (/(G-1))", "sample"))
@@ -140,11 +140,11 @@ class AdvantageExplorer(Explorer):
 
     def rewards(self) -> np.ndarray:
         """The slider values, (2, G)."""
-        return np.array([[s.value for s in sliders] for sliders in self.reward_sliders])
+        return np.array([[snap(s.value) for s in sliders] for sliders in self.reward_sliders])
 
     def compute(self) -> AdvantageState:
         return compute_state(self.rewards(), scale=self.scale.value, std=self.std.value,
-                             shift=self.shift.value)
+                             shift=snap(self.shift.value))
 
     def show(self, state: AdvantageState) -> None:
         B, G = state.rewards.shape

@@ -10,7 +10,7 @@ import numpy as np
 
 from grpo_edu import worked_example
 from grpo_edu.estimators import ClippedObjective, clipped_objective
-from grpo_edu.widgets._base import Explorer, Plot, cell, fmt, notes_html, table
+from grpo_edu.widgets._base import Explorer, Plot, cell, fmt, notes_html, snap, table
 
 RATIO_RANGE = (0.0, 2.5)
 GRID = np.linspace(0.005, RATIO_RANGE[1], 500)      # rho > 0
@@ -90,7 +90,8 @@ class ClippingExplorer(Explorer):
         self.update()
 
     def compute(self) -> ClippingState:
-        return compute_state(self.advantage.value, self.epsilon_low.value, self.epsilon_high.value)
+        return compute_state(snap(self.advantage.value), snap(self.epsilon_low.value),
+                             snap(self.epsilon_high.value))
 
     def show(self, state: ClippingState) -> None:
         tokens = state.tokens

@@ -15,7 +15,7 @@ from grpo_edu.estimators import categorical_kl
 from grpo_edu.loss import KL_ESTIMATORS
 from grpo_edu.loss import kl_estimate as _kl_estimate
 from grpo_edu.reference import log_softmax
-from grpo_edu.widgets._base import Explorer, Plot, cell, fmt, notes_html, table
+from grpo_edu.widgets._base import Explorer, Plot, cell, fmt, notes_html, snap, table
 
 # pi: the new policy's logits at chapter 1's first token; pi_ref: a flatter reference.
 DEFAULT_LOGITS = worked_example.NEW_LOGITS[0][0]
@@ -116,8 +116,8 @@ class KLExplorer(Explorer):
                                    description=description, readout_format="+.1f")
 
     def compute(self) -> KLState:
-        return compute_state([s.value for s in self.logit_sliders],
-                             [s.value for s in self.ref_logit_sliders],
+        return compute_state([snap(s.value) for s in self.logit_sliders],
+                             [snap(s.value) for s in self.ref_logit_sliders],
                              self.num_samples.value, self.seed)
 
     def show(self, state: KLState) -> None:

@@ -1,0 +1,300 @@
+# ---
+# jupyter:
+#   jupytext:
+#     text_representation:
+#       extension: .py
+#       format_name: percent
+#   kernelspec:
+#     display_name: Python 3 (ipykernel)
+#     language: python
+#     name: python3
+# ---
+
+# %% [markdown]
+# # Chapter 2. Advantages and clipping, interactively
+#
+# Chapter 1 computed one GRPO update by hand. This chapter takes its three moving parts,
+# the group-relative advantage, the clipped ratio and the KL penalty, plus the way the loss
+# averages over tokens, and puts each under sliders. Four explorers:
+#
+# | explorer | you drag | you watch |
+# |---|---|---|
+# | `AdvantageExplorer` | the rewards of two prompts' groups | their advantages, under group, batch or no std scaling |
+# | `ClippingExplorer` | the advantage $A$, $\varepsilon_\text{low}$, $\varepsilon_\text{high}$ | the clipped objective and its gradient against the ratio |
+# | `KLExplorer` | the logits of $\pi$ and $\pi_\text{ref}$ | the k1, k2, k3 estimators against the exact KL |
+# | `LengthBiasExplorer` | the responses' lengths | how much one token counts under each loss type |
+#
+# None of them has its own copy of the maths: every number they show comes from
+# `grpo_edu.advantages.group_advantages`, `grpo_edu.loss.grpo_loss` (the loss the trainer
+# runs) and the small functions of `grpo_edu.estimators`, which read their answers off
+# `grpo_loss`. The tests drive each explorer's sliders and compare what it shows with those
+# functions, and a browser test drags a slider in a real JupyterLab.
+#
+# The sliders need a running kernel. Read without one (on GitHub, or as static HTML), the
+# widgets are frozen, so after each explorer a normal cell prints the numbers of its default
+# state; that cell is also what CI re-executes and compares.
+
+# %%
+import numpy as np
+import torch
+
+from grpo_edu import worked_example
+from grpo_edu.advantages import group_advantages
+from grpo_edu.estimators import clipped_objective, response_token_weights
+from grpo_edu.loss import grpo_loss
+from grpo_edu.widgets import AdvantageExplorer, ClippingExplorer, KLExplorer, LengthBiasExplorer
+from grpo_edu.widgets import advantages as advantage_view
+from grpo_edu.widgets import kl as kl_view
+from grpo_edu.widgets import length_bias as length_view
+
+torch.set_num_threads(1)
+np.set_printoptions(precision=4, suppress=True)
+
+# %% [markdown]
+# ## 1. Advantages: each response against its siblings
+#
+# A prompt's G responses are scored against each other: $A_i = (r_i - \bar r)/(\sigma + \epsilon)$.
+# The explorer holds two prompts. Prompt 1 is chapter 1's group; prompt 2 is one the policy
+# nearly always gets right, with rewards that differ only a little. Drag a reward, switch the
+# std scaling (`group` is DeepSeekMath's GRPO, `batch` divides by one std over the whole batch,
+# `none` is Dr. GRPO), switch population and sample std, or shift every reward at once.
+
+# %%
+advantages = AdvantageExplorer()
+advantages
+
+# %%
+print(advantages.report())
+
+# %% [markdown]
+# The default state already shows the case against per-group scaling: prompt 2's rewards
+# differ by a few hundredths, and dividing by its own small std turns them into advantages as
+# large as prompt 1's. Scaling by the batch's std instead, or not at all, keeps the nearly
+# solved prompt quiet. The cell below is what the explorer shows for each `scale`, computed
+# by the same function the explorer calls.
+
+# %%
+rewards = advantages.rewards()
+for scale in ("group", "batch", "none"):
+    state = advantage_view.compute_state(rewards, scale=scale)
+    print(f"scale={scale!r:8} std used {np.round(state.scales, 4)}  prompt 2's advantages "
+          f"{state.advantages[1]}")
+print("\nthe explorer's numbers are grpo_edu's:",
+      np.array_equal(advantages.state.advantages, group_advantages(rewards)))
+
+# %% [markdown]
+# Two things happen the moment you drag into them. Make all of a group's rewards equal and
+# its advantages become exactly zero: that group teaches nothing, whatever its reward
+# (DAPO's dynamic sampling drops such groups before the update). Shift every reward by the
+# same amount and nothing changes, because only differences within a group matter. Here is
+# what the explorer shows for prompt 2 made all-equal and every reward shifted, from the
+# function that computes its state:
+
+# %%
+flat = rewards.copy()
+flat[1] = 0.5
+state = advantage_view.compute_state(flat, shift=0.3)
+print(f"rewards (shifted)\n{state.rewards}\nadvantages\n{state.advantages}")
+for note in state.notes:
+    print("note:", note)
+
+# %% [markdown]
+# ## 2. Clipping: the trust region per token
+#
+# Each token's objective is $\min(\rho A,\ \operatorname{clip}(\rho, 1-\varepsilon_\text{low},
+# 1+\varepsilon_\text{high})\,A)$, with $\rho = \pi/\pi_\text{old}$. The explorer draws it, and
+# its derivative in $\rho$, for the advantage on the slider, and shades the ratios where the
+# gradient is zero. The dots are chapter 1's nine tokens at their actual ratios, placed where
+# they would sit if their response had the slider's advantage.
+
+# %%
+clipping = ClippingExplorer()
+clipping
+
+# %%
+print(clipping.report())
+
+# %% [markdown]
+# The clipping is one-sided. With $A > 0$ a token whose ratio has already risen past
+# $1+\varepsilon_\text{high}$ gets no more push; a token whose ratio fell below
+# $1-\varepsilon_\text{low}$ is not clipped at all, and the full gradient pulls it back.
+# With $A < 0$ it is the mirror image. Drag $A$ through zero and watch the shaded region
+# jump sides. The explorer's clip decisions agree with the metrics `grpo_loss` reports for the
+# same tokens:
+
+# %%
+ratios = worked_example.token_ratios()
+for advantage in (1.0, -1.0):
+    shown = clipped_objective(ratios, advantage, epsilon=0.2)
+    logp = torch.tensor(np.log(ratios) - 1.0).reshape(-1, 1)
+    metrics = grpo_loss(logp, torch.full_like(logp, -1.0), torch.full((len(ratios),), advantage),
+                        torch.ones_like(logp, dtype=torch.bool), epsilon=0.2).metrics
+    print(f"A = {advantage:+.1f}: explorer clips {int(shown.clipped.sum())} of {len(ratios)} tokens, "
+          f"grpo_loss clip_ratio/region = {metrics['clip_ratio/region']:.4f} "
+          f"= {metrics['clip_ratio/region'] * len(ratios):.0f} of {len(ratios)}")
+
+# %% [markdown]
+# DAPO's clip-higher raises only $\varepsilon_\text{high}$ (to `0.28`), so tokens with $A > 0$
+# whose probability is rising can rise further before the gradient stops; that is meant to
+# keep rare, useful tokens from being clipped away and the policy's entropy from collapsing.
+# With $\varepsilon = 0$ every token that moved in the rewarded direction is clipped, and
+# only tokens that moved the wrong way still get a gradient. None of chapter 1's ratios lies
+# between the two upper bounds, so here is the gradient at a few ratios chosen around them:
+
+# %%
+probe = np.array([0.75, 0.9, 1.1, 1.25, 1.35])
+print(f"d objective / d rho at rho = {probe}")
+for low, high in ((0.2, 0.2), (0.2, 0.28), (0.0, 0.0)):
+    for advantage in (1.0, -1.0):
+        gradient = clipped_objective(probe, advantage, epsilon=low, epsilon_high=high).gradient
+        print(f"eps_low = {low:.2f}, eps_high = {high:.2f}, A = {advantage:+.0f}:  {gradient}")
+
+# %% [markdown]
+# ## 3. The KL penalty: three estimators of one number
+#
+# GRPO penalises $\mathrm{KL}(\pi\,\|\,\pi_\text{ref})$ per token, from the one token that was
+# sampled. With $d = \log\pi_\text{ref}(x) - \log\pi(x)$ for $x \sim \pi$, Schulman's three
+# estimators are $k_1 = -d$, $k_2 = d^2/2$ and $k_3 = e^d - 1 - d$
+# (`grpo_edu.loss.kl_estimate`, the function the loss calls). The explorer sets $\pi$ and
+# $\pi_\text{ref}$ over a vocabulary of three tokens by their logits, draws each estimator
+# against $d$ with the three tokens marked, and compares their means over samples from $\pi$
+# with the exact KL.
+
+# %%
+kl = KLExplorer()
+kl
+
+# %%
+print(kl.report())
+
+# %% [markdown]
+# $k_1$ and $k_3$ are unbiased; $k_1$ is also negative on every token that $\pi_\text{ref}$
+# likes more than $\pi$ does, so a single-sample penalty can reward drifting away. $k_2$ is
+# never negative but biased. $k_3$ is both: non-negative and unbiased, with a per-sample
+# spread far below $k_1$'s while the two distributions are close. Pull them apart and the
+# picture changes:
+
+# %%
+print("ref logits           exact KL   E[k2] - KL   std k1   std k3")
+for shift in (0.0, 1.0, 2.0, 3.0):
+    state = kl_view.compute_state(kl_view.DEFAULT_LOGITS, np.array([0.5, 0.0, 0.5]) + [shift, 0, -shift])
+    print(f"{np.round(state.ref_logits, 2)!s:<20} {state.exact_kl:.4f}     "
+          f"{state.expected['k2'] - state.exact_kl:+.4f}      {state.sample_std['k1']:.4f}   "
+          f"{state.sample_std['k3']:.4f}")
+
+# %% [markdown]
+# As the reference moves away, $k_2$'s bias grows until it exceeds the KL itself, and $k_3$'s
+# spread grows towards $k_1$'s: on a token that $\pi_\text{ref}$ likes far more than $\pi$ does,
+# $e^d$ is large. Unbiased and small in variance is a property of nearby distributions, which
+# is where the KL penalty is meant to keep the policy.
+
+# %% [markdown]
+# ## 4. Length bias: what one token is worth
+#
+# The loss types differ only in how they average the per-token losses. `grpo` takes each
+# response's token mean, then the mean over responses, so a token of a long response weighs
+# less than a token of a short one. `dr_grpo` divides every token by the same constant
+# (G times `max_completion_length`), and `dapo` / `bnpo` by the number of tokens in the batch.
+# The explorer plots the weight of one token, read from `grpo_edu.loss.aggregation_weights`,
+# against response length. Chapter 4 measures what this does to training.
+
+# %%
+length_bias = LengthBiasExplorer()
+length_bias
+
+# %%
+print(length_bias.report())
+
+# %% [markdown]
+# Under `grpo` every response weighs the same in total, so each of a long response's tokens
+# gets a small share. For a wrong answer ($A < 0$) that means a smaller penalty per token the
+# longer it rambles; Dr. GRPO's paper traces the growing length of wrong answers to exactly
+# this. Both other aggregations give every token the same weight. That the explorer's
+# weights are the loss's own gradient, by autograd through `grpo_loss`:
+
+# %%
+lengths = length_bias.state.lengths
+mask = torch.arange(lengths.max())[None, :] < torch.from_numpy(lengths)[:, None]
+for loss_type in ("grpo", "dr_grpo", "dapo"):
+    logp = torch.full(mask.shape, -1.0, dtype=torch.float64, requires_grad=True)
+    loss = grpo_loss(logp, logp.detach(), torch.ones(len(lengths), dtype=torch.float64), mask,
+                     loss_type=loss_type, max_completion_length=512).loss
+    (gradient,) = torch.autograd.grad(loss, logp)
+    shown = response_token_weights(lengths, loss_type, max_completion_length=512)
+    print(f"{loss_type:<8} -d loss / d logp at each response's first token: "
+          f"{np.array2string(-gradient[:, 0].numpy(), precision=4)}   explorer: "
+          f"{np.array2string(shown, precision=4)}")
+
+# %% [markdown]
+# ## How fast the explorers answer
+#
+# A slider that lags teaches less. `python benchmarks/widgets.py` times, for each explorer,
+# a slider value change to the new table and picture (the grpo_edu computation plus the
+# figure's redraw), and prints the median; the target is 100 ms on a laptop CPU. The
+# timings vary by machine, so they are not part of this chapter's checked outputs.
+#
+# ## Exercises
+#
+# Each checker in `grpo_edu.exercises.ch02` runs your function on several cases, computes
+# the expected values with the functions the explorers use, and names each case that fails
+# with the expected and the actual value.
+#
+# **2.1 Three ways to scale.** Write `my_advantages(rewards, scale)` for a batch of B prompts
+# of G rewards each, population std, `eps = 1e-8`: `scale="group"` divides by each prompt's
+# std, `"batch"` by one std over all B x G rewards (the mean stays per prompt), `"none"` not
+# at all. The attempt below gets one of the three wrong.
+
+# %%
+from grpo_edu.exercises import ch02
+
+
+def my_advantages(rewards, scale):
+    centred = rewards - rewards.mean(axis=1, keepdims=True)
+    if scale == "none":
+        return centred
+    std = rewards.std(axis=1, keepdims=True)  # fix me: one of the scales wants another std
+    return centred / (std + 1e-8)
+
+
+ch02.check_batch_advantages(my_advantages)
+
+# %% [markdown]
+# **2.2 Where the gradient stops.** Write `my_clip_gradient(ratio, advantage, eps_low,
+# eps_high)` returning $\partial\,\text{objective}/\partial\rho$ per token. The attempt below
+# zeroes the gradient everywhere outside the clip range, whatever the sign of $A$: use the
+# clipping explorer to see which half of that is wrong.
+
+# %%
+def my_clip_gradient(ratio, advantage, eps_low, eps_high):
+    inside = (ratio >= 1 - eps_low) & (ratio <= 1 + eps_high)
+    return np.where(inside, advantage, 0.0)
+
+
+ch02.check_clip_gradient(my_clip_gradient)
+
+# %% [markdown]
+# **2.3 The estimators' exact means.** Write `my_expected_estimates(logits, ref_logits)`
+# returning $[\mathbb{E}_\pi k_1, \mathbb{E}_\pi k_2, \mathbb{E}_\pi k_3]$ exactly, as a sum
+# over the vocabulary weighted by $\pi$ (no sampling). Which two equal the exact KL in every
+# case, and why can the third not?
+
+# %%
+def my_expected_estimates(logits, ref_logits):
+    raise NotImplementedError("sum over the vocabulary, weighted by pi")
+
+
+ch02.check_expected_estimates(my_expected_estimates)
+
+# %% [markdown]
+# **2.4 What a response is worth.** Write `my_response_weights(lengths, loss_type,
+# max_completion_length)` returning how much each response counts in the loss in total (its
+# length times the weight of one of its tokens, the right-hand plot of the length-bias
+# explorer) under `"grpo"`, `"dr_grpo"` and `"dapo"` (with `num_items` the group's token
+# count).
+
+# %%
+def my_response_weights(lengths, loss_type, max_completion_length):
+    return np.full(len(lengths), 1 / len(lengths))  # grpo's, whatever loss_type says: fix me
+
+
+ch02.check_response_weights(my_response_weights)
