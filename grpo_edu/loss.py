@@ -180,7 +180,8 @@ def grpo_loss(logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Tens
 
     with torch.no_grad():
         metrics = _metrics(loss, policy, kl, ratio, log_ratio, A, weights_mask, lengths, epsilon,
-                           epsilon_high, loss_type, options, advantages)
+                           epsilon_high, loss_type, options, advantages,
+                           sequence_level=importance_sampling_level == "sequence")
     return GRPOLossOutput(
         loss=loss, metrics=metrics, per_token_loss=per_token_loss.reshape(shape),
         token_weights=aggregation_weights(mask, loss_type, **options).to(dtype).reshape(shape),
@@ -190,13 +191,13 @@ def grpo_loss(logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Tens
 # --------------------------------------------------------------------------- metrics
 
 def _metrics(loss, policy, kl, ratio, log_ratio, A, mask, lengths, epsilon, epsilon_high,
-             loss_type, options, advantages) -> dict[str, float]:
+             loss_type, options, advantages, sequence_level) -> dict[str, float]:
     def token_mean(x):
         return ((x * mask).sum() / mask.sum()).item()
 
-    if ratio.shape[-1] == 1:  # sequence level: one ratio per completion
+    if sequence_level:  # one ratio per completion
         def unit_mean(x):
-            return x.float().mean().item()
+            return x.mean().item()
         real_ratios = ratio.reshape(-1)
     else:
         unit_mean = token_mean
