@@ -30,8 +30,21 @@ setup-test: $(VENV)/.test
 book: setup
 	$(BIN)/jupyter lab chapters/01_grpo_by_hand.ipynb
 
-test: setup-test
+test: setup-test browser
 	$(BIN)/python -m pytest
+
+# tests/test_browser.py drives Debian's Chromium. Install it where it is missing and
+# apt-get can (root); elsewhere that test is skipped with the reason (CI, which sets
+# GRPO_EDU_REQUIRE_BROWSER, fails instead: it must run there).
+CHROMIUM ?= /usr/bin/chromium
+browser:
+	@if [ -x "$(CHROMIUM)" ]; then :; \
+	elif command -v apt-get >/dev/null 2>&1 && [ "$$(id -u)" = 0 ]; then \
+		echo "installing chromium (apt-get) for the browser test"; \
+		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; \
+	else \
+		echo "NOTE: no $(CHROMIUM), and apt-get cannot install it here: the browser test will be skipped"; \
+	fi
 
 check: setup-test
 	$(BIN)/grpo-edu book check
