@@ -1,0 +1,246 @@
+"""One GRPO step's data in the (B, G, S) layout, checked once, on construction.
+
+B prompts, G completions per prompt, T = P + S columns: P prompt columns, left-
+padded (every prompt ends at column P - 1), then S completion columns,
+right-padded (every completion starts at column P). With the two paddings
+facing away from the seam, column P is the first completion token of every
+row, and the logits at column P - 1 predict it.
+
+    input_ids       (B, G, T)  prompt then completion token ids
+    attention_mask  (B, G, T)  1 on real tokens (prompt and completion)
+    completion_mask (B, G, S)  1 on real completion tokens (up to and including EOS)
+    old_logp        (B, G, S)  log pi_old of the sampled tokens (the sampler's policy)
+    ref_logp        (B, G, S)  log pi_ref, or None when beta = 0
+    rewards         (B, G)     one scalar per completion
+    advantages      (B, G)     one advantage per completion
+
+Everything the loss and the trainer rely on is checked here, so a wrong batch
+fails at the line that built it, with a message that says what and where.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields, replace
+
+import torch
+
+from grpo_edu.advantages import check_rewards
+
+_INTEGER_DTYPES = (torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64)
+
+
+def _where(bad: torch.Tensor) -> str:
+    b, g, *rest = (int(i) for i in bad.nonzero()[0])
+    return f"prompt {b}, completion {g}" + (f", column {rest[0]}" if rest else "")
+
+
+def _as_bool_mask(mask: torch.Tensor, name: str) -> torch.Tensor:
+    if mask.dtype == torch.bool:
+        return mask
+    if mask.is_complex() or not ((mask == 0) | (mask == 1)).all():
+        raise ValueError(f"{name} must be bool or hold only 0 and 1, got values "
+                         f"{torch.unique(mask)[:5].tolist()}")
+    return mask != 0
+
+
+@dataclass(frozen=True)
+class RolloutBatch:
+    """A validated (B, G, S) batch of one GRPO step (see the module docstring)."""
+
+    input_ids: torch.Tensor
+    attention_mask: torch.Tensor
+    completion_mask: torch.Tensor
+    old_logp: torch.Tensor
+    rewards: torch.Tensor
+    advantages: torch.Tensor
+    ref_logp: torch.Tensor | None = None
+
+    def __post_init__(self):
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if not (isinstance(value, torch.Tensor) or (f.name == "ref_logp" and value is None)):
+                raise TypeError(f"{f.name} must be a torch.Tensor, got {type(value).__name__}")
+        self._check_shapes()
+        self._check_dtypes()
+        self._check_layout()
+        self._check_values()
+
+    # ------------------------------------------------------------------ shapes
+    @property
+    def num_prompts(self) -> int:
+        """B"""
+        return self.input_ids.shape[0]
+
+    @property
+    def group_size(self) -> int:
+        """G"""
+        return self.input_ids.shape[1]
+
+    @property
+    def completion_length(self) -> int:
+        """S, the completion columns."""
+        return self.completion_mask.shape[-1]
+
+    @property
+    def prompt_length(self) -> int:
+        """P, the prompt columns."""
+        return self.input_ids.shape[-1] - self.completion_length
+
+    @property
+    def completion_ids(self) -> torch.Tensor:
+        """(B, G, S) the completion columns of input_ids."""
+        return self.input_ids[..., self.prompt_length:]
+
+    @property
+    def num_tokens(self) -> int:
+        """Real completion tokens in the batch (dapo's num_items on one process)."""
+        return int(self.completion_mask.sum())
+
+    def flat(self) -> dict[str, torch.Tensor | None]:
+        """The per-completion tensors as (N, ...) views, N = B * G, for a model forward."""
+        N = self.num_prompts * self.group_size
+        values = {f.name: getattr(self, f.name) for f in fields(self)}
+        return {name: None if value is None else value.reshape(N, *value.shape[2:])
+                for name, value in values.items()}
+
+    def select(self, keep: torch.Tensor) -> "RolloutBatch":
+        """The groups where keep (B,) is True: e.g. dynamic sampling's
+        `batch.select(~zero_std_groups(batch.rewards))`. Re-validated."""
+        if keep.shape != (self.num_prompts,) or keep.dtype != torch.bool:
+            raise ValueError(f"keep must be a bool tensor of shape (B,) = ({self.num_prompts},), "
+                             f"got {keep.dtype} of shape {tuple(keep.shape)}")
+        if not keep.any():
+            raise ValueError("keep selects no group: a batch needs at least one prompt")
+        return replace(self, **{f.name: getattr(self, f.name)[keep] for f in fields(self)
+                                if getattr(self, f.name) is not None})
+
+    # ------------------------------------------------------------------ checks
+    def _check_shapes(self) -> None:
+        ids = self.input_ids
+        if ids.ndim != 3:
+            raise ValueError(f"input_ids must have shape (B, G, T), got {tuple(ids.shape)}; flat (N, T) "
+                             f"ids from a sampler reshape with .view(B, G, T)")
+        B, G, T = ids.shape
+        if G < 2:
+            raise ValueError(f"input_ids needs G >= 2 completions per prompt to form a group, got G = {G}")
+        if self.attention_mask.shape != ids.shape:
+            raise ValueError(f"attention_mask must have the shape of input_ids {tuple(ids.shape)}, "
+                             f"got {tuple(self.attention_mask.shape)}")
+        S = self.old_logp.shape[-1] if self.old_logp.ndim == 3 else None
+        if self.old_logp.shape[:2] != (B, G) or self.old_logp.ndim != 3:
+            raise ValueError(f"old_logp must have shape (B, G, S) = ({B}, {G}, S), got {tuple(self.old_logp.shape)}")
+        if self.completion_mask.shape != self.old_logp.shape:
+            width = self.completion_mask.shape[-1] if self.completion_mask.ndim == 3 else None
+            if self.completion_mask.shape[:2] == (B, G) and width is not None and width > S:
+                hint = (" (it spans the whole sequence)" if width == T else "")
+                raise ValueError(
+                    f"completion_mask has {width} columns but old_logp has S = {S}: the first {width - S} "
+                    f"would cover prompt tokens{hint}; pass completion_mask[..., -{S}:]")
+            raise ValueError(f"completion_mask must have the shape of old_logp {tuple(self.old_logp.shape)}, "
+                             f"got {tuple(self.completion_mask.shape)}")
+        if not 1 <= S < T:
+            raise ValueError(f"old_logp has S = {S} completion columns but input_ids only T = {T}: "
+                             f"the prompt needs at least one column (S < T)")
+        if self.ref_logp is not None and self.ref_logp.shape != self.old_logp.shape:
+            raise ValueError(f"ref_logp must have the shape of old_logp {tuple(self.old_logp.shape)}, "
+                             f"got {tuple(self.ref_logp.shape)}")
+        for name in ("rewards", "advantages"):
+            if getattr(self, name).shape != (B, G):
+                raise ValueError(f"{name} must have shape (B, G) = ({B}, {G}), got {tuple(getattr(self, name).shape)}")
+
+    def _check_dtypes(self) -> None:
+        if self.input_ids.dtype not in _INTEGER_DTYPES:
+            raise TypeError(f"input_ids must be an integer tensor, got dtype {self.input_ids.dtype}")
+        for name in ("old_logp", "ref_logp", "rewards", "advantages"):
+            value = getattr(self, name)
+            if value is not None and not value.is_floating_point():
+                raise TypeError(f"{name} must be a floating-point tensor, got dtype {value.dtype}")
+        for name in ("attention_mask", "completion_mask"):
+            _as_bool_mask(getattr(self, name), name)
+
+    def _check_layout(self) -> None:
+        attention = _as_bool_mask(self.attention_mask, "attention_mask")
+        completion = _as_bool_mask(self.completion_mask, "completion_mask")
+        P = self.prompt_length
+        lengths = completion.sum(-1)
+        if (lengths == 0).any():
+            raise ValueError(f"every completion needs at least one token in completion_mask; "
+                             f"{_where(lengths == 0)} has none")
+        # Right padding: the mask is 1...1 0...0, so it never increases along the row.
+        restarts = completion[..., 1:] & ~completion[..., :-1]
+        if restarts.any():
+            b, g, s = (int(i) for i in restarts.nonzero()[0])
+            raise ValueError(f"completion_mask must be right-padded (1s then 0s); it restarts after a 0 "
+                             f"at prompt {b}, completion {g}, completion column {s + 1}")
+        # Left padding: the prompt mask never decreases, and its last column is real.
+        prompt = attention[..., :P]
+        if (~prompt[..., -1]).any():
+            raise ValueError(f"every prompt must end at column P - 1 = {P - 1} (prompts are left-padded, "
+                             f"completions start at column P = {P}); {_where(~prompt[..., -1])} has "
+                             f"padding there")
+        gaps = prompt[..., :-1] & ~prompt[..., 1:]
+        if gaps.any():
+            raise ValueError(f"prompts must be left-padded (0s then 1s in attention_mask[..., :P]); "
+                             f"a gap follows a real token at {_where(gaps)}")
+        # The completion columns hold exactly the completion's real tokens.
+        mismatch = attention[..., P:] != completion
+        if mismatch.any():
+            b, g, s = (int(i) for i in mismatch.nonzero()[0])
+            if completion[b, g, s]:
+                raise ValueError(f"completion_mask marks a token that attention_mask marks as padding: "
+                                 f"prompt {b}, completion {g}, completion column {s}")
+            raise ValueError(f"attention_mask marks a real token in the completion columns that "
+                             f"completion_mask leaves out (a prompt token past column P - 1 = {P - 1}?): "
+                             f"prompt {b}, completion {g}, completion column {s}")
+
+    def _check_values(self) -> None:
+        check_rewards(self.rewards, "rewards")
+        completion = _as_bool_mask(self.completion_mask, "completion_mask")
+        bad = ~torch.isfinite(self.advantages)
+        if bad.any():
+            raise ValueError(f"advantages must be finite, got {self.advantages[bad][0].item()} at {_where(bad)}")
+        for name in ("old_logp", "ref_logp"):
+            value = getattr(self, name)
+            if value is None:
+                continue
+            bad = completion & ~torch.isfinite(value)
+            if bad.any():
+                raise ValueError(f"{name} must be finite on completion tokens, got {value[bad][0].item()} "
+                                 f"at {_where(bad)}")
+            positive = completion & (value > 1e-4)
+            if positive.any():
+                raise ValueError(f"{name} must hold log-probabilities (<= 0), got {value[positive][0].item():.4g} "
+                                 f"at {_where(positive)}")
+
+
+def pad_rollouts(prompt_ids: list[list[int]], completion_ids: list[list[list[int]]], pad_token_id: int
+                 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Token lists -> (input_ids (B, G, P + S), attention_mask (B, G, P + S), completion_mask (B, G, S)).
+
+    prompt_ids[b]: prompt b's tokens; completion_ids[b][g]: completion g of prompt b.
+    Prompts are left-padded to the longest prompt P, completions right-padded to
+    the longest completion S, with pad_token_id.
+    """
+    B = len(prompt_ids)
+    if B == 0 or len(completion_ids) != B:
+        raise ValueError(f"completion_ids must hold one group per prompt (B = {B}), got {len(completion_ids)}")
+    G = len(completion_ids[0])
+    if any(len(group) != G for group in completion_ids):
+        raise ValueError(f"every prompt needs the same number of completions G, got "
+                         f"{[len(group) for group in completion_ids]}")
+    if any(len(p) == 0 for p in prompt_ids):
+        raise ValueError("every prompt needs at least one token")
+    if any(len(c) == 0 for group in completion_ids for c in group):
+        raise ValueError("every completion needs at least one token (an immediate EOS counts)")
+    P = max(len(p) for p in prompt_ids)
+    S = max(len(c) for group in completion_ids for c in group)
+    input_ids = torch.full((B, G, P + S), pad_token_id, dtype=torch.long)
+    attention_mask = torch.zeros(B, G, P + S, dtype=torch.long)
+    completion_mask = torch.zeros(B, G, S, dtype=torch.long)
+    for b, (prompt, group) in enumerate(zip(prompt_ids, completion_ids)):
+        for g, completion in enumerate(group):
+            input_ids[b, g, P - len(prompt):P] = torch.tensor(prompt)
+            input_ids[b, g, P:P + len(completion)] = torch.tensor(completion)
+            attention_mask[b, g, P - len(prompt):P + len(completion)] = 1
+            completion_mask[b, g, :len(completion)] = 1
+    return input_ids, attention_mask, completion_mask
