@@ -206,18 +206,36 @@ def _chunked_head_logprobs(model, ids, mask, positions, completion_ids, temperat
     S = completion_ids.shape[-1]
     hidden = model.base_model(input_ids=ids, attention_mask=mask, position_ids=positions,
                               use_cache=False).last_hidden_state
-    hidden = hidden[:, -S - 1:-1].reshape(-1, hidden.shape[-1])  # (N S, H): small beside (N S, V)
-    targets = completion_ids.reshape(-1)
-    head = model.get_output_embeddings()
+    return lm_head_logprobs(hidden[:, -S - 1:-1], model.get_output_embeddings(), completion_ids,
+                            temperature=temperature, chunk_tokens=chunk_tokens, chunk_elements=chunk_elements)
 
-    def head_logprobs(h, t):
+
+def lm_head_logprobs(hidden: torch.Tensor, head, token_ids: torch.Tensor, *, temperature: float = 1.0,
+                     chunk_tokens: int = 1024, chunk_elements: int = CHUNK_ELEMENTS) -> torch.Tensor:
+    """log softmax(head(hidden) / T) at token_ids, chunk by chunk: (..., H), (...) -> (...).
+
+    head: the LM head (an nn.Linear from H to V, or any callable). It runs on
+    `chunk_tokens` positions at a time; under autograd each chunk is wrapped in
+    activation checkpointing, so its (chunk_tokens, V) logits are freed after the
+    forward and recomputed in backward. Peak memory: one chunk of logits (and
+    its gradient), never (..., V).
+    """
+    if hidden.shape[:-1] != token_ids.shape:
+        raise ValueError(f"hidden must have shape token_ids.shape + (H,) = {tuple(token_ids.shape)} + (H,), "
+                         f"got {tuple(hidden.shape)}")
+    if not (isinstance(chunk_tokens, int) and chunk_tokens > 0):
+        raise ValueError(f"chunk_tokens must be a positive int, got {chunk_tokens!r}")
+    rows = hidden.reshape(-1, hidden.shape[-1])  # (positions, H): small beside (positions, V)
+    targets = token_ids.reshape(-1)
+
+    def chunk_logprobs(h, t):
         return token_logprobs(head(h), t, temperature=temperature, chunk_elements=chunk_elements)
 
     pieces = []
-    for start in range(0, hidden.shape[0], chunk_tokens):
-        h, t = hidden[start:start + chunk_tokens], targets[start:start + chunk_tokens]
-        if torch.is_grad_enabled() and h.requires_grad:
-            pieces.append(checkpoint(head_logprobs, h, t, use_reentrant=False))
+    for start in range(0, rows.shape[0], chunk_tokens):
+        h, t = rows[start:start + chunk_tokens], targets[start:start + chunk_tokens]
+        if torch.is_grad_enabled():
+            pieces.append(checkpoint(chunk_logprobs, h, t, use_reentrant=False))
         else:
-            pieces.append(head_logprobs(h, t))
-    return torch.cat(pieces).reshape(completion_ids.shape)
+            pieces.append(chunk_logprobs(h, t))
+    return torch.cat(pieces).reshape(token_ids.shape)

@@ -7,7 +7,8 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from grpo_edu.logprobs import completion_logprobs, position_ids_from_attention_mask, token_logprobs
+from grpo_edu.logprobs import (completion_logprobs, lm_head_logprobs, position_ids_from_attention_mask,
+                               token_logprobs)
 from grpo_edu.models import char_tokenizer, tiny_llama
 
 F64 = torch.float64
@@ -224,3 +225,23 @@ def test_lm_helper_bad_input(policy):
     with pytest.raises(ValueError, match="chunk_tokens must be a positive int or None"):
         completion_logprobs(model, ids, attention, completion_mask, chunk_tokens=0)
 
+
+
+def test_lm_head_logprobs_equals_full_logits_in_values_and_gradients():
+    gen = torch.Generator().manual_seed(3)
+    head = torch.nn.Linear(8, 30, bias=False).double()
+    hidden = torch.randn(2, 5, 8, generator=gen, dtype=F64, requires_grad=True)
+    ids = torch.randint(0, 30, (2, 5), generator=gen)
+    weights = torch.randn(2, 5, generator=gen, dtype=F64)
+    results = []
+    for fn in (lambda: naive(head(hidden), ids, 0.8),
+               lambda: lm_head_logprobs(hidden, head, ids, temperature=0.8, chunk_tokens=3)):
+        logp = fn()
+        grads = torch.autograd.grad((logp * weights).sum(), (hidden, head.weight))
+        results.append((logp.detach(), grads))
+    (expected, expected_grads), (got, got_grads) = results
+    torch.testing.assert_close(got, expected, rtol=0, atol=1e-12)
+    for a, b in zip(got_grads, expected_grads):
+        torch.testing.assert_close(a, b, rtol=0, atol=1e-12)
+    with pytest.raises(ValueError, match=r"hidden must have shape token_ids.shape \+ \(H,\)"):
+        lm_head_logprobs(hidden, head, ids[:, :4])
