@@ -164,28 +164,32 @@ class AdvantageExplorer(Explorer):
     def _draw(self, state: AdvantageState) -> None:
         B, G = state.rewards.shape
         x = np.arange(G)
-        if self._bars is None:
+        if self._bars is None:          # new G: new bars, new background
             self._bars = []
             for b, ax in enumerate(self.plot.axes):
                 ax.clear()
                 rewards = ax.bar(x - 0.2, state.rewards[b], 0.4, color="#9ecae1", label="reward")
                 advantages = ax.bar(x + 0.2, state.advantages[b], 0.4, color="#08519c",
                                     label="advantage")
+                status = ax.text(0.5, 0.04, "", transform=ax.transAxes, ha="center",
+                                 color="#a50f15", fontsize=9)
                 ax.axhline(0.0, color="black", linewidth=0.8)
                 ax.set_xticks(x, [f"o{i + 1}" for i in range(G)])
                 ax.set_ylim(-3.0, 3.0)
                 ax.set_title(f"prompt {b + 1}", fontsize=10)
-                self._bars.append((rewards, advantages))
+                self._bars.append((rewards, advantages, status))
             self.plot.axes[0].legend(loc="upper right", fontsize=8)
             self.plot.figure.tight_layout()
-        for b, (rewards, advantages) in enumerate(self._bars):
+            self.plot.invalidate()
+        animated = []
+        for b, (rewards, advantages, status) in enumerate(self._bars):
             for bar, value in zip(rewards, state.rewards[b]):
                 bar.set_height(value)
             for bar, value in zip(advantages, state.advantages[b]):
                 bar.set_height(value)
-            self.plot.axes[b].set_title(
-                f"prompt {b + 1}" + ("  (teaches nothing)" if state.silent[b] else ""), fontsize=10)
-        self.plot.render()
+            status.set_text("all rewards equal: teaches nothing" if state.silent[b] else "")
+            animated += [*rewards, *advantages, status]
+        self.plot.render(animated, layout=G)
 
     def describe(self) -> str:
         G = self.state.rewards.shape[1]

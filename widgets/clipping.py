@@ -107,10 +107,11 @@ class ClippingExplorer(Explorer):
         objective_ax, gradient_ax = self.plot.axes
         if self._artists is None:
             artists = {}
+            artists["guides"] = []
             for ax, title in ((objective_ax, "objective min(rho A, clip(rho) A)"),
                               (gradient_ax, "d objective / d rho")):
-                ax.axhline(0.0, color="black", linewidth=0.8)
-                ax.axvline(1.0, color="grey", linewidth=0.8, linestyle=":")
+                artists["guides"] += [ax.axhline(0.0, color="black", linewidth=0.8),
+                                      ax.axvline(1.0, color="grey", linewidth=0.8, linestyle=":")]
                 ax.set_xlim(*RATIO_RANGE)
                 ax.set_ylim(-2.6 if ax is gradient_ax else -5.2, 2.6 if ax is gradient_ax else 5.2)
                 ax.set_xlabel("rho = pi / pi_old")
@@ -125,8 +126,9 @@ class ClippingExplorer(Explorer):
                                                      label="chapter 1's tokens")
             artists["token_gradients"] = gradient_ax.scatter(GRID[:9], GRID[:9], zorder=3, s=25,
                                                              edgecolors="black", linewidths=0.5)
-            artists["spans"] = []
-            objective_ax.legend(loc="upper left", fontsize=7)
+            artists["spans"] = [ax.axvspan(0.0, 1.0, color="#fdd0a2", alpha=0.6, zorder=0)
+                                for ax in self.plot.axes]
+            artists["legend"] = objective_ax.legend(loc="upper left", fontsize=7)
             self.plot.figure.tight_layout()
             self._artists = artists
         artists = self._artists
@@ -139,14 +141,18 @@ class ClippingExplorer(Explorer):
             artists[name].set_offsets(np.column_stack([tokens.ratio, values]))
             artists[name].set_facecolors(colours)
         for span in artists["spans"]:
-            span.remove()
-        artists["spans"] = []
-        if state.no_gradient is not None:
-            low, high = state.no_gradient
-            for ax in self.plot.axes:
-                artists["spans"].append(ax.axvspan(low, min(high, RATIO_RANGE[1]), color="#fdd0a2",
-                                                   alpha=0.6, zorder=0))
-        self.plot.render()
+            if state.no_gradient is None:
+                span.set_visible(False)
+            else:
+                low, high = state.no_gradient
+                span.set_visible(True)
+                span.set_x(low)
+                span.set_width(min(high, RATIO_RANGE[1]) - low)
+        # Drawn in this order over the background: the shading first, then the axes lines
+        # and the legend it would otherwise cover, then the curves and the tokens.
+        self.plot.render([*artists["spans"], *artists["guides"], artists["unclipped"],
+                          artists["objective"], artists["gradient"], artists["tokens"],
+                          artists["token_gradients"], artists["legend"]])
 
     def describe(self) -> str:
         s = self.state

@@ -9,19 +9,21 @@ from dataclasses import dataclass
 import ipywidgets as widgets
 import numpy as np
 import torch
+from matplotlib.collections import LineCollection
 
 from grpo_edu import worked_example
 from grpo_edu.estimators import categorical_kl
 from grpo_edu.loss import KL_ESTIMATORS
 from grpo_edu.loss import kl_estimate as _kl_estimate
 from grpo_edu.reference import log_softmax
-from grpo_edu.widgets._base import Explorer, Plot, cell, fmt, notes_html, snap, table
+from grpo_edu.widgets._base import (Explorer, Plot, cell, fmt, nice_limit, notes_html, snap,
+                                    sticky_limits, table)
 
 # pi: the new policy's logits at chapter 1's first token; pi_ref: a flatter reference.
 DEFAULT_LOGITS = worked_example.NEW_LOGITS[0][0]
 DEFAULT_REF_LOGITS = (0.5, 0.0, 0.5)
 SAMPLE_SIZES = (10, 30, 100, 300, 1000, 3000, 10000)
-LOG_RATIO_GRID = np.linspace(-3.0, 3.0, 301)
+LOG_RATIO_GRID = np.linspace(-4.0, 4.0, 401)
 COLOURS = {"k1": "#6baed6", "k2": "#fd8d3c", "k3": "#31a354"}
 
 
@@ -75,6 +77,11 @@ def compute_state(logits, ref_logits, num_samples: int = 1000, seed: int = 0) ->
                    expected, int(num_samples), sample_mean, sample_std, tuple(notes))
 
 
+def _bar_limits(low: float, high: float) -> tuple[float, float]:
+    top = nice_limit(high * 1.3)
+    return (-nice_limit(-low * 1.3) if low < -top / 20 else -top / 20), top
+
+
 class KLExplorer(Explorer):
     """Logit sliders for pi and pi_ref over 3 tokens and a sample count; the per-sample
     k1, k2, k3 against the log-ratio, and their sample means and stds next to the exact KL.
@@ -102,6 +109,7 @@ class KLExplorer(Explorer):
         self.notes = widgets.HTML()
         self.plot = Plot(8.0, 3.0, ncols=2)
         self._artists = None
+        self._ylim = None
         self._observe(*self.logit_sliders, *self.ref_logit_sliders, self.num_samples)
         self.widget = self._assemble(
             widgets.HBox([widgets.VBox([widgets.HTML("<b>pi (policy) logits</b>"), *self.logit_sliders]),
@@ -133,6 +141,7 @@ class KLExplorer(Explorer):
 
     def _draw(self, state: KLState) -> None:
         curve_ax, bar_ax = self.plot.axes
+        x = np.arange(len(KL_ESTIMATORS))
         if self._artists is None:
             artists = {"points": {}}
             for name in KL_ESTIMATORS:
@@ -142,16 +151,17 @@ class KLExplorer(Explorer):
                                                            edgecolors="black", zorder=3)
             curve_ax.axhline(0.0, color="black", linewidth=0.8)
             curve_ax.set_xlim(LOG_RATIO_GRID[0], LOG_RATIO_GRID[-1])
-            curve_ax.set_ylim(-3.0, 4.5)
-            curve_ax.set_xlabel("log pi_ref(x) - log pi(x)")
+            curve_ax.set_ylim(-4.0, 6.0)
+            curve_ax.set_xlabel("d = log pi_ref(x) - log pi(x)")
             curve_ax.set_title("per sample (dots: the 3 tokens, size ~ pi)", fontsize=10)
             curve_ax.legend(loc="upper center", fontsize=8)
-            x = np.arange(len(KL_ESTIMATORS))
-            artists["bars"] = bar_ax.bar(x, [0, 0, 0], 0.6,
-                                         color=[COLOURS[n] for n in KL_ESTIMATORS])
-            artists["errors"] = None
+            artists["bars"] = list(bar_ax.bar(x, [0, 0, 0], 0.6, color=[COLOURS[n] for n in KL_ESTIMATORS]))
+            artists["errors"] = LineCollection([], colors="black", linewidths=1.2)
+            bar_ax.add_collection(artists["errors"])
             artists["exact"] = bar_ax.axhline(0.0, color="black", linestyle="--", label="exact KL")
+            bar_ax.axhline(0.0, color="black", linewidth=0.8)
             bar_ax.set_xticks(x, list(KL_ESTIMATORS))
+            bar_ax.set_xlim(-0.6, len(x) - 0.4)
             bar_ax.set_title("sample mean +- std vs exact KL", fontsize=10)
             bar_ax.legend(loc="upper right", fontsize=8)
             self.plot.figure.tight_layout()
@@ -162,20 +172,23 @@ class KLExplorer(Explorer):
             points = artists["points"][name]
             points.set_offsets(np.column_stack([state.log_ratio, state.per_token[name]]))
             points.set_sizes(sizes)
-        means = [state.sample_mean[n] for n in KL_ESTIMATORS]
-        stds = [state.sample_std[n] for n in KL_ESTIMATORS]
+        means = np.array([state.sample_mean[n] for n in KL_ESTIMATORS])
+        stds = np.array([state.sample_std[n] for n in KL_ESTIMATORS])
         for bar, mean in zip(artists["bars"], means):
             bar.set_height(mean)
-        if artists["errors"] is not None:
-            artists["errors"].remove()
-        artists["errors"] = bar_ax.errorbar(np.arange(len(means)), means, yerr=stds, fmt="none",
-                                            ecolor="black", capsize=4)
+        segments = [[(i, m - s), (i, m + s)] for i, (m, s) in enumerate(zip(means, stds))]
+        segments += [[(i - 0.08, m + sign * s), (i + 0.08, m + sign * s)]
+                     for i, (m, s) in enumerate(zip(means, stds)) for sign in (-1, 1)]
+        artists["errors"].set_segments(segments)
         artists["exact"].set_ydata([state.exact_kl, state.exact_kl])
-        top = max(max(m + s for m, s in zip(means, stds)), state.exact_kl)
-        bottom = min(min(m - s for m, s in zip(means, stds)), 0.0)
-        pad = 0.1 * max(top - bottom, 0.05)
-        bar_ax.set_ylim(bottom - pad, top + pad)
-        self.plot.render()
+        # y limits from a 1-2-5 ladder, kept while the bars fit: most slider moves then
+        # reuse the cached background.
+        high = max(float(np.max(means + stds)), state.exact_kl, 1e-3)
+        low = min(float(np.min(means - stds)), -high / 40)
+        self._ylim = sticky_limits(self._ylim, low, high, _bar_limits, slack=6.0)
+        bar_ax.set_ylim(*self._ylim)
+        self.plot.render([*artists["points"].values(), *artists["bars"], artists["errors"],
+                          artists["exact"]], layout=self._ylim)
 
     def describe(self) -> str:
         s = self.state

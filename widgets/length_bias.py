@@ -9,7 +9,7 @@ import ipywidgets as widgets
 import numpy as np
 
 from grpo_edu.estimators import response_token_weights
-from grpo_edu.widgets._base import Explorer, Plot, notes_html, table
+from grpo_edu.widgets._base import Explorer, Plot, decade_limits, notes_html, sticky_limits, table
 
 # On one process with num_items left to its default, dapo and bnpo both divide by the
 # batch's token count; the explorer computes both and shows them as one curve.
@@ -75,6 +75,7 @@ class LengthBiasExplorer(Explorer):
         self.notes = widgets.HTML()
         self.plot = Plot(8.0, 3.0, ncols=2)
         self._artists = None
+        self._limits = [None, None, None]     # x, y of the token panel, y of the response panel
         self._observe(self.group_size, self.lengths)
         self.max_completion_length.observe(self._limit_lengths, names="value")
         self.widget = self._assemble(
@@ -117,17 +118,25 @@ class LengthBiasExplorer(Explorer):
                 label = "dapo / bnpo" if name == "dapo" else name
                 self._artists[name] = (token_ax.plot([1], [1], "o-", color=colour, label=label)[0],
                                        total_ax.plot([1], [1], "o-", color=colour)[0])
-            token_ax.legend(loc="lower left", fontsize=8)
+            self._legend = token_ax.legend(loc="upper right", fontsize=8)
             self.plot.figure.tight_layout()
+        animated = []
         for name, _ in CURVES:
             token_line, total_line = self._artists[name]
             token_line.set_data(state.lengths, state.weights[name])
             total_line.set_data(state.lengths, state.totals[name])
-        for ax, values in ((token_ax, state.weights), (total_ax, state.totals)):
+            animated += [token_line, total_line]
+        # Whole decades, kept while the data fits: most slider moves then reuse the
+        # cached background.
+        self._limits[0] = sticky_limits(self._limits[0], state.lengths.min(),
+                                        state.max_completion_length, decade_limits, slack=30.0)
+        for k, (ax, values) in enumerate(((token_ax, state.weights), (total_ax, state.totals)), 1):
             ys = np.concatenate([values[t] for t, _ in CURVES])
-            ax.set_xlim(state.lengths.min() / 1.5, state.max_completion_length * 1.5)
-            ax.set_ylim(ys.min() / 3, ys.max() * 3)
-        self.plot.render()
+            self._limits[k] = sticky_limits(self._limits[k], ys.min(), ys.max(), decade_limits,
+                                            slack=30.0)
+            ax.set_xlim(*self._limits[0])
+            ax.set_ylim(*self._limits[k])
+        self.plot.render([*animated, self._legend], layout=tuple(self._limits))
 
     def describe(self) -> str:
         s = self.state
