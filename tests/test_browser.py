@@ -102,7 +102,7 @@ def lab(tmp_path_factory):
     runtime = home / "runtime"
     env = {**book.kernel_env(), "JUPYTER_CONFIG_DIR": str(home / "config"),
            "JUPYTER_RUNTIME_DIR": str(runtime), "JUPYTERLAB_SETTINGS_DIR": str(home / "settings"),
-           "JUPYTERLAB_WORKSPACES_DIR": str(home / "workspaces"), "HOME": str(home)}
+           "JUPYTERLAB_WORKSPACES_DIR": str(home / "workspaces"), "IPYTHONDIR": str(home / "ipython")}
     port, token = _free_port(), secrets.token_hex(16)
     log = open(home / "server.log", "w")
     server = subprocess.Popen(
@@ -206,6 +206,7 @@ def test_dragging_a_reward_slider_updates_the_advantages(lab, chromium_path):
             for step in range(1, 9):
                 page.mouse.move(x, y - 3 * step)
             page.mouse.up()
+            released = time.monotonic()
 
             # While the mouse moves, the slider sends intermediate values; wait until the
             # kernel's table shows the value the slider came to rest at.
@@ -218,6 +219,7 @@ def test_dragging_a_reward_slider_updates_the_advantages(lab, chromium_path):
                     const shown = +c.dataset.value;
                     return shown !== old && Math.abs(shown - parseFloat(readout.textContent)) < 1e-9;
                 }""", arg=[float(before_rewards[0, 1]), ".grpo-advantage-explorer .grpo-reward-p0-r1"])
+            round_trip = time.monotonic() - released
             readout = float(slider.locator(".widget-readout").inner_text())
             rewards = _table_values(page, "reward")
             advantages = _table_values(page, "advantage")
@@ -234,5 +236,6 @@ def test_dragging_a_reward_slider_updates_the_advantages(lab, chromium_path):
     assert not np.allclose(advantages[0], before[0]), "prompt 1's advantages must change"
     np.testing.assert_array_equal(advantages[1], before[1])   # group scaling: prompt 2 untouched
     assert not errors, f"JavaScript errors in the page: {errors}"
-    print(f"browser test: {seconds:.1f} s in Chromium, reward r2 {before_rewards[0, 1]:.2f} -> "
-          f"{rewards[0, 1]:.2f}, advantages {np.round(advantages[0], 4).tolist()}")
+    print(f"browser test: {seconds:.1f} s in Chromium (server start not included); reward r2 "
+          f"{before_rewards[0, 1]:.2f} -> {rewards[0, 1]:.2f}, advantages "
+          f"{np.round(advantages[0], 4).tolist()}; mouse release -> final table {round_trip * 1e3:.0f} ms")
