@@ -401,3 +401,28 @@ def test_widget_model_ids_are_renumbered_consistently_and_idempotently():
     assert state[two]["state"]["layout"] == f"IPY_MODEL_{one}"
     assert once.cells[0].outputs[0].data["application/vnd.jupyter.widget-view+json"]["model_id"] == two
     assert nbformat.writes(notebooks.normalise(once)) == nbformat.writes(once)
+
+
+# --------------------------------------------------------------------------- chapter 1's data
+
+def test_worked_example_is_chapter_1s_data():
+    """The explorers draw "chapter 1's tokens" from grpo_edu.worked_example; chapter 1 types
+    the same numbers out for its reader. Read them from chapter 1's source and compare."""
+    import ast
+    from pathlib import Path
+
+    source = (Path(__file__).resolve().parent.parent / "chapters" / "01_grpo_by_hand.py").read_text()
+    found = {}
+    for node in ast.parse(source).body:
+        if isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name):
+            name = node.targets[0].id
+            if name in ("token_ids", "old_logp", "ref_logp", "new_logits", "rewards") and name not in found:
+                found[name] = eval(compile(ast.Expression(node.value), "chapter 1", "eval"), {"np": np})
+    assert set(found) == {"token_ids", "old_logp", "ref_logp", "new_logits", "rewards"}, sorted(found)
+    assert [list(t) for t in found["token_ids"]] == [list(t) for t in worked_example.TOKEN_IDS]
+    for name, ours in (("old_logp", worked_example.OLD_LOGP), ("ref_logp", worked_example.REF_LOGP),
+                       ("new_logits", worked_example.NEW_LOGITS)):
+        assert len(found[name]) == len(ours)
+        for theirs, mine in zip(found[name], ours):
+            np.testing.assert_array_equal(np.asarray(theirs), np.asarray(mine), err_msg=name)
+    np.testing.assert_array_equal(found["rewards"], worked_example.REWARDS)
