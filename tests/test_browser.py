@@ -84,7 +84,7 @@ def _processes_mentioning(text: str) -> list[int]:
 
 
 @pytest.fixture(scope="module")
-def lab(tmp_path_factory):
+def lab(tmp_path_factory, chromium_path):
     """A JupyterLab server on a free localhost port, serving a stripped copy of chapter 2
     from a private folder; private config, data, runtime and settings folders."""
     home = tmp_path_factory.mktemp("lab")
@@ -166,7 +166,7 @@ def _table_values(page, css: str) -> np.ndarray:
     return values
 
 
-def test_dragging_a_reward_slider_updates_the_advantages(lab, chromium_path):
+def test_dragging_a_reward_slider_updates_the_advantages(chromium_path, lab):
     from playwright.sync_api import sync_playwright
 
     started = time.monotonic()
