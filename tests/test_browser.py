@@ -7,7 +7,7 @@ the kernel sends back holds exactly the advantages grpo_edu computes for the new
 rewards. Everything it starts (server, kernel, browser) is stopped at the end.
 
 Chromium: /usr/bin/chromium (`make browser` installs it with apt-get; override with
-GRPO_EDU_CHROMIUM). Without it the test is skipped with the reason, except in CI
+GRPO_EDU_CHROMIUM). GRPO_EDU_SCREENSHOTS=<folder> saves each explorer as rendered. Without it the test is skipped with the reason, except in CI
 (CI or GRPO_EDU_REQUIRE_BROWSER set), where it fails: CI must run it.
 """
 
@@ -173,6 +173,7 @@ def test_dragging_a_reward_slider_updates_the_advantages(chromium_path, lab):
     with sync_playwright() as playwright:
         browser = playwright.chromium.launch(executable_path=chromium_path, headless=True,
                                              args=CHROMIUM_FLAGS, timeout=STEP_MS)
+        page = None
         try:
             page = browser.new_page(viewport={"width": 1400, "height": 1000})
             page.set_default_timeout(STEP_MS)
@@ -223,6 +224,20 @@ def test_dragging_a_reward_slider_updates_the_advantages(chromium_path, lab):
             readout = float(slider.locator(".widget-readout").inner_text())
             rewards = _table_values(page, "reward")
             advantages = _table_values(page, "advantage")
+        except Exception:
+            if page is not None:
+                shot = lab["home"] / "failure.png"
+                page.screenshot(path=str(shot))
+                print(f"browser test failed; screenshot of the page: {shot}")
+            raise
+        else:
+            if os.environ.get("GRPO_EDU_SCREENSHOTS"):  # a folder: each explorer as a reader sees it
+                folder = Path(os.environ["GRPO_EDU_SCREENSHOTS"])
+                folder.mkdir(parents=True, exist_ok=True)
+                for css in ("advantage", "clipping", "kl", "length-bias"):
+                    explorer = page.locator(f".grpo-{css}-explorer")
+                    explorer.scroll_into_view_if_needed()
+                    explorer.screenshot(path=str(folder / f"{css}.png"))
         finally:
             browser.close()
     seconds = time.monotonic() - started

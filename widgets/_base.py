@@ -120,14 +120,17 @@ def cell(value: float, css: str = "", digits: int = 4, **data) -> str:
     """A table cell that shows `value` rounded and carries it exactly in data-value."""
     attributes = "".join(f' data-{k.replace("_", "-")}="{html.escape(str(v))}"'
                          for k, v in data.items())
-    return (f'<td class="{css}" data-value="{float(value)!r}"{attributes}>'
+    return (f'<td class="{css}" data-value="{float(value)!r}"{attributes} style="{PAD}">'
             f"{fmt(value, digits)}</td>")
+
+
+PAD = "padding: 1px 8px"
 
 
 def table(css: str, header: list[str], rows: list[list[str]]) -> str:
     """An HTML table; `rows` hold ready <td> strings or plain text."""
-    head = "".join(f"<th>{html.escape(h)}</th>" for h in header)
-    body = "".join("<tr>" + "".join(c if c.startswith("<td") else f"<td>{html.escape(c)}</td>"
+    head = "".join(f'<th style="{PAD}">{html.escape(h)}</th>' for h in header)
+    body = "".join("<tr>" + "".join(c if c.startswith("<td") else f'<td style="{PAD}">{html.escape(c)}</td>'
                                     for c in row) + "</tr>" for row in rows)
     return (f'<table class="grpo-table {css}" style="border-collapse: collapse; '
             f'font-family: monospace; text-align: right">'

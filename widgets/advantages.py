@@ -111,10 +111,10 @@ class AdvantageExplorer(Explorer):
             self._observe(*sliders)
         labels = [widgets.HTML(f"<b>prompt {b + 1}</b>", layout=widgets.Layout(width="70px"))
                   for b in range(2)]
+        sliders = widgets.VBox([widgets.HBox([label, row]) for label, row in zip(labels, self.rows)])
         self.widget = self._assemble(
             widgets.HBox([self.group_size, self.shift]), self.scale, self.std,
-            *[widgets.HBox([label, row]) for label, row in zip(labels, self.rows)],
-            widgets.HBox([self.plot.image, widgets.VBox([self.table])]), self.notes)
+            widgets.HBox([sliders, self.table]), self.plot.image, self.notes)
         self.update()
 
     def _reward_slider(self, prompt: int, response: int, value: float) -> widgets.FloatSlider:

@@ -9,7 +9,7 @@ import ipywidgets as widgets
 import numpy as np
 
 from grpo_edu.estimators import response_token_weights
-from grpo_edu.widgets._base import Explorer, Plot, decade_limits, notes_html, sticky_limits, table
+from grpo_edu.widgets._base import PAD, Explorer, Plot, decade_limits, notes_html, sticky_limits, table
 
 # On one process with num_items left to its default, dapo and bnpo both divide by the
 # batch's token count; the explorer computes both and shows them as one curve.
@@ -41,9 +41,9 @@ def compute_state(group_size: int = 4, shortest: int = 20, longest: int = 400,
     totals = {t: lengths * weights[t] for t in LOSS_TYPES}
     ratio = {t: float(weights[t][0] / weights[t][-1]) for t in LOSS_TYPES}
     notes = [
-        f"grpo: a token of the {lengths[0]}-token response counts {ratio['grpo']:.4f} times as "
+        f"grpo: a token of the {lengths[0]}-token response counts {ratio['grpo']:.2f} times as "
         f"much as a token of the {lengths[-1]}-token one; every response counts the same in total, "
-        "so a long wrong answer is penalised less per token, and length grows unchecked",
+        "so a long wrong answer is penalised less per token (the length bias Dr. GRPO removes)",
         f"dr_grpo: every token counts 1 / (G x {max_completion_length}) = "
         f"{weights['dr_grpo'][0]:.4e}, whatever its response's length (ratio {ratio['dr_grpo']:.4f})",
         f"dapo / bnpo: every token counts 1 / (tokens in the batch) = 1 / {int(lengths.sum())} = "
@@ -156,4 +156,5 @@ class LengthBiasExplorer(Explorer):
 
 
 def _weight_cell(value: float, css: str, index: int) -> str:
-    return f'<td class="{css}" data-value="{float(value)!r}" data-response="{index}">{value:.4e}</td>'
+    return (f'<td class="{css}" data-value="{float(value)!r}" data-response="{index}" '
+            f'style="{PAD}">{value:.4e}</td>')
