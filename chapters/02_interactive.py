@@ -45,7 +45,6 @@ from grpo_edu.loss import grpo_loss
 from grpo_edu.widgets import AdvantageExplorer, ClippingExplorer, KLExplorer, LengthBiasExplorer
 from grpo_edu.widgets import advantages as advantage_view
 from grpo_edu.widgets import kl as kl_view
-from grpo_edu.widgets import length_bias as length_view
 
 torch.set_num_threads(1)
 np.set_printoptions(precision=4, suppress=True)
