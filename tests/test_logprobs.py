@@ -245,3 +245,19 @@ def test_lm_head_logprobs_equals_full_logits_in_values_and_gradients():
         torch.testing.assert_close(a, b, rtol=0, atol=1e-12)
     with pytest.raises(ValueError, match=r"hidden must have shape token_ids.shape \+ \(H,\)"):
         lm_head_logprobs(hidden, head, ids[:, :4])
+
+
+def test_chapter3_alignment_checker():
+    from grpo_edu.exercises import ch03
+
+    def score(logits, ids, columns, S):
+        return torch.log_softmax(logits[:, columns], -1).gather(-1, ids[:, -S:, None]).squeeze(-1)
+
+    assert ch03.check_completion_logprobs(lambda z, ids, S: score(z, ids, slice(-S - 1, -1), S))
+    off_by_one = ch03.check_completion_logprobs(lambda z, ids, S: score(z, ids, slice(-S, None), S))
+    assert not off_by_one and off_by_one.passed == 0
+    assert str(off_by_one).count("off by one column") == len(ch03.ALIGNMENT_CASES)
+    wrong_tokens = ch03.check_completion_logprobs(
+        lambda z, ids, S: torch.log_softmax(z[:, -S - 1:-1], -1).gather(-1, ids[:, -S - 1:-1, None]).squeeze(-1))
+    assert not wrong_tokens and "off by one column" not in str(wrong_tokens)
+    assert "expected" in str(wrong_tokens)

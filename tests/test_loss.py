@@ -404,3 +404,47 @@ BAD_CASES = [
 def test_bad_input(name, changes, options, error, message):
     with pytest.raises(error, match=message):
         call(bad(**changes), **options)
+
+
+# --------------------------------------------------------------------------- chapter 3 checkers
+
+def test_chapter3_masked_loss_checker():
+    from grpo_edu.exercises import ch03
+
+    def correct(logp, old_logp, advantages, mask, epsilon):
+        log_ratio = torch.where(mask, logp - old_logp, torch.zeros_like(logp))
+        ratio = torch.exp(log_ratio)
+        objective = torch.minimum(ratio * advantages[:, None],
+                                  ratio.clamp(1 - epsilon, 1 + epsilon) * advantages[:, None])
+        return -((objective * mask).sum(-1) / mask.sum(-1)).mean()
+
+    def leaks(logp, old_logp, advantages, mask, epsilon):
+        ratio = torch.exp(logp - old_logp)
+        objective = torch.minimum(ratio * advantages[:, None],
+                                  ratio.clamp(1 - epsilon, 1 + epsilon) * advantages[:, None])
+        return -((objective * mask).sum(-1) / mask.sum(-1)).mean()
+
+    def batch_mean(logp, old_logp, advantages, mask, epsilon):  # bnpo, not grpo
+        ratio = torch.exp(torch.where(mask, logp - old_logp, torch.zeros_like(logp)))
+        objective = torch.minimum(ratio * advantages[:, None],
+                                  ratio.clamp(1 - epsilon, 1 + epsilon) * advantages[:, None])
+        return -(objective * mask).sum() / mask.sum()
+
+    assert ch03.check_masked_grpo_loss(correct)
+    leaked = ch03.check_masked_grpo_loss(leaks)
+    assert len(leaked.failures) == 2 and "NaN" in str(leaked)
+    wrong = ch03.check_masked_grpo_loss(batch_mean)
+    assert not wrong and wrong.passed < 6
+
+
+def test_chapter3_first_step_gradient_checker():
+    from grpo_edu.exercises import ch03
+
+    def correct(advantages, mask):
+        return -advantages[:, None] / (len(advantages) * mask.sum(-1, keepdim=True)) * mask
+
+    assert ch03.check_first_step_gradient(correct)
+    sign = ch03.check_first_step_gradient(lambda a, m: -correct(a, m))
+    assert not sign and sign.passed == 1  # only the all-zero group survives a sign error
+    no_length = ch03.check_first_step_gradient(lambda a, m: -a[:, None] / len(a) * m)
+    assert not no_length

@@ -1,0 +1,534 @@
+# ---
+# jupyter:
+#   jupytext:
+#     formats: py:percent,ipynb
+#     text_representation:
+#       extension: .py
+#       format_name: percent
+# ---
+
+# %% [markdown]
+# # Chapter 3. The masked (B, G, S) step
+#
+# Chapter 1 computed one GRPO update of one group with a Python loop over responses, each
+# response its own array, so nothing could leak between them. A trainer cannot afford
+# loops: it holds B prompts with G completions each in padded tensors of shape (B, G, S),
+# runs a real transformer over them, and relies on masks to say which entries are tokens
+# and which are padding. Almost every GRPO bug lives in those masks and in one
+# off-by-one between logits and tokens.
+#
+# This chapter builds that step on a tiny Llama and checks it, number for number, against
+# chapter 1's NumPy reference:
+#
+# 1. a batch of B = 2 prompts with G = 3 completions of different lengths, prompts
+#    left-padded and completions right-padded, masks printed next to the decoded tokens;
+# 2. one full step: forward, per-token log-probs, ratio, clip, KL, aggregation, backward,
+#    gradient-norm clipping, optimizer step and the diagnostics a trainer logs;
+# 3. the same loss and gradients as `grpo_edu.reference` on the same inputs, a float64
+#    gradcheck, what `expand` saves over `repeat`, and why the first step's loss is zero
+#    while its gradient is not.
+#
+# Shapes: B prompts, G completions per prompt, P prompt columns, S completion columns,
+# T = P + S, V vocabulary entries, N = B G completions in all.
+
+# %%
+import copy
+import inspect
+
+import numpy as np
+import torch
+
+from grpo_edu import reference, worked_example
+from grpo_edu.advantages import group_advantages
+from grpo_edu.batch import RolloutBatch, pad_rollouts
+from grpo_edu.logprobs import (completion_logprobs, position_ids_from_attention_mask,
+                               token_logprobs)
+from grpo_edu.loss import grpo_loss, kl_estimate
+from grpo_edu.models import char_tokenizer, tiny_llama
+from grpo_edu.rewards import combined_reward
+
+torch.set_num_threads(1)
+torch.manual_seed(0)
+torch.set_printoptions(precision=4, sci_mode=False)
+
+
+def f4(x):
+    """4 decimals with a sign; values that round to zero print as +0.0000 on every machine."""
+    return f"{0.0 if abs(x) < 5e-5 else x:+.4f}"
+
+# %% [markdown]
+# ## A tiny Llama, built from a local config
+#
+# The policy is a transformers `LlamaForCausalLM`: the same class as Llama 3 or Qwen's
+# relatives, built from a config in `grpo_edu.models` with 2 layers of width 128 and a
+# character-level tokenizer. Nothing is downloaded; the weights are a seeded random
+# initialisation, which is all this chapter needs: the mechanics of a step do not depend
+# on what the model knows.
+
+# %%
+tokenizer = char_tokenizer()
+policy = tiny_llama(tokenizer, seed=0)
+config = policy.config
+print(f"{type(policy).__name__}: {config.num_hidden_layers} layers, width {config.hidden_size}, "
+      f"{config.num_attention_heads} heads, vocabulary V = {config.vocab_size}, "
+      f"{sum(p.numel() for p in policy.parameters()):,} parameters")
+print(f"pad id {tokenizer.pad_token_id} {tokenizer.pad_token!r}, eos id {tokenizer.eos_token_id} "
+      f"{tokenizer.eos_token!r}, markup tokens {tokenizer.convert_ids_to_tokens([3, 4, 5])}")
+
+# %% [markdown]
+# ## A batch of B = 2 prompts, G = 3 completions each
+#
+# In training, a sampler produces the completions (chapter 6). Here we write six
+# plausible ones by hand, so the masks are easy to read: short and long, right and wrong,
+# with and without the `<think>...</think>` format. Rewards are DeepSeek-R1's rule-based
+# accuracy + format (`grpo_edu.rewards`): 1 for a correct `\boxed{}` answer, 1 for the
+# `<think>` format, so a correct, well-formatted completion scores 2.
+
+# %%
+prompts = ["12+7=", "3*4="]
+answers = ["19", "12"]
+completions = [
+    ["<think>12+7=19</think>\\boxed{19}", "\\boxed{19}", "\\boxed{21}"],
+    ["\\boxed{12}", "<think>3*4=12</think>\\boxed{12}", "7"],
+]
+B, G = len(prompts), len(completions[0])
+
+
+def encode(text):
+    return tokenizer(text, add_special_tokens=False)["input_ids"]
+
+
+prompt_ids = [encode(p) for p in prompts]
+completion_ids = [[encode(c) + [tokenizer.eos_token_id] for c in group] for group in completions]
+reward_fn = combined_reward()
+rewards = torch.tensor([reward_fn(group, answer=answer) for group, answer in zip(completions, answers)])
+for b in range(B):
+    for g in range(G):
+        print(f"prompt {b} {prompts[b]!r:9} completion {g}: {len(completion_ids[b][g]):2d} tokens, "
+              f"reward {rewards[b, g]:.0f}   {completions[b][g]!r}")
+
+# %% [markdown]
+# ### Padding, and the seam between prompt and completion
+#
+# `pad_rollouts` lays the batch out the way `generate` returns it: prompts **left**-padded
+# to the longest prompt P, completions **right**-padded to the longest completion S. The
+# two paddings face away from each other, so every prompt ends at column P - 1 and every
+# completion starts at column P: one seam for the whole batch. Each prompt is repeated G
+# times, one row per completion.
+
+# %%
+input_ids, attention_mask, completion_mask = pad_rollouts(prompt_ids, completion_ids, tokenizer.pad_token_id)
+P = input_ids.shape[-1] - completion_mask.shape[-1]
+S = completion_mask.shape[-1]
+print(f"input_ids {tuple(input_ids.shape)} = (B, G, T), attention_mask {tuple(attention_mask.shape)}, "
+      f"completion_mask {tuple(completion_mask.shape)} = (B, G, S); P = {P}, S = {S}, T = {P + S}")
+
+
+# %% [markdown]
+# Row (prompt 1, completion 0) column by column: the decoded token, the attention mask,
+# the completion mask (defined on the S completion columns only), the position id that
+# `generate` gave the token, and the one fact that causes most bugs: **the logits at
+# column j predict the token at column j + 1.** The completion's first token, at column
+# P, is scored by the logits at column P - 1, the last prompt token; the logits at the
+# last column predict nothing we have.
+
+# %%
+def show_row(b, g):
+    ids, attention = input_ids[b, g], attention_mask[b, g]
+    positions = position_ids_from_attention_mask(attention)
+    print(f"{'column':>6} {'token':>9} {'attention':>9} {'completion':>10} {'position':>8}   scored by logits at")
+    for j in range(P + S):
+        token = tokenizer.convert_ids_to_tokens(int(ids[j]))
+        in_completion = completion_mask[b, g, j - P].item() if j >= P else "-"
+        role = ("prompt padding" if not attention[j] and j < P else "prompt" if j < P
+                else f"column {j - 1}" if attention[j] else "completion padding")
+        print(f"{j:>6} {token!r:>9} {attention[j].item():>9} {in_completion!s:>10} {positions[j].item():>8}   {role}")
+
+
+show_row(1, 0)
+
+# %% [markdown]
+# Three things to read off the table. The prompt `3*4=` is 4 characters and P is 5, so
+# column 0 is padding, and its position id is 0 like the first real token's: positions
+# count real tokens, as in `generate`. The completion `12<eos>` is 3 tokens; columns 8 to
+# 18 are padding, with attention 0 and completion mask 0. And the EOS token is a
+# completion token: it was sampled, so its log-probability is trained (the model learns
+# when to stop).
+#
+# ### The off-by-one, measured
+#
+# Take the logits of the whole batch and score the completion tokens twice: with the
+# logits one column to the left (right) and with the logits at the token's own column
+# (the classic mistake). The check is the row run alone, unpadded and unbatched.
+
+# %%
+flat_ids, flat_attention = input_ids.view(B * G, -1), attention_mask.view(B * G, -1)
+with torch.no_grad():
+    logits = policy(flat_ids, attention_mask=flat_attention,
+                    position_ids=position_ids_from_attention_mask(flat_attention)).logits
+    targets = flat_ids[:, P:]
+    right = token_logprobs(logits[:, P - 1:-1], targets)      # logits at j - 1 score token j
+    wrong = token_logprobs(logits[:, P:], targets)            # logits at j score token j
+    row = 3                                                   # prompt 1, completion 0
+    alone = torch.tensor([prompt_ids[1] + completion_ids[1][0]])
+    alone_logp = torch.log_softmax(policy(alone).logits[0], -1)
+    n = len(completion_ids[1][0])
+    expected = alone_logp[-n - 1:-1].gather(-1, alone[0, -n:, None]).squeeze(-1)
+print("alone, unpadded ", [f"{v:.4f}" for v in expected.tolist()])
+print("shifted (right) ", [f"{v:.4f}" for v in right[row, :n].tolist()])
+print("unshifted (bug) ", [f"{v:.4f}" for v in wrong[row, :n].tolist()])
+print(f"right == alone: {torch.allclose(right[row, :n], expected, atol=1e-5)}; "
+      f"bug == alone: {torch.allclose(wrong[row, :n], expected, atol=1e-5)}")
+
+# %% [markdown]
+# The bug raises no error: the shapes agree, the numbers look like log-probabilities, and
+# training runs. It just trains the wrong conditional. `grpo_edu.logprobs.completion_logprobs`
+# does the shift once, with the position ids above, and asks the model for logits of the
+# last S + 1 columns only (`logits_to_keep`), so the prompt's logits are never computed:
+
+# %%
+with torch.no_grad():
+    old_logp = completion_logprobs(policy, input_ids, attention_mask, completion_mask)
+print(f"old_logp {tuple(old_logp.shape)}; equals the shifted log-probs on real tokens: "
+      f"{torch.allclose(old_logp.view(B * G, S)[completion_mask.view(B * G, S).bool()], right[completion_mask.view(B * G, S).bool()], atol=1e-6)}")
+print(f"padding positions hold exactly 0: {bool((old_logp[completion_mask == 0] == 0).all())}")
+
+# %% [markdown]
+# The same off-by-one can hide in the mask. A completion mask cut from the attention mask
+# one column too early, `attention_mask[..., P - 1:]`, has S + 1 columns and covers the
+# last prompt token. `RolloutBatch` checks a batch's layout when it is built and says
+# what is wrong:
+
+# %%
+advantages = group_advantages(rewards)
+reference_policy = copy.deepcopy(policy).eval().requires_grad_(False)   # frozen pi_ref
+with torch.no_grad():
+    ref_logp = completion_logprobs(reference_policy, input_ids, attention_mask, completion_mask)
+
+fields = dict(input_ids=input_ids, attention_mask=attention_mask, old_logp=old_logp, ref_logp=ref_logp,
+              rewards=rewards, advantages=advantages)
+try:
+    RolloutBatch(completion_mask=attention_mask[..., P - 1:], **fields)
+except ValueError as error:
+    print(f"ValueError: {error}")
+batch = RolloutBatch(completion_mask=completion_mask, **fields)
+print(f"\nRolloutBatch: B = {batch.num_prompts}, G = {batch.group_size}, P = {batch.prompt_length}, "
+      f"S = {batch.completion_length}, {batch.num_tokens} completion tokens")
+print("advantages (population std, eps = 1e-8):")
+print(advantages)
+
+# %% [markdown]
+# ## One full step
+#
+# The old policy is the one that sampled (here: the policy itself, before any update),
+# and the reference policy is a frozen copy of the starting weights. On the first
+# optimizer step after sampling, all three coincide. Now the step, piece by piece, on
+# the flat (N, S) view of the batch.
+#
+# **Forward and per-token log-probs**, with gradients this time:
+
+# %%
+optimizer = torch.optim.AdamW(policy.parameters(), lr=3e-4, weight_decay=0.0)
+policy.train()
+logp = completion_logprobs(policy, batch.input_ids, batch.attention_mask, batch.completion_mask)
+logp.retain_grad()                                     # to look at d loss / d logp below
+mask = batch.completion_mask.bool()
+print(f"logp {tuple(logp.shape)}, requires grad: {logp.requires_grad}")
+print(f"mean log-probability of a completion token: {logp[mask].mean():.4f} "
+      f"(uniform over V would be {-np.log(config.vocab_size):.4f})")
+
+# %% [markdown]
+# **Ratio, clip, KL, aggregation.** The per-token objective is chapter 1's, evaluated on
+# every entry of the (B, G, S) tensors at once; the advantage (B, G) broadcasts over S.
+# Padding is multiplied by 0 before anything is summed, and the `grpo` aggregation is a
+# mean over each completion's own tokens, then over the N completions.
+
+# %%
+epsilon, beta = 0.2, 0.04
+A = batch.advantages[..., None]                                   # (B, G, 1)
+ratio = torch.exp(logp - batch.old_logp)                          # (B, G, S)
+clipped_ratio = torch.clamp(ratio, 1 - epsilon, 1 + epsilon)
+policy_term = -torch.minimum(ratio * A, clipped_ratio * A)         # (B, G, S)
+kl = kl_estimate(logp, batch.ref_logp, "k3")                      # (B, G, S)
+per_token_loss = (policy_term + beta * kl) * mask
+lengths = mask.sum(-1)                                            # (B, G): |o_i|
+loss_inline = (per_token_loss.sum(-1) / lengths).mean()
+print(f"completion lengths |o_i|:\n{lengths}")
+print(f"loss = {f4(loss_inline.item())}")
+
+# %% [markdown]
+# The library computes the same thing in `grpo_edu.loss.grpo_loss`, with the variants of
+# chapter 4, input checks and the diagnostics. This cell holds the inline code above to
+# the library's result, so the two cannot drift apart:
+
+# %%
+out = grpo_loss(logp, batch.old_logp, batch.advantages, batch.completion_mask,
+                ref_logp=batch.ref_logp, beta=beta, epsilon=epsilon)
+print(f"grpo_loss: {f4(out.loss.item())}; inline == library: "
+      f"{torch.allclose(loss_inline, out.loss, rtol=0, atol=1e-7)}, "
+      f"same per-token losses: {torch.allclose(per_token_loss, out.per_token_loss, rtol=0, atol=1e-7)}")
+
+# %% [markdown]
+# **Backward, gradient-norm clipping, optimizer step.** `clip_grad_norm_` returns the norm
+# before clipping; a trainer logs it, because a norm that keeps hitting the limit means
+# the effective learning rate is the clip, not the one in the config.
+
+# %%
+out.loss.backward()
+grad_norm = torch.nn.utils.clip_grad_norm_(policy.parameters(), max_norm=1.0)
+print(f"loss {f4(out.loss.item())}, gradient norm before clipping {grad_norm.item():.4f} "
+      f"(clipped to 1.0: {grad_norm.item() > 1.0})")
+optimizer.step()
+optimizer.zero_grad()
+
+# %% [markdown]
+# **Diagnostics.** `grpo_loss` returns what a trainer logs, as plain floats:
+
+# %%
+for name, value in out.metrics.items():
+    print(f"{name:24} {f4(value)}")
+
+# %% [markdown]
+# Before the step the new policy *is* the old one: every ratio is 1, nothing is clipped,
+# and approx_kl (how far the policy moved since sampling) and kl (to the reference) are
+# both 0. After the step they are not. This is what a second pass over the same samples
+# (TRL's `num_iterations` = 2, or the next mini-batch) sees:
+
+# %%
+with torch.no_grad():
+    logp_after = completion_logprobs(policy, batch.input_ids, batch.attention_mask, batch.completion_mask)
+    after = grpo_loss(logp_after, batch.old_logp, batch.advantages, batch.completion_mask,
+                      ref_logp=batch.ref_logp, beta=beta, epsilon=epsilon)
+for name in ("loss", "kl", "approx_kl", "ratio/min", "ratio/max", "clip_ratio/region"):
+    print(f"{name:24} {f4(after.metrics[name])}")
+change = ((logp_after - batch.old_logp) * mask).sum(-1) / lengths     # mean change per completion
+print("\nmean change of log pi per token, by completion, next to its advantage:")
+for b in range(B):
+    for g in range(G):
+        print(f"  prompt {b}, completion {g}:  A = {f4(batch.advantages[b, g].item())}   "
+              f"change = {f4(change[b, g].item())}")
+
+# %% [markdown]
+# One step moved the completions the way their advantages say: those with A > 0 became
+# more likely, those with A < 0 less likely. The two with A = 0 got no gradient of their
+# own and still moved a little, through the weights they share with the others: a
+# token's gradient changes every probability the same weights produce.
+#
+# ## Why the first step's loss is 0, and its gradient is not
+#
+# With $\rho$ = 1 and $\pi = \pi_\text{ref}$, every token's objective is $A_i$ and every KL
+# is 0, so the `grpo` loss is $-\frac{1}{N}\sum_i A_i$, and the advantages of each group
+# sum to zero. The loss printed above was 0 up to rounding. Its gradient is another
+# matter: the derivative of $-\min(\rho A, \operatorname{clip}(\rho) A)$ in $\log\pi$ at
+# $\rho$ = 1 is $-A_i$, so, with the token-mean weights,
+#
+# $$\frac{\partial\, \text{loss}}{\partial \log \pi_{i,t}} = -\frac{A_i}{N\,|o_i|},$$
+#
+# which is what autograd left in `logp.grad` (up to float32 rounding):
+
+# %%
+N = B * G
+predicted = -batch.advantages[..., None] / (N * lengths[..., None]) * mask
+print(f"first-step loss: {f4(out.loss.item())}; each group's advantages sum to zero: "
+      f"{bool((batch.advantages.sum(-1).abs() < 1e-6).all())}")
+print(f"d loss / d logp == -A_i / (N |o_i|) on every token: "
+      f"{torch.allclose(logp.grad, predicted, rtol=1e-5, atol=1e-8)}")
+print("d loss / d logp of the first token of each completion:")
+print(logp.grad[..., 0] + 0.0)   # + 0.0 turns -0.0 into 0.0
+
+# %% [markdown]
+# So a GRPO loss curve that hovers around 0 says nothing about learning: the loss is a
+# surrogate whose *value* at the sampling policy is $-\text{mean}(A)$ by construction.
+# Watch the rewards, the KL and the clip fractions instead.
+#
+# ## The same numbers as chapter 1
+#
+# The reference (`grpo_edu.reference`) is a loop over responses in NumPy with its own
+# hand-derived gradient with respect to the logits. Two checks, in float64.
+#
+# **Chapter 1's worked example**, laid out as a (1, 4, 3) batch over a 3-token vocabulary
+# and run through the PyTorch path (`token_logprobs` then `grpo_loss`):
+
+# %%
+lengths_example = [len(ids) for ids in worked_example.TOKEN_IDS]
+S_example = max(lengths_example)
+example_logits = torch.zeros(1, 4, S_example, 3, dtype=torch.float64)
+example_ids = torch.zeros(1, 4, S_example, dtype=torch.long)
+example_old = torch.zeros(1, 4, S_example, dtype=torch.float64)
+example_ref = torch.zeros(1, 4, S_example, dtype=torch.float64)
+for i, T_i in enumerate(lengths_example):
+    example_logits[0, i, :T_i] = torch.tensor(worked_example.NEW_LOGITS[i], dtype=torch.float64)
+    example_ids[0, i, :T_i] = torch.tensor(worked_example.TOKEN_IDS[i])
+    example_old[0, i, :T_i] = torch.tensor(worked_example.OLD_LOGP[i], dtype=torch.float64)
+    example_ref[0, i, :T_i] = torch.tensor(worked_example.REF_LOGP[i], dtype=torch.float64)
+example_mask = torch.arange(S_example) < torch.tensor(lengths_example)[None, :, None]
+example_logits.requires_grad_()
+example_out = grpo_loss(token_logprobs(example_logits, example_ids), example_old,
+                        group_advantages(torch.tensor([worked_example.REWARDS], dtype=torch.float64)),
+                        example_mask, ref_logp=example_ref, beta=worked_example.BETA,
+                        epsilon=worked_example.EPSILON)
+example_out.loss.backward()
+update = worked_example.update()
+gradient_gap = max(np.abs(example_logits.grad[0, i, :T_i].numpy() - r.grad_logits).max()
+                   for i, (T_i, r) in enumerate(zip(lengths_example, update.responses)))
+print(f"chapter 1 (NumPy reference): loss {update.loss:.4f}")
+print(f"this chapter (PyTorch):      loss {example_out.loss.item():.4f}")
+print(f"|loss difference| < 1e-12: {abs(example_out.loss.item() - update.loss) < 1e-12}; "
+      f"largest |d loss / d logit difference| < 1e-12: {gradient_gap < 1e-12}")
+
+# %% [markdown]
+# **The tiny Llama's batch.** Now the step above, in float64, against the reference fed the
+# model's own logits response by response. To make every term count we use the state
+# *after* the optimizer step: ratios away from 1, some clipped, KL not 0.
+
+# %%
+policy64 = copy.deepcopy(policy).double().eval()
+old64, ref64 = batch.old_logp.double(), batch.ref_logp.double()
+positions = position_ids_from_attention_mask(flat_attention)
+logits64 = policy64(flat_ids, attention_mask=flat_attention, position_ids=positions).logits
+completion_logits = logits64[:, P - 1:-1].view(B, G, S, -1).detach().requires_grad_()
+torch_out = grpo_loss(token_logprobs(completion_logits, batch.completion_ids), old64,
+                      group_advantages(rewards.double()), batch.completion_mask, ref_logp=ref64,
+                      beta=beta, epsilon=epsilon)
+torch_out.loss.backward()
+
+group_losses, worst_gap = [], 0.0
+for b in range(B):
+    T = lengths[b].tolist()
+    group = reference.grpo_update(
+        [completion_ids[b][g] for g in range(G)],
+        [completion_logits[b, g, :T[g]].detach().numpy() for g in range(G)],
+        [old64[b, g, :T[g]].numpy() for g in range(G)], [ref64[b, g, :T[g]].numpy() for g in range(G)],
+        rewards[b].double().numpy(), epsilon=epsilon, beta=beta)
+    group_losses.append(group.loss)
+    for g in range(G):   # the batch loss is the mean of B groups: each group's gradient / B
+        gap = np.abs(completion_logits.grad[b, g, :T[g]].numpy() - group.responses[g].grad_logits / B).max()
+        worst_gap = max(worst_gap, gap)
+print(f"reference, mean of the {B} group losses: {np.mean(group_losses):.4f}")
+print(f"grpo_loss on the padded batch:         {torch_out.loss.item():.4f}")
+print(f"|loss difference| < 1e-12: {abs(np.mean(group_losses) - torch_out.loss.item()) < 1e-12}; "
+      f"largest |gradient difference| < 1e-12: {worst_gap < 1e-12}")
+print(f"clipped tokens in this state: {torch_out.metrics['clip_ratio/region']:.4f} of all, "
+      f"kl {f4(torch_out.metrics['kl'])}")
+
+# %% [markdown]
+# Padding, batching, broadcasting and autograd together reproduce the loop-based
+# reference to 12 decimals. (`tests/test_loss.py` repeats this check on hundreds of random
+# batches, and `tests/test_trl_parity.py` checks the same loss against TRL's GRPOTrainer.)
+#
+# ## A float64 gradcheck
+#
+# The reference's gradient is hand-derived; `torch.autograd.gradcheck` compares autograd
+# with finite differences instead, here for the loss as a function of the logits (through
+# the chunked log-softmax and the masked loss, padding included):
+
+# %%
+check_logits = torch.randn(2, 3, 5, 7, dtype=torch.float64, generator=torch.Generator().manual_seed(1))
+check_ids = torch.randint(0, 7, (2, 3, 5), generator=torch.Generator().manual_seed(2))
+check_mask = torch.arange(5) < torch.tensor([[5, 2, 3], [1, 4, 5]])[..., None]
+check_old = (token_logprobs(check_logits, check_ids) + 0.2 * torch.randn(2, 3, 5, dtype=torch.float64,
+             generator=torch.Generator().manual_seed(3))).clamp(max=0)
+check_advantages = group_advantages(torch.tensor([[1.0, 0.0, 2.0], [0.5, 1.5, 0.0]], dtype=torch.float64))
+
+
+def loss_of_logits(z):
+    return grpo_loss(token_logprobs(z, check_ids), check_old, check_advantages, check_mask,
+                     ref_logp=check_old, beta=0.1, epsilon_high=0.28).loss
+
+
+print(f"gradcheck passed: {torch.autograd.gradcheck(loss_of_logits, (check_logits.requires_grad_(),))}")
+
+# %% [markdown]
+# ## Expand, not repeat
+#
+# Every prompt appears G times in the batch. Building the (B, G, P) prompt block with
+# `repeat` copies it G times; `expand` returns a view with stride 0 along G that shares
+# the original memory. The same holds for the advantages (B, G), which the loss needs at
+# every one of S positions: broadcasting (`A[..., None]` above) is an expand, never a
+# (B, G, S) copy.
+
+# %%
+def storage_bytes(t):
+    return t.untyped_storage().nbytes()
+
+
+for name, (B_, G_, P_) in {"this chapter": (B, G, P), "a GPU batch": (64, 16, 512)}.items():
+    prompt_block = torch.zeros(B_, P_, dtype=torch.long)
+    expanded = prompt_block[:, None, :].expand(B_, G_, P_)
+    repeated = prompt_block[:, None, :].repeat(1, G_, 1)
+    print(f"{name:13} (B, G, P) = {(B_, G_, P_)}: expand {storage_bytes(expanded):>9,} bytes "
+          f"(stride {expanded.stride()}), repeat {storage_bytes(repeated):>9,} bytes")
+
+# %% [markdown]
+# For token ids the saving is small change. What it teaches matters for the large
+# tensors: never materialise a per-prompt quantity G times, or a per-completion one S
+# times. (The model still runs its forward on N = B G full rows; sharing the prompt's
+# computation across a group is what prefix caching in vLLM does at sampling time.)
+#
+# The largest tensor of the step is not an input at all: the logits, N x S x V floats.
+# Chapter 3's model has a vocabulary of 102, but a real one has 32k to 150k entries, and
+# `torch.log_softmax(logits)` writes another tensor of that size only to read one entry
+# per row. `token_logprobs` never does: it works through the logits a chunk of rows at a
+# time, and its backward recomputes the softmax chunk by chunk
+# (`benchmarks/logprobs.py` measures the difference):
+
+# %%
+print(inspect.getsource(token_logprobs).split('    if not isinstance')[0].rstrip())
+
+# %% [markdown]
+# ## Exercises
+#
+# Each exercise has a checker in `grpo_edu.exercises.ch03` that runs your function on
+# several cases and names each failing case with the expected and the actual value.
+#
+# **3.1 Align logits with tokens.** Write `my_completion_logprobs(logits, input_ids, S)`:
+# given the logits of a whole batch, (N, T, V), and its ids, (N, T), return the log-probs
+# of the last S tokens of each row, (N, S). The attempt below is the classic off-by-one;
+# the checker recognises it.
+
+# %%
+from grpo_edu.exercises import ch03
+
+
+def my_completion_logprobs(logits, input_ids, S):
+    log_probs = torch.log_softmax(logits[:, -S:], dim=-1)     # off by one: fix me
+    return log_probs.gather(-1, input_ids[:, -S:, None]).squeeze(-1)
+
+
+ch03.check_completion_logprobs(my_completion_logprobs)
+
+# %% [markdown]
+# **3.2 The masked loss.** Write `my_masked_grpo_loss(logp, old_logp, advantages, mask, epsilon)`
+# for (N, S) tensors and (N,) advantages: the clipped surrogate without KL, token mean per
+# completion, then mean over completions. The checker puts NaN and huge values in the
+# padding: a loss that multiplies by the mask *after* computing on padding fails it.
+
+# %%
+def my_masked_grpo_loss(logp, old_logp, advantages, mask, epsilon):
+    ratio = torch.exp(logp - old_logp)
+    objective = torch.minimum(ratio * advantages[:, None],
+                              ratio.clamp(1 - epsilon, 1 + epsilon) * advantages[:, None])
+    return -((objective * mask).sum(-1) / mask.sum(-1)).mean()     # padding leaks: fix me
+
+
+ch03.check_masked_grpo_loss(my_masked_grpo_loss)
+
+# %% [markdown]
+# **3.3 The first-step gradient.** Without autograd, write
+# `my_first_step_gradient(advantages, mask)` returning d loss / d logp, (N, S), at
+# $\rho$ = 1 for `loss_type="grpo"` with no KL. Then predict, and check with the function:
+# which token of this chapter's batch is pushed hardest, and why is it in the shortest
+# completion?
+
+# %%
+def my_first_step_gradient(advantages, mask):
+    raise NotImplementedError("your gradient here")
+
+
+ch03.check_first_step_gradient(my_first_step_gradient)
+
+# %% [markdown]
+# **Open question: bf16.** Run the step with the policy in `torch.bfloat16`. Which numbers of
+# the diagnostics change, and by how much? Why does `token_logprobs` return float32 for
+# bf16 logits, and what would go wrong in the ratio $\exp(\log\pi - \log\pi_\text{old})$
+# if the two log-probabilities were rounded to bf16's 8 bits of mantissa?
