@@ -131,3 +131,38 @@ def save_policy(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, dire
     model.save_pretrained(directory, safe_serialization=True)
     tokenizer.save_pretrained(directory)
     return directory
+
+
+@torch.no_grad()
+def generate_completions(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase,
+                         prompts: list[str], *, num_samples: int = 1, temperature: float = 0.0,
+                         max_new_tokens: int = 16, seed: int = 0, batch_size: int = 512
+                         ) -> list[list[str]]:
+    """Decoded completions, `num_samples` per prompt: (len(prompts), num_samples) strings.
+
+    temperature 0 is greedy decoding; otherwise plain sampling from
+    softmax(logits / temperature) (no top-k, no top-p), seeded by `seed` without
+    touching the global RNG. Special tokens (<eos>, <pad>) are dropped from the
+    text; the markup tokens stay.
+    """
+    if temperature < 0:
+        raise ValueError(f"temperature must be >= 0, got {temperature}")
+    if temperature == 0 and num_samples != 1:
+        raise ValueError(f"greedy decoding (temperature 0) gives one completion per prompt, "
+                         f"got num_samples={num_samples}")
+    sampling = dict(do_sample=True, temperature=temperature, top_k=0, top_p=1.0) if temperature > 0 \
+        else dict(do_sample=False, temperature=None, top_k=None, top_p=None)
+    texts: list[str] = []
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        for start in range(0, len(prompts), max(1, batch_size // num_samples)):
+            chunk = prompts[start:start + max(1, batch_size // num_samples)]
+            batch = tokenizer(chunk, return_tensors="pt", padding=True, add_special_tokens=False)
+            batch = {k: v.to(model.device) for k, v in batch.items()}
+            output = model.generate(**batch, max_new_tokens=max_new_tokens,
+                                    num_return_sequences=num_samples,
+                                    pad_token_id=tokenizer.pad_token_id,
+                                    eos_token_id=tokenizer.eos_token_id, **sampling)
+            new_tokens = output[:, batch["input_ids"].shape[1]:]
+            texts += tokenizer.batch_decode(new_tokens, skip_special_tokens=True)
+    return [texts[i * num_samples:(i + 1) * num_samples] for i in range(len(prompts))]

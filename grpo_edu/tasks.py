@@ -1,0 +1,264 @@
+"""Problems with answers a program can check: the prompts GRPO learns from.
+
+Every sample is a plain dict (so a list of them is also a `datasets.Dataset`
+for TRL) with at least
+
+    prompt    the text the policy continues
+    answer    the reference final answer, as a string ("132")
+    task      "arithmetic" | "countdown" | "gsm8k" (tells the accuracy reward
+              how to check an answer)
+
+and, for the generated tasks, `solution`: a correct completion in the format the
+rewards expect, used for supervised pretraining and as an example:
+
+    arithmetic   prompt "47+85="                solution "<think>12</think>\\boxed{132}"
+    countdown    prompt "Use 3 5 7 to make 22:" solution "<think>3*5=15 15+7=22</think>\\boxed{3*5+7}"
+
+Arithmetic is the CPU tier's task: completions are at most ten tokens, so a tiny
+model can roll out hundreds of them a second. The reasoning is the units
+column (7+5=12 for 47+85: a carry), the boxed answer the result.
+
+Train and held-out problems never overlap: a problem's split is a hash of its
+text (`split_of`), so the held-out set is the same for every seed, every
+generator and every machine, and a train sampler can never draw a test problem.
+"""
+
+from __future__ import annotations
+
+import random
+import re
+import zlib
+from fractions import Fraction
+from typing import Iterator
+
+from grpo_edu.models import BOXED_OPEN, THINK_CLOSE, THINK_OPEN
+
+SPLITS = ("train", "test")
+HELD_OUT_PERCENT = 10  # share of each task's problem space reserved for evaluation
+
+
+def split_of(prompt: str) -> str:
+    """"test" for a fixed HELD_OUT_PERCENT of prompts (by CRC-32 of the text), else "train"."""
+    return "test" if zlib.crc32(prompt.encode("utf-8")) % 100 < HELD_OUT_PERCENT else "train"
+
+
+def completion_text(reasoning: str, answer: str) -> str:
+    """The completion format every reward checks: <think>reasoning</think>\\boxed{answer}."""
+    return f"{THINK_OPEN}{reasoning}{THINK_CLOSE}{BOXED_OPEN}{answer}}}"
+
+
+# --------------------------------------------------------------------------- arithmetic
+
+ARITHMETIC_OPERAND_RANGE = (10, 99)  # two-digit operands: 90 * 90 * 2 = 16,200 problems
+
+
+def arithmetic_sample(a: int, op: str, b: int) -> dict:
+    """The sample for `a op b` with op "+" or "-".
+
+    The reasoning is the units column, (a mod 10) op (b mod 10): its carry (a
+    result >= 10) or borrow (a result < 0) is the one step of two-digit
+    arithmetic that needs more than a lookup, so writing it down first helps.
+    """
+    if op not in ("+", "-"):
+        raise ValueError(f"op must be '+' or '-', got {op!r}")
+    for name, value in (("a", a), ("b", b)):
+        if not isinstance(value, int) or value < 0:
+            raise ValueError(f"{name} must be a non-negative integer, got {value!r}")
+    result = a + b if op == "+" else a - b
+    units = a % 10 + b % 10 if op == "+" else a % 10 - b % 10
+    return {"prompt": f"{a}{op}{b}=", "answer": str(result), "task": "arithmetic",
+            "solution": completion_text(str(units), str(result))}
+
+
+def _draw_arithmetic(rng: random.Random) -> dict:
+    low, high = ARITHMETIC_OPERAND_RANGE
+    return arithmetic_sample(rng.randint(low, high), rng.choice("+-"), rng.randint(low, high))
+
+
+# --------------------------------------------------------------------------- countdown
+
+COUNTDOWN_NUMBER_RANGE = (1, 25)
+
+
+def _draw_countdown(rng: random.Random, count: int = 3) -> dict:
+    """Numbers drawn at random, combined left to right with random operations; the
+    result (a positive integer, every division exact) is the target."""
+    low, high = COUNTDOWN_NUMBER_RANGE
+    while True:
+        numbers = [rng.randint(low, high) for _ in range(count)]
+        order = rng.sample(numbers, count)
+        value, expression, steps = Fraction(order[0]), str(order[0]), []
+        for number in order[1:]:
+            op = rng.choice("+-*/")
+            new = {"+": value + number, "-": value - number, "*": value * number,
+                   "/": value / number}[op]
+            if new.denominator != 1 or new <= 0:
+                break
+            steps.append(f"{value}{op}{number}={new}")
+            # Parenthesise the running expression when precedence would change it.
+            expression = f"({expression})" if op in "*/" and any(s in expression for s in "+-") else expression
+            value, expression = new, f"{expression}{op}{number}"
+        else:
+            if evaluate_expression(expression) != value:  # the parser is the judge; agree with it
+                raise AssertionError(f"countdown generator built {expression!r} != {value}")
+            prompt = f"Use {' '.join(map(str, numbers))} to make {value}:"
+            return {"prompt": prompt, "answer": str(value), "task": "countdown",
+                    "numbers": numbers, "target": int(value),
+                    "solution": completion_text(" ".join(steps), expression)}
+
+
+class ExpressionError(ValueError):
+    """An expression that is not plain integer arithmetic."""
+
+
+MAX_EXPRESSION_CHARS = 200
+MAX_EXPRESSION_DEPTH = 16
+_EXPRESSION_TOKEN = re.compile(r"\s*(?:(\d{1,9})|([-+*/()]))", re.ASCII)
+
+
+def _tokens(text: str) -> list[str]:
+    if len(text) > MAX_EXPRESSION_CHARS:
+        raise ExpressionError(f"expression longer than {MAX_EXPRESSION_CHARS} characters")
+    tokens, position = [], 0
+    text = text.rstrip()
+    while position < len(text):
+        match = _EXPRESSION_TOKEN.match(text, position)
+        if not match:
+            raise ExpressionError(f"unexpected {text[position]!r} at {position}")
+        tokens.append(match.group(1) or match.group(2))
+        position = match.end()
+    return tokens
+
+
+def evaluate_expression(text: str) -> Fraction:
+    """The exact value of an integer expression with + - * / and parentheses.
+
+    A recursive-descent parser, never `eval`: only ASCII integer literals (at
+    most 9 digits), the four operations, parentheses and spaces; no unary
+    signs; at most MAX_EXPRESSION_CHARS characters and MAX_EXPRESSION_DEPTH
+    nested parentheses. Raises ExpressionError on anything else, including
+    division by zero.
+    """
+    tokens = _tokens(text)
+    position = 0
+
+    def peek() -> str | None:
+        return tokens[position] if position < len(tokens) else None
+
+    def take() -> str:
+        nonlocal position
+        position += 1
+        return tokens[position - 1]
+
+    def expression(depth: int) -> Fraction:  # term (("+" | "-") term)*
+        value = term(depth)
+        while peek() in ("+", "-"):
+            value = value + term(depth) if take() == "+" else value - term(depth)
+        return value
+
+    def term(depth: int) -> Fraction:  # factor (("*" | "/") factor)*
+        value = factor(depth)
+        while peek() in ("*", "/"):
+            op, right = take(), factor(depth)
+            if op == "/" and right == 0:
+                raise ExpressionError("division by zero")
+            value = value * right if op == "*" else value / right
+        return value
+
+    def factor(depth: int) -> Fraction:  # integer | "(" expression ")"
+        token = peek()
+        if token is None:
+            raise ExpressionError("expression ends early")
+        take()
+        if token == "(":
+            if depth >= MAX_EXPRESSION_DEPTH:
+                raise ExpressionError(f"more than {MAX_EXPRESSION_DEPTH} nested parentheses")
+            value = expression(depth + 1)
+            if peek() != ")":
+                raise ExpressionError("unbalanced parentheses")
+            take()
+            return value
+        if token.isdigit():
+            return Fraction(int(token))
+        raise ExpressionError(f"unexpected {token!r}")
+
+    value = expression(0)
+    if position != len(tokens):
+        raise ExpressionError(f"unexpected {tokens[position]!r} after a complete expression")
+    return value
+
+
+def expression_numbers(text: str) -> list[int]:
+    """The integer literals of an expression, in order (call after evaluate_expression)."""
+    return [int(token) for token in _tokens(text) if token.isdigit()]
+
+
+# --------------------------------------------------------------------------- datasets
+
+_GENERATORS = {"arithmetic": _draw_arithmetic, "countdown": _draw_countdown}
+TASKS = tuple(_GENERATORS) + ("gsm8k",)
+
+
+def iterate_samples(task: str = "arithmetic", split: str = "train", seed: int = 0) -> Iterator[dict]:
+    """An endless, seeded stream of samples of one split (duplicates possible)."""
+    if task not in _GENERATORS:
+        raise ValueError(f"task must be one of {tuple(_GENERATORS)} (gsm8k: use load_gsm8k), got {task!r}")
+    if split not in SPLITS:
+        raise ValueError(f"split must be one of {SPLITS}, got {split!r}")
+    rng = random.Random(f"{task}/{split}/{seed}")
+    draw = _GENERATORS[task]
+    while True:
+        sample = draw(rng)
+        if split_of(sample["prompt"]) == split:
+            yield sample
+
+
+def make_dataset(task: str = "arithmetic", n: int = 1000, split: str = "train", seed: int = 0,
+                 unique: bool = True) -> list[dict]:
+    """`n` samples of one split, distinct prompts unless unique=False. Same arguments,
+    same list."""
+    if n < 0:
+        raise ValueError(f"n must be >= 0, got {n}")
+    samples, seen = [], set()
+    stream = iterate_samples(task, split, seed)
+    while len(samples) < n:
+        sample = next(stream)
+        if unique:
+            if sample["prompt"] in seen:
+                continue
+            seen.add(sample["prompt"])
+        samples.append(sample)
+    return samples
+
+
+# --------------------------------------------------------------------------- GSM8K (GPU tiers)
+
+GSM8K_INSTRUCTION = ("Think step by step inside <think> and </think>, then give the final "
+                     "answer as \\boxed{number}.")
+_GSM8K_FINAL = re.compile(r"####\s*([^\n]*)")
+
+
+def gsm8k_final_answer(solution: str) -> str:
+    """The final answer of a GSM8K reference solution: the text after its last
+    "####", without thousands separators or a trailing period ("1,000." -> "1000").
+    Raises ValueError when there is no "####" line."""
+    matches = _GSM8K_FINAL.findall(solution)
+    if not matches:
+        raise ValueError(f"solution has no '#### answer' line: {solution[-80:]!r}")
+    return matches[-1].strip().replace(",", "").replace("$", "").rstrip(".").strip()
+
+
+def gsm8k_sample(question: str, solution: str) -> dict:
+    """One GSM8K row ({"question", "answer"} in the dataset) as a sample."""
+    return {"prompt": f"{question.strip()}\n{GSM8K_INSTRUCTION}\n", "answer": gsm8k_final_answer(solution),
+            "task": "gsm8k"}
+
+
+def load_gsm8k(split: str = "train", dataset: str = "openai/gsm8k") -> list[dict]:
+    """GSM8K through the `datasets` library (downloads on first use; GPU tiers only)."""
+    if split not in SPLITS:
+        raise ValueError(f"split must be one of {SPLITS}, got {split!r}")
+    from datasets import load_dataset
+
+    rows = load_dataset(dataset, "main", split=split)
+    return [gsm8k_sample(row["question"], row["answer"]) for row in rows]

@@ -1,0 +1,145 @@
+"""Task generators: correct answers, disjoint splits, determinism, a safe parser."""
+
+import itertools
+from fractions import Fraction
+
+import pytest
+from hypothesis import given, settings, strategies as st
+
+from grpo_edu import tasks
+from grpo_edu.rewards import accuracy_reward, format_reward, last_boxed
+from grpo_edu.tasks import (ExpressionError, arithmetic_sample, evaluate_expression,
+                            gsm8k_final_answer, gsm8k_sample, make_dataset, split_of)
+
+
+def test_arithmetic_sample_is_right_and_shows_the_units_column():
+    assert arithmetic_sample(47, "+", 85) == {
+        "prompt": "47+85=", "answer": "132", "task": "arithmetic",
+        "solution": "<think>12</think>\\boxed{132}"}
+    assert arithmetic_sample(43, "-", 85)["solution"] == "<think>-2</think>\\boxed{-42}"
+    with pytest.raises(ValueError, match="op must be"):
+        arithmetic_sample(1, "*", 2)
+
+
+@pytest.mark.parametrize("task", ["arithmetic", "countdown"])
+def test_solutions_earn_full_accuracy_and_format(task):
+    samples = make_dataset(task, 300, "train", seed=3)
+    columns = {key: [s.get(key) for s in samples] for key in ("answer", "task", "numbers")}
+    solutions = [s["solution"] for s in samples]
+    assert accuracy_reward(solutions, **columns) == [1.0] * len(samples)
+    assert format_reward(solutions) == [1.0] * len(samples)
+
+
+def test_countdown_solution_uses_every_number_once_and_reaches_the_target():
+    for sample in make_dataset("countdown", 200, "test", seed=0):
+        expression = last_boxed(sample["solution"])
+        assert evaluate_expression(expression) == sample["target"]
+        assert sorted(tasks.expression_numbers(expression)) == sorted(sample["numbers"])
+        assert sample["prompt"] == f"Use {' '.join(map(str, sample['numbers']))} to make {sample['target']}:"
+
+
+@pytest.mark.parametrize("task", ["arithmetic", "countdown"])
+def test_splits_are_disjoint_and_seeded(task):
+    train = make_dataset(task, 500, "train", seed=0)
+    test = make_dataset(task, 200, "test", seed=0)
+    assert all(split_of(s["prompt"]) == "train" for s in train)
+    assert all(split_of(s["prompt"]) == "test" for s in test)
+    assert not {s["prompt"] for s in train} & {s["prompt"] for s in test}
+    assert make_dataset(task, 50, "train", seed=0) == train[:50]       # same seed, same list
+    assert make_dataset(task, 50, "train", seed=1) != train[:50]
+    assert len({s["prompt"] for s in test}) == 200                      # unique by default
+
+
+def test_held_out_share_of_the_arithmetic_space():
+    low, high = tasks.ARITHMETIC_OPERAND_RANGE
+    prompts = [f"{a}{op}{b}=" for a, op, b in itertools.product(range(low, high + 1), "+-",
+                                                                   range(low, high + 1))]
+    share = sum(split_of(p) == "test" for p in prompts) / len(prompts)
+    assert len(prompts) == 16200
+    assert 0.08 < share < 0.12, share
+
+
+def test_bad_arguments_name_themselves():
+    with pytest.raises(ValueError, match="task must be one of"):
+        next(tasks.iterate_samples("chess"))
+    with pytest.raises(ValueError, match="split must be one of"):
+        next(tasks.iterate_samples("arithmetic", "validation"))
+    with pytest.raises(ValueError, match="n must be >= 0"):
+        make_dataset("arithmetic", -1)
+
+
+@pytest.mark.parametrize("text, value", [
+    ("1+2*3", 7), ("(1+2)*3", 9), ("7-2-1", 4), ("8/2/2", 2), ("1/3", Fraction(1, 3)),
+    (" ( 4 + 4 ) / 8 ", 1), ("((((5))))", 5), ("2*3-4/2", 4),
+])
+def test_evaluate_expression(text, value):
+    assert evaluate_expression(text) == value
+
+
+@pytest.mark.parametrize("text, message", [
+    ("1/0", "division by zero"), ("1/(2-2)", "division by zero"), ("-1+2", "unexpected '-'"),
+    ("2**3", "unexpected '\\*'"), ("(1+2", "unbalanced"), ("1+2)", "after a complete expression"),
+    ("1 2", "after a complete expression"), ("", "ends early"), ("1+", "ends early"),
+    ("__import__('os')", "unexpected '_'"), ("1.5*2", "unexpected '.'"), ("١+٢", "unexpected"),
+    ("(" * 17 + "1" + ")" * 17, "nested parentheses"), ("1+" * 101 + "1", "longer than"),
+    ("1234567890", "after a complete expression"),
+])
+def test_evaluate_expression_rejects(text, message):
+    with pytest.raises(ExpressionError, match=message):
+        evaluate_expression(text)
+
+
+def _expressions():
+    leaf = st.integers(0, 99).map(lambda n: (str(n), Fraction(n)))
+
+    def combine(children):
+        def build(pair_op):
+            (left, lv), op, (right, rv) = pair_op
+            if op == "/" and rv == 0:
+                return None
+            value = {"+": lv + rv, "-": lv - rv, "*": lv * rv, "/": lv / rv if rv else None}[op]
+            return f"({left}{op}{right})", value
+        return st.tuples(children, st.sampled_from("+-*/"), children).map(build).filter(bool)
+
+    return st.recursive(leaf, combine, max_leaves=8)
+
+
+@settings(max_examples=300, deadline=None)
+@given(_expressions())
+def test_parser_agrees_with_exact_arithmetic(pair):
+    text, value = pair
+    assert evaluate_expression(text) == value
+
+
+@settings(max_examples=500, deadline=None)
+@given(st.text(alphabet=st.sampled_from("0123456789+-*/() x."), max_size=60) | st.text(max_size=60))
+def test_parser_only_ever_raises_expression_error(text):
+    try:
+        value = evaluate_expression(text)
+    except ExpressionError:
+        return
+    assert isinstance(value, Fraction)
+
+
+@pytest.mark.parametrize("solution, answer", [
+    ("Natalia sold 48/2 = <<48/2=24>>24 clips in May.\n#### 72", "72"),
+    ("He pays 1,000 + 200 = 1,200 dollars.\n#### 1,200", "1200"),
+    ("#### $18.", "18"),
+    ("first #### 3\nthen\n#### -4", "-4"),
+    ("####5", "5"),
+])
+def test_gsm8k_final_answer(solution, answer):
+    assert gsm8k_final_answer(solution) == answer
+
+
+def test_gsm8k_final_answer_without_marker_is_an_error():
+    with pytest.raises(ValueError, match="no '#### answer' line"):
+        gsm8k_final_answer("The answer is 72.")
+
+
+def test_gsm8k_sample_asks_for_a_boxed_answer_and_is_scored_by_the_rewards():
+    sample = gsm8k_sample("  How many legs do 3 cats have? ", "3 * 4 = 12\n#### 12")
+    assert sample["prompt"].startswith("How many legs do 3 cats have?\n")
+    assert "\\boxed{" in sample["prompt"] and sample["answer"] == "12" and sample["task"] == "gsm8k"
+    completion = "<think>3 cats, 4 legs each: 3 * 4 = 12</think>\\boxed{12}"
+    assert accuracy_reward([completion], answer=[sample["answer"]], task=[sample["task"]]) == [1.0]
