@@ -6,6 +6,7 @@
 Part 1 starts from logits (N, S, V), as a trainer holds them after a forward:
   naive    torch.log_softmax(logits, -1).gather(-1, ids)      writes (N, S, V)
   grpo_edu grpo_edu.logprobs.token_logprobs                   a chunk of rows at a time
+  grpo_edu_inplace   the same with inplace_backward=True      the gradient overwrites the logits
   TRL      trl.trainer.utils.selective_log_softmax            logsumexp one sequence at a time
 Part 2 starts one step earlier, from hidden states (N S, H) and the LM head (V, H):
   naive    log_softmax(hidden @ W.T).gather(...)
@@ -35,7 +36,7 @@ import time
 
 import torch
 
-METHODS = ("naive", "grpo_edu", "trl")
+METHODS = ("naive", "grpo_edu", "grpo_edu_inplace", "trl")
 PASSES = ("forward", "forward+backward")
 
 
@@ -68,6 +69,8 @@ def _method(part: str, method: str):
             return lambda logits, ids: torch.log_softmax(logits, -1).gather(-1, ids[..., None]).squeeze(-1)
         if method == "grpo_edu":
             return token_logprobs
+        if method == "grpo_edu_inplace":
+            return lambda logits, ids: token_logprobs(logits, ids, inplace_backward=True)
         from trl.trainer.utils import selective_log_softmax
         return selective_log_softmax
     if method == "naive":
@@ -110,16 +113,8 @@ def worker(part: str, method: str, pass_name: str, rows: int, length: int, vocab
             with torch.no_grad():
                 fn(*inputs)
 
-    can_reset = _reset_peak()
-    before = _rss_kib()
-    call()
-    peak = _peak_kib() if can_reset else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        call()
-        times.append(time.perf_counter() - start)
-    # check the method against float64 on a slice, so a fast wrong answer cannot pass
+    # Check the method against float64 on a slice first (an in-place backward overwrites
+    # the logits later), so a fast wrong answer cannot pass.
     with torch.no_grad():
         got = fn(*inputs)
         if part == "logits":
@@ -130,6 +125,15 @@ def worker(part: str, method: str, pass_name: str, rows: int, length: int, vocab
             got = got[:512]
         exact = torch.log_softmax(logits, -1).gather(-1, ids[..., None]).squeeze(-1)
         error = (got.double() - exact).abs().max().item()
+    can_reset = _reset_peak()
+    before = _rss_kib()
+    call()
+    peak = _peak_kib() if can_reset else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        call()
+        times.append(time.perf_counter() - start)
     return {"extra_mib": (peak - before) / 1024, "seconds": min(times), "max_abs_error": error}
 
 
@@ -170,19 +174,21 @@ def main() -> None:
               "hidden": f"Part 2: from hidden states (N S, H = {args.hidden_size}) through the LM head"}
     for part in args.parts.split(","):
         print(titles[part])
-        print(f"{'pass':<18}{'method':<10}{'peak extra MiB':>16}{'vs naive':>10}{'seconds':>10}"
+        print(f"{'pass':<18}{'method':<18}{'peak extra MiB':>16}{'vs naive':>10}{'seconds':>10}"
               f"{'vs naive':>10}{'max |error|':>13}")
         for pass_name in PASSES:
             naive = None
             for method in METHODS:
                 if method == "trl" and trl_version is None:
                     continue
+                if method == "grpo_edu_inplace" and (part != "logits" or pass_name == "forward"):
+                    continue  # the same as grpo_edu there (lm_head_logprobs always reuses its chunk)
                 result = run(part, method, pass_name, args)
                 if "error" in result:
-                    print(f"{pass_name:<18}{method:<10}  failed: {result['error']}")
+                    print(f"{pass_name:<18}{method:<18}  failed: {result['error']}")
                     continue
                 naive = naive or result
-                print(f"{pass_name:<18}{method:<10}{result['extra_mib']:>16.0f}"
+                print(f"{pass_name:<18}{method:<18}{result['extra_mib']:>16.0f}"
                       f"{result['extra_mib'] / naive['extra_mib']:>10.1%}{result['seconds']:>10.2f}"
                       f"{result['seconds'] / naive['seconds']:>9.2f}x{result['max_abs_error']:>13.1e}")
         print()

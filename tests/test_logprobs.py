@@ -261,3 +261,23 @@ def test_chapter3_alignment_checker():
         lambda z, ids, S: torch.log_softmax(z[:, -S - 1:-1], -1).gather(-1, ids[:, -S - 1:-1, None]).squeeze(-1))
     assert not wrong_tokens and "off by one column" not in str(wrong_tokens)
     assert "expected" in str(wrong_tokens)
+
+
+def test_inplace_backward_gives_the_same_gradients_and_fails_loudly_when_unsafe():
+    gen = torch.Generator().manual_seed(4)
+    weight = torch.randn(50, 8, generator=gen, dtype=F64, requires_grad=True)
+    hidden = torch.randn(3, 4, 8, generator=gen, dtype=F64, requires_grad=True)
+    ids = torch.randint(0, 50, (3, 4), generator=gen)
+
+    def gradients(inplace, other=None):
+        logits = hidden @ weight.T
+        extra = other(logits) if other is not None else 0.0   # an op created before the log-probs
+        logp = token_logprobs(logits, ids, temperature=0.7, chunk_elements=60, inplace_backward=inplace)
+        return torch.autograd.grad(logp.sum() + extra, (hidden, weight))
+
+    for a, b in zip(gradients(False), gradients(True)):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)
+    # Another op that saved the logits and whose backward runs after ours: autograd's
+    # version check refuses to hand it the overwritten logits.
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        gradients(True, other=lambda z: (z * z).sum())
