@@ -448,3 +448,49 @@ def test_chapter3_first_step_gradient_checker():
     assert not sign and sign.passed == 1  # only the all-zero group survives a sign error
     no_length = ch03.check_first_step_gradient(lambda a, m: -a[:, None] / len(a) * m)
     assert not no_length
+
+
+# --------------------------------------------------------------------------- chapter 4 checkers
+
+def test_chapter4_token_weights_checker():
+    from grpo_edu.exercises import ch04
+
+    def correct(lengths, loss_type, max_completion_length):
+        lengths = torch.as_tensor(lengths, dtype=F64)
+        N = len(lengths)
+        if loss_type == "grpo":
+            return 1 / (N * lengths)
+        if loss_type == "bnpo":
+            return torch.full_like(lengths, 1 / lengths.sum().item())
+        return torch.full_like(lengths, 1 / (N * max_completion_length))
+
+    assert ch04.check_token_weights(correct)
+    forgot_n = ch04.check_token_weights(
+        lambda n, t, m: correct(n, t, m) * (len(n) if t == "dr_grpo" else 1))
+    assert len(forgot_n.failures) == len(ch04.TOKEN_WEIGHT_CASES)
+    assert all(f.startswith("dr_grpo") for f in forgot_n.failures)
+
+
+def test_chapter4_informative_groups_checker():
+    from grpo_edu.exercises import ch04
+
+    assert ch04.check_informative_groups(lambda r: (r != r[:, :1]).any(dim=1))
+    assert ch04.check_informative_groups(lambda r: r.std(dim=1) > 0)  # torch's std is exact here
+    centred = ch04.check_informative_groups(lambda r: (r - r.mean(1, keepdim=True)).abs().amax(1) > 0)
+    assert [f.split(":")[0] for f in centred.failures] == ["equal rewards whose r - mean rounds to 1e-16, not 0"]
+    std_threshold = ch04.check_informative_groups(lambda r: r.std(dim=1) > 1e-3)
+    assert len(std_threshold.failures) == 1 and "partial-credit" in std_threshold.failures[0]
+
+
+def test_chapter4_sequence_ratio_checker():
+    from grpo_edu.exercises import ch04
+
+    def correct(logp, old_logp, mask):
+        return torch.exp(((logp - old_logp) * mask).sum(-1) / mask.sum(-1))
+
+    assert ch04.check_sequence_ratio(correct)
+    token_mean_over_padding = ch04.check_sequence_ratio(lambda l, o, m: torch.exp((l - o).mean(-1)))
+    assert not token_mean_over_padding
+    assert token_mean_over_padding.passed == 2  # "no padding" and the first step (all log-ratios 0)
+    product = ch04.check_sequence_ratio(lambda l, o, m: torch.exp(((l - o) * m).sum(-1)))
+    assert not product  # the unnormalised sequence ratio is not GSPO's

@@ -1,0 +1,358 @@
+# ---
+# jupyter:
+#   jupytext:
+#     formats: py:percent,ipynb
+#     text_representation:
+#       extension: .py
+#       format_name: percent
+# ---
+
+# %% [markdown]
+# # Chapter 4. Loss variants and length bias
+#
+# Chapter 3 computed one loss, `grpo`: the clipped surrogate averaged over each
+# completion's tokens, then over completions. Since DeepSeekMath, several variants have
+# changed exactly two things, and nothing else:
+#
+# - **how per-token losses are summed into one number** (`grpo`, `bnpo`, `dr_grpo`,
+#   `dapo`): this decides how hard each *token* is pushed, and it depends on the
+#   completion's length;
+# - **which ratio is clipped, and where** (GSPO's sequence-level ratio, DAPO's
+#   clip-higher).
+#
+# Plus one change upstream of the loss: whether advantages are divided by the group's
+# standard deviation. This chapter puts them side by side on one batch, measures the
+# length bias in numbers and a plot, and looks at the groups that carry no signal at all.
+
+# %%
+import inspect
+
+import matplotlib.pyplot as plt
+import numpy as np
+import torch
+
+from grpo_edu.advantages import group_advantages, zero_std_groups
+from grpo_edu.batch import RolloutBatch, pad_rollouts
+from grpo_edu.loss import LOSS_TYPES, aggregate, aggregation_weights, grpo_loss
+
+torch.set_num_threads(1)
+torch.set_printoptions(precision=4, sci_mode=False)
+
+
+def f4(x):
+    """4 decimals with a sign; values that round to zero print as +0.0000 on every machine."""
+    return f"{0.0 if abs(x) < 5e-5 else x:+.4f}"
+
+
+# %% [markdown]
+# ## One batch for every variant
+#
+# B = 2 prompts, G = 4 completions each, with very different lengths, as a reasoning model
+# produces them: a short right answer, a long right answer, a short wrong one and a long
+# wrong one per prompt. The log-probabilities are synthetic but shaped like a second pass
+# over the same samples (ratios spread around 1, some beyond the clip range), so that every
+# term of the loss is active. `max_completion_length` L = 64 is the sampler's limit.
+
+# %%
+L = 64
+lengths = torch.tensor([[6, 40, 8, 60], [4, 30, 12, 64]])          # |o_i|, (B, G)
+rewards = torch.tensor([[1.0, 1.0, 0.0, 0.0], [1.0, 1.0, 0.0, 0.0]])
+B, G = lengths.shape
+S = int(lengths.max())
+generator = torch.Generator().manual_seed(0)
+completion_mask = torch.arange(S) < lengths[..., None]                # (B, G, S)
+old_logp = (-3 * torch.rand(B, G, S, generator=generator, dtype=torch.float64)) * completion_mask
+logp = (old_logp + 0.15 * torch.randn(B, G, S, generator=generator, dtype=torch.float64)).clamp(max=0)
+logp = (logp * completion_mask).requires_grad_()
+ref_logp = (old_logp + 0.1 * torch.randn(B, G, S, generator=generator, dtype=torch.float64)).clamp(max=0)
+ref_logp = ref_logp * completion_mask
+advantages = group_advantages(rewards)
+print(f"lengths |o_i|:\n{lengths}\nrewards:\n{rewards}\nadvantages (group scale):\n{advantages}")
+print(f"{int(completion_mask.sum())} completion tokens, S = {S}, L = {L}")
+
+# %% [markdown]
+# ## Side by side
+#
+# Six settings on the same batch (the `dapo` row counts the tokens of a generation batch
+# twice this one's, as when it is split across two GPUs, so it differs from `bnpo`; with
+# the local count the two are identical). For each: the loss, the fraction of tokens
+# clipped, and the total gradient each completion receives, $\sum_t |\partial\,
+# \text{loss} / \partial \log\pi_{i,t}|$, for the short and the long *wrong* answer of
+# prompt 0 (the third and fourth completions).
+
+# %%
+tokens = int(completion_mask.sum())
+variants = {
+    "grpo": dict(loss_type="grpo"),
+    "bnpo": dict(loss_type="bnpo"),
+    "dr_grpo": dict(loss_type="dr_grpo", max_completion_length=L),
+    "dapo (2 GPUs)": dict(loss_type="dapo", num_items=2 * tokens, epsilon_high=0.28),
+    "gspo": dict(loss_type="grpo", importance_sampling_level="sequence", epsilon=3e-4, epsilon_high=4e-4),
+    "grpo clip-higher": dict(loss_type="grpo", epsilon_high=0.28),
+}
+print(f"{'variant':18} {'loss':>8} {'clipped':>8}   {'|grad| short wrong':>18} {'|grad| long wrong':>18}  ratio")
+results = {}
+for name, options in variants.items():
+    out = grpo_loss(logp, old_logp, advantages, completion_mask, ref_logp=ref_logp, beta=0.04, **options)
+    (grad,) = torch.autograd.grad(out.loss, logp)
+    per_completion = grad.abs().sum(-1)                                # (B, G)
+    results[name] = (out, per_completion)
+    short, long = per_completion[0, 2].item(), per_completion[0, 3].item()
+    print(f"{name:18} {f4(out.loss.item()):>8} {out.metrics['clip_ratio/region']:>8.4f}   "
+          f"{short:>18.4f} {long:>18.4f}  {long / short:.2f}")
+print(f"\nlengths of the two wrong answers of prompt 0: {lengths[0, 2]} and {lengths[0, 3]}, "
+      f"ratio {lengths[0, 3] / lengths[0, 2]:.2f}")
+
+# %% [markdown]
+# Read the last column first. Under `grpo` the long wrong answer (60 tokens) receives
+# *less* total gradient than the short wrong one (8 tokens): each completion gets the same
+# total weight, 1/N, spread over its own tokens, and the ratios and clipping make up the
+# rest. Under `bnpo`, `dr_grpo` and `dapo` every token weighs the same, so the long
+# completion collects 6.73 times as much, close to the ratio of lengths, 7.50 (the
+# ratios and clipping make the difference). GSPO moves all of a completion's tokens with
+# one ratio, the exponential of the mean log-ratio, and clips it as a whole: with the GSPO
+# paper's range of 3e-4 / 4e-4 around 1, 0.6250 of this batch's completions are clipped,
+# the long wrong answer among them, so only its KL term is left. Clip-higher
+# (`epsilon_high` = 0.28, DAPO's value, also in the `dapo` row) only changes which
+# *positive-advantage* tokens clip, so the wrong answers' gradients are unchanged.
+#
+# All four aggregations are one line of `grpo_edu.loss.aggregate`:
+
+# %%
+print(inspect.getsource(aggregate))
+
+# %% [markdown]
+# ## The length bias, in numbers
+#
+# Since the loss is $\sum_{i,t} w_{i,t}\, \ell_{i,t}$, the weight $w_{i,t}$ is the gradient
+# each token receives per unit of per-token loss. `aggregation_weights` returns it. Fix a
+# batch of N = 8 completions of which 7 have 100 tokens, and vary the length $|o|$ of the
+# eighth:
+
+# %%
+def token_weight(length, loss_type, others=100, N=8, max_length=1024):
+    """Weight of one token of a completion of `length` tokens in a batch of N completions."""
+    lengths_ = torch.tensor([length] + [others] * (N - 1))
+    mask = torch.arange(max(length, others)) < lengths_[:, None]
+    weights = aggregation_weights(mask, loss_type, max_completion_length=max_length,
+                                  num_items=int(mask.sum()))
+    return weights[0, 0].item()
+
+
+print(f"{'|o|':>6} " + " ".join(f"{t:>10}" for t in LOSS_TYPES) + "   grpo: per-token weight x |o|")
+for length in (10, 100, 1000):
+    row = [token_weight(length, t) for t in LOSS_TYPES]
+    print(f"{length:>6} " + " ".join(f"{w:>10.6f}" for w in row) + f"   {row[0] * length:.4f}")
+
+# %% [markdown]
+# Under `grpo` the per-token weight is $1/(N|o|)$: a token of a 10-token completion
+# weighs 10 times as much as a token of a 100-token one, and every completion's weights
+# add up to the same 1/N = 0.1250. That is the **length bias** the Dr. GRPO paper
+# describes, and its sign depends on the advantage:
+#
+# - $A > 0$: the tokens of a *short* correct answer are pushed up hardest, so brevity is
+#   rewarded among correct answers;
+# - $A < 0$: the tokens of a *long* wrong answer are pushed down least, so a wrong answer
+#   costs less the longer it is. Response length then grows for reasons that have nothing
+#   to do with reasoning.
+#
+# `bnpo`, `dr_grpo` and `dapo` give every token of the batch the same weight, so a
+# completion's total weight is proportional to its length and there is no per-token
+# preference. They differ in the constant: `bnpo` divides by this batch's token count
+# (which varies from micro-batch to micro-batch), `dapo` by the token count of the whole
+# generation batch (summed over GPUs and accumulation steps), `dr_grpo` by N L with L the
+# generation limit, a true constant.
+#
+# A warning about that constant: a widely read textbook section on GRPO describes
+# Dr. GRPO as dividing by the padded width of the batch. That is not a constant: the same
+# completions padded to a longer batch would get a smaller loss. `grpo_loss` therefore
+# requires `max_completion_length` for `dr_grpo` instead of inferring it from the tensor:
+
+# %%
+try:
+    grpo_loss(logp, old_logp, advantages, completion_mask, loss_type="dr_grpo")
+except ValueError as error:
+    print(f"ValueError: {error}")
+
+# %% [markdown]
+# The same numbers as a plot: the weight of one token against the length of its
+# completion, for each loss type (log scales).
+
+# %%
+lengths_axis = np.unique(np.geomspace(4, 1024, 40).astype(int))
+figure, axis = plt.subplots(figsize=(7, 4))
+for loss_type, style in zip(LOSS_TYPES, ("-", "--", "-.", ":")):
+    weights = [token_weight(int(n), loss_type) for n in lengths_axis]
+    _ = axis.loglog(lengths_axis, weights, style, label=loss_type, linewidth=2)
+_ = axis.set_xlabel("completion length |o| (tokens)")
+_ = axis.set_ylabel("weight of one of its tokens")
+_ = axis.set_title("N = 8 completions, the other 7 of 100 tokens, L = 1024")
+_ = axis.legend()
+figure.tight_layout()
+plt.show()
+
+# %% [markdown]
+# The `grpo` line falls with slope -1: doubling a completion halves the push on each of
+# its tokens. The other three are flat in $|o|$ (`bnpo` and `dapo` bend slightly because the
+# completion's own tokens are part of the count they divide by).
+#
+# ## Groups that carry no signal
+#
+# If every completion of a prompt gets the same reward (all right on an easy prompt, all
+# wrong on a hard one), the group's advantages are all zero. Its tokens then contribute
+# no policy gradient, only KL. They still count in the denominators: under `grpo` they are
+# part of N; under `bnpo` and `dapo` their tokens are part of the token count. Either way
+# they dilute the gradient of the prompts that do carry signal.
+#
+# A batch of B = 4 prompts of which two are saturated:
+
+# %%
+prompt_ids = [[5, 6, 7], [8, 9], [10, 11, 12], [13]]
+extra = (0, 10, 6, 2)                                  # the saturated prompts ramble longer
+completion_ids = [[[20 + g] * (2 + 3 * g + extra[b]) for g in range(4)] for b in range(4)]
+input_ids, attention_mask, dyn_mask = pad_rollouts(prompt_ids, completion_ids, pad_token_id=0)
+dyn_rewards = torch.tensor([[1.0, 0.0, 1.0, 0.0], [1.0, 1.0, 1.0, 1.0],
+                            [0.0, 0.0, 0.0, 0.0], [0.0, 1.0, 0.0, 0.0]])
+dyn_generator = torch.Generator().manual_seed(1)
+dyn_old = (-2 * torch.rand(dyn_mask.shape, generator=dyn_generator, dtype=torch.float64)) * dyn_mask
+batch = RolloutBatch(input_ids=input_ids, attention_mask=attention_mask, completion_mask=dyn_mask,
+                     old_logp=dyn_old, rewards=dyn_rewards, advantages=group_advantages(dyn_rewards))
+flat = zero_std_groups(batch.rewards)
+print(f"zero-std groups: {flat.tolist()} -> fraction {flat.float().mean():.4f}")
+print(f"completion tokens: {batch.num_tokens} in all, {int(batch.completion_mask[~flat].sum())} in the "
+      f"informative groups (ratio {batch.num_tokens / batch.completion_mask[~flat].sum().item():.4f})")
+
+
+def policy_gradient(b, loss_type):
+    """d loss / d logp at the first step (logp = old_logp), and the loss's metrics."""
+    logp_ = b.old_logp.clone().requires_grad_()
+    out = grpo_loss(logp_, b.old_logp, b.advantages, b.completion_mask, loss_type=loss_type,
+                    max_completion_length=32)
+    (grad,) = torch.autograd.grad(out.loss, logp_)
+    return grad, out.metrics
+
+
+kept = batch.select(~flat)                       # dynamic sampling: keep the informative groups
+for loss_type in ("grpo", "bnpo", "dr_grpo"):
+    full_grad, metrics = policy_gradient(batch, loss_type)
+    kept_grad, _ = policy_gradient(kept, loss_type)
+    same_tokens = full_grad[~flat]                # the kept groups' gradients inside the full batch
+    scale = kept_grad.abs().sum() / same_tokens.abs().sum()
+    print(f"{loss_type:8} zero_std_groups metric {metrics['zero_std_groups']:.4f}; gradient on the "
+          f"informative groups: {same_tokens.abs().sum():.4f} in the full batch, "
+          f"{kept_grad.abs().sum():.4f} after filtering (x{scale:.4f})")
+
+# %% [markdown]
+# Filtering does not change the *direction* of the gradient on the informative prompts,
+# only its size: by a factor 2 under `grpo` and `dr_grpo` (N halves), and by the ratio of
+# token counts, 2.9333, under `bnpo`: the saturated prompts here also wrote the longer
+# completions, so they took the larger share of the denominator. That is why a batch in
+# which most groups saturate trains slowly even at a fixed learning rate, and why DAPO's
+# **dynamic sampling** keeps sampling until the batch is full of groups with non-zero
+# std, instead of just dropping them. `zero_std_groups` is the metric to watch: when it
+# approaches 1, the prompts are too easy (or too hard) for the policy.
+#
+# ## Dividing by the std: easy, hard and in-between prompts
+#
+# With binary rewards and a group of G completions of which a fraction p is right, the
+# group std is $\sqrt{p(1-p)}$. Dividing by it makes every group's advantages have unit
+# spread, whatever p. Not dividing (Dr. GRPO's `scale="none"`) leaves the spread at
+# $\sqrt{p(1-p)}$, largest at p = 1/2. One number summarises how hard a group pushes:
+# $\sum_i |A_i|$.
+
+# %%
+G8 = 8
+print(f"{'right':>6} {'p':>7}   {'sum|A| group':>12} {'sum|A| batch':>12} {'sum|A| none':>12}   A of a right answer (group, none)")
+groups = torch.stack([torch.cat([torch.ones(k), torch.zeros(G8 - k)]) for k in range(1, G8)])
+scaled = {scale: group_advantages(groups, scale=scale) for scale in ("group", "batch", "none")}
+for k in range(1, G8):
+    row = {scale: scaled[scale][k - 1].abs().sum().item() for scale in scaled}
+    print(f"{k:>4}/8 {k / G8:>7.4f}   {row['group']:>12.4f} {row['batch']:>12.4f} {row['none']:>12.4f}   "
+          f"{scaled['group'][k - 1, 0]:+.4f}, {scaled['none'][k - 1, 0]:+.4f}")
+push = {scale: scaled[scale].abs().sum(-1) for scale in scaled}
+print("\nsum|A| of the 1/8 prompt relative to the 4/8 prompt: "
+      + ", ".join(f"{scale} {(push[scale][0] / push[scale][3]).item():.4f}" for scale in push))
+
+# %% [markdown]
+# With the group std, the prompt the policy solves once in 8 (p = 0.125) pushes with
+# $\sum|A|$ = 5.2915, against 8.0000 for a coin-flip prompt: a ratio of 0.6614. Without it,
+# the same prompts push with 1.7500 and 4.0000: a ratio of 0.4375. The single right answer to a
+# hard prompt gets A = +2.6458 with the std and +0.8750 without. So std scaling
+# **up-weights prompts that are nearly always right or nearly always wrong** relative to
+# the in-between ones. Whether that is good is the disagreement: it amplifies the rare
+# success on a hard prompt (useful signal) but also the rare failure on an easy one, and
+# with few samples the std of a near-saturated group is itself noisy. Dr. GRPO drops the
+# division; `scale="batch"` keeps one std for the whole batch, so prompts keep their
+# relative scale while the overall magnitude stays normalised.
+#
+# The same rows as a plot, per prompt difficulty:
+
+# %%
+figure, axis = plt.subplots(figsize=(7, 3.5))
+p_axis = np.arange(1, G8) / G8
+for scale, style in zip(("group", "batch", "none"), ("-o", "--s", ":^")):
+    _ = axis.plot(p_axis, scaled[scale].abs().sum(-1).numpy(), style, label=f'scale="{scale}"')
+_ = axis.set_xlabel("fraction of the group that is right, p")
+_ = axis.set_ylabel("sum of |A| over the group")
+_ = axis.set_title("G = 8 binary rewards")
+_ = axis.legend()
+figure.tight_layout()
+plt.show()
+
+# %% [markdown]
+# ## Exercises
+#
+# Checkers are in `grpo_edu.exercises.ch04`.
+#
+# **4.1 Token weights.** Write `my_token_weights(lengths, loss_type, max_completion_length)`:
+# given the lengths $|o_i|$ of N completions, return the weight (N,) of one token of each
+# completion in the loss, for `loss_type` in grpo, bnpo, dr_grpo (dapo with the local
+# token count is bnpo). The first attempt below forgets something about one loss type.
+
+# %%
+from grpo_edu.exercises import ch04
+
+
+def my_token_weights(lengths, loss_type, max_completion_length):
+    lengths = torch.as_tensor(lengths, dtype=torch.float64)
+    N = len(lengths)
+    if loss_type == "grpo":
+        return 1 / (N * lengths)
+    if loss_type == "bnpo":
+        return torch.full_like(lengths, 1 / lengths.sum().item())
+    return torch.full_like(lengths, 1 / max_completion_length)      # dr_grpo: fix me
+
+
+ch04.check_token_weights(my_token_weights)
+
+# %% [markdown]
+# **4.2 Dynamic sampling.** Write `my_informative_groups(rewards)`: (B, G) rewards to a
+# (B,) bool mask of the groups to keep. The checker includes equal rewards whose mean
+# rounds (so r - mean is not exactly 0) and a partial-credit reward with a small spread:
+# a tolerance that is too loose or too tight fails one of them.
+
+# %%
+def my_informative_groups(rewards):
+    return rewards.std(dim=1) > 1e-3
+
+
+ch04.check_informative_groups(my_informative_groups)
+
+# %% [markdown]
+# **4.3 The GSPO ratio.** Write `my_sequence_ratio(logp, old_logp, mask)`: (N, S) tensors to
+# the (N,) sequence-level ratio $\exp\big(\frac{1}{|o_i|}\sum_t (\log\pi - \log\pi_\text{old})\big)$
+# that GSPO clips. Then explain, with the numbers of the side-by-side table, why GSPO's
+# clip range is 1000 times narrower than GRPO's.
+
+# %%
+def my_sequence_ratio(logp, old_logp, mask):
+    raise NotImplementedError("your sequence ratio here")
+
+
+ch04.check_sequence_ratio(my_sequence_ratio)
+
+# %% [markdown]
+# **Open question: length over training.** With `grpo_edu.trainer` (chapter 6), train the tiny
+# reasoner twice, with `loss_type="grpo"` and `loss_type="dr_grpo"`, and plot the mean
+# length of *wrong* completions against the step. Which way does the prediction of this
+# chapter say they should diverge, and do they?
