@@ -130,15 +130,21 @@ def grpo_loss(logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Tens
     num_items: dapo's denominator, the token count of the whole generation batch
         (all ranks, all micro-batches); defaults to this batch's token count
 
-    Metrics: loss, policy_loss (the loss without the KL term), kl (token mean,
-    to pi_ref; only when ref_logp is given), approx_kl (token mean of (rho - 1) - log rho: KL(pi_old || pi),
-    how far the policy has moved since sampling), clip_ratio/low (rho below
-    1 - epsilon with A < 0), clip_ratio/high (rho above 1 + epsilon_high with
-    A > 0), clip_ratio/region (either: the tokens with no policy gradient),
-    ratio/mean|min|max, advantage/std (over completions), zero_std_groups
-    (fraction of prompts whose G advantages are all equal; (B, G) input only),
-    completion_length/mean. Token means run over real tokens; at the sequence
-    level the ratio and clip metrics run over completions, as in TRL.
+    Metrics (floats):
+      loss, policy_loss       the loss, and the loss without the KL term
+      kl                      token mean of the KL estimate to pi_ref (when ref_logp is given)
+      approx_kl               token mean of (rho - 1) - log rho, an estimate of
+                              KL(pi_old || pi): how far the policy moved since sampling
+      clip_ratio/low          rho < 1 - epsilon with A < 0 (clipped from below)
+      clip_ratio/high         rho > 1 + epsilon_high with A > 0 (clipped from above)
+      clip_ratio/region       either: the tokens that get no policy gradient
+      ratio/mean, /min, /max  the ratios of real tokens
+      advantage/std           over completions
+      zero_std_groups         fraction of prompts whose G advantages are all equal
+                              ((B, G) advantages only)
+      completion_length/mean  real tokens per completion
+    Token means run over real tokens; at the sequence level the ratio and clip
+    metrics run over completions, as in TRL.
     """
     _check_options(loss_type, importance_sampling_level, kl_estimator, epsilon, epsilon_high, beta)
     epsilon_high = epsilon if epsilon_high is None else epsilon_high
