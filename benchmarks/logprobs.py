@@ -138,7 +138,7 @@ def worker(part: str, method: str, pass_name: str, rows: int, length: int, vocab
 
 
 def run(part, method, pass_name, args) -> dict:
-    command = [sys.executable, __file__, "--worker", part, method, pass_name,
+    command = [sys.executable, __file__, "--worker", part, method, pass_name, "--threads", str(args.threads),
                "--rows", str(args.rows), "--length", str(args.length), "--vocab", str(args.vocab),
                "--hidden-size", str(args.hidden_size), "--repeats", str(args.repeats)]
     done = subprocess.run(command, capture_output=True, text=True)
@@ -155,8 +155,12 @@ def main() -> None:
     parser.add_argument("--hidden-size", type=int, default=256, help="H of part 2's LM head")
     parser.add_argument("--repeats", type=int, default=3, help="timed runs after the measured one")
     parser.add_argument("--parts", default="logits,hidden", help="logits, hidden or both")
+    parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
     parser.add_argument("--worker", nargs=3, metavar=("PART", "METHOD", "PASS"), help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.threads is None:
+        args.threads = torch.get_num_threads()
+    torch.set_num_threads(args.threads)
     if args.worker:
         print(json.dumps(worker(*args.worker, args.rows, args.length, args.vocab, args.hidden_size, args.repeats)))
         return
