@@ -150,10 +150,10 @@ show_row(1, 0)
 # %% [markdown]
 # Three things to read off the table. The prompt `3*4=` is 4 characters and P is 5, so
 # column 0 is padding, and its position id is 0 like the first real token's: positions
-# count real tokens, as in `generate`. The completion `12<eos>` is 3 tokens; columns 8 to
-# 18 are padding, with attention 0 and completion mask 0. And the EOS token is a
-# completion token: it was sampled, so its log-probability is trained (the model learns
-# when to stop).
+# count real tokens, as in `generate`. The completion `\boxed{12}<eos>` is 5 tokens
+# (`\boxed{` is one); columns 10 to 18 are padding, with attention 0 and completion mask
+# 0. And the EOS token is a completion token: it was sampled, so its log-probability is
+# trained (the model learns when to stop).
 #
 # ### The off-by-one, measured
 #
@@ -182,7 +182,10 @@ print(f"right == alone: {torch.allclose(right[row, :n], expected, atol=1e-5)}; "
 
 # %% [markdown]
 # The bug raises no error: the shapes agree, the numbers look like log-probabilities, and
-# training runs. It just trains the wrong conditional. `grpo_edu.logprobs.completion_logprobs`
+# training runs. It just trains the wrong conditional. Here it even makes the numbers look
+# *better*: this model ties its input and output embeddings, and the hidden state at a
+# column still carries the embedding of the token it has just read, which the LM head
+# then scores highly. A bug that improves the numbers is the worst kind. `grpo_edu.logprobs.completion_logprobs`
 # does the shift once, with the position ids above, and asks the model for logits of the
 # last S + 1 columns only (`logits_to_keep`), so the prompt's logits are never computed:
 
