@@ -25,6 +25,7 @@ generator and every machine, and a train sampler can never draw a test problem.
 
 from __future__ import annotations
 
+import functools
 import random
 import re
 import zlib
@@ -70,9 +71,21 @@ def arithmetic_sample(a: int, op: str, b: int) -> dict:
             "solution": completion_text(str(units), str(result))}
 
 
-def _draw_arithmetic(rng: random.Random) -> dict:
+def arithmetic_problems(split: str = "test") -> list[dict]:
+    """Every arithmetic problem of one split, ordered by (a, op, b): 1,576
+    held-out and 14,624 train problems, so the held-out set can be evaluated
+    exactly."""
+    if split not in SPLITS:
+        raise ValueError(f"split must be one of {SPLITS}, got {split!r}")
+    return [dict(sample) for sample in _arithmetic_pool(split)]
+
+
+@functools.lru_cache(maxsize=None)
+def _arithmetic_pool(split: str) -> tuple[dict, ...]:
     low, high = ARITHMETIC_OPERAND_RANGE
-    return arithmetic_sample(rng.randint(low, high), rng.choice("+-"), rng.randint(low, high))
+    samples = (arithmetic_sample(a, op, b) for a in range(low, high + 1) for op in "+-"
+               for b in range(low, high + 1))
+    return tuple(s for s in samples if split_of(s["prompt"]) == split)
 
 
 # --------------------------------------------------------------------------- countdown
@@ -195,38 +208,59 @@ def expression_numbers(text: str) -> list[int]:
 
 # --------------------------------------------------------------------------- datasets
 
-_GENERATORS = {"arithmetic": _draw_arithmetic, "countdown": _draw_countdown}
-TASKS = tuple(_GENERATORS) + ("gsm8k",)
+TASKS = ("arithmetic", "countdown", "gsm8k")
 
 
 def iterate_samples(task: str = "arithmetic", split: str = "train", seed: int = 0) -> Iterator[dict]:
-    """An endless, seeded stream of samples of one split (duplicates possible)."""
-    if task not in _GENERATORS:
-        raise ValueError(f"task must be one of {tuple(_GENERATORS)} (gsm8k: use load_gsm8k), got {task!r}")
+    """An endless, seeded stream of samples of one split, uniform over its
+    problems (duplicates possible)."""
+    if task not in ("arithmetic", "countdown"):
+        raise ValueError(f"task must be 'arithmetic' or 'countdown' (gsm8k: use load_gsm8k), got {task!r}")
     if split not in SPLITS:
         raise ValueError(f"split must be one of {SPLITS}, got {split!r}")
     rng = random.Random(f"{task}/{split}/{seed}")
-    draw = _GENERATORS[task]
-    while True:
-        sample = draw(rng)
+    if task == "arithmetic":  # small space: draw from the split's list
+        pool = _arithmetic_pool(split)
+        while True:
+            yield dict(rng.choice(pool))
+    while True:  # countdown: draw, keep the split's (its space is far too big to list)
+        sample = _draw_countdown(rng)
         if split_of(sample["prompt"]) == split:
             yield sample
+
+
+MAX_REPEATED_DRAWS = 200_000  # give up on finding a new distinct problem after this many
 
 
 def make_dataset(task: str = "arithmetic", n: int = 1000, split: str = "train", seed: int = 0,
                  unique: bool = True) -> list[dict]:
     """`n` samples of one split, distinct prompts unless unique=False. Same arguments,
-    same list."""
+    same list.
+
+    The arithmetic space is small (16,200 problems: 14,624 train and 1,576
+    held-out), so asking for more distinct problems than a split holds is an
+    error, not an endless loop.
+    """
     if n < 0:
         raise ValueError(f"n must be >= 0, got {n}")
-    samples, seen = [], set()
+    if task == "arithmetic" and unique and n > len(_arithmetic_pool(split)):
+        raise ValueError(f"n = {n} distinct arithmetic problems requested from split {split!r}, which "
+                         f"holds {len(_arithmetic_pool(split)):,}; ask for fewer or pass unique=False")
+    samples, seen, misses = [], set(), 0
     stream = iterate_samples(task, split, seed)
     while len(samples) < n:
         sample = next(stream)
         if unique:
             if sample["prompt"] in seen:
+                misses += 1
+                if misses > MAX_REPEATED_DRAWS:
+                    raise ValueError(
+                        f"n = {n} distinct {task} problems requested from split {split!r}, but "
+                        f"{MAX_REPEATED_DRAWS:,} draws in a row found none beyond the {len(samples):,} "
+                        f"already drawn (the split is about that large); ask for fewer or pass unique=False")
                 continue
             seen.add(sample["prompt"])
+            misses = 0
         samples.append(sample)
     return samples
 

@@ -59,8 +59,28 @@ def test_held_out_share_of_the_arithmetic_space():
     assert 0.08 < share < 0.12, share
 
 
+def test_arithmetic_problems_enumerates_each_split_exactly():
+    test, train = tasks.arithmetic_problems("test"), tasks.arithmetic_problems("train")
+    assert len(test) + len(train) == 16200
+    assert {s["prompt"] for s in make_dataset("arithmetic", 300, "test", seed=5)} <= {s["prompt"] for s in test}
+    assert test[0] == arithmetic_sample(*_parse(test[0]["prompt"]))
+
+
+def _parse(prompt):
+    for op in "+-":
+        if op in prompt:
+            a, b = prompt.rstrip("=").split(op)
+            return int(a), op, int(b)
+
+
+def test_asking_for_more_distinct_problems_than_a_split_holds_is_an_error():
+    with pytest.raises(ValueError, match="n = 1600 distinct arithmetic problems requested from split .test., which holds 1,576"):
+        make_dataset("arithmetic", 1600, "test")
+    assert len(make_dataset("arithmetic", 1600, "test", unique=False)) == 1600
+
+
 def test_bad_arguments_name_themselves():
-    with pytest.raises(ValueError, match="task must be one of"):
+    with pytest.raises(ValueError, match="task must be 'arithmetic' or 'countdown'"):
         next(tasks.iterate_samples("chess"))
     with pytest.raises(ValueError, match="split must be one of"):
         next(tasks.iterate_samples("arithmetic", "validation"))

@@ -1,0 +1,298 @@
+"""Supervised pretraining of the starting policy: a tiny Llama that is half-right.
+
+GRPO learns only from groups whose completions disagree, so its starting policy
+must already solve some problems, and not all: a policy at 0% or 100% gives
+every group the same reward and zero advantage. This script trains the tiny
+model of grpo_edu.models on arithmetic solutions (grpo_edu.tasks) with
+next-token cross-entropy on the completion tokens, and stops as soon as its
+greedy accuracy on held-out problems reaches `target_accuracy`.
+
+Why a threshold and not a step count: SFT accuracy on this task stays near
+zero for about 150 steps, then jumps to over 90% within a few hundred, and
+where the jump happens depends on the seed (with these settings, seeds 0, 1
+and 2 first reached 30% at steps 178, 196 and 224). A fixed step count would
+give a policy that is still hopeless with one seed and already solved with
+another; stopping on the threshold gives one with room to improve every time,
+and the run is still deterministic for a given seed and thread count.
+
+    python -m grpo_edu.pretrain                      # writes grpo_edu/assets/tiny-arithmetic-start
+    python -m grpo_edu.pretrain --output-dir /tmp/p --seed 1 --target-accuracy 0.5
+
+The model card (README.md in the output directory) records how it was made,
+its held-out greedy accuracy, format rate, pass@8 and the run time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import platform
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from grpo_edu import rewards, tasks
+from grpo_edu.models import (STARTING_POLICY, char_tokenizer, generate_completions, save_policy,
+                             tiny_llama)
+
+
+def _doc(text: str, default):
+    return field(default=default, metadata={"help": text})
+
+
+@dataclass
+class PretrainConfig:
+    """Every knob of the pretraining run (each is a --flag of the script)."""
+
+    output_dir: str = _doc("where the model, tokenizer and model card are written", str(STARTING_POLICY))
+    seed: int = _doc("seed of the initial weights and of the training problems", 0)
+    threads: int = _doc("torch CPU threads (results are bitwise reproducible for a fixed count)", 1)
+    batch_size: int = _doc("training problems per optimizer step", 64)
+    learning_rate: float = _doc("AdamW peak learning rate (linear warmup, then constant)", 2e-3)
+    warmup_steps: int = _doc("steps of linear learning-rate warmup", 50)
+    weight_decay: float = _doc("AdamW weight decay", 0.0)
+    max_steps: int = _doc("give up (and fail) if the target is not reached by this step", 5000)
+    eval_every: int = _doc("steps between held-out greedy evaluations (the jump takes ~20 steps)", 2)
+    eval_problems: int = _doc("held-out problems in each evaluation that decides when to stop", 256)
+    target_accuracy: float = _doc("stop at the first evaluation with at least this greedy accuracy", 0.35)
+    pass_k: int = _doc("samples per problem for pass@k in the model card", 8)
+    hidden_size: int = _doc("model width", 128)
+    num_layers: int = _doc("transformer layers", 2)
+    num_heads: int = _doc("attention heads", 4)
+    intermediate_size: int = _doc("SwiGLU hidden width", 256)
+    max_new_tokens: int = _doc("generation limit; a correct completion is at most 12 tokens", 16)
+
+
+EVAL_SEED, SAMPLE_SEED = 0, 2
+
+
+# --------------------------------------------------------------------------- evaluation
+
+def evaluate(model, tokenizer, samples: list[dict], *, pass_k: int = 0, max_new_tokens: int = 16,
+             seed: int = SAMPLE_SEED) -> dict[str, float]:
+    """Held-out metrics of a policy on `samples`.
+
+    greedy_accuracy, greedy_format: share of problems whose greedy completion is
+        correct / well formatted (`rewards.accuracy_reward`, `rewards.format_reward`).
+    With pass_k > 0, also from pass_k samples per problem at temperature 1:
+    sample_accuracy (pass@1 estimated from the samples), pass_at_k (at least one
+        correct), mixed_groups (share of problems whose samples are neither all
+        right nor all wrong: the groups that give GRPO a signal).
+    """
+    prompts = [s["prompt"] for s in samples]
+    columns = {key: [s.get(key) for s in samples] for key in ("answer", "task", "numbers")}
+    greedy = [group[0] for group in generate_completions(model, tokenizer, prompts,
+                                                         max_new_tokens=max_new_tokens)]
+    metrics = {
+        "problems": len(samples),
+        "greedy_accuracy": _mean(rewards.accuracy_reward(greedy, **columns)),
+        "greedy_format": _mean(rewards.format_reward(greedy)),
+    }
+    if pass_k > 0:
+        groups = generate_completions(model, tokenizer, prompts, num_samples=pass_k, temperature=1.0,
+                                      max_new_tokens=max_new_tokens, seed=seed)
+        flat = [c for group in groups for c in group]
+        repeated = {key: [v for v in values for _ in range(pass_k)] for key, values in columns.items()}
+        correct = rewards.accuracy_reward(flat, **repeated)
+        per_problem = [correct[i * pass_k:(i + 1) * pass_k] for i in range(len(samples))]
+        metrics.update({
+            "sample_accuracy": _mean(correct),
+            "sample_format": _mean(rewards.format_reward(flat)),
+            f"pass_at_{pass_k}": _mean([float(any(group)) for group in per_problem]),
+            "mixed_groups": _mean([float(0 < sum(group) < pass_k) for group in per_problem]),
+        })
+    return metrics
+
+
+def _mean(values) -> float:
+    values = list(values)
+    return sum(values) / len(values) if values else 0.0
+
+
+# --------------------------------------------------------------------------- training
+
+def sft_batch(tokenizer, samples: list[dict]) -> dict[str, torch.Tensor]:
+    """prompt + solution + <eos>, right-padded; labels are -100 on the prompt and
+    the padding, so the loss is the completion's cross-entropy only."""
+    rows, labels = [], []
+    for sample in samples:
+        prompt = tokenizer(sample["prompt"], add_special_tokens=False)["input_ids"]
+        completion = tokenizer(sample["solution"], add_special_tokens=False)["input_ids"]
+        completion = completion + [tokenizer.eos_token_id]
+        rows.append(prompt + completion)
+        labels.append([-100] * len(prompt) + completion)
+    width = max(map(len, rows))
+    pad = tokenizer.pad_token_id
+    return {
+        "input_ids": torch.tensor([r + [pad] * (width - len(r)) for r in rows]),
+        "attention_mask": torch.tensor([[1] * len(r) + [0] * (width - len(r)) for r in rows]),
+        "labels": torch.tensor([l + [-100] * (width - len(l)) for l in labels]),
+    }
+
+
+@dataclass
+class PretrainResult:
+    model: torch.nn.Module
+    tokenizer: object
+    steps: int                  # optimizer steps taken
+    reached: bool               # the target accuracy was reached
+    history: list[dict]         # one {"step", "loss", "greedy_accuracy", "greedy_format"} per evaluation
+    seconds: float              # training time, evaluations included
+
+
+def pretrain(config: PretrainConfig, log=print) -> PretrainResult:
+    """SFT until held-out greedy accuracy >= config.target_accuracy (or max_steps)."""
+    if not 0 < config.target_accuracy <= 1:
+        raise ValueError(f"target_accuracy must be in (0, 1], got {config.target_accuracy}")
+    for name in ("batch_size", "max_steps", "eval_every", "eval_problems", "threads"):
+        if getattr(config, name) <= 0:
+            raise ValueError(f"{name} must be positive, got {getattr(config, name)}")
+    torch.set_num_threads(config.threads)
+    torch.manual_seed(config.seed)
+    start = time.perf_counter()
+    tokenizer = char_tokenizer()
+    model = tiny_llama(tokenizer, seed=config.seed, hidden_size=config.hidden_size,
+                       num_layers=config.num_layers, num_heads=config.num_heads,
+                       intermediate_size=config.intermediate_size)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=config.learning_rate,
+                                  weight_decay=config.weight_decay, betas=(0.9, 0.99))
+    schedule = torch.optim.lr_scheduler.LambdaLR(
+        optimizer, lambda step: min(1.0, (step + 1) / max(1, config.warmup_steps)))
+    stream = tasks.iterate_samples("arithmetic", "train", seed=config.seed)
+    held_out = tasks.make_dataset("arithmetic", config.eval_problems, "test", seed=EVAL_SEED)
+
+    history, step, reached, losses = [], 0, False, []
+    while step < config.max_steps and not reached:
+        model.train()
+        batch = sft_batch(tokenizer, [next(stream) for _ in range(config.batch_size)])
+        loss = model(**batch).loss
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        optimizer.step()
+        schedule.step()
+        optimizer.zero_grad(set_to_none=True)
+        losses.append(loss.item())
+        step += 1
+        if step % config.eval_every == 0:
+            model.eval()
+            metrics = evaluate(model, tokenizer, held_out, max_new_tokens=config.max_new_tokens)
+            record = {"step": step, "loss": _mean(losses), **metrics}
+            losses = []
+            history.append(record)
+            log(f"step {step:5d}  loss {record['loss']:.4f}  held-out greedy accuracy "
+                f"{metrics['greedy_accuracy']:.4f}  format {metrics['greedy_format']:.4f}")
+            reached = metrics["greedy_accuracy"] >= config.target_accuracy
+    model.eval()
+    return PretrainResult(model, tokenizer, step, reached, history, time.perf_counter() - start)
+
+
+# --------------------------------------------------------------------------- the model card
+
+def model_card(config: PretrainConfig, result: PretrainResult, report: dict, seconds: float,
+               cpu_seconds: float, command: str) -> str:
+    parameters = sum(p.numel() for p in result.model.parameters())
+    k = config.pass_k
+    jump = ", ".join(f"{r['step']}: {r['greedy_accuracy']:.3f}" for r in result.history[-6:])
+    return f"""# tiny-arithmetic-start: grpo-edu's starting policy
+
+A {config.num_layers}-layer, {config.hidden_size}-wide Llama ({parameters:,} parameters, float32)
+with a character-level tokenizer (`grpo_edu.models.char_tokenizer`), trained by
+supervised fine-tuning on two-digit addition and subtraction (`grpo_edu.tasks`,
+e.g. `47+85=` -> `<think>12</think>\\boxed{{132}}`, the reasoning being the units
+column) and stopped on purpose while it is still often wrong: it is the policy
+GRPO starts from in chapters 5 and 6.
+
+## How it was made
+
+    {command}
+
+Next-token cross-entropy on the completion tokens, AdamW (lr {config.learning_rate:g},
+{config.warmup_steps} warmup steps, weight decay {config.weight_decay:g}), batch {config.batch_size},
+seed {config.seed}, {config.threads} CPU thread(s). Every {config.eval_every} steps the held-out greedy
+accuracy on {config.eval_problems} problems was measured; training stopped at step {result.steps},
+the first evaluation at or above {config.target_accuracy:.2f}. The last evaluations (step: accuracy):
+{jump}.
+
+Run time: {seconds:.0f} s wall-clock from start to written files ({result.seconds:.0f} s of it
+training, the rest the evaluation below; Python start-up and imports not counted), of which the process had {cpu_seconds:.0f} s of CPU time
+({platform.machine()}, torch {torch.__version__}, Python {platform.python_version()}); where the
+two differ, other processes shared the CPU.
+
+## Held-out figures
+
+All {report['problems']:,} held-out problems (`grpo_edu.tasks.arithmetic_problems("test")`;
+train and held-out problems never overlap), at most {config.max_new_tokens} new tokens,
+{k} samples per problem at temperature 1 (seed {SAMPLE_SEED}):
+
+| metric | value |
+|---|---|
+| greedy accuracy | {report['greedy_accuracy']:.4f} |
+| greedy format rate | {report['greedy_format']:.4f} |
+| sampled accuracy (pass@1, temperature 1) | {report['sample_accuracy']:.4f} |
+| sampled format rate | {report['sample_format']:.4f} |
+| pass@{k} (temperature 1) | {report[f'pass_at_{k}']:.4f} |
+| problems whose {k} samples disagree | {report['mixed_groups']:.4f} |
+
+Accuracy and format are `grpo_edu.rewards.accuracy_reward` and `format_reward`.
+`tests/test_pretrain.py` recomputes the greedy figures from these weights.
+
+## Use
+
+```python
+from grpo_edu.models import load_policy
+model, tokenizer = load_policy()  # this directory
+```
+"""
+
+
+def write_policy(config: PretrainConfig, result: PretrainResult, command: str,
+                 started: tuple[float, float]) -> dict:
+    """Measure the held-out figures, then write weights, tokenizer, model card
+    (README.md) and pretrain.json (config, evaluation history, figures) to
+    config.output_dir. `started` is (time.perf_counter(), time.process_time())
+    at launch, so the card's run time covers training and this evaluation."""
+    report_set = tasks.arithmetic_problems("test")
+    report = evaluate(result.model, result.tokenizer, report_set, pass_k=config.pass_k,
+                      max_new_tokens=config.max_new_tokens)
+    seconds, cpu_seconds = time.perf_counter() - started[0], time.process_time() - started[1]
+    output = save_policy(result.model, result.tokenizer, config.output_dir)
+    (output / "README.md").write_text(model_card(config, result, report, seconds, cpu_seconds, command))
+    (output / "pretrain.json").write_text(json.dumps(
+        {"command": command, "config": dataclasses.asdict(config), "steps": result.steps,
+         "seconds": round(seconds, 1), "cpu_seconds": round(cpu_seconds, 1),
+         "history": result.history, "held_out": report}, indent=1) + "\n")
+    return report
+
+
+# --------------------------------------------------------------------------- command line
+
+def parse_args(argv: list[str] | None = None) -> PretrainConfig:
+    parser = argparse.ArgumentParser(prog="python -m grpo_edu.pretrain", description=__doc__.split("\n\n")[0],
+                                     formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    for f in dataclasses.fields(PretrainConfig):
+        parser.add_argument(f"--{f.name.replace('_', '-')}", type=type(f.default), default=f.default,
+                            help=f.metadata["help"])
+    return PretrainConfig(**vars(parser.parse_args(argv)))
+
+
+def main(argv: list[str] | None = None) -> int:
+    started = (time.perf_counter(), time.process_time())
+    config = parse_args(argv)
+    result = pretrain(config)
+    if not result.reached:
+        print(f"target accuracy {config.target_accuracy} not reached in {config.max_steps} steps",
+              file=sys.stderr)
+        return 1
+    command = " ".join(["python -m grpo_edu.pretrain", *(sys.argv[1:] if argv is None else argv)])
+    report = write_policy(config, result, command, started)
+    print(json.dumps(report, indent=1))
+    print(f"wrote {config.output_dir} in {time.perf_counter() - started[0]:.1f} s")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,148 @@
+"""The starting-policy pretraining: masking, determinism, threshold stopping, the
+script's outputs, and the committed checkpoint against its model card."""
+
+import json
+import tomllib
+from pathlib import Path
+
+import pytest
+import torch
+
+from grpo_edu import pretrain, tasks
+from grpo_edu.models import STARTING_POLICY, char_tokenizer, load_policy
+from grpo_edu.pretrain import PretrainConfig, evaluate, sft_batch
+
+TINY = dict(threads=1, batch_size=16, eval_every=5, eval_problems=16, max_steps=10, hidden_size=32,
+            num_layers=1, num_heads=2, intermediate_size=64, max_new_tokens=12, pass_k=2)
+
+
+def test_sft_batch_trains_on_the_completion_only():
+    tokenizer = char_tokenizer()
+    samples = [tasks.arithmetic_sample(47, "+", 85), tasks.arithmetic_sample(12, "+", 13)]
+    batch = sft_batch(tokenizer, samples)
+    ids, labels, mask = batch["input_ids"], batch["labels"], batch["attention_mask"]
+    assert ids.shape == labels.shape == mask.shape == (2, 6 + 10)
+    prompt = len("47+85=")
+    assert (labels[:, :prompt] == -100).all()
+    first = tokenizer("<think>12</think>\\boxed{132}")["input_ids"] + [tokenizer.eos_token_id]
+    assert labels[0, prompt:].tolist() == first
+    # The shorter row is right-padded; padding is neither attended to nor trained on.
+    second = tokenizer("<think>5</think>\\boxed{25}")["input_ids"] + [tokenizer.eos_token_id]
+    assert labels[1, prompt:prompt + len(second)].tolist() == second
+    assert (labels[1, prompt + len(second):] == -100).all() and (mask[1, prompt + len(second):] == 0).all()
+
+
+def test_a_tiny_run_is_deterministic_and_stops_at_max_steps():
+    config = PretrainConfig(target_accuracy=1.0, **TINY)
+    first = pretrain.pretrain(config, log=lambda line: None)
+    second = pretrain.pretrain(config, log=lambda line: None)
+    assert not first.reached and first.steps == 10
+    assert [h["step"] for h in first.history] == [5, 10]
+    assert first.history == second.history
+    for (name, a), b in zip(first.model.state_dict().items(), second.model.state_dict().values()):
+        assert torch.equal(a, b), name
+    other_seed = pretrain.pretrain(PretrainConfig(target_accuracy=1.0, **{**TINY, "seed": 1}),
+                                   log=lambda line: None)
+    assert not torch.equal(other_seed.model.model.embed_tokens.weight, first.model.model.embed_tokens.weight)
+
+
+def _scripted_evaluate(accuracies):
+    """evaluate() that returns the given greedy accuracies, one per call."""
+    calls = iter(accuracies)
+
+    def fake(model, tokenizer, samples, *, pass_k=0, max_new_tokens=16, seed=0):
+        metrics = {"problems": len(samples), "greedy_accuracy": next(calls), "greedy_format": 1.0}
+        if pass_k:
+            metrics.update({"sample_accuracy": 0.1, "sample_format": 0.9, f"pass_at_{pass_k}": 0.5,
+                            "mixed_groups": 0.5})
+        return metrics
+    return fake
+
+
+def test_training_stops_at_the_first_evaluation_reaching_the_target(monkeypatch):
+    monkeypatch.setattr(pretrain, "evaluate", _scripted_evaluate([0.0, 0.2, 0.36, 0.9]))
+    config = PretrainConfig(target_accuracy=0.35, **{**TINY, "max_steps": 100})
+    result = pretrain.pretrain(config, log=lambda line: None)
+    assert result.reached and result.steps == 15
+    assert [h["greedy_accuracy"] for h in result.history] == [0.0, 0.2, 0.36]
+
+
+@pytest.mark.parametrize("change, message", [
+    ({"target_accuracy": 0.0}, "target_accuracy must be in"),
+    ({"batch_size": 0}, "batch_size must be positive"),
+    ({"eval_every": -1}, "eval_every must be positive"),
+])
+def test_bad_settings_name_themselves(change, message):
+    with pytest.raises(ValueError, match=message):
+        pretrain.pretrain(PretrainConfig(**{**TINY, **change}), log=lambda line: None)
+
+
+def test_the_script_writes_policy_card_and_log(monkeypatch, tmp_path, capsys):
+    monkeypatch.setattr(pretrain, "evaluate", _scripted_evaluate([0.1, 0.5, 0.45]))
+    flags = [f"--{key.replace('_', '-')}={value}" for key, value in TINY.items()]
+    assert pretrain.main([*flags, f"--output-dir={tmp_path}", "--target-accuracy=0.4"]) == 0
+    for name in ("model.safetensors", "config.json", "tokenizer.json", "README.md", "pretrain.json"):
+        assert (tmp_path / name).is_file(), name
+    card = (tmp_path / "README.md").read_text()
+    assert "training stopped at step 10" in card and "| greedy accuracy | 0.4500 |" in card
+    assert "| pass@2 (temperature 1) | 0.5000 |" in card
+    log = json.loads((tmp_path / "pretrain.json").read_text())
+    assert log["steps"] == 10 and log["held_out"]["greedy_accuracy"] == 0.45
+    assert log["command"].startswith("python -m grpo_edu.pretrain --threads=1")
+    model, tokenizer = load_policy(tmp_path)
+    assert model.config.hidden_size == 32
+
+
+def test_the_script_fails_when_the_target_is_not_reached(monkeypatch, tmp_path):
+    monkeypatch.setattr(pretrain, "evaluate", _scripted_evaluate([0.1, 0.2]))
+    flags = [f"--{key.replace('_', '-')}={value}" for key, value in TINY.items()]
+    assert pretrain.main([*flags, f"--output-dir={tmp_path}"]) == 1
+    assert not (tmp_path / "model.safetensors").exists()
+
+
+# --------------------------------------------------------------------------- the committed policy
+
+@pytest.fixture(scope="module")
+def starting_policy():
+    return load_policy()
+
+
+def test_committed_policy_is_small_and_packaged():
+    files = {p.name: p.stat().st_size for p in STARTING_POLICY.iterdir()}
+    assert {"model.safetensors", "config.json", "generation_config.json", "tokenizer.json",
+            "tokenizer_config.json", "README.md", "pretrain.json"} <= set(files)
+    assert sum(files.values()) <= 10 * 2 ** 20
+    pyproject = tomllib.loads((Path(__file__).parent.parent / "pyproject.toml").read_text())
+    package_data = pyproject["tool"]["setuptools"]["package-data"]["grpo_edu"]
+    assert "assets/tiny-arithmetic-start/*" in package_data
+
+
+def test_committed_policy_matches_its_model_card(starting_policy):
+    """The card's greedy figures, recomputed from the weights on all held-out problems."""
+    model, tokenizer = starting_policy
+    log = json.loads((STARTING_POLICY / "pretrain.json").read_text())
+    card = (STARTING_POLICY / "README.md").read_text()
+    torch.set_num_threads(1)
+    got = evaluate(model, tokenizer, tasks.arithmetic_problems("test"))
+    for key in ("greedy_accuracy", "greedy_format"):
+        # Equal up to an argmax flipped by float rounding on another CPU (1 of 1,576).
+        assert got[key] == pytest.approx(log["held_out"][key], abs=1.5 / 1576), key
+    assert f"| greedy accuracy | {log['held_out']['greedy_accuracy']:.4f} |" in card
+    assert f"training stopped at step {log['steps']}" in card
+
+
+def test_committed_policy_leaves_room_for_grpo(starting_policy):
+    """What GRPO needs from its start: often wrong, well formatted, and groups that disagree."""
+    held_out = json.loads((STARTING_POLICY / "pretrain.json").read_text())["held_out"]
+    assert 0.30 <= held_out["greedy_accuracy"] <= 0.45
+    assert held_out["greedy_format"] >= 0.95 and held_out["sample_format"] >= 0.9
+    assert held_out["pass_at_8"] >= held_out["greedy_accuracy"] + 0.15
+    assert held_out["mixed_groups"] >= 0.5
+
+
+def test_evaluate_reports_consistent_sampling_figures(starting_policy):
+    model, tokenizer = starting_policy
+    metrics = evaluate(model, tokenizer, tasks.make_dataset("arithmetic", 40, "test", seed=3), pass_k=4)
+    assert metrics["problems"] == 40
+    assert 0 <= metrics["mixed_groups"] <= metrics["pass_at_4"] <= 1
+    assert metrics["sample_accuracy"] <= metrics["pass_at_4"]
