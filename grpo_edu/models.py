@@ -19,13 +19,14 @@ a laptop, so everything is minimal but real:
 
 from __future__ import annotations
 
-import string
+import contextlib
 from pathlib import Path
 
 import torch
 from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers
 from transformers import (AutoModelForCausalLM, AutoTokenizer, LlamaConfig, LlamaForCausalLM,
                           PreTrainedModel, PreTrainedTokenizerBase, PreTrainedTokenizerFast)
+from transformers.utils import logging as transformers_logging
 
 PAD, EOS, UNK = "<pad>", "<eos>", "<unk>"
 THINK_OPEN, THINK_CLOSE, BOXED_OPEN = "<think>", "</think>", "\\boxed{"
@@ -97,6 +98,19 @@ def _set_generation_defaults(model: PreTrainedModel, tokenizer: PreTrainedTokeni
     generation.bos_token_id = None
 
 
+@contextlib.contextmanager
+def _quiet_progress():
+    """No "Loading weights" bars for a megabyte: they go to stderr with a
+    varying rate, which notebooks would record and compare."""
+    enabled = transformers_logging.is_progress_bar_enabled()
+    transformers_logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        if enabled:
+            transformers_logging.enable_progress_bar()
+
+
 def load_policy(name_or_path: str | Path = STARTING_POLICY, *, dtype: torch.dtype = torch.float32,
                 device: str | torch.device = "cpu"
                 ) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
@@ -118,7 +132,8 @@ def load_policy(name_or_path: str | Path = STARTING_POLICY, *, dtype: torch.dtyp
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token
     tokenizer.padding_side = "left"
-    model = AutoModelForCausalLM.from_pretrained(source, dtype=dtype).to(device)
+    with _quiet_progress():
+        model = AutoModelForCausalLM.from_pretrained(source, dtype=dtype).to(device)
     if model.generation_config.pad_token_id is None:
         model.generation_config.pad_token_id = tokenizer.pad_token_id
     return model.eval(), tokenizer
@@ -128,7 +143,8 @@ def save_policy(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, dire
     """Write model (safetensors + config + generation config) and tokenizer to `directory`."""
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
-    model.save_pretrained(directory, safe_serialization=True)
+    with _quiet_progress():
+        model.save_pretrained(directory, safe_serialization=True)
     tokenizer.save_pretrained(directory)
     return directory
 

@@ -1,0 +1,394 @@
+# ---
+# jupyter:
+#   jupytext:
+#     formats: py:percent,ipynb
+#     text_representation:
+#       extension: .py
+#       format_name: percent
+# ---
+
+# %% [markdown]
+# # Chapter 5. Rewards you can verify
+#
+# GRPO needs one number per completion. DeepSeek-R1 computes it with rules, not with a
+# model (seeds/001, "Reward design"):
+#
+# - an **accuracy reward**: is the final answer, written in a specified place such as a
+#   box, correct?
+# - a **format reward**: is the reasoning enclosed in `<think>` and `</think>`?
+# - added with the same weight, $\text{Reward}_\text{rule} = \text{Reward}_\text{acc} +
+#   \text{Reward}_\text{format}$ (eq. 4), and, against language mixing in the reasoning,
+#   a **language-consistency reward**: the proportion of target-language words (eq. 7).
+#
+# The paper is explicit about why: "we abstain from applying neural reward models [...] to
+# reasoning tasks [...] neural reward models are susceptible to reward hacking during
+# large-scale RL". This chapter builds the three rules on problems a program can check,
+# runs them on real samples of a small policy, turns them into group advantages, and then
+# breaks two rewards that are *not* verifiable, one rule and one learned model, to see
+# what the paper was avoiding. It ends by handing the same functions to TRL's
+# `GRPOTrainer`.
+
+# %%
+import collections
+import inspect
+import json
+import warnings
+
+import numpy as np
+import torch
+
+from grpo_edu import rewards, tasks
+from grpo_edu.advantages import group_advantages
+from grpo_edu.exercises import ch05
+from grpo_edu.models import STARTING_POLICY, generate_completions, load_policy
+
+torch.set_num_threads(1)
+torch.manual_seed(0)
+torch.set_printoptions(precision=4, sci_mode=False)
+
+
+def show(text, width=40):
+    """A completion as one line of at most `width` characters (newlines shown as \\n)."""
+    text = text.replace("\n", "\\n")
+    return text if len(text) <= width else text[:width - 3] + "..."
+
+# %% [markdown]
+# ## Problems with answers a program can check
+#
+# The CPU tier's task is two-digit addition and subtraction. A sample is a plain dict, so a
+# list of them is also a `datasets.Dataset` for TRL; `solution` is a completion in the
+# format the rewards expect. The reasoning inside `<think>` is the units column: its carry
+# (a result of 10 or more) or borrow (a negative result) is the one step of two-digit
+# arithmetic that is more than a lookup.
+
+# %%
+for sample in tasks.make_dataset("arithmetic", 4, "train", seed=0):
+    print(sample)
+
+# %% [markdown]
+# Completions are short on purpose. `<think>`, `</think>` and `\boxed{` are one token
+# each in the character-level tokenizer, so a correct completion is at most ten tokens and
+# a 2-core laptop can sample hundreds of them per second: that is what makes chapter 6's
+# training run take minutes. Train and held-out problems are split by a hash of the prompt,
+# so no seed and no sampler can ever draw a held-out problem for training:
+
+# %%
+policy, tokenizer = load_policy()
+longest = max(tasks.arithmetic_problems("train"),
+              key=lambda s: len(tokenizer(s["solution"])["input_ids"]))
+print(f"longest solution: {longest['prompt']} {longest['solution']} -> "
+      f"{len(tokenizer(longest['solution'])['input_ids'])} tokens + <eos>")
+train, held_out = tasks.arithmetic_problems("train"), tasks.arithmetic_problems("test")
+print(f"{len(train):,} train and {len(held_out):,} held-out problems "
+      f"(held-out share {len(held_out) / (len(train) + len(held_out)):.4f}), "
+      f"overlap: {len({s['prompt'] for s in train} & {s['prompt'] for s in held_out})}")
+
+# %% [markdown]
+# The same rewards check two more tasks. Countdown ("reach the target with these numbers,
+# each once") has many right answers, so its accuracy reward parses the boxed expression
+# with a small recursive-descent parser (never Python's `eval`) and checks both the
+# numbers used and the value. GSM8K, for the GPU tiers, comes through the `datasets`
+# library; its reference answers follow `####`, which `gsm8k_final_answer` extracts (shown
+# here on an inline example, so nothing is downloaded).
+
+# %%
+countdown = tasks.make_dataset("countdown", 1, "train", seed=0)[0]
+print({key: countdown[key] for key in ("prompt", "numbers", "target", "solution")})
+attempts = [countdown["solution"], "<think>guess</think>\\boxed{23*14+11}",
+            "<think>code</think>\\boxed{__import__('os').system('ls')}"]
+print(rewards.accuracy_reward(attempts, answer=[countdown["answer"]] * 3, task=["countdown"] * 3,
+                              numbers=[countdown["numbers"]] * 3))
+print(tasks.gsm8k_sample("Tom has 3 boxes of 1,000 pins. How many pins?",
+                         "3 * 1,000 = 3,000 pins.\n#### 3,000"))
+
+# %% [markdown]
+# ## The starting policy
+#
+# `grpo_edu/assets/tiny-arithmetic-start` is a 2-layer, 128-wide Llama trained by
+# `python -m grpo_edu.pretrain`: supervised fine-tuning on these solutions, stopped on
+# purpose while the policy is still often wrong. Its model card records how; here its
+# greedy accuracy is recomputed on every held-out problem:
+
+# %%
+card = json.loads((STARTING_POLICY / "pretrain.json").read_text())
+figures = card["held_out"]
+print(f"{sum(p.numel() for p in policy.parameters()):,} parameters, SFT stopped at step {card['steps']}")
+greedy = [g[0] for g in generate_completions(policy, tokenizer, [s["prompt"] for s in held_out])]
+columns = {"answer": [s["answer"] for s in held_out]}
+print(f"held-out greedy accuracy {np.mean(rewards.accuracy_reward(greedy, **columns)):.4f} "
+      f"(model card: {figures['greedy_accuracy']:.4f}), "
+      f"format {np.mean(rewards.format_reward(greedy)):.4f}")
+print(f"model card, 8 samples per problem at temperature 1: pass@1 {figures['sample_accuracy']:.4f}, "
+      f"pass@8 {figures['pass_at_8']:.4f}")
+
+# %% [markdown]
+# That is the shape GRPO needs. Greedy decoding is right on about two problems in five;
+# a single sample at temperature 1 is right far less often; but among eight samples at
+# least one is right for most problems. Those are the groups that disagree, and only a
+# group that disagrees has non-zero advantages. Eight samples for four held-out prompts:
+
+# %%
+prompts = held_out[::400][:4]
+groups = generate_completions(policy, tokenizer, [s["prompt"] for s in prompts], num_samples=8,
+                              temperature=1.0, seed=0)
+for sample, group in zip(prompts, groups):
+    print(f"{sample['prompt']:<7} answer {sample['answer']:>4}:  " + "  ".join(f"{show(c, 28):<28}" for c in group[:4]))
+    print(" " * 20 + "  ".join(f"{show(c, 28):<28}" for c in group[4:]))
+
+# %% [markdown]
+# ## Three rules
+#
+# The library's format check is plain string scanning, with no regular expression that
+# could backtrack: the completion, stripped of surrounding whitespace, must start with
+# `<think>`, hold a non-empty reasoning, close it once, and end with exactly one final
+# answer.
+
+# %%
+print(inspect.getsource(rewards.has_format))
+
+# %% [markdown]
+# The accuracy reward finds the final answer (the last `\boxed{...}`, braces matched, else
+# an `Answer:` line, else a GSM8K-style `####` line) and compares it exactly, as a number
+# when both sides are numbers, so that `132`, `0132` and `132.0` are the same answer and
+# `١٣٢` (Arabic-Indic digits, which Python's `int` accepts) is not. The language-consistency
+# reward counts words, runs of letters, in the reasoning: for English, the share written in
+# ASCII letters. Here are all three on real samples of the starting policy, the first
+# correct, wrong and malformed one among 8 samples of 64 held-out problems:
+
+# %%
+pool_problems = held_out[::24][:64]
+pool = generate_completions(policy, tokenizer, [s["prompt"] for s in pool_problems], num_samples=8,
+                            temperature=1.0, seed=1)
+flat = [(s, c) for s, group in zip(pool_problems, pool) for c in group]
+strict = rewards.accuracy_reward([c for _, c in flat], answer=[s["answer"] for s, _ in flat])
+well_formed = rewards.format_reward([c for _, c in flat])
+kinds = ["malformed" if not f else "correct" if a else "wrong" for a, f in zip(strict, well_formed)]
+examples = [flat[kinds.index(kind)] for kind in ("correct", "wrong", "malformed")]
+examples.append((pool_problems[0], "<think>seven plus five makes 十二</think>\\boxed{12}"))
+print(f"{'prompt':<8}{'answer':>7}  {'completion':<40}{'accuracy':>9}{'format':>8}{'language':>10}")
+for sample, completion in examples:
+    scores = [rewards.accuracy_reward([completion], answer=[sample["answer"]])[0],
+              rewards.format_reward([completion])[0],
+              rewards.language_consistency_reward([completion], language="en")[0]]
+    print(f"{sample['prompt']:<8}{sample['answer']:>7}  {show(completion):<40}"
+          + "".join(f"{v:>{w}.4f}" for v, w in zip(scores, (9, 8, 10))))
+counts = collections.Counter(kinds)
+print(f"of {len(flat)} samples: {counts['correct']} correct, {counts['wrong']} wrong, "
+      f"{counts['malformed']} malformed")
+
+# %% [markdown]
+# The last row is written by hand: its reasoning has six words, four English and two
+# Chinese ideographs (each ideograph counts as a word, as Chinese has no spaces).
+# A reasoning of digits only, like the policy's, has no words and nothing to mix: it scores
+# 1 (and a completion with no reasoning at all scores 0).
+#
+# ## From rewards to advantages
+#
+# `combined_reward` is the weighted sum, callable like any reward function;
+# `components` also returns each reward for logging. With R1's weights (accuracy 1,
+# format 1), four prompts of the pool and their eight samples each give a (B, G) = (4, 8)
+# reward matrix, and `grpo_edu.advantages.group_advantages` turns each row into
+# advantages: (r - mean) / std within the row.
+
+# %%
+reward = rewards.combined_reward({"accuracy": 1.0, "format": 1.0})
+print(reward)
+rows = [0, 1, 2, 3]
+texts = [c for b in rows for c in pool[b]]
+parts = reward.components(texts, answer=[pool_problems[b]["answer"] for b in rows for _ in range(8)])
+R = torch.tensor(parts["reward"], dtype=torch.float64).view(len(rows), 8)
+A = group_advantages(R, scale="group", std="population")
+for b, (r, a) in zip(rows, zip(R, A)):
+    print(f"{pool_problems[b]['prompt']:<7} rewards {' '.join(f'{x:.0f}' for x in r.tolist())}  "
+          f"mean {r.mean():.4f} std {r.std(correction=0):.4f}  "
+          f"advantages {' '.join(f'{x:+.2f}' for x in a.tolist())}")
+
+# %% [markdown]
+# A row whose eight rewards are equal has zero advantages everywhere: all eight samples of
+# that prompt contribute no policy gradient, however right or wrong they are. In a row with
+# one right answer among wrong ones the right sample gets a large positive advantage and
+# each wrong one a small negative one, and a malformed sample is pushed down harder than a
+# well-formed wrong one, because its reward is lower by the format point.
+#
+# ## Robust by construction
+#
+# A reward function runs on whatever the policy writes, including text no test author
+# imagined, millions of times. It must return a defined number for anything, quickly: one
+# exception kills a run at step 40,000, and one regular expression with nested
+# quantifiers turns a long completion into hours of backtracking. The library scans with
+# `str.find`, bounded loops and linear patterns; its tests feed every reward random
+# unicode, random mixtures of markup, and the megabyte inputs below, with a time limit.
+
+# %%
+megabyte = 1 << 20
+nasty = {
+    "empty": "",
+    "1 MB of digits": "1" * megabyte,
+    "1 MB of open braces": "\\boxed{" + "{" * megabyte,
+    "150,000 boxes": "\\boxed{" * 150_000,
+    "huge reasoning, right answer": "<think>" + "x " * (megabyte // 2) + "</think>\\boxed{132}",
+    "nested braces": "<think>a</think>\\boxed{{{132}}}",
+    "unbalanced braces": "<think>a</think>\\boxed{132}}",
+    "unicode digits": "<think>٢</think>\\boxed{١٣٢}",
+    "full-width digits": "<think>2</think>\\boxed{１３２}",
+    "answer then junk": "<think>2</think>\\boxed{132}</think>",
+}
+print(f"{'input':<30}{'accuracy':>9}{'format':>8}{'language':>10}")
+for name, text in nasty.items():
+    scores = (rewards.accuracy_reward([text], answer=["132"])[0], rewards.format_reward([text])[0],
+              rewards.language_consistency_reward([text])[0])
+    print(f"{name:<30}" + "".join(f"{v:>{w}.4f}" for v, w in zip(scores, (9, 8, 10))))
+
+# %% [markdown]
+# ## Rewards a policy can hack
+#
+# RL optimises exactly the number it is given. A reward that is only *correlated* with what
+# we want is a target, and a policy that samples hundreds of thousands of completions finds
+# where the correlation breaks. Two examples, both in `grpo_edu.exercises.ch05`.
+#
+# **A sloppy rule.** "The reference answer occurs somewhere in the completion" sounds like
+# an accuracy check. It pays wrong completions whose reasoning happens to contain the
+# answer's digits, and it pays in full a completion that commits to nothing:
+
+# %%
+print(inspect.getsource(ch05.lenient_accuracy_reward))
+every_number = "<think>" + " ".join(str(n) for n in range(-89, 199)) + "</think>"
+answers = [s["answer"] for s in held_out]
+print(f"one completion listing -89..198, on all {len(held_out)} held-out problems: "
+      f"lenient {np.mean(ch05.lenient_accuracy_reward([every_number] * len(held_out), answer=answers)):.4f}, "
+      f"verified {np.mean(rewards.accuracy_reward([every_number] * len(held_out), answer=answers)):.4f}")
+lenient = ch05.lenient_accuracy_reward([c for _, c in flat], answer=[s["answer"] for s, _ in flat])
+paid_wrong = sum(1 for l, s in zip(lenient, strict) if l and not s)
+print(f"policy samples: {int(sum(strict))} right; the lenient rule also pays {paid_wrong} of the "
+      f"{len(flat) - int(sum(strict))} wrong ones")
+
+# %% [markdown]
+# **A learned reward.** A neural reward model is a function fitted to labels, and it is
+# only trustworthy on the kind of text it was fitted on. A stand-in small enough to read: a
+# linear model over 15 character counts and the length, fitted by ridge regression to the
+# verifier's labels on 2,400 samples of the starting policy for train problems.
+
+# %%
+fit_problems = tasks.make_dataset("arithmetic", 300, "train", seed=7)
+fit_groups = generate_completions(policy, tokenizer, [s["prompt"] for s in fit_problems],
+                                  num_samples=8, temperature=1.0, seed=2)
+fit_texts = [c for group in fit_groups for c in group]
+fit_labels = rewards.accuracy_reward(fit_texts, answer=[s["answer"] for s in fit_problems for _ in range(8)])
+reward_model = ch05.CharacterRewardModel.fit(fit_texts, fit_labels)
+print({name: round(w, 4) for name, w in reward_model.named_weights().items()})
+test_texts = [c for _, c in flat]
+test_scores = reward_model(test_texts)
+best_correct = max(s for s, right in zip(test_scores, strict) if right)
+print(f"on the {len(test_texts)} held-out samples: ranks a right one above a wrong one "
+      f"{ch05.ranking_accuracy(test_scores, strict):.4f} of the time; best score of a right one "
+      f"{best_correct:.4f}")
+hack = "9" * 40
+print(f"{hack!r}: score {reward_model([hack])[0]:.4f}, verified accuracy "
+      f"{rewards.accuracy_reward([hack], answer=['99'])[0]:.4f}, format {rewards.format_reward([hack])[0]:.4f}")
+
+# %% [markdown]
+# On the policy's own samples the model ranks a right completion above a wrong one only
+# a little more often than a coin flip would: counting characters cannot do arithmetic, and
+# a real reward model is far better at this in-distribution job. The failure that matters
+# is the other one. The model learned that digits and the closing tags go with correct
+# answers, and a linear score has no ceiling, so a string of nines, which no verifier
+# accepts, outscores every correct completion. Under RL the policy would
+# drift toward such text, and the reward would rise while accuracy fell. A bigger network
+# fitted to more data moves the failure further out; it does not remove it, and retraining
+# it as the policy drifts costs compute and pipeline complexity, the second reason the
+# paper gives. The rules cannot drift: `accuracy_reward` is the definition of correct.
+#
+# ## The same functions in TRL
+#
+# Each reward has TRL's signature, `fn(completions, **kwargs) -> list[float]`, with the
+# dataset's columns (here `answer` and `task`) arriving as keyword arguments. One step of
+# TRL's `GRPOTrainer` on the starting policy, with our two rules as `reward_funcs`:
+
+# %%
+from datasets import Dataset
+from transformers import PrinterCallback
+from transformers.utils import logging as transformers_logging
+from trl import GRPOConfig, GRPOTrainer
+
+transformers_logging.set_verbosity_error()
+transformers_logging.disable_progress_bar()  # TRL loads its reference model with a progress bar
+received = []
+
+
+def accuracy_reward(completions, **kwargs):
+    received.append(sorted(kwargs))
+    return rewards.accuracy_reward(completions, **kwargs)
+
+
+trl_policy, _ = load_policy()
+dataset = Dataset.from_list([{key: s[key] for key in ("prompt", "answer", "task")}
+                             for s in tasks.make_dataset("arithmetic", 16, "train", seed=1)])
+with warnings.catch_warnings():
+    warnings.simplefilter("ignore", FutureWarning)  # transformers' renamed options, not ours
+    args = GRPOConfig(output_dir="/tmp/grpo-edu-ch05-trl", per_device_train_batch_size=16,
+                      num_generations=8, max_completion_length=16, temperature=1.0, top_k=0, beta=0.04,
+                      learning_rate=3e-4, max_steps=1, seed=0, use_cpu=True, report_to=[],
+                      save_strategy="no", logging_steps=1, disable_tqdm=True)
+    trainer = GRPOTrainer(model=trl_policy, processing_class=tokenizer, args=args, train_dataset=dataset,
+                          reward_funcs=[accuracy_reward, rewards.format_reward])
+    trainer.remove_callback(PrinterCallback)  # it prints timings; the numbers we want are below
+    trainer.train()
+print("keyword arguments TRL passed:", received[0])
+log = trainer.state.log_history[0]
+for key in ("rewards/accuracy_reward/mean", "rewards/format_reward/mean", "reward", "frac_reward_zero_std"):
+    print(f"{key:<30} {log[key]:.4f}")
+
+# %% [markdown]
+# The keyword arguments are the dataset columns plus TRL's own (`prompts`,
+# `completion_ids`, `trainer_state` and logging hooks), which our functions accept and
+# ignore through `**kwargs`. Chapter 6 trains with the same functions in grpo_edu's own
+# loop, for real.
+#
+# ## Exercises
+#
+# Each checker in `grpo_edu.exercises.ch05` runs your answer on several cases and names
+# each case that fails, with the expected and the actual value.
+#
+# **5.1 A stricter format reward.** The policy's completions have one exact shape. Write
+# `strict_format_reward(completions, **kwargs)` returning 1.0 exactly when a completion is
+# `<think>N</think>\boxed{M}` with N and M plain integers (an optional minus sign, ASCII
+# digits, no leading zero, no spaces, nothing before or after) and 0.0 otherwise, never
+# raising, fast on a megabyte. The attempt below looks right; the checker says where it
+# is not.
+
+# %%
+import re
+
+
+def strict_format_reward(completions, **kwargs):
+    pattern = re.compile(r"<think>-?\d+</think>\\boxed\{-?\d+\}")
+    return [1.0 if pattern.match(rewards.completion_text(c)) else 0.0 for c in completions]
+
+
+ch05.check_strict_format(strict_format_reward)
+
+# %% [markdown]
+# **5.2 Hack the learned reward.** The string of nines above is not something the policy
+# could be paid for in a real run: it is malformed, and 40 tokens long. Find a completion
+# for the problem below that has at most 16 tokens, passes `format_reward`, is wrong, and
+# still scores above every correct completion under `reward_model`. (Hint: read its
+# weights.)
+
+# %%
+target_problem = held_out[0]
+my_hack = hack  # replace with your completion
+ch05.check_reward_model_hack(my_hack, reward_model, target_problem, best_correct, tokenizer)
+
+# %% [markdown]
+# **5.3 A countdown verifier.** Write `countdown_reward(completions, numbers, target,
+# **kwargs)`: 1.0 when the last `\boxed{...}` holds an expression that uses each of
+# `numbers` exactly once and equals `target`, else 0.0. Use
+# `grpo_edu.tasks.evaluate_expression` and `expression_numbers` (never `eval`), and make
+# sure a malicious or enormous completion scores 0.0 instead of raising.
+
+# %%
+def countdown_reward(completions, numbers, target, **kwargs):
+    raise NotImplementedError("your verifier here")
+
+
+ch05.check_countdown_reward(countdown_reward)
