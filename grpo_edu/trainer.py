@@ -39,6 +39,8 @@ from grpo_edu.models import STARTING_POLICY, load_policy
 from grpo_edu.pretrain import evaluate
 from grpo_edu.rollout import HFEngine, Rollout, SamplingParams
 
+TRAIN_POOL = 10_000  # distinct training problems the prompts are drawn from (with replacement)
+
 AdvantageFn = Callable[[torch.Tensor], torch.Tensor]          # rewards (B, G) -> advantages (B, G)
 RewardFn = Callable[..., Sequence[float]]                      # TRL's signature
 
@@ -281,7 +283,7 @@ def train(config: TrainConfig, *, advantage_fn: AdvantageFn | None = None,
     state = TrainState(prompt_rng=random.Random(config.seed))
     output_dir = Path(config.output_dir)
     output_dir.mkdir(parents=True, exist_ok=True)
-    train_pool = tasks.make_dataset(config.task, n=20000, split="train", seed=0)
+    train_pool = tasks.make_dataset(config.task, n=TRAIN_POOL, split="train", seed=0)
     held_out = tasks.make_dataset(config.task, n=config.eval_size, split="test", seed=0)
     history: list[dict] = []
 
