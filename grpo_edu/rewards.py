@@ -189,19 +189,24 @@ def accuracy_reward(completions: Sequence, answer: Any = None, task: Any = None,
     task: per-completion task name (optional; anything but "countdown" compares
         answers with `answers_match`).
     """
+    if answer is None:
+        raise ValueError("accuracy_reward needs `answer`: the reference answer per completion "
+                         "(a dataset column named 'answer', or a scalar for all)")
     n = len(completions)
     answers = _per_completion(answer, n, "answer")
     tasks = _per_completion(task, n, "task")
-    numbers_per = _per_completion(numbers, n, "numbers") if numbers is not None else [None] * n
-    rewards = []
-    for completion, reference, kind, pool in zip(completions, answers, tasks, numbers_per):
+    numbers_per = _per_completion(numbers, n, "numbers")
+    scores = []
+    for index, (completion, reference, kind, pool) in enumerate(zip(completions, answers, tasks, numbers_per)):
         predicted = extract_answer(completion_text(completion))
         if kind == "countdown":
+            if pool is None:
+                raise ValueError(f"completion {index} is a countdown problem but has no `numbers`")
             correct = countdown_correct(predicted, pool, reference)
         else:
             correct = answers_match(predicted, reference)
-        rewards.append(1.0 if correct else 0.0)
-    return rewards
+        scores.append(1.0 if correct else 0.0)
+    return scores
 
 
 # --------------------------------------------------------------------------- format

@@ -208,16 +208,20 @@ def expression_numbers(text: str) -> list[int]:
 
 # --------------------------------------------------------------------------- datasets
 
-TASKS = ("arithmetic", "countdown", "gsm8k")
+GENERATED_TASKS = ("arithmetic", "countdown")
+
+
+def _check_task_and_split(task: str, split: str) -> None:
+    if task not in GENERATED_TASKS:
+        raise ValueError(f"task must be 'arithmetic' or 'countdown' (gsm8k: use load_gsm8k), got {task!r}")
+    if split not in SPLITS:
+        raise ValueError(f"split must be one of {SPLITS}, got {split!r}")
 
 
 def iterate_samples(task: str = "arithmetic", split: str = "train", seed: int = 0) -> Iterator[dict]:
     """An endless, seeded stream of samples of one split, uniform over its
     problems (duplicates possible)."""
-    if task not in ("arithmetic", "countdown"):
-        raise ValueError(f"task must be 'arithmetic' or 'countdown' (gsm8k: use load_gsm8k), got {task!r}")
-    if split not in SPLITS:
-        raise ValueError(f"split must be one of {SPLITS}, got {split!r}")
+    _check_task_and_split(task, split)
     rng = random.Random(f"{task}/{split}/{seed}")
     if task == "arithmetic":  # small space: draw from the split's list
         pool = _arithmetic_pool(split)
@@ -241,6 +245,7 @@ def make_dataset(task: str = "arithmetic", n: int = 1000, split: str = "train", 
     held-out), so asking for more distinct problems than a split holds is an
     error, not an endless loop.
     """
+    _check_task_and_split(task, split)
     if n < 0:
         raise ValueError(f"n must be >= 0, got {n}")
     if task == "arithmetic" and unique and n > len(_arithmetic_pool(split)):

@@ -84,9 +84,13 @@ def test_accuracy_accepts_trl_keyword_arguments():
     assert got == [1.0]
 
 
-def test_accuracy_rejects_misaligned_columns_with_a_clear_error():
+def test_accuracy_rejects_missing_or_misaligned_columns_with_a_clear_error():
     with pytest.raises(ValueError, match="answer must have one entry per completion"):
         accuracy_reward([GOOD, GOOD], answer=["132"])
+    with pytest.raises(ValueError, match="accuracy_reward needs `answer`"):
+        accuracy_reward([GOOD])
+    with pytest.raises(ValueError, match="completion 1 is a countdown problem but has no `numbers`"):
+        accuracy_reward([GOOD, GOOD], answer=["1", "2"], task=["arithmetic", "countdown"])
 
 
 @pytest.mark.parametrize("text, expected", [

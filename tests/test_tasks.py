@@ -86,6 +86,10 @@ def test_bad_arguments_name_themselves():
         next(tasks.iterate_samples("arithmetic", "validation"))
     with pytest.raises(ValueError, match="n must be >= 0"):
         make_dataset("arithmetic", -1)
+    with pytest.raises(ValueError, match="split must be one of"):
+        make_dataset("arithmetic", 5, "validation")
+    with pytest.raises(ValueError, match="gsm8k: use load_gsm8k"):
+        make_dataset("gsm8k", 5)
 
 
 @pytest.mark.parametrize("text, value", [
