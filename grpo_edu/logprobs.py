@@ -137,6 +137,10 @@ def _apply(logits: torch.Tensor, token_ids: torch.Tensor, temperature: float, ch
     try:
         flat = logits.view(-1, logits.shape[-1])
     except RuntimeError:
+        if logits.numel() <= chunk_elements:  # small: one copy beats a Python loop over rows
+            flat = logits.reshape(-1, logits.shape[-1])
+            logp = _TokenLogprobs.apply(flat, token_ids.reshape(-1), temperature, chunk_elements, False)
+            return logp.view(token_ids.shape)
         return torch.stack([_apply(logits[i], token_ids[i], temperature, chunk_elements, inplace_backward)
                             for i in range(logits.shape[0])])
     logp = _TokenLogprobs.apply(flat, token_ids.reshape(-1), temperature, chunk_elements, inplace_backward)
