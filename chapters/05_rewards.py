@@ -205,10 +205,11 @@ for b, (r, a) in zip(rows, zip(R, A)):
 
 # %% [markdown]
 # A row whose eight rewards are equal has zero advantages everywhere: all eight samples of
-# that prompt contribute no policy gradient, however right or wrong they are. In a row with
-# one right answer among wrong ones the right sample gets a large positive advantage and
-# each wrong one a small negative one, and a malformed sample is pushed down harder than a
-# well-formed wrong one, because its reward is lower by the format point.
+# that prompt contribute no policy gradient, however right or wrong they are (here the
+# first and last rows, eight well-formed wrong answers each). In a row that disagrees the
+# advantages sum to zero: right samples are pushed up, wrong ones down, and a malformed
+# sample, a format point lower, further down than a well-formed wrong one; in the second
+# row the well-formed wrong samples sit exactly at the group mean and get no push at all.
 #
 # ## Robust by construction
 #
@@ -305,38 +306,42 @@ print(f"{hack!r}: score {reward_model([hack])[0]:.4f}, verified accuracy "
 # TRL's `GRPOTrainer` on the starting policy, with our two rules as `reward_funcs`:
 
 # %%
-from datasets import Dataset
-from transformers import PrinterCallback
-from transformers.utils import logging as transformers_logging
-from trl import GRPOConfig, GRPOTrainer
+import importlib.util
+import tempfile
 
-transformers_logging.set_verbosity_error()
-transformers_logging.disable_progress_bar()  # TRL loads its reference model with a progress bar
-received = []
+if importlib.util.find_spec("trl") is None:
+    print("TRL is not installed (pip install 'grpo-edu[trl]'): the GRPOTrainer demo is skipped")
+else:
+    from datasets import Dataset
+    from transformers import PrinterCallback
+    from transformers.utils import logging as transformers_logging
+    from trl import GRPOConfig, GRPOTrainer
 
+    transformers_logging.set_verbosity_error()
+    transformers_logging.disable_progress_bar()  # TRL loads its reference model with a progress bar
+    received = []
 
-def accuracy_reward(completions, **kwargs):
-    received.append(sorted(kwargs))
-    return rewards.accuracy_reward(completions, **kwargs)
+    def accuracy_reward(completions, **kwargs):
+        received.append(sorted(kwargs))
+        return rewards.accuracy_reward(completions, **kwargs)
 
-
-trl_policy, _ = load_policy()
-dataset = Dataset.from_list([{key: s[key] for key in ("prompt", "answer", "task")}
-                             for s in tasks.make_dataset("arithmetic", 16, "train", seed=1)])
-with warnings.catch_warnings():
-    warnings.simplefilter("ignore", FutureWarning)  # transformers' renamed options, not ours
-    args = GRPOConfig(output_dir="/tmp/grpo-edu-ch05-trl", per_device_train_batch_size=16,
-                      num_generations=8, max_completion_length=16, temperature=1.0, top_k=0, beta=0.04,
-                      learning_rate=3e-4, max_steps=1, seed=0, use_cpu=True, report_to=[],
-                      save_strategy="no", logging_steps=1, disable_tqdm=True)
-    trainer = GRPOTrainer(model=trl_policy, processing_class=tokenizer, args=args, train_dataset=dataset,
-                          reward_funcs=[accuracy_reward, rewards.format_reward])
-    trainer.remove_callback(PrinterCallback)  # it prints timings; the numbers we want are below
-    trainer.train()
-print("keyword arguments TRL passed:", received[0])
-log = trainer.state.log_history[0]
-for key in ("rewards/accuracy_reward/mean", "rewards/format_reward/mean", "reward", "frac_reward_zero_std"):
-    print(f"{key:<30} {log[key]:.4f}")
+    trl_policy, _ = load_policy()
+    dataset = Dataset.from_list([{key: s[key] for key in ("prompt", "answer", "task")}
+                                 for s in tasks.make_dataset("arithmetic", 16, "train", seed=1)])
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", FutureWarning)  # transformers' renamed options, not ours
+        args = GRPOConfig(output_dir=tempfile.mkdtemp(), per_device_train_batch_size=16,
+                          num_generations=8, max_completion_length=16, temperature=1.0, top_k=0, beta=0.04,
+                          learning_rate=3e-4, max_steps=1, seed=0, use_cpu=True, report_to=[],
+                          save_strategy="no", logging_steps=1, disable_tqdm=True)
+        trainer = GRPOTrainer(model=trl_policy, processing_class=tokenizer, args=args, train_dataset=dataset,
+                              reward_funcs=[accuracy_reward, rewards.format_reward])
+        trainer.remove_callback(PrinterCallback)  # it prints timings; the numbers we want are below
+        trainer.train()
+    print("keyword arguments TRL passed:", received[0])
+    log = trainer.state.log_history[0]
+    for key in ("rewards/accuracy_reward/mean", "rewards/format_reward/mean", "reward", "frac_reward_zero_std"):
+        print(f"{key:<30} {log[key]:.4f}")
 
 # %% [markdown]
 # The keyword arguments are the dataset columns plus TRL's own (`prompts`,
