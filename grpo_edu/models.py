@@ -7,12 +7,14 @@ a laptop, so everything is minimal but real:
   library and wrapped as a transformers `PreTrainedTokenizerFast`, so it saves,
   loads, pads and decodes like any Hugging Face tokenizer (and TRL accepts it).
   The markup the rewards parse is one token each: `<think>`, `</think>` and
-  `\\boxed{` (a reasoning tag split into seven characters would make every
-  completion seven tokens longer and the format seven times easier to break).
+  `\\boxed{` (spelled out in characters they would add 19 tokens to an
+  arithmetic completion that is now at most 10, and 19 more places to break
+  the format).
   They are *added* tokens, not *special* ones, so `decode(...,
   skip_special_tokens=True)` (what TRL does before calling reward functions)
   keeps them; only `<pad>`, `<eos>` and `<unk>` are special.
-- `tiny_llama_config()`: a 2-layer, 128-wide Llama (about 0.4M parameters).
+- `tiny_llama_config()`: a 2-layer, 128-wide Llama (341,376 parameters with this
+  tokenizer).
 - `load_policy(name_or_path)`: model + tokenizer from a local directory or, on a
   reader's machine with network, a Hugging Face hub id.
 """
