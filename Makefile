@@ -1,6 +1,7 @@
 # The two commands of the README's quickstart, and the tools behind them.
-#   make book   set up .venv and open the book in JupyterLab
+#   make train  set up .venv and train the tiny reasoner with GRPO (the main job)
 #   make test   set up .venv and run the whole test suite (what CI runs)
+#   make book   set up .venv and open the book in JupyterLab
 PYTHON ?= python3
 VENV   ?= .venv
 BIN    := $(VENV)/bin
@@ -8,7 +9,7 @@ BIN    := $(VENV)/bin
 # pin from the package index is the CUDA build (see README, "GPU readers").
 TORCH  ?= torch==2.13.0
 
-.PHONY: book test setup setup-test browser check clean
+.PHONY: book train test setup setup-test browser check clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -29,6 +30,9 @@ setup-test: $(VENV)/.test
 
 book: setup
 	$(BIN)/jupyter lab chapters/01_grpo_by_hand.ipynb
+
+train: setup
+	$(BIN)/grpo-edu train
 
 test: setup-test browser
 	$(BIN)/python -m pytest

@@ -166,12 +166,12 @@ def available_tiers() -> dict[str, str | None]:
 # A decimal number: 0.384, -1.432, .5, 1e-8, 2.5e+3. Integers are not checked.
 _NUMBER = re.compile(r"(?<![\w.])[-−]?(?:\d+\.\d+(?:[eE][-+]?\d+)?|\.\d+|\d+[eE][-+]?\d+)(?![\w.]*\d)")
 # Contexts that hold numbers that are not results: versions (1.2.3, v0.10,
-# TRL 1.16), section references, URLs and code spans.
+# TRL 1.16), section and exercise references, URLs and code spans.
 _SKIPPED_SPANS = re.compile(
     r"`[^`]*`"                                   # inline code: shown code, not a claim
     r"|\]\([^)]*\)|https?://\S+"                 # link targets
     r"|\b\d+\.\d+(?:\.\d+)+\b"                   # dotted versions 0.10.2
-    r"|(?:[Ss]ection|§|[Cc]hapter|[Vv]ersion|\bv|TRL|vLLM|PyTorch|torch|transformers|Python|nbval)\s*[\d.]+(?:\s*(?:and|or|,|-)\s*[\d.]+)*"
+    r"|(?:[Ss]ection|§|[Cc]hapter|[Ee]xercises?|[Vv]ersion|\bv|TRL|vLLM|PyTorch|torch|transformers|Python|nbval)\s*[\d.]+(?:\s*(?:and|or|,|-|to)\s*[\d.]+)*"
 )
 
 
