@@ -31,7 +31,7 @@ from typing import Callable, Sequence
 import torch
 
 from grpo_edu import checkpoint, rewards, tasks
-from grpo_edu.advantages import group_advantages
+from grpo_edu.advantages import group_advantages, zero_std_groups
 from grpo_edu.config import TrainConfig
 from grpo_edu.logprobs import completion_logprobs
 from grpo_edu.loss import grpo_loss
@@ -189,7 +189,8 @@ def optimise(config: TrainConfig, policy, optimizer, scheduler, scored: Scored) 
     G = config.num_generations
     groups = list(range(scored.rewards.shape[0]))
     if config.filter_zero_std_groups:   # dynamic sampling: groups that agree teach nothing
-        groups = [b for b in groups if not bool((scored.rewards[b] == scored.rewards[b, 0]).all())]
+        flat = zero_std_groups(scored.rewards)
+        groups = [b for b in groups if not flat[b]]
     metrics: dict[str, float] = {}
     if not groups:
         return {"skipped_update": 1.0}
@@ -220,7 +221,7 @@ def optimise(config: TrainConfig, policy, optimizer, scheduler, scored: Scored) 
 
 def step_metrics(scored: Scored, update: dict[str, float], seconds: dict[str, float]) -> dict:
     lengths = scored.rollout.completion_mask.sum(-1).float()
-    zero_std = (scored.rewards == scored.rewards[:, :1]).all(dim=1).float().mean().item()
+    zero_std = zero_std_groups(scored.rewards).float().mean().item()
     metrics = {
         "reward/mean": scored.rewards.mean().item(), "reward/std": scored.rewards.std().item(),
         **{f"reward/{name}": values.mean().item() for name, values in scored.components.items()},

@@ -215,3 +215,23 @@ def test_metrics_cover_the_documented_keys(tmp_path):
                 "kl", "clip_ratio/low", "clip_ratio/high", "entropy", "grad_norm",
                 "time/rollout_and_scoring", "time/update", "eval/greedy_accuracy"):
         assert key in metrics, key
+
+
+def test_filtering_zero_std_groups_skips_groups_that_agree(tmp_path):
+    """Dynamic sampling: with every group's rewards equal there is nothing to update on;
+    with rewards that differ, the update happens."""
+    policy, tokenizer = tiny()
+    before = _weights(policy)
+    config = small_config(tmp_path, steps=2, filter_zero_std_groups=True, learning_rate=1e-2)
+    constant = {"constant": (lambda completions, **kwargs: [1.0] * len(completions), 1.0)}
+    result = trainer.train(config, policy=policy, tokenizer=tokenizer, reward_functions=constant,
+                           log=lambda _: None)
+    assert all(m["skipped_update"] == 1.0 and m["zero_std_groups"] == 1.0 for m in result.history)
+    assert all(torch.equal(before[k], v) for k, v in policy.state_dict().items())
+
+    result = trainer.train(small_config(tmp_path, steps=2, filter_zero_std_groups=True, learning_rate=1e-2,
+                                        output_dir=str(tmp_path / "mixed")),
+                           policy=policy, tokenizer=tokenizer, reward_functions={"digits": (count_digits, 1.0)},
+                           log=lambda _: None)
+    assert "skipped_update" not in result.history[-1]
+    assert not all(torch.equal(before[k], v) for k, v in policy.state_dict().items())
