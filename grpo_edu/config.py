@@ -40,6 +40,8 @@ class TrainConfig:
     seed: int = _doc("seed for prompts, sampling and initialisation (same seed + threads = same weights)", 0)
     threads: int = _doc("torch CPU threads (part of what makes a run bitwise reproducible)", 2)
     device: str = _doc("'cpu' or 'cuda'", "cpu")
+    fused_llama: bool = _doc("run a Llama/Qwen2 policy through grpo_edu.fused_llama (transformers' maths, "
+                             "fused; tested to 1e-5); false: transformers' forward and generate", True)
 
     # --- rollout
     prompts_per_step: int = _doc("B: prompts sampled per rollout", 16)

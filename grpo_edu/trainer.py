@@ -30,7 +30,7 @@ from typing import Callable, Sequence
 
 import torch
 
-from grpo_edu import checkpoint, rewards, tasks
+from grpo_edu import checkpoint, fused_llama, rewards, tasks
 from grpo_edu.advantages import group_advantages, zero_std_groups
 from grpo_edu.config import TrainConfig
 from grpo_edu.logprobs import completion_logprobs
@@ -110,6 +110,25 @@ def learning_rate_factor(config: TrainConfig) -> Callable[[int], float]:
     return factor
 
 
+def make_engine(config: TrainConfig, policy, tokenizer):
+    return fused_llama.FusedEngine(policy, tokenizer) if config.fused_llama else HFEngine(policy, tokenizer)
+
+
+def sequence_logprobs(config: TrainConfig, model, input_ids, attention_mask, completion_mask):
+    """log pi(token) of the completion tokens of prompt-major rows: (N, P + S) -> (N, S).
+
+    The fused forward computes each prompt once for its G completions when the rows
+    hold whole groups (every micro-batch does when micro_batch_size is a multiple of G).
+    """
+    if not config.fused_llama:
+        return completion_logprobs(model, input_ids, attention_mask, completion_mask,
+                                   temperature=config.temperature)
+    G = config.num_generations
+    group = G if config.micro_batch_size % G == 0 and input_ids.shape[0] % G == 0 else 1
+    return fused_llama.completion_logprobs(model, input_ids, attention_mask, completion_mask,
+                                           temperature=config.temperature, group_size=group)
+
+
 # --------------------------------------------------------------------------- steps 1-5
 
 def sample_prompts(config: TrainConfig, state: TrainState, pool: list[dict]) -> list[dict]:
@@ -147,13 +166,12 @@ def rollout_and_score(config: TrainConfig, samples: list[dict], policy, referenc
 
     input_ids = torch.cat([rollout.prompt_ids, rollout.completion_ids], dim=1)
     attention_mask = torch.cat([rollout.prompt_mask, rollout.completion_mask.long()], dim=1)
-    T = config.temperature
     # pi_old is the policy that sampled. With one pass over the rollout the
     # policy has not moved before its first forward, so the loss uses the
     # detached new log-probs (ratio 1, as TRL); with more passes, record them now.
-    old_logp = (completion_logprobs(policy, input_ids, attention_mask, rollout.completion_mask, temperature=T)
+    old_logp = (sequence_logprobs(config, policy, input_ids, attention_mask, rollout.completion_mask)
                 if config.num_iterations > 1 else None)
-    ref_logp = (completion_logprobs(reference, input_ids, attention_mask, rollout.completion_mask, temperature=T)
+    ref_logp = (sequence_logprobs(config, reference, input_ids, attention_mask, rollout.completion_mask)
                 if config.beta != 0.0 else None)
     return Scored(samples, rollout, texts, input_ids, attention_mask, reward_matrix, components,
                   advantages.to(torch.float32), old_logp, ref_logp)
@@ -166,8 +184,7 @@ def micro_batch_loss(config: TrainConfig, policy, scored: Scored, rows: torch.Te
     """The loss of `rows` (completion indices), scaled so that summing over a
     mini-batch's micro-batches gives that mini-batch's loss exactly."""
     mask = scored.rollout.completion_mask[rows]
-    logp = completion_logprobs(policy, scored.input_ids[rows], scored.attention_mask[rows], mask,
-                               temperature=config.temperature)
+    logp = sequence_logprobs(config, policy, scored.input_ids[rows], scored.attention_mask[rows], mask)
     old = scored.old_logp[rows] if scored.old_logp is not None else logp.detach()
     ref = scored.ref_logp[rows] if scored.ref_logp is not None else None
     out = grpo_loss(logp, old, scored.advantages.reshape(-1)[rows], mask, ref_logp=ref, beta=config.beta,
@@ -280,7 +297,7 @@ def train(config: TrainConfig, *, advantage_fn: AdvantageFn | None = None,
     optimizer = torch.optim.AdamW(policy.parameters(), lr=config.learning_rate, betas=tuple(config.adam_betas),
                                   weight_decay=config.weight_decay)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, learning_rate_factor(config))
-    engine = HFEngine(policy, tokenizer)
+    engine = make_engine(config, policy, tokenizer)
     state = TrainState(prompt_rng=random.Random(config.seed))
     output_dir = Path(config.output_dir)
     output_dir.mkdir(parents=True, exist_ok=True)

@@ -1,0 +1,407 @@
+"""A fused forward for Llama-family models: the CPU tier's fast path.
+
+transformers' LlamaForCausalLM spends most of a small model's time outside its
+matrix products: for the 2-layer, 128-wide policy of the CPU tier the six
+projections of a layer are a quarter of a forward pass, and some forty
+elementwise operations (each RMSNorm is five, each rotary embedding seven) are
+the rest. This module computes the same function with fewer, larger operations,
+reading the model's own parameters (so gradients reach them, and the optimizer,
+checkpoints and evaluation see an ordinary transformers model):
+
+- RMSNorm's weight is folded into the projection that follows it:
+  (x * r * w) @ W^T = (x * r) @ (W * w)^T, so a norm is one reduction and one
+  multiply.
+- q, k and v come from one matrix product, as do the MLP's gate and up.
+- The rotary embedding is one complex multiplication for q and k together: their
+  rows are permuted (the same way, so q . k is unchanged) to put each rotated
+  pair side by side.
+- The residual additions ride in the output projections (torch.addmm).
+- The sampler is a plain decode loop over a preallocated KV cache; the prompt
+  is run once per prompt, not once per completion, and its cache is shared by
+  the G completions (model.generate re-runs each prompt G times and spends
+  milliseconds per token in bookkeeping).
+
+Everything else is unchanged: float32 (or the model's dtype), the same RoPE
+frequencies, causal attention that skips left padding. tests/test_fused_llama.py
+checks logits, log-probs and gradients against transformers' forward (1e-5) for
+Llama and Qwen2 configurations, padded and unpadded. Models with other features
+(sliding windows, scaled RoPE, QK-norm, biased MLPs) are refused by name:
+train them with `fused_llama = false` (transformers' forward and generate).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from grpo_edu.logprobs import position_ids_from_attention_mask, token_logprobs
+from grpo_edu.rollout import Rollout, SamplingParams, completion_mask_from_ids
+
+SUPPORTED_MODELS = ("LlamaForCausalLM", "Qwen2ForCausalLM")
+
+
+def check_supported(model) -> None:
+    """Raise ValueError naming the first feature this module does not implement."""
+    name = type(model).__name__
+    if name not in SUPPORTED_MODELS:
+        raise ValueError(f"fused_llama supports {SUPPORTED_MODELS}, got {name}; "
+                         f"use fused_llama = false (transformers' forward) for this model")
+    config = model.config
+    rope = getattr(config, "rope_parameters", None) or getattr(config, "rope_scaling", None) or {}
+    problems = {
+        "hidden_act": (getattr(config, "hidden_act", "silu"), "silu"),
+        "rope_type": (rope.get("rope_type", rope.get("type", "default")), "default"),
+        "mlp_bias": (getattr(config, "mlp_bias", False), False),
+        "pretraining_tp": (getattr(config, "pretraining_tp", 1), 1),
+        "use_sliding_window": (getattr(config, "use_sliding_window", False), False),
+    }
+    for key, (value, wanted) in problems.items():
+        if value != wanted:
+            raise ValueError(f"fused_llama implements {key} = {wanted!r}, this model has {value!r}; "
+                             f"use fused_llama = false (transformers' forward) for this model")
+    if model.dtype not in (torch.float32, torch.float64):
+        raise ValueError(f"fused_llama computes in float32 or float64, this model is {model.dtype}; "
+                         f"use fused_llama = false (transformers' forward) for this model")
+
+
+@dataclass
+class _Layer:
+    qkv: torch.Tensor            # (H, (Hq + 2 Hkv) D): [q, k, v] columns, norm weight folded in
+    qkv_bias: torch.Tensor | None
+    o: torch.Tensor              # (Hq * D, H)
+    gate_up: torch.Tensor        # (H, 2 * I): [gate, up] columns, norm weight folded in
+    down: torch.Tensor           # (I, H)
+
+
+@dataclass
+class FusedWeights:
+    """The model's parameters rearranged for the fused forward (built by `fuse`,
+    with differentiable ops, so gradients flow back to the model's parameters)."""
+
+    embed: torch.Tensor          # (V, H)
+    layers: list[_Layer]
+    head: torch.Tensor           # (H, V) final norm weight folded in
+    heads: int
+    kv_heads: int
+    head_dim: int
+    eps: float
+    inv_freq: torch.Tensor       # (D / 2,) RoPE frequencies
+    attention_scaling: float
+
+
+def _interleave(weight: torch.Tensor, heads: int) -> torch.Tensor:
+    """Reorder each head's rows from transformers' half-split RoPE layout (x_i pairs with
+    x_{i + D/2}) to interleaved pairs (x_0, x_{D/2}, x_1, x_{D/2 + 1}, ...). q and k get
+    the same permutation, so every q . k (and the attention) is unchanged, and each
+    rotated pair is adjacent: one complex multiplication applies the embedding."""
+    w = weight.view(heads, 2, -1, *weight.shape[1:])        # (heads, half-split, D/2, ...)
+    return w.transpose(1, 2).reshape(weight.shape)
+
+
+def fuse(model) -> FusedWeights:
+    """Rearrange `model`'s parameters; cheap (a few weight-sized copies), call it per forward."""
+    config = model.config
+    heads, kv_heads = config.num_attention_heads, config.num_key_value_heads
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
+    layers = []
+    for layer in model.model.layers:
+        attention, mlp = layer.self_attn, layer.mlp
+        q, k, v = attention.q_proj, attention.k_proj, attention.v_proj
+        qkv = (torch.cat([_interleave(q.weight, heads), _interleave(k.weight, kv_heads), v.weight])
+               * layer.input_layernorm.weight).t()
+        bias = None
+        if q.bias is not None:
+            bias = torch.cat([_interleave(q.bias, heads), _interleave(k.bias, kv_heads), v.bias])
+        gate_up = (torch.cat([mlp.gate_proj.weight, mlp.up_proj.weight])
+                   * layer.post_attention_layernorm.weight).t()
+        layers.append(_Layer(qkv, bias, attention.o_proj.weight.t(), gate_up, mlp.down_proj.weight.t()))
+    rotary = model.model.rotary_emb
+    return FusedWeights(
+        embed=model.model.embed_tokens.weight, layers=layers,
+        head=(model.lm_head.weight * model.model.norm.weight).t(),
+        heads=heads, kv_heads=kv_heads, head_dim=head_dim, eps=config.rms_norm_eps,
+        inv_freq=rotary.inv_freq, attention_scaling=float(rotary.attention_scaling))
+
+
+def _normalise(x: torch.Tensor, eps: float) -> torch.Tensor:
+    """x / rms(x) without the weight (folded into the next projection)."""
+    mean_square = x.pow(2).mean(-1, keepdim=True)
+    return x * torch.rsqrt(mean_square + eps)
+
+
+def _project(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    flat = x.reshape(-1, x.shape[-1])
+    out = flat @ weight if bias is None else torch.addmm(bias, flat, weight)
+    return out.view(*x.shape[:-1], weight.shape[1])
+
+
+def _add_projection(residual: torch.Tensor, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """residual + x @ weight, the addition inside the matrix product."""
+    out = torch.addmm(residual.reshape(-1, residual.shape[-1]), x.reshape(-1, x.shape[-1]), weight)
+    return out.view(residual.shape)
+
+
+def rope_tables(weights: FusedWeights, positions: torch.Tensor) -> torch.Tensor:
+    """e^{i theta} for `positions` (...,) -> complex (..., 1, D/2), the angles computed as
+    transformers computes them, once per distinct position (a table), not per token."""
+    table = torch.arange(int(positions.max()) + 1, device=positions.device, dtype=torch.float32)
+    angles = table[:, None] * weights.inv_freq.float()
+    scale = weights.attention_scaling
+    rotation = torch.complex(angles.cos() * scale, angles.sin() * scale)
+    return rotation[positions].unsqueeze(-2)
+
+
+def _qkv(layer: _Layer, weights: FusedWeights, x: torch.Tensor, rotation: torch.Tensor):
+    """x (..., T, H) -> q (..., Hq, T, D), k, v (..., Hkv, T, D): normalised, projected, RoPE
+    applied (q and k in the interleaved layout, see _interleave)."""
+    D, Hq, Hkv = weights.head_dim, weights.heads, weights.kv_heads
+    out = _project(_normalise(x, weights.eps), layer.qkv, layer.qkv_bias)
+    # split, not slicing: its backward concatenates instead of zero-filling copies.
+    qk, v = out.split([(Hq + Hkv) * D, Hkv * D], dim=-1)
+    pairs = torch.view_as_complex(qk.unflatten(-1, (Hq + Hkv, D // 2, 2)))
+    qk = torch.view_as_real(pairs * rotation).flatten(-2)               # (..., T, Hq + Hkv, D)
+    q, k = qk.split([Hq, Hkv], dim=-2)
+    return q.transpose(-3, -2), k.transpose(-3, -2), v.unflatten(-1, (Hkv, D)).transpose(-3, -2)
+
+
+def _mlp_block(layer: _Layer, weights: FusedWeights, x: torch.Tensor) -> torch.Tensor:
+    gate, up = _project(_normalise(x, weights.eps), layer.gate_up).chunk(2, dim=-1)
+    return _add_projection(x, F.silu(gate) * up, layer.down)
+
+
+def _attend(q, k, v, mask, weights: FusedWeights):
+    """(N, Hq, T, D) queries over (N, Hkv, K, D) keys; mask (N, 1, T, K) True = may attend."""
+    out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=weights.kv_heads != weights.heads)
+    return out.transpose(1, 2).flatten(2)          # (N, T, Hq * D)
+
+
+def _forward(weights: FusedWeights, input_ids: torch.Tensor, positions: torch.Tensor,
+             mask: torch.Tensor) -> torch.Tensor:
+    """(N, T) ids at `positions`, attention `mask` (N, 1, T, T) -> final normalised hidden
+    states (N, T, H) (the final norm's weight is folded into `weights.head`)."""
+    x = F.embedding(input_ids, weights.embed)
+    rotation = rope_tables(weights, positions)
+    for layer in weights.layers:
+        q, k, v = _qkv(layer, weights, x, rotation)
+        x = _add_projection(x, _attend(q, k, v, mask, weights), layer.o)
+        x = _mlp_block(layer, weights, x)
+    return _normalise(x, weights.eps)
+
+
+def _causal_mask(attention_mask: torch.Tensor) -> torch.Tensor:
+    """(N, T) -> (N, 1, T, T): causal, padding is never a key; a padding query sees
+    itself so that no row of the softmax is empty."""
+    T = attention_mask.shape[-1]
+    causal = torch.ones(T, T, dtype=torch.bool, device=attention_mask.device).tril()
+    eye = torch.eye(T, dtype=torch.bool, device=attention_mask.device)
+    return (causal & (attention_mask.bool()[:, None, :] | eye))[:, None]
+
+
+def logits(model, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+    """(N, T) -> (N, T, V) logits, as model(input_ids, attention_mask).logits (left or right padding)."""
+    weights = fuse(model)
+    hidden = _forward(weights, input_ids, position_ids_from_attention_mask(attention_mask),
+                      _causal_mask(attention_mask))
+    return _project(hidden, weights.head)
+
+
+def group_logprobs(model, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, completion_ids: torch.Tensor,
+                   completion_mask: torch.Tensor, *, temperature: float = 1.0,
+                   completion_attention: torch.Tensor | None = None) -> torch.Tensor:
+    """Log-probs of G completions of each prompt, with the prompt computed once: -> (B, G, S).
+
+    prompt_ids, prompt_mask: (B, P) left-padded; completion_ids, completion_mask:
+    (B, G, S) right-padded; completion_attention (default completion_mask): the
+    completion tokens that later tokens attend to, as the attention mask of the
+    unpacked forward.
+
+    Each row of the forward pass is one group, packed without padding:
+
+        [prompt | completion 1 | completion 2 | ... | completion G]
+
+    Completion g attends to the prompt and to its own earlier tokens only (a
+    block mask), at the positions it has in its own sequence. Every token sees
+    exactly the keys and positions of the unpacked forward, so the result is the
+    same function (to float rounding); the prompt runs once instead of G times,
+    padding is not computed at all, and attention is B problems instead of B * G.
+    """
+    B, G, S = completion_ids.shape
+    P = prompt_ids.shape[-1]
+    device = prompt_ids.device
+    attended = (completion_mask if completion_attention is None else completion_attention).bool()
+    scored = completion_mask.bool()
+    # Unpacked layout (B, P + G * S): the prompt, then each completion's S columns.
+    ids = torch.cat([prompt_ids, completion_ids.reshape(B, G * S)], dim=1)
+    keep = torch.cat([prompt_mask.bool(), attended.reshape(B, G * S)], dim=1)
+    prompt_length = prompt_mask.sum(-1)                                  # (B,)
+    positions = torch.cat([prompt_mask.long().cumsum(-1) - 1,
+                           (prompt_length[:, None, None] + attended.long().cumsum(-1) - 1).reshape(B, G * S)], 1)
+    block = torch.cat([torch.full((P,), -1, device=device),
+                       torch.arange(G, device=device).repeat_interleave(S)]).expand(B, -1)
+    # A scored token is predicted by the column before it, which must be a real token.
+    previous = torch.cat([prompt_mask[:, -1:].bool().expand(B, G)[..., None], attended[..., :-1]], dim=-1)
+    if bool((scored & ~previous).any()):
+        raise ValueError("every scored completion token must follow a real (attended) token")
+
+    # Pack: kept entries move left, in order; rows are right-padded to the longest.
+    column = keep.long().cumsum(-1) - 1                                   # packed column of each kept entry
+    L = int(keep.sum(-1).max())
+    rows, entries = keep.nonzero(as_tuple=True)
+    packed_ids = ids.new_zeros(B, L)
+    packed_ids[rows, column[rows, entries]] = ids[rows, entries]
+    packed_positions = positions.new_zeros(B, L)
+    packed_positions[rows, column[rows, entries]] = positions[rows, entries]
+    packed_block = block.new_full((B, L), -2)                             # -2: padding
+    packed_block[rows, column[rows, entries]] = block[rows, entries]
+    real = packed_block != -2
+    # Query i may see key j <= i that is real and in the prompt or in i's own completion.
+    causal = torch.ones(L, L, dtype=torch.bool, device=device).tril()
+    visible = (packed_block[:, None, :] == -1) | (packed_block[:, None, :] == packed_block[:, :, None])
+    eye = torch.eye(L, dtype=torch.bool, device=device)
+    mask = ((causal & visible & real[:, None, :]) | eye)[:, None]
+
+    weights = fuse(model)
+    hidden = _forward(weights, packed_ids, packed_positions, mask)
+    # Completion token (g, s) is predicted at the packed column of unpacked column
+    # P + g * S + s - 1 (s > 0), or of the prompt's last column P - 1 (s = 0).
+    predictor = P + torch.arange(G, device=device)[:, None] * S + torch.arange(S, device=device) - 1
+    predictor[:, 0] = P - 1
+    at = column.gather(1, predictor.reshape(1, -1).expand(B, -1)).clamp(min=0)       # (B, G * S)
+    picked = hidden.gather(1, at[..., None].expand(-1, -1, hidden.shape[-1]))
+    logits = _project(picked, weights.head).view(B, G, S, -1)
+    logp = token_logprobs(logits, completion_ids, temperature=temperature)
+    return logp.masked_fill(~scored, 0.0)
+
+
+def completion_logprobs(model, input_ids: torch.Tensor, attention_mask: torch.Tensor,
+                        completion_mask: torch.Tensor, *, temperature: float = 1.0,
+                        group_size: int = 1) -> torch.Tensor:
+    """grpo_edu.logprobs.completion_logprobs through the fused forward: (N, T) -> (N, S).
+
+    group_size: rows come in consecutive groups of this many completions of one
+    prompt (the rollout's prompt-major order); each group's prompt is computed
+    once (`group_logprobs`). 1 treats every row alone.
+    """
+    S, T = completion_mask.shape[-1], input_ids.shape[-1]
+    if input_ids.ndim != 2 or input_ids.shape != attention_mask.shape \
+            or completion_mask.shape[:-1] != input_ids.shape[:-1] or not 1 <= S < T:
+        raise ValueError(f"input_ids and attention_mask must be (N, T) and completion_mask (N, S) with "
+                         f"1 <= S < T, got {tuple(input_ids.shape)}, {tuple(attention_mask.shape)}, "
+                         f"{tuple(completion_mask.shape)}")
+    N, P = input_ids.shape[0], T - S
+    if not (isinstance(group_size, int) and group_size >= 1 and N % group_size == 0):
+        raise ValueError(f"group_size must be a positive int dividing the {N} rows, got {group_size!r}")
+    G, B = group_size, N // group_size
+    prompt_ids, prompt_mask = input_ids[:, :P].view(B, G, P), attention_mask[:, :P].view(B, G, P)
+    if not (torch.equal(prompt_ids, prompt_ids[:, :1].expand_as(prompt_ids))
+            and torch.equal(prompt_mask, prompt_mask[:, :1].expand_as(prompt_mask))):
+        raise ValueError(f"group_size={G}: rows of one group must share their prompt columns")
+    if (completion_mask.bool() & ~attention_mask[:, P:].bool()).any():
+        raise ValueError("completion_mask marks a token that attention_mask marks as padding")
+    logp = group_logprobs(model, prompt_ids[:, 0], prompt_mask[:, 0], input_ids[:, P:].view(B, G, S),
+                          completion_mask.view(B, G, S), temperature=temperature,
+                          completion_attention=attention_mask[:, P:].reshape(B, G, S))
+    return logp.view(N, S)
+
+
+def _sample(logp: torch.Tensor) -> torch.Tensor:
+    """One token per row from exp(logp) (N, V), by inverting the cumulative distribution:
+    token i where cdf[i-1] <= u * cdf[V-1] < cdf[i], u ~ U[0, 1). Exact for the
+    float32 probabilities (a zero-probability token is never drawn), and one
+    random number per row where torch.multinomial draws V."""
+    cdf = logp.exp().cumsum(-1)
+    u = torch.rand(logp.shape[0], 1, device=logp.device, dtype=cdf.dtype) * cdf[:, -1:]
+    return torch.searchsorted(cdf, u, right=True).squeeze(-1).clamp_(max=logp.shape[-1] - 1)
+
+
+class FusedEngine:
+    """The rollout engine of the fused path: prompts run once, a shared KV cache, a plain decode loop.
+
+    Same contract as grpo_edu.rollout.HFEngine (prompt-major Rollout, sampler
+    log-probs at the sampling temperature, EOS-terminated masks).
+    """
+
+    def __init__(self, model, tokenizer):
+        check_supported(model)
+        if tokenizer.eos_token_id is None or tokenizer.pad_token_id is None:
+            raise ValueError("tokenizer needs an eos and a pad token for batched generation")
+        self.model, self.tokenizer = model, tokenizer
+
+    @torch.inference_mode()
+    def generate(self, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, sampling: SamplingParams, *,
+                 greedy: bool = False) -> Rollout:
+        if prompt_ids.ndim != 2 or prompt_ids.shape != prompt_mask.shape:
+            raise ValueError(f"prompt_ids and prompt_mask must both be (B, P), got "
+                             f"{tuple(prompt_ids.shape)} and {tuple(prompt_mask.shape)}")
+        if bool((prompt_mask[:, -1] == 0).any()):
+            raise ValueError("prompts must be left-padded: prompt_mask[:, -1] must be 1 for every prompt")
+        G, L, T = sampling.num_generations, sampling.max_new_tokens, sampling.temperature
+        B, P = prompt_ids.shape
+        N = B * G
+        weights = fuse(self.model)
+        D, Hkv = weights.head_dim, weights.kv_heads
+        eos, pad = self.tokenizer.eos_token_id, self.tokenizer.pad_token_id
+
+        # Prefill: B prompts, then every cache row is repeated for the prompt's G completions.
+        real = prompt_mask.bool()
+        positions = position_ids_from_attention_mask(prompt_mask)
+        x = F.embedding(prompt_ids, weights.embed)
+        rotation = rope_tables(weights, positions)
+        mask = _causal_mask(prompt_mask)
+        keys = torch.empty(len(weights.layers), N, Hkv, P + L, D, dtype=x.dtype, device=x.device)
+        values = torch.empty_like(keys)
+        for i, layer in enumerate(weights.layers):
+            q, k, v = _qkv(layer, weights, x, rotation)
+            keys[i, :, :, :P] = k.repeat_interleave(G, dim=0)
+            values[i, :, :, :P] = v.repeat_interleave(G, dim=0)
+            x = _add_projection(x, _attend(q, k, v, mask, weights), layer.o)
+            x = _mlp_block(layer, weights, x)
+        step_logits = _project(_normalise(x[:, -1], weights.eps), weights.head).repeat_interleave(G, dim=0)
+
+        # Keys a new token may attend to: the real prompt tokens, then every generated one.
+        key_bias = torch.zeros(N, 1, 1, P + L, dtype=x.dtype, device=x.device)
+        key_bias[:, 0, 0, :P].masked_fill_(~real.repeat_interleave(G, dim=0), float("-inf"))
+        position = positions[:, -1].repeat_interleave(G) + 1             # (N,) next token's position
+        rotations = rope_tables(weights, torch.arange(int(position.max()) + L, device=x.device))
+        scale = D ** -0.5
+        group = weights.heads // Hkv
+        tokens = torch.full((N, L), pad, dtype=torch.long, device=x.device)
+        logp = torch.zeros(N, L, dtype=torch.float32, device=x.device)
+        finished = torch.zeros(N, dtype=torch.bool, device=x.device)
+        steps = 0
+        for t in range(L):
+            step_logp = torch.log_softmax(step_logits.float() / (1.0 if greedy else T), dim=-1)
+            token = step_logp.argmax(-1) if greedy else _sample(step_logp)
+            token = token.masked_fill(finished, pad)
+            tokens[:, t] = token
+            logp[:, t] = step_logp.gather(-1, token[:, None]).squeeze(-1)
+            finished |= token == eos
+            steps = t + 1
+            if t == L - 1 or bool(finished.all()):
+                break
+            # Decode one position for every row (finished rows too: their output is ignored).
+            x = F.embedding(token, weights.embed)[:, None]                # (N, 1, H)
+            rotation = rotations[position].unsqueeze(1)                 # (N, 1, 1, D/2)
+            column = P + t
+            for i, layer in enumerate(weights.layers):
+                q, k, v = _qkv(layer, weights, x, rotation)              # q (N, Hq, 1, D)
+                keys[i, :, :, column] = k[:, :, 0]
+                values[i, :, :, column] = v[:, :, 0]
+                # One query per row: two small matrix products beat the fused attention kernel.
+                q = q.view(N, Hkv, group, D)
+                scores = torch.matmul(q, keys[i, :, :, :column + 1].transpose(-1, -2)) * scale
+                weights_ = torch.softmax(scores + key_bias[..., :column + 1], dim=-1)
+                attended = torch.matmul(weights_, values[i, :, :, :column + 1]).reshape(N, 1, -1)
+                x = _add_projection(x, attended, layer.o)
+                x = _mlp_block(layer, weights, x)
+            step_logits = _project(_normalise(x[:, 0], weights.eps), weights.head)
+            position = position + 1
+
+        completion_ids = tokens[:, :steps]
+        completion_mask, finished = completion_mask_from_ids(completion_ids, eos)
+        sampler_logp = logp[:, :steps].masked_fill(~completion_mask, 0.0)
+        completion_ids = completion_ids.masked_fill(~completion_mask, pad)
+        return Rollout(prompt_ids.repeat_interleave(G, dim=0), prompt_mask.repeat_interleave(G, dim=0),
+                       completion_ids, completion_mask, sampler_logp, finished, G)
