@@ -154,7 +154,7 @@ def rope_tables(weights: FusedWeights, positions: torch.Tensor) -> torch.Tensor:
 
 
 def _qkv(layer: _Layer, weights: FusedWeights, x: torch.Tensor, rotation: torch.Tensor):
-    """x (..., T, H) -> q (..., Hq, T, D), k, v (..., Hkv, T, D): normalised, projected, RoPE
+    """x (..., H) -> q (..., Hq, D), k, v (..., Hkv, D): normalised, projected, RoPE
     applied (q and k in the interleaved layout, see _interleave)."""
     D, Hq, Hkv = weights.head_dim, weights.heads, weights.kv_heads
     out = _project(_normalise(x, weights.eps), layer.qkv, layer.qkv_bias)
@@ -163,7 +163,7 @@ def _qkv(layer: _Layer, weights: FusedWeights, x: torch.Tensor, rotation: torch.
     pairs = torch.view_as_complex(qk.unflatten(-1, (Hq + Hkv, D // 2, 2)))
     qk = torch.view_as_real(pairs * rotation).flatten(-2)               # (..., T, Hq + Hkv, D)
     q, k = qk.split([Hq, Hkv], dim=-2)
-    return q.transpose(-3, -2), k.transpose(-3, -2), v.unflatten(-1, (Hkv, D)).transpose(-3, -2)
+    return q, k, v.unflatten(-1, (Hkv, D))
 
 
 def _mlp_block(layer: _Layer, weights: FusedWeights, x: torch.Tensor) -> torch.Tensor:
@@ -171,21 +171,31 @@ def _mlp_block(layer: _Layer, weights: FusedWeights, x: torch.Tensor) -> torch.T
     return _add_projection(x, F.silu(gate) * up, layer.down)
 
 
-def _attend(q, k, v, mask, weights: FusedWeights):
-    """(N, Hq, T, D) queries over (N, Hkv, K, D) keys; mask (N, 1, T, K) True = may attend."""
-    out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=weights.kv_heads != weights.heads)
+def _attend(q, k, v, mask, weights: FusedWeights, layout=None):
+    """Causal self-attention -> (..., Hq * D).
+
+    Padded: q (N, T, Hq, D), k, v (N, T, Hkv, D), mask (N, 1, T, T), True = may attend.
+    Flat (layout = (rows, columns, B, L)): q (tokens, Hq, D) etc.; token i sits at
+    (rows[i], columns[i]) of a (B, L) grid, the only place padding exists."""
+    if layout is not None:
+        rows, columns, B, L = layout
+        grid = lambda t: t.new_zeros(B, L, *t.shape[1:]).index_put((rows, columns), t)
+        return _attend(grid(q), grid(k), grid(v), mask, weights)[rows, columns]
+    out = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
+                                         attn_mask=mask, enable_gqa=weights.kv_heads != weights.heads)
     return out.transpose(1, 2).flatten(2)          # (N, T, Hq * D)
 
 
 def _forward(weights: FusedWeights, input_ids: torch.Tensor, positions: torch.Tensor,
-             mask: torch.Tensor) -> torch.Tensor:
-    """(N, T) ids at `positions`, attention `mask` (N, 1, T, T) -> final normalised hidden
-    states (N, T, H) (the final norm's weight is folded into `weights.head`)."""
+             mask: torch.Tensor, layout=None) -> torch.Tensor:
+    """Ids at `positions` -> final normalised hidden states (the final norm's weight is
+    folded into `weights.head`). Padded: (N, T) -> (N, T, H); flat: (tokens,) ->
+    (tokens, H), with `layout` placing the tokens for attention (see _attend)."""
     x = F.embedding(input_ids, weights.embed)
     rotation = rope_tables(weights, positions)
     for layer in weights.layers:
         q, k, v = _qkv(layer, weights, x, rotation)
-        x = _add_projection(x, _attend(q, k, v, mask, weights), layer.o)
+        x = _add_projection(x, _attend(q, k, v, mask, weights, layout), layer.o)
         x = _mlp_block(layer, weights, x)
     return _normalise(x, weights.eps)
 
@@ -245,31 +255,28 @@ def group_logprobs(model, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, c
     if bool((scored & ~previous).any()):
         raise ValueError("every scored completion token must follow a real (attended) token")
 
-    # Pack: kept entries move left, in order; rows are right-padded to the longest.
-    column = keep.long().cumsum(-1) - 1                                   # packed column of each kept entry
-    L = int(keep.sum(-1).max())
-    rows, entries = keep.nonzero(as_tuple=True)
-    packed_ids = ids.new_zeros(B, L)
-    packed_ids[rows, column[rows, entries]] = ids[rows, entries]
-    packed_positions = positions.new_zeros(B, L)
-    packed_positions[rows, column[rows, entries]] = positions[rows, entries]
-    packed_block = block.new_full((B, L), -2)                             # -2: padding
-    packed_block[rows, column[rows, entries]] = block[rows, entries]
-    real = packed_block != -2
+    # Pack: only the kept entries are computed, as one flat run of tokens; for attention
+    # each group is a row of a (B, L) grid, right-padded to the longest.
+    rows, entries = keep.nonzero(as_tuple=True)                           # row-major: the flat order
+    column = keep.long().cumsum(-1) - 1                                   # grid column of each kept entry
+    L = int(column[:, -1].max()) + 1
+    layout = (rows, column[rows, entries], B, L)
+    grid_block = block.new_full((B, L), -2).index_put(layout[:2], block[rows, entries])   # -2: padding
+    real = grid_block != -2
     # Query i may see key j <= i that is real and in the prompt or in i's own completion.
     causal = torch.ones(L, L, dtype=torch.bool, device=device).tril()
-    visible = (packed_block[:, None, :] == -1) | (packed_block[:, None, :] == packed_block[:, :, None])
+    visible = (grid_block[:, None, :] == -1) | (grid_block[:, None, :] == grid_block[:, :, None])
     eye = torch.eye(L, dtype=torch.bool, device=device)
     mask = ((causal & visible & real[:, None, :]) | eye)[:, None]
 
     weights = fuse(model)
-    hidden = _forward(weights, packed_ids, packed_positions, mask)
-    # Completion token (g, s) is predicted at the packed column of unpacked column
-    # P + g * S + s - 1 (s > 0), or of the prompt's last column P - 1 (s = 0).
+    hidden = _forward(weights, ids[rows, entries], positions[rows, entries], mask, layout)   # (tokens, H)
+    # Completion token (g, s) is predicted by the token at unpacked column
+    # P + g * S + s - 1 (s > 0), or at the prompt's last column P - 1 (s = 0).
     predictor = P + torch.arange(G, device=device)[:, None] * S + torch.arange(S, device=device) - 1
     predictor[:, 0] = P - 1
-    at = column.gather(1, predictor.reshape(1, -1).expand(B, -1)).clamp(min=0)       # (B, G * S)
-    picked = hidden.gather(1, at[..., None].expand(-1, -1, hidden.shape[-1]))
+    flat_index = (keep.reshape(-1).long().cumsum(0) - 1).view(B, -1)     # flat position of each entry
+    picked = hidden[flat_index[:, predictor.reshape(-1)].clamp(min=0)]   # (B, G * S, H)
     logits = _project(picked, weights.head).view(B, G, S, -1)
     logp = token_logprobs(logits, completion_ids, temperature=temperature)
     return logp.masked_fill(~scored, 0.0)
@@ -353,9 +360,9 @@ class FusedEngine:
         keys = torch.empty(len(weights.layers), N, Hkv, P + L, D, dtype=x.dtype, device=x.device)
         values = torch.empty_like(keys)
         for i, layer in enumerate(weights.layers):
-            q, k, v = _qkv(layer, weights, x, rotation)
-            keys[i, :, :, :P] = k.repeat_interleave(G, dim=0)
-            values[i, :, :, :P] = v.repeat_interleave(G, dim=0)
+            q, k, v = _qkv(layer, weights, x, rotation)                  # (B, P, heads, D)
+            keys[i, :, :, :P] = k.transpose(1, 2).repeat_interleave(G, dim=0)
+            values[i, :, :, :P] = v.transpose(1, 2).repeat_interleave(G, dim=0)
             x = _add_projection(x, _attend(q, k, v, mask, weights), layer.o)
             x = _mlp_block(layer, weights, x)
         step_logits = _project(_normalise(x[:, -1], weights.eps), weights.head).repeat_interleave(G, dim=0)
@@ -369,31 +376,38 @@ class FusedEngine:
         group = weights.heads // Hkv
         tokens = torch.full((N, L), pad, dtype=torch.long, device=x.device)
         logp = torch.zeros(N, L, dtype=torch.float32, device=x.device)
-        finished = torch.zeros(N, dtype=torch.bool, device=x.device)
+        rows = torch.arange(N, device=x.device)     # the completions still in the batch
+        done = torch.zeros(N, dtype=torch.bool, device=x.device)
         steps = 0
         for t in range(L):
             step_logp = torch.log_softmax(step_logits.float() / (1.0 if greedy else T), dim=-1)
             token = step_logp.argmax(-1) if greedy else _sample(step_logp)
-            token = token.masked_fill(finished, pad)
-            tokens[:, t] = token
-            logp[:, t] = step_logp.gather(-1, token[:, None]).squeeze(-1)
-            finished |= token == eos
+            token = token.masked_fill(done, pad)
+            tokens[rows, t] = token
+            logp[rows, t] = step_logp.gather(-1, token[:, None]).squeeze(-1)
+            done |= token == eos
             steps = t + 1
-            if t == L - 1 or bool(finished.all()):
+            if t == L - 1 or bool(done.all()):
                 break
-            # Decode one position for every row (finished rows too: their output is ignored).
-            x = F.embedding(token, weights.embed)[:, None]                # (N, 1, H)
-            rotation = rotations[position].unsqueeze(1)                 # (N, 1, 1, D/2)
+            if 4 * int(done.sum()) >= len(rows):
+                # A quarter of the batch has finished: drop those rows (and their cache)
+                # so later steps compute only what is still being written.
+                keep = ~done
+                rows, token, position, done = rows[keep], token[keep], position[keep], done[keep]
+                keys, values, key_bias = keys[:, keep], values[:, keep], key_bias[keep]
+            n = len(rows)
+            x = F.embedding(token, weights.embed)[:, None]                # (n, 1, H)
+            rotation = rotations[position].unsqueeze(1)                 # (n, 1, 1, D/2)
             column = P + t
             for i, layer in enumerate(weights.layers):
-                q, k, v = _qkv(layer, weights, x, rotation)              # q (N, Hq, 1, D)
-                keys[i, :, :, column] = k[:, :, 0]
-                values[i, :, :, column] = v[:, :, 0]
+                q, k, v = _qkv(layer, weights, x, rotation)              # q (n, 1, Hq, D)
+                keys[i, :, :, column] = k[:, 0]
+                values[i, :, :, column] = v[:, 0]
                 # One query per row: two small matrix products beat the fused attention kernel.
-                q = q.view(N, Hkv, group, D)
+                q = q.view(n, Hkv, group, D)
                 scores = torch.matmul(q, keys[i, :, :, :column + 1].transpose(-1, -2)) * scale
                 weights_ = torch.softmax(scores + key_bias[..., :column + 1], dim=-1)
-                attended = torch.matmul(weights_, values[i, :, :, :column + 1]).reshape(N, 1, -1)
+                attended = torch.matmul(weights_, values[i, :, :, :column + 1]).reshape(n, 1, -1)
                 x = _add_projection(x, attended, layer.o)
                 x = _mlp_block(layer, weights, x)
             step_logits = _project(_normalise(x[:, 0], weights.eps), weights.head)
