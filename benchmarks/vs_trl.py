@@ -4,10 +4,14 @@
 
 Both start from the committed tiny policy and train on the arithmetic task with
 the same reward functions (grpo_edu.rewards, which have TRL's signature), B = 16
-prompts x G = 8 completions per optimizer step, lr 3e-4, beta 0.04, epsilon 0.2,
+prompts x G = 8 completions per optimizer step, lr 3e-4 with cosine decay to 0 over
+the run, beta 0.04, epsilon 0.2,
 loss_type "grpo", temperature 1, sample-std advantages (TRL's convention), on the
 CPU with the same thread count. Prints seconds per step (median) and held-out
-greedy accuracy after N steps, measured by the same function on the same problems.
+greedy accuracy after N steps, measured by the same function on the same problems,
+for grpo_edu's default (the fused forward and sampler, grpo_edu.fused_llama), for
+grpo_edu with transformers' forward and generate (fused_llama = false: the same
+model code as TRL), and for TRL.
 """
 
 from __future__ import annotations
@@ -22,7 +26,7 @@ import warnings
 import torch
 
 
-def run_grpo_edu(args, held_out) -> tuple[float, float, float]:
+def run_grpo_edu(args, held_out, fused_llama: bool = True) -> tuple[float, float, float]:
     from grpo_edu import trainer
     from grpo_edu.config import TrainConfig
     from grpo_edu.pretrain import evaluate
@@ -30,7 +34,7 @@ def run_grpo_edu(args, held_out) -> tuple[float, float, float]:
     with tempfile.TemporaryDirectory() as directory:
         config = TrainConfig(steps=args.steps, seed=args.seed, threads=args.threads, advantage_std="sample",
                              eval_every=args.steps, eval_size=len(held_out), checkpoint_every=0,
-                             progress=False, output_dir=directory)
+                             progress=False, output_dir=directory, fused_llama=fused_llama)
         result = trainer.train(config, log=lambda _: None)
     times = [m["time/rollout_and_scoring"] + m["time/update"] for m in result.history]
     accuracy = evaluate(result.policy.eval(), result.tokenizer, held_out)["greedy_accuracy"]
@@ -66,7 +70,7 @@ def run_trl(args, held_out) -> tuple[float, float, float]:
         config = GRPOConfig(
             output_dir=directory, max_steps=args.steps, seed=args.seed, use_cpu=True, bf16=False,
             per_device_train_batch_size=16 * 8, num_generations=8, max_completion_length=16,
-            learning_rate=3e-4, lr_scheduler_type="constant", warmup_steps=0, weight_decay=0.0,
+            learning_rate=3e-4, lr_scheduler_type="cosine", warmup_steps=0, weight_decay=0.0,
             adam_beta1=0.9, adam_beta2=0.99, max_grad_norm=1.0, beta=0.04, epsilon=0.2,
             loss_type="grpo", scale_rewards="group", temperature=1.0, top_k=0, top_p=1.0,
             reward_weights=[1.0, 0.5], report_to="none", save_strategy="no", logging_steps=10,
@@ -99,15 +103,19 @@ def main(argv=None) -> int:
     print(f"{args.steps} steps, seed {args.seed}, {args.threads} threads; held-out greedy accuracy at start "
           f"{start:.4f} ({len(held_out)} problems)")
     rows = []
-    for name, run in (("grpo_edu", run_grpo_edu), ("TRL GRPOTrainer", run_trl)):
+    runs = (("grpo_edu", run_grpo_edu),
+            ("grpo_edu (transformers forward)", lambda a, h: run_grpo_edu(a, h, fused_llama=False)),
+            ("TRL GRPOTrainer", run_trl))
+    for name, run in runs:
         torch.manual_seed(args.seed)
         median, total, accuracy = run(args, held_out)
         rows.append((name, median, total, accuracy))
         print(f"  {name}: done", file=sys.stderr)
-    print(f"\n{'trainer':<18}{'s/step (median)':>17}{'steps/s':>9}{'total s':>9}{'accuracy':>10}")
+    print(f"\n{'trainer':<32}{'s/step (median)':>17}{'steps/s':>9}{'total s':>9}{'accuracy':>10}"
+          f"{'vs TRL':>8}")
     for name, median, total, accuracy in rows:
-        print(f"{name:<18}{median:>17.3f}{1 / median:>9.2f}{total:>9.1f}{accuracy:>10.4f}")
-    print(f"\nspeed-up: {rows[1][1] / rows[0][1]:.2f}x steps per second")
+        print(f"{name:<32}{median:>17.3f}{1 / median:>9.2f}{total:>9.1f}{accuracy:>10.4f}"
+              f"{rows[-1][1] / median:>7.2f}x")
     return 0
 
 

@@ -52,7 +52,7 @@ class TrainConfig:
     # --- optimisation
     steps: int = _doc("optimizer steps in the run", 1500)
     learning_rate: float = _doc("peak AdamW learning rate", 3e-4)
-    lr_schedule: str = _doc("'constant', 'linear' (decay to 0) or 'cosine' (decay to 0), after warmup", "constant")
+    lr_schedule: str = _doc("'constant', 'linear' (decay to 0) or 'cosine' (decay to 0), after warmup", "cosine")
     warmup_steps: int = _doc("linear learning-rate warmup, in optimizer steps", 0)
     weight_decay: float = _doc("AdamW weight decay", 0.0)
     adam_betas: list = _doc("AdamW (beta1, beta2)", [0.9, 0.99])

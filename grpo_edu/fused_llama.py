@@ -1,32 +1,40 @@
 """A fused forward for Llama-family models: the CPU tier's fast path.
 
 transformers' LlamaForCausalLM spends most of a small model's time outside its
-matrix products: for the 2-layer, 128-wide policy of the CPU tier the six
-projections of a layer are a quarter of a forward pass, and some forty
-elementwise operations (each RMSNorm is five, each rotary embedding seven) are
-the rest. This module computes the same function with fewer, larger operations,
-reading the model's own parameters (so gradients reach them, and the optimizer,
+matrix products: for the 2-layer, 128-wide policy of the CPU tier the seven
+projections of a layer are about a quarter of a forward pass, and some thirty
+elementwise operations per layer (each RMSNorm is six, the rotary embedding of
+q and k fourteen) are most of the rest. And a GRPO batch repeats each prompt G
+times and pads every completion to the longest. This module computes the same
+function with fewer operations and leaves out what need not be computed,
+reading the model's own parameters (gradients reach them; the optimizer,
 checkpoints and evaluation see an ordinary transformers model):
 
-- RMSNorm's weight is folded into the projection that follows it:
-  (x * r * w) @ W^T = (x * r) @ (W * w)^T, so a norm is one reduction and one
-  multiply.
-- q, k and v come from one matrix product, as do the MLP's gate and up.
+- Group packing (`group_logprobs`): each prompt runs once for its G
+  completions, which attend to it and to their own earlier tokens through a
+  block mask, at the positions they would have alone. Padding is not computed:
+  a batch is one flat run of real tokens, placed on a padded grid only inside
+  attention.
+- RMSNorm's weight is folded into the projection that follows it,
+  (x * r * w) @ W^T = (x * r) @ (W * w)^T; q, k and v are one matrix product,
+  as are the MLP's gate and up; the residual additions ride in the output
+  projections (torch.addmm).
 - The rotary embedding is one complex multiplication for q and k together: their
-  rows are permuted (the same way, so q . k is unchanged) to put each rotated
-  pair side by side.
-- The residual additions ride in the output projections (torch.addmm).
-- The sampler is a plain decode loop over a preallocated KV cache; the prompt
-  is run once per prompt, not once per completion, and its cache is shared by
-  the G completions (model.generate re-runs each prompt G times and spends
-  milliseconds per token in bookkeeping).
+  rows are permuted the same way (so every q . k is unchanged) to put each
+  rotated pair side by side.
+- `FusedEngine` samples with a plain decoding loop over a preallocated KV cache:
+  each prompt is prefilled once and its cache shared by its G completions, and
+  rows that have finished leave the batch (model.generate re-runs each prompt G
+  times and spends milliseconds per token on bookkeeping).
 
-Everything else is unchanged: float32 (or the model's dtype), the same RoPE
-frequencies, causal attention that skips left padding. tests/test_fused_llama.py
-checks logits, log-probs and gradients against transformers' forward (1e-5) for
-Llama and Qwen2 configurations, padded and unpadded. Models with other features
-(sliding windows, scaled RoPE, QK-norm, biased MLPs) are refused by name:
-train them with `fused_llama = false` (transformers' forward and generate).
+The maths is transformers': float32 (or float64), the same RoPE angles, causal
+attention that skips left padding. tests/test_fused_llama.py holds logits,
+log-probs and parameter gradients equal to transformers' forward to 1e-10 in
+float64 for Llama, grouped-query Llama and Qwen2 (biased q, k, v), for any
+prompt padding and completion lengths, and the engine's greedy output equal to
+`generate`'s. Other models and features (scaled RoPE, sliding windows, biased
+MLPs, bf16 weights) are refused by name: train those with
+`fused_llama = false` (transformers' forward and generate).
 """
 
 from __future__ import annotations
@@ -102,6 +110,7 @@ def _interleave(weight: torch.Tensor, heads: int) -> torch.Tensor:
 
 def fuse(model) -> FusedWeights:
     """Rearrange `model`'s parameters; cheap (a few weight-sized copies), call it per forward."""
+    check_supported(model)
     config = model.config
     heads, kv_heads = config.num_attention_heads, config.num_key_value_heads
     head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
@@ -210,7 +219,8 @@ def _causal_mask(attention_mask: torch.Tensor) -> torch.Tensor:
 
 
 def logits(model, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
-    """(N, T) -> (N, T, V) logits, as model(input_ids, attention_mask).logits (left or right padding)."""
+    """(N, T) -> (N, T, V) logits, as transformers' model(input_ids, attention_mask,
+    position_ids=position_ids_from_attention_mask(attention_mask)).logits."""
     weights = fuse(model)
     hidden = _forward(weights, input_ids, position_ids_from_attention_mask(attention_mask),
                       _causal_mask(attention_mask))
@@ -319,8 +329,12 @@ def _sample(logp: torch.Tensor) -> torch.Tensor:
     float32 probabilities (a zero-probability token is never drawn), and one
     random number per row where torch.multinomial draws V."""
     cdf = logp.exp().cumsum(-1)
-    u = torch.rand(logp.shape[0], 1, device=logp.device, dtype=cdf.dtype) * cdf[:, -1:]
-    return torch.searchsorted(cdf, u, right=True).squeeze(-1).clamp_(max=logp.shape[-1] - 1)
+    total = cdf[:, -1:].contiguous()
+    u = torch.rand(logp.shape[0], 1, device=logp.device, dtype=cdf.dtype) * total
+    token = torch.searchsorted(cdf, u, right=True)
+    # u * total can round up to total itself: then take the last token of positive probability.
+    last = torch.searchsorted(cdf, total)
+    return torch.minimum(token, last).squeeze(-1)
 
 
 class FusedEngine:
@@ -331,7 +345,7 @@ class FusedEngine:
     """
 
     def __init__(self, model, tokenizer):
-        check_supported(model)
+        check_supported(model)   # at construction, so a trainer fails before its first step
         if tokenizer.eos_token_id is None or tokenizer.pad_token_id is None:
             raise ValueError("tokenizer needs an eos and a pad token for batched generation")
         self.model, self.tokenizer = model, tokenizer

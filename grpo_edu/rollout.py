@@ -4,7 +4,8 @@ An engine turns B prompts into B * G completions in prompt-major order (row
 b * G + g is completion g of prompt b), so `.view(B, G, ...)` recovers the
 groups. Every engine returns the same `Rollout`; the trainer never needs to
 know which engine sampled. `HFEngine` uses transformers' `generate` and runs
-anywhere; the vLLM engine (grpo_edu.vllm_engine) is for GPUs.
+any causal LM; `grpo_edu.fused_llama.FusedEngine` is the CPU tier's fast
+sampler for Llama-family models (a decoding loop over a shared KV cache).
 
 Shapes: N = B * G completions, P prompt columns (left-padded), S completion
 columns (right-padded, S <= max_new_tokens).

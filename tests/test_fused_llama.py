@@ -176,6 +176,15 @@ def test_sampling_draws_each_token_with_its_probability():
     assert ((counts - expected).abs() <= 4 * sigma + 1e-9).all(), counts
 
 
+def test_sampling_never_draws_a_zero_probability_token_at_the_edges(monkeypatch):
+    """u = 0 and u rounding up to the whole mass: still tokens of positive probability."""
+    logp = torch.tensor([[float("-inf"), -0.1, float("-inf")], [-0.7, -0.7, float("-inf")]]).log_softmax(-1)
+    for u in (0.0, 1.0):
+        monkeypatch.setattr(torch, "rand", lambda *shape, u=u, **kwargs: torch.full(shape, u))
+        draws = fused_llama._sample(logp)
+        assert (logp.gather(1, draws[:, None]) > float("-inf")).all(), (u, draws)
+
+
 def test_same_seed_same_samples():
     policy, tokenizer = load_policy(STARTING_POLICY)
     prompts = tokenizer(["12+34=", "7-5="], return_tensors="pt", padding=True, add_special_tokens=False)
