@@ -36,7 +36,7 @@ def run_grpo_edu(args, held_out, fused_llama: bool = True) -> tuple[float, float
                              eval_every=args.steps, eval_size=len(held_out), checkpoint_every=0,
                              progress=False, output_dir=directory, fused_llama=fused_llama)
         result = trainer.train(config, log=lambda _: None)
-    times = [m["time/rollout_and_scoring"] + m["time/update"] for m in result.history]
+    times = [sum(m[f"time/{key}"] for key in trainer.TIME_SPLIT) for m in result.history]
     accuracy = evaluate(result.policy.eval(), result.tokenizer, held_out)["greedy_accuracy"]
     return statistics.median(times), sum(times), accuracy
 

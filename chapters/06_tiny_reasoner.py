@@ -60,12 +60,14 @@ for sample, (completion,) in zip(held_out[:4], generate_completions(policy, toke
 # %% [markdown]
 # ## One step, top to bottom
 #
-# The loop body is short enough to read whole. `rollout_and_score` does steps 1 to 5 of a
-# GRPO step (sample, roll out, score, advantages, reference log-probs); `optimise` does the
-# update (mini-batches of whole groups, gradient accumulation, clipping, AdamW):
+# The loop body is short enough to read whole. `roll_out` samples G completions of each
+# prompt; `score` turns them into rewards, group advantages and the reference's log-probs;
+# `optimise` does the update (mini-batches of whole groups, gradient accumulation,
+# clipping, AdamW):
 
 # %%
-print(inspect.getsource(trainer.rollout_and_score))
+print(inspect.getsource(trainer.roll_out))
+print(inspect.getsource(trainer.score))
 
 # %%
 print(inspect.getsource(trainer.optimise))

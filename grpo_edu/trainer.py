@@ -1,15 +1,15 @@
 """The GRPO training loop, as plain code that reads top to bottom.
 
-One step (seeds/003's outline):
+One step:
 
-    1. sample B prompts from the train split
-    2. roll out G completions each, with the sampler's log-probs    -> (B*G, S)
-    3. score every completion with the reward functions            -> rewards (B, G)
-    4. group-relative advantages                                    -> (B, G)
-    5. log-probs of the frozen reference (for the KL term)          -> (B*G, S)
-    6. num_iterations passes over the rollout, in mini-batches of whole
-       groups, each an optimizer step: micro-batch forward/backward with
-       gradient accumulation, global grad-norm clip, AdamW, LR schedule
+    1. sample B prompts from the train split                        sample_prompts
+    2. roll out G completions each, with the sampler's log-probs    roll_out  -> (B*G, S)
+    3. score every completion with the reward functions            score     -> rewards (B, G)
+    4. group-relative advantages                                              -> (B, G)
+    5. log-probs of the frozen reference (for the KL term)                    -> (B*G, S)
+    6. num_iterations passes over the rollout, in mini-batches of   optimise
+       whole groups, each an optimizer step: micro-batch forward/backward
+       with gradient accumulation, global grad-norm clip, AdamW, LR schedule
     7. log metrics; evaluate, re-sync the reference, checkpoint when due
 
 The pieces are arguments: `train(config, advantage_fn=my_advantages)` trains
@@ -40,6 +40,8 @@ from grpo_edu.pretrain import evaluate
 from grpo_edu.rollout import HFEngine, Rollout, SamplingParams
 
 TRAIN_POOL = 10_000  # distinct training problems the prompts are drawn from (with replacement)
+# A step's wall-clock, in three parts: sampling; rewards, advantages and reference log-probs; the update.
+TIME_SPLIT = ("rollout", "scoring", "update")
 
 AdvantageFn = Callable[[torch.Tensor], torch.Tensor]          # rewards (B, G) -> advantages (B, G)
 RewardFn = Callable[..., Sequence[float]]                      # TRL's signature
@@ -136,16 +138,20 @@ def sample_prompts(config: TrainConfig, state: TrainState, pool: list[dict]) -> 
 
 
 @torch.no_grad()
-def rollout_and_score(config: TrainConfig, samples: list[dict], policy, reference, tokenizer, engine,
-                      reward_functions: dict[str, tuple[RewardFn, float]],
-                      advantage_fn: AdvantageFn) -> Scored:
-    B, G = len(samples), config.num_generations
+def roll_out(config: TrainConfig, samples: list[dict], tokenizer, engine) -> Rollout:
+    """Step 2: G completions of each prompt, with the sampler's log-probs."""
     prompts = tokenizer([s["prompt"] for s in samples], return_tensors="pt", padding=True,
                         add_special_tokens=False).to(config.device)
-    sampling = SamplingParams(G, config.max_completion_length, config.temperature)
-    rollout = engine.generate(prompts["input_ids"], prompts["attention_mask"], sampling)
+    sampling = SamplingParams(config.num_generations, config.max_completion_length, config.temperature)
+    return engine.generate(prompts["input_ids"], prompts["attention_mask"], sampling)
 
-    # Score: each completion with its prompt's dataset columns (TRL's convention).
+
+@torch.no_grad()
+def score(config: TrainConfig, samples: list[dict], rollout: Rollout, policy, reference, tokenizer,
+          reward_functions: dict[str, tuple[RewardFn, float]], advantage_fn: AdvantageFn) -> Scored:
+    """Steps 3 to 5: rewards, group advantages, reference (and, for num_iterations > 1, old) log-probs."""
+    B, G = len(samples), config.num_generations
+    # Each completion is scored with its prompt's dataset columns (TRL's convention).
     texts = tokenizer.batch_decode(rollout.completion_ids, skip_special_tokens=True)
     columns = {key: [s.get(key) for s in samples for _ in range(G)]
                for key in samples[0] if key != "prompt"}
@@ -330,13 +336,14 @@ def train(config: TrainConfig, *, advantage_fn: AdvantageFn | None = None,
     while state.step < last:
         t0 = time.perf_counter()
         samples = sample_prompts(config, state, train_pool)
-        scored = rollout_and_score(config, samples, policy, reference, tokenizer, engine,
-                                   reward_functions, advantage_fn)
+        rollout = roll_out(config, samples, tokenizer, engine)
         t1 = time.perf_counter()
-        update = optimise(config, policy, optimizer, scheduler, scored)
+        scored = score(config, samples, rollout, policy, reference, tokenizer, reward_functions, advantage_fn)
         t2 = time.perf_counter()
+        update = optimise(config, policy, optimizer, scheduler, scored)
+        t3 = time.perf_counter()
         state.step += 1
-        seconds = {"rollout_and_scoring": t1 - t0, "update": t2 - t1}
+        seconds = {"rollout": t1 - t0, "scoring": t2 - t1, "update": t3 - t2}
         metrics = {"step": state.step, **step_metrics(scored, update, seconds)}
 
         if config.ref_sync_steps and state.step % config.ref_sync_steps == 0 and reference is not None:
@@ -371,7 +378,7 @@ def train(config: TrainConfig, *, advantage_fn: AdvantageFn | None = None,
 def _summary(config: TrainConfig, history: list[dict], start_accuracy: float, seconds: float,
              finished: bool) -> dict:
     evals = [(m["step"], m["eval/greedy_accuracy"]) for m in history if "eval/greedy_accuracy" in m]
-    step_times = [m["time/rollout_and_scoring"] + m["time/update"] for m in history]
+    step_times = [sum(m[f"time/{key}"] for key in TIME_SPLIT) for m in history]
     return {
         "start_accuracy": start_accuracy,
         "final_accuracy": evals[-1][1] if evals else start_accuracy,
@@ -382,7 +389,7 @@ def _summary(config: TrainConfig, history: list[dict], start_accuracy: float, se
         "median_steps_per_second": 1.0 / statistics.median(step_times) if step_times else 0.0,
         "time_split_median": {
             key: statistics.median(m[f"time/{key}"] for m in history) if history else 0.0
-            for key in ("rollout_and_scoring", "update")},
+            for key in TIME_SPLIT},
         "eval_curve": evals,
         "config": config.to_dict(),
     }

@@ -110,9 +110,10 @@ def test_gradient_accumulation_equals_one_big_batch(tmp_path, loss_type):
     config = small_config(tmp_path, loss_type=loss_type, micro_batch_size=16, beta=0.04)
     reference = trainer.make_reference(policy)
     samples = trainer.sample_prompts(config, trainer.TrainState(), __import__("grpo_edu.tasks").tasks.make_dataset(n=50))
-    scored = trainer.rollout_and_score(config, samples, policy, reference, tokenizer, HFEngine(policy, tokenizer),
-                                       trainer.reward_functions_from_config({"format": 1.0}),
-                                       lambda r: torch.randn(r.shape, generator=torch.Generator().manual_seed(1)))
+    rollout = trainer.roll_out(config, samples, tokenizer, HFEngine(policy, tokenizer))
+    scored = trainer.score(config, samples, rollout, policy, reference, tokenizer,
+                           trainer.reward_functions_from_config({"format": 1.0}),
+                           lambda r: torch.randn(r.shape, generator=torch.Generator().manual_seed(1)))
     gradients = []
     for micro in (16, 3):
         policy.zero_grad()
@@ -213,7 +214,7 @@ def test_metrics_cover_the_documented_keys(tmp_path):
     for key in ("reward/mean", "reward/std", "reward/accuracy", "reward/format", "zero_std_groups",
                 "completion_length/mean", "completion_length/min", "completion_length/max", "truncated",
                 "kl", "clip_ratio/low", "clip_ratio/high", "entropy", "grad_norm",
-                "time/rollout_and_scoring", "time/update", "eval/greedy_accuracy"):
+                "time/rollout", "time/scoring", "time/update", "eval/greedy_accuracy"):
         assert key in metrics, key
 
 
@@ -245,20 +246,13 @@ def test_fused_and_transformers_paths_give_the_same_update(tmp_path):
     reference = trainer.make_reference(policy)
     samples = trainer.sample_prompts(small_config(tmp_path), trainer.TrainState(),
                                      __import__("grpo_edu.tasks").tasks.make_dataset(n=50))
-    rollout = HFEngine(policy, tokenizer).generate(
-        *tokenizer([s["prompt"] for s in samples], return_tensors="pt", padding=True,
-                   add_special_tokens=False).values(), SamplingParams(4, 6))
-
-    class Replay:
-        def generate(self, *args):
-            return rollout
-
+    rollout = trainer.roll_out(small_config(tmp_path), samples, tokenizer, HFEngine(policy, tokenizer))
     results = []
     for fused in (True, False):
         config = small_config(tmp_path, beta=0.04, fused_llama=fused, micro_batch_size=8)
-        scored = trainer.rollout_and_score(config, samples, policy, reference, tokenizer, Replay(),
-                                           trainer.reward_functions_from_config({"format": 1.0}),
-                                           lambda r: torch.linspace(-1, 1, r.numel()).view(r.shape))
+        scored = trainer.score(config, samples, rollout, policy, reference, tokenizer,
+                               trainer.reward_functions_from_config({"format": 1.0}),
+                               lambda r: torch.linspace(-1, 1, r.numel()).view(r.shape))
         policy.zero_grad()
         losses = []
         for micro in torch.arange(16).split(8):
