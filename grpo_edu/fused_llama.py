@@ -162,11 +162,15 @@ def rope_tables(weights: FusedWeights, positions: torch.Tensor) -> torch.Tensor:
     return rotation[positions].unsqueeze(-2)
 
 
-def _qkv(layer: _Layer, weights: FusedWeights, x: torch.Tensor, rotation: torch.Tensor):
+def _qkv(layer: _Layer, weights: FusedWeights, x: torch.Tensor, rotation: torch.Tensor, layout=None):
     """x (..., H) -> q (..., Hq, D), k, v (..., Hkv, D): normalised, projected, RoPE
-    applied (q and k in the interleaved layout, see _interleave)."""
+    applied (q and k in the interleaved layout, see _interleave). With a flat
+    `layout` (see _attend), x is (tokens, H) and q, k, v come out on the (B, L) grid."""
     D, Hq, Hkv = weights.head_dim, weights.heads, weights.kv_heads
     out = _project(_normalise(x, weights.eps), layer.qkv, layer.qkv_bias)
+    if layout is not None:                       # one scatter for q, k and v together
+        rows, columns, B, L = layout
+        out = out.new_zeros(B, L, out.shape[-1]).index_put((rows, columns), out)
     # split, not slicing: its backward concatenates instead of zero-filling copies.
     qk, v = out.split([(Hq + Hkv) * D, Hkv * D], dim=-1)
     pairs = torch.view_as_complex(qk.unflatten(-1, (Hq + Hkv, D // 2, 2)))
@@ -181,29 +185,26 @@ def _mlp_block(layer: _Layer, weights: FusedWeights, x: torch.Tensor) -> torch.T
 
 
 def _attend(q, k, v, mask, weights: FusedWeights, layout=None):
-    """Causal self-attention -> (..., Hq * D).
-
-    Padded: q (N, T, Hq, D), k, v (N, T, Hkv, D), mask (N, 1, T, T), True = may attend.
-    Flat (layout = (rows, columns, B, L)): q (tokens, Hq, D) etc.; token i sits at
-    (rows[i], columns[i]) of a (B, L) grid, the only place padding exists."""
-    if layout is not None:
-        rows, columns, B, L = layout
-        grid = lambda t: t.new_zeros(B, L, *t.shape[1:]).index_put((rows, columns), t)
-        return _attend(grid(q), grid(k), grid(v), mask, weights)[rows, columns]
+    """Causal self-attention: q (N, T, Hq, D), k, v (N, T, Hkv, D), mask (N, 1, T, T),
+    True = may attend -> (N, T, Hq * D). With a flat layout = (rows, columns, B, L),
+    the inputs are on the (B, L) grid and the output is gathered back to the flat
+    tokens (tokens, Hq * D): token i sits at (rows[i], columns[i]) of the grid, the
+    only place padding exists."""
     out = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
                                          attn_mask=mask, enable_gqa=weights.kv_heads != weights.heads)
-    return out.transpose(1, 2).flatten(2)          # (N, T, Hq * D)
+    out = out.transpose(1, 2).flatten(2)          # (N, T, Hq * D)
+    return out if layout is None else out[layout[0], layout[1]]
 
 
 def _forward(weights: FusedWeights, input_ids: torch.Tensor, positions: torch.Tensor,
              mask: torch.Tensor, layout=None) -> torch.Tensor:
     """Ids at `positions` -> final normalised hidden states (the final norm's weight is
-    folded into `weights.head`). Padded: (N, T) -> (N, T, H); flat: (tokens,) ->
-    (tokens, H), with `layout` placing the tokens for attention (see _attend)."""
+    folded into `weights.head`). Padded: (N, T) -> (N, T, H). Flat: (tokens,) ->
+    (tokens, H), `positions` given on the (B, L) grid of `layout` (see _attend)."""
     x = F.embedding(input_ids, weights.embed)
     rotation = rope_tables(weights, positions)
     for layer in weights.layers:
-        q, k, v = _qkv(layer, weights, x, rotation)
+        q, k, v = _qkv(layer, weights, x, rotation, layout)
         x = _add_projection(x, _attend(q, k, v, mask, weights, layout), layer.o)
         x = _mlp_block(layer, weights, x)
     return _normalise(x, weights.eps)
@@ -272,6 +273,7 @@ def group_logprobs(model, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, c
     L = int(column[:, -1].max()) + 1
     layout = (rows, column[rows, entries], B, L)
     grid_block = block.new_full((B, L), -2).index_put(layout[:2], block[rows, entries])   # -2: padding
+    grid_positions = positions.new_zeros(B, L).index_put(layout[:2], positions[rows, entries])
     real = grid_block != -2
     # Query i may see key j <= i that is real and in the prompt or in i's own completion.
     causal = torch.ones(L, L, dtype=torch.bool, device=device).tril()
@@ -280,7 +282,7 @@ def group_logprobs(model, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, c
     mask = ((causal & visible & real[:, None, :]) | eye)[:, None]
 
     weights = fuse(model)
-    hidden = _forward(weights, ids[rows, entries], positions[rows, entries], mask, layout)   # (tokens, H)
+    hidden = _forward(weights, ids[rows, entries], grid_positions, mask, layout)   # (tokens, H)
     # Completion token (g, s) is predicted by the token at unpacked column
     # P + g * S + s - 1 (s > 0), or at the prompt's last column P - 1 (s = 0).
     predictor = P + torch.arange(G, device=device)[:, None] * S + torch.arange(S, device=device) - 1
