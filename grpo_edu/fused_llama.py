@@ -422,8 +422,8 @@ class FusedEngine:
                 # One query per row: two small matrix products beat the fused attention kernel.
                 q = q.view(n, Hkv, group, D)
                 scores = torch.matmul(q, keys[i, :, :, :column + 1].transpose(-1, -2)) * scale
-                weights_ = torch.softmax(scores + key_bias[..., :column + 1], dim=-1)
-                attended = torch.matmul(weights_, values[i, :, :, :column + 1]).reshape(n, 1, -1)
+                probabilities = torch.softmax(scores + key_bias[..., :column + 1], dim=-1)
+                attended = torch.matmul(probabilities, values[i, :, :, :column + 1]).reshape(n, 1, -1)
                 x = _add_projection(x, attended, layer.o)
                 x = _mlp_block(layer, weights, x)
             step_logits = _project(_normalise(x[:, 0], weights.eps), weights.head)
