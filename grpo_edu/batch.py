@@ -25,6 +25,7 @@ from dataclasses import dataclass, fields, replace
 import torch
 
 from grpo_edu.advantages import check_rewards
+from grpo_edu.loss import check_logprob_values
 
 _INTEGER_DTYPES = (torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64)
 
@@ -203,14 +204,7 @@ class RolloutBatch:
             value = getattr(self, name)
             if value is None:
                 continue
-            bad = completion & ~torch.isfinite(value)
-            if bad.any():
-                raise ValueError(f"{name} must be finite on completion tokens, got {value[bad][0].item()} "
-                                 f"at {_where(bad)}")
-            positive = completion & (value > 1e-4)
-            if positive.any():
-                raise ValueError(f"{name} must hold log-probabilities (<= 0), got {value[positive][0].item():.4g} "
-                                 f"at {_where(positive)}")
+            check_logprob_values(name, value, completion, where=_where)
 
 
 def pad_rollouts(prompt_ids: list[list[int]], completion_ids: list[list[list[int]]], pad_token_id: int

@@ -44,7 +44,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from grpo_edu.logprobs import position_ids_from_attention_mask, token_logprobs
+from grpo_edu.logprobs import check_completion_inputs, position_ids_from_attention_mask, token_logprobs
 from grpo_edu.rollout import Rollout, SamplingParams, completion_mask_from_ids
 
 SUPPORTED_MODELS = ("LlamaForCausalLM", "Qwen2ForCausalLM")
@@ -303,12 +303,10 @@ def completion_logprobs(model, input_ids: torch.Tensor, attention_mask: torch.Te
     prompt (the rollout's prompt-major order); each group's prompt is computed
     once (`group_logprobs`). 1 treats every row alone.
     """
+    check_completion_inputs(input_ids, attention_mask, completion_mask)
+    if input_ids.ndim != 2:
+        raise ValueError(f"input_ids must be (N, T) rows in prompt-major order, got {tuple(input_ids.shape)}")
     S, T = completion_mask.shape[-1], input_ids.shape[-1]
-    if input_ids.ndim != 2 or input_ids.shape != attention_mask.shape \
-            or completion_mask.shape[:-1] != input_ids.shape[:-1] or not 1 <= S < T:
-        raise ValueError(f"input_ids and attention_mask must be (N, T) and completion_mask (N, S) with "
-                         f"1 <= S < T, got {tuple(input_ids.shape)}, {tuple(attention_mask.shape)}, "
-                         f"{tuple(completion_mask.shape)}")
     N, P = input_ids.shape[0], T - S
     if not (isinstance(group_size, int) and group_size >= 1 and N % group_size == 0):
         raise ValueError(f"group_size must be a positive int dividing the {N} rows, got {group_size!r}")
@@ -317,8 +315,6 @@ def completion_logprobs(model, input_ids: torch.Tensor, attention_mask: torch.Te
     if not (torch.equal(prompt_ids, prompt_ids[:, :1].expand_as(prompt_ids))
             and torch.equal(prompt_mask, prompt_mask[:, :1].expand_as(prompt_mask))):
         raise ValueError(f"group_size={G}: rows of one group must share their prompt columns")
-    if (completion_mask.bool() & ~attention_mask[:, P:].bool()).any():
-        raise ValueError("completion_mask marks a token that attention_mask marks as padding")
     logp = group_logprobs(model, prompt_ids[:, 0], prompt_mask[:, 0], input_ids[:, P:].view(B, G, S),
                           completion_mask.view(B, G, S), temperature=temperature,
                           completion_attention=attention_mask[:, P:].reshape(B, G, S))
@@ -370,8 +366,10 @@ class FusedEngine:
         # Prefill: B prompts, then every cache row is repeated for the prompt's G completions.
         real = prompt_mask.bool()
         positions = position_ids_from_attention_mask(prompt_mask)
+        # One RoPE table for every position this call reaches: the prompts' and L more.
+        rotations = rope_tables(weights, torch.arange(int(positions.max()) + 1 + L, device=prompt_ids.device))
         x = F.embedding(prompt_ids, weights.embed)
-        rotation = rope_tables(weights, positions)
+        rotation = rotations[positions]                                   # (B, P, 1, D/2)
         mask = _causal_mask(prompt_mask)
         keys = torch.empty(len(weights.layers), N, Hkv, P + L, D, dtype=x.dtype, device=x.device)
         values = torch.empty_like(keys)
@@ -387,7 +385,6 @@ class FusedEngine:
         key_bias = torch.zeros(N, 1, 1, P + L, dtype=x.dtype, device=x.device)
         key_bias[:, 0, 0, :P].masked_fill_(~real.repeat_interleave(G, dim=0), float("-inf"))
         position = positions[:, -1].repeat_interleave(G) + 1             # (N,) next token's position
-        rotations = rope_tables(weights, torch.arange(int(position.max()) + L, device=x.device))
         scale = D ** -0.5
         group = weights.heads // Hkv
         tokens = torch.full((N, L), pad, dtype=torch.long, device=x.device)

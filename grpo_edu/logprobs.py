@@ -158,6 +158,24 @@ def position_ids_from_attention_mask(attention_mask: torch.Tensor) -> torch.Tens
     return (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
 
 
+def check_completion_inputs(input_ids: torch.Tensor, attention_mask: torch.Tensor,
+                            completion_mask: torch.Tensor) -> None:
+    """input_ids, attention_mask (..., T) and completion_mask (..., S), 1 <= S < T, the
+    completion's real tokens real in the attention mask too; else ValueError saying which."""
+    if input_ids.shape != attention_mask.shape:
+        raise ValueError(f"attention_mask must have the shape of input_ids {tuple(input_ids.shape)}, "
+                         f"got {tuple(attention_mask.shape)}")
+    if input_ids.ndim < 2:
+        raise ValueError(f"input_ids must have shape (..., T), got {tuple(input_ids.shape)}")
+    S, T = completion_mask.shape[-1], input_ids.shape[-1]
+    if completion_mask.shape[:-1] != input_ids.shape[:-1] or not 1 <= S < T:
+        raise ValueError(f"completion_mask must have shape {tuple(input_ids.shape[:-1])} + (S,) with "
+                         f"1 <= S < T = {T} (the prompt needs at least one column), "
+                         f"got {tuple(completion_mask.shape)}")
+    if (completion_mask.bool() & ~attention_mask[..., T - S:].bool()).any():
+        raise ValueError("completion_mask marks a token that attention_mask marks as padding")
+
+
 def completion_logprobs(model, input_ids: torch.Tensor, attention_mask: torch.Tensor,
                         completion_mask: torch.Tensor, *, temperature: float = 1.0,
                         chunk_tokens: int | None = None,
@@ -179,18 +197,8 @@ def completion_logprobs(model, input_ids: torch.Tensor, attention_mask: torch.Te
     The token at column j is predicted by the logits at column j - 1: the S
     completion tokens use the logits of columns T - S - 1 ... T - 2.
     """
-    if input_ids.shape != attention_mask.shape:
-        raise ValueError(f"attention_mask must have the shape of input_ids {tuple(input_ids.shape)}, "
-                         f"got {tuple(attention_mask.shape)}")
-    if input_ids.ndim < 2:
-        raise ValueError(f"input_ids must have shape (..., T), got {tuple(input_ids.shape)}")
+    check_completion_inputs(input_ids, attention_mask, completion_mask)
     S, T = completion_mask.shape[-1], input_ids.shape[-1]
-    if completion_mask.shape[:-1] != input_ids.shape[:-1] or not 1 <= S < T:
-        raise ValueError(f"completion_mask must have shape {tuple(input_ids.shape[:-1])} + (S,) with "
-                         f"1 <= S < T = {T} (the prompt needs at least one column), "
-                         f"got {tuple(completion_mask.shape)}")
-    if (completion_mask.bool() & ~attention_mask[..., T - S:].bool()).any():
-        raise ValueError("completion_mask marks a token that attention_mask marks as padding")
     if chunk_tokens is not None and not (isinstance(chunk_tokens, int) and chunk_tokens > 0):
         raise ValueError(f"chunk_tokens must be a positive int or None, got {chunk_tokens!r}")
 

@@ -27,6 +27,7 @@ weight. For the settings they share, the loss equals TRL 1.16's GRPOTrainer
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Callable
 
 import torch
 
@@ -284,6 +285,23 @@ def _check_options(loss_type, level, kl_estimator, epsilon, epsilon_high, beta) 
         raise ValueError(f"beta must be a number >= 0, got {beta!r}")
 
 
+def check_logprob_values(name: str, value: torch.Tensor, mask: torch.Tensor,
+                         where: Callable[[torch.Tensor], str] | None = None) -> None:
+    """Log-probabilities on the tokens of `mask` must be finite and <= 0 (a little slack for
+    rounding near p = 1); a clearly positive one means probabilities or logits were passed.
+    `where` names the first offending element (default: its index)."""
+    where = where or _first_bad
+    bad = mask & ~torch.isfinite(value)
+    if bad.any():
+        raise ValueError(f"{name} must be finite on completion tokens, got "
+                         f"{value[tuple(bad.nonzero()[0])].item()} at {where(bad)}")
+    positive = mask & (value > 1e-4)
+    if positive.any():
+        raise ValueError(f"{name} must hold log-probabilities (<= 0), got "
+                         f"{value[tuple(positive.nonzero()[0])].item():.4g} at {where(positive)}: "
+                         f"were probabilities or logits passed?")
+
+
 def _first_bad(bad: torch.Tensor) -> str:
     return "position " + str(tuple(int(i) for i in bad.nonzero()[0]))
 
@@ -339,18 +357,7 @@ def _check_inputs(logp, old_logp, advantages, completion_mask, ref_logp, beta) -
         for name in ("logp", "old_logp", "ref_logp"):
             if name not in tensors:
                 continue
-            value = tensors[name].detach()
-            bad = mask & ~torch.isfinite(value)
-            if bad.any():
-                raise ValueError(f"{name} must be finite on completion tokens, got "
-                                 f"{value[tuple(bad.nonzero()[0])].item()} at {_first_bad(bad)}")
-            # Log-probabilities are <= 0; a clearly positive one means probabilities
-            # or logits were passed. (A little slack for rounding near p = 1.)
-            positive = mask & (value > 1e-4)
-            if positive.any():
-                raise ValueError(f"{name} must hold log-probabilities (<= 0), got "
-                                 f"{value[tuple(positive.nonzero()[0])].item():.4g} at {_first_bad(positive)}: "
-                                 f"were probabilities or logits passed?")
+            check_logprob_values(name, tensors[name].detach(), mask)
         bad = ~torch.isfinite(advantages)
         if bad.any():
             raise ValueError(f"advantages must be finite, got {advantages[tuple(bad.nonzero()[0])].item()} "
