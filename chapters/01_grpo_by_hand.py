@@ -46,7 +46,8 @@ def row(values, width=8):
 #
 # For a prompt $q$ the old policy $\pi_{\theta_\text{old}}$ samples responses
 # $o_1, \dots, o_G$ with rewards $r_1, \dots, r_G$. With $\rho_{i,t}$ the ratio of the new to
-# the old probability of token $t$ of response $i$, GRPO maximises
+# the old probability of token $t$ of response $i$, GRPO as DeepSeekMath introduced it
+# (Shao et al., 2024, eq. 3) maximises
 #
 # $$
 # \mathcal{J}(\theta) = \frac{1}{G}\sum_{i=1}^{G} \frac{1}{|o_i|}\sum_{t=1}^{|o_i|}
@@ -57,7 +58,22 @@ def row(values, width=8):
 #
 # and the loss is $-\mathcal{J}$. $A_i$ is one number per response, shared by all of its
 # tokens. $\widehat{\mathrm{KL}}_{i,t}$ is Schulman's k3 estimator of the KL divergence to a
-# frozen reference policy. DeepSeek-R1 used $\varepsilon$ = 0.2 and $\beta$ = 0.04; so do we.
+# frozen reference policy (step 5 says what it estimates, and what it does not).
+#
+# This per-token form, a ratio per token and a mean over each response's $|o_i|$ tokens,
+# is DeepSeekMath's; it is what the textbook, this chapter's reference and grpo_edu's
+# `loss_type="grpo"` compute. The DeepSeek-R1 paper (seeds/001, eq. 1-2) writes the same
+# objective per *sequence*: its ratio is $\pi_\theta(o_i \mid q) / \pi_{\theta_\text{old}}(o_i \mid q)$,
+# the probability of a whole output, its KL term compares whole outputs, and the only mean
+# is over the G outputs. A sequence's probability is the product of its tokens'
+# probabilities, so R1's ratio, as written, is $\prod_t \rho_{i,t}$, not a mean of the
+# $\rho_{i,t}$. (GSPO, chapter 4, clips a length-normalised form of it.)
+#
+# This chapter uses $\varepsilon$ = 0.2 and $\beta$ = 0.04, the values of the textbook's
+# worked example. The textbook calls them DeepSeek-R1's; they are not. 0.04 is
+# DeepSeekMath's KL coefficient and 0.2 is PPO's customary clip range, while R1 trained with
+# a KL coefficient of 0.001 and, in its first RL stage, a clip ratio of 10. The last
+# section of the chapter sets out R1's recipe from its paper.
 #
 # ## The worked example
 #
@@ -117,12 +133,62 @@ print(f"A (population) / A (sample) = {adv_population[0] / adv_sample[0]:.4f} "
 # whatever pushes some responses up pushes others down by the same total.
 #
 # What the choice of std changes: with the sample std (0.4435) every advantage is smaller by
-# the same factor, 1.1547 for G = 4. Within one group that is a uniform rescaling of the
-# policy gradient, the same as a learning rate smaller by that factor; the clip range acts on
-# the ratio, not on $A$, so which tokens clip does not change. It matters when you compare
-# numbers across implementations (an advantage of +1.1717 here is +1.0147 in TRL) and when
-# groups of different sizes share a batch, since the factor depends on G. We use the
-# population std in this chapter, as the textbook's worked example does.
+# the same factor, 1.1547 for G = 4. That factor reaches only the policy-gradient term. The
+# clip range acts on the ratio, not on $A$, so which tokens clip does not change, and the
+# KL term does not contain $A$ at all. So the switch is not a smaller learning rate. Under
+# plain gradient descent it is a learning rate smaller by 1.1547 *and* a $\beta$ larger by
+# 1.1547. Under Adam, which divides each gradient by a running estimate of its own size,
+# a constant factor on the whole gradient cancels (up to Adam's small $\epsilon$), so
+# without a KL term the switch changes nearly nothing, and with one it only changes
+# how much the KL counts. The cell below trains the example's logits for 20 steps from a
+# fresh rollout with each std and compares the results:
+
+# %%
+fresh_logp = [reference.log_softmax(logits)[np.arange(len(ids)), ids]
+              for logits, ids in zip(new_logits, token_ids)]   # pi_old = pi_ref = the starting logits
+
+
+def train_logits(std, beta, optimizer, steps=20, lr=0.05):
+    """`steps` updates of the example's logits on one rollout (pi_old fixed); returns them flat."""
+    logits = [x.copy() for x in new_logits]
+    first = [np.zeros_like(x) for x in logits]
+    second = [np.zeros_like(x) for x in logits]
+    for k in range(1, steps + 1):
+        step_update = reference.grpo_update(token_ids, logits, fresh_logp, fresh_logp, rewards,
+                                            epsilon=epsilon, beta=beta, std=std)
+        for i, terms in enumerate(step_update.responses):
+            g = terms.grad_logits
+            if optimizer == "SGD":
+                logits[i] = logits[i] - lr * g
+            else:  # Adam, betas (0.9, 0.999), eps 1e-8, bias-corrected
+                first[i] = 0.9 * first[i] + 0.1 * g
+                second[i] = 0.999 * second[i] + 0.001 * g ** 2
+                logits[i] = logits[i] - lr * (first[i] / (1 - 0.9 ** k)) / (np.sqrt(second[i] / (1 - 0.999 ** k)) + 1e-8)
+    return np.concatenate([x.ravel() for x in logits])
+
+
+print("optimizer  beta    max |logits(population) - logits(sample)|   largest change of a logit")
+for optimizer, kl_weight in (("SGD", 0.0), ("SGD", beta), ("Adam", 0.0), ("Adam", beta)):
+    trained = {std: train_logits(std, kl_weight, optimizer) for std in ("population", "sample")}
+    start = np.concatenate([x.ravel() for x in new_logits])
+    print(f"{optimizer:<9}  {kl_weight:.2f}    {np.abs(trained['population'] - trained['sample']).max():.1e}"
+          f"                             {np.abs(trained['population'] - start).max():.4f}")
+factor = adv_population[0] / adv_sample[0]
+same = np.allclose(train_logits("sample", beta, "SGD"),
+                   train_logits("population", beta * factor, "SGD", lr=0.05 / factor), rtol=0, atol=1e-12)
+print(f"\nSGD with the sample std = SGD with the population std, lr / {factor:.4f} and beta x {factor:.4f}: {same}")
+
+# %% [markdown]
+# With plain gradient descent the two runs end 9.5e-03 apart, after the logits moved by up
+# to 0.0702: the sample std takes smaller steps, and, as the last line checks, it is
+# exactly the population std with a smaller learning rate and a larger $\beta$. With Adam
+# and no KL term the runs end 1.5e-07 apart after moving by up to 0.7374: the choice of std
+# has stopped mattering. With Adam and $\beta$ = 0.04 they differ by 1.0e-02: what is left of
+# the switch is the weight of the KL term next to the policy gradient. The choice matters
+# more when you compare numbers across implementations (an advantage of +1.1717 here is
+# +1.0147 in TRL, which uses the sample std) and when groups of different sizes share a
+# batch, since the factor depends on G. We use the population std in this chapter, as the
+# textbook's worked example does.
 #
 # ## Step 2. Log-probabilities of the sampled tokens under the new policy
 #
@@ -224,7 +290,9 @@ print(f"mean objective = {objective.mean():+.4f}")
 #
 # With $d = \log\pi_\text{ref} - \log\pi_\theta$, the k3 estimator is $e^{d} - d - 1$. It is
 # never negative (since $e^d \ge 1 + d$), zero exactly when the two log-probabilities agree,
-# and its expectation under $\pi_\theta$ is the true $\mathrm{KL}(\pi_\theta \,\|\, \pi_\text{ref})$.
+# and its mean over tokens drawn from $\pi_\theta$ itself is the exact
+# $\mathrm{KL}(\pi_\theta \,\|\, \pi_\text{ref})$. Both conditions in that sentence matter;
+# the end of this step shows what happens without them.
 
 # %%
 print(inspect.getsource(reference.k3))
@@ -239,6 +307,52 @@ for i, terms in enumerate(update.responses):
 # The first token has $d$ = -0.0566 and k3 = 0.00157; the largest, token 2 of $o_4$, has
 # $d$ = -0.6369 and k3 = 0.16581. Multiplied by $\beta$ = 0.04, the KL term is a gentle
 # leash next to objectives of order 1.
+#
+# **What k3 estimates, and what its gradient is.** Two caveats, both easy to miss. First,
+# k3 is unbiased only for tokens drawn from $\pi_\theta$. GRPO's tokens come from
+# $\pi_{\theta_\text{old}}$; the two coincide on the first optimizer step of a rollout, and
+# on every later step (the next mini-batch, the next pass) the mean of k3 estimates
+# something else. Second, the loss does not just report k3, it differentiates it, and the
+# gradient of a KL estimate is not an estimate of the KL's gradient. A categorical
+# distribution over 4 tokens shows both exactly, as sums over the vocabulary with no
+# sampling (the gradients are with respect to $\pi_\theta$'s logits):
+
+# %%
+def softmax(z):
+    e = np.exp(z - z.max())
+    return e / e.sum()
+
+
+pi = softmax(np.array([0.5, -0.2, 0.1, -1.0]))          # pi_theta
+pi_ref = softmax(np.array([0.0, 0.3, -0.4, -0.5]))      # the reference
+pi_old = softmax(np.array([0.9, -0.5, 0.1, -0.8]))      # the sampler, a few updates behind pi_theta
+k3_per_token = reference.k3(np.log(pi_ref), np.log(pi))  # k3 of each token of the vocabulary
+exact_kl = (pi * np.log(pi / pi_ref)).sum()
+print(f"exact KL(pi || pi_ref)                 {exact_kl:.4f}")
+print(f"mean of k3 over tokens from pi         {(pi * k3_per_token).sum():.4f}")
+print(f"mean of k3 over tokens from pi_old     {(pi_old * k3_per_token).sum():.4f}")
+
+# d log pi(x) / d logits = onehot(x) - pi; d k3(x) / d log pi(x) = 1 - pi_ref(x) / pi(x)
+d_log_pi = np.eye(4) - pi                                 # row x: gradient of log pi(x)
+expected_k3_gradient = (pi * (1 - pi_ref / pi)) @ d_log_pi
+kl_gradient = pi * (np.log(pi / pi_ref) - exact_kl)      # gradient of KL(pi || pi_ref)
+reverse_kl_gradient = pi - pi_ref                         # gradient of KL(pi_ref || pi)
+print(f"\ngradient of KL(pi || pi_ref)           [{row(kl_gradient)}]")
+print(f"mean gradient of k3, tokens from pi    [{row(expected_k3_gradient)}]")
+print(f"gradient of KL(pi_ref || pi)           [{row(reverse_kl_gradient)}]")
+print(f"k3's mean gradient == gradient of KL(pi_ref || pi): {np.allclose(expected_k3_gradient, reverse_kl_gradient)}")
+k1_gradient = pi @ d_log_pi                                # d k1(x) / d log pi(x) = 1
+print(f"mean gradient of k1 = -d, tokens from pi: [{row(np.round(k1_gradient, 12) + 0.0)}]")
+
+# %% [markdown]
+# Drawn from $\pi_\theta$, the k3 values average to the exact KL, 0.1159; drawn from a
+# sampler a few updates behind, they average to 0.1063. On the gradient: the mean gradient
+# of k3 over on-policy tokens is not the gradient of $\mathrm{KL}(\pi_\theta \,\|\, \pi_\text{ref})$
+# but, exactly, that of the other direction, $\mathrm{KL}(\pi_\text{ref} \,\|\, \pi_\theta)$,
+# which is $\pi_\theta - \pi_\text{ref}$ in the logits. The two directions have the same
+# minimum, $\pi_\theta = \pi_\text{ref}$, so k3 still pulls the policy towards the
+# reference; it pulls along a different path than the KL the objective names. k1, the
+# plain log-ratio, is worse as a loss: its mean gradient on on-policy tokens is zero.
 #
 # ## Step 6. Per-response loss and the group loss
 #
@@ -373,6 +487,112 @@ print(f"sum of exp(printed row) = {np.exp(printed_row).sum():.4f}; "
       f"log-sum-exp of the logits = {np.log(np.exp(new_logits[0][0]).sum()):.4f}")
 
 # %% [markdown]
+# ## What DeepSeek-R1 trained with
+#
+# The textbook's $\varepsilon$ and $\beta$ are not R1's. The R1 paper gives its GRPO
+# settings in its "Training details" (seeds/001), for two models: R1-Zero, and R1, whose
+# RL runs in two stages. The first cell holds what the paper states, with "-" where it says nothing and "~ stage 1" where
+# it says only that the second stage keeps most of the first stage's settings.
+
+# %%
+r1_stated = {  # setting: (R1-Zero, R1 first RL stage, R1 second RL stage), from seeds/001
+    "learning rate": ("3e-6", "3e-6", "~ stage 1"),
+    "KL coefficient beta": ("0.001", "0.001", "~ stage 1"),
+    "clip ratio epsilon": ("-", "10", "~ stage 1"),
+    "sampling temperature": ("1", "1", "0.7"),
+    "outputs per question G": ("16", "16", "~ stage 1"),
+    "max output length (tokens)": ("32,768; 65,536 from 8.2k", "32,768", "~ stage 1"),
+    "questions per training step": ("32", "32", "~ stage 1"),
+    "outputs per rollout": ("8,192", "8,192", "~ stage 1"),
+    "mini-batches per rollout": ("16", "16", "~ stage 1"),
+    "inner epochs per rollout": ("1", "1", "~ stage 1"),
+    "reference replaced every": ("400 steps", "400 steps", "~ stage 1"),
+    "training steps": ("10,400 = 1.6 epochs", "-", "1,700"),
+    "rewards": ("accuracy + format", "+ language consistency", "+ reward models*"),
+}
+print(f"{'setting':<28} {'R1-Zero':<26} {'R1, RL stage 1':<24} R1, RL stage 2")
+for setting, (zero, stage_1, stage_2) in r1_stated.items():
+    print(f"{setting:<28} {zero:<26} {stage_1:<24} {stage_2}")
+print("* for general (non-reasoning) data, in the last 400 of the 1,700 steps")
+
+# %% [markdown]
+# The counts fit together in one way only, and the next cell works it out. A training
+# step is 32 questions with 16 outputs each; a rollout is 8,192 outputs split into 16
+# mini-batches and used once. So a mini-batch is exactly one training step, that is one
+# optimizer step, and each rollout feeds 16 of them in a row.
+
+# %%
+questions_per_step, outputs_per_question, mini_batches, inner_epochs = 32, 16, 16, 1
+outputs_per_step = questions_per_step * outputs_per_question
+outputs_per_rollout = questions_per_step * outputs_per_question * mini_batches
+optimizer_steps_per_rollout = mini_batches * inner_epochs
+reference_every_steps, r1_zero_steps, r1_zero_epochs, r1_epsilon = 400, 10_400, 1.6, 10
+print(f"outputs per training step  = {questions_per_step} x {outputs_per_question} = {outputs_per_step} "
+      f"(the paper's 'training batch size of 512')")
+print(f"outputs per rollout        = {questions_per_step} x {outputs_per_question} x {mini_batches} = "
+      f"{outputs_per_rollout:,} (the paper's 8,192)")
+print(f"questions per rollout      = {outputs_per_rollout:,} / {outputs_per_question} = "
+      f"{outputs_per_rollout // outputs_per_question}")
+print(f"optimizer steps per rollout = {optimizer_steps_per_rollout}, of which "
+      f"{optimizer_steps_per_rollout - 1} train on outputs an earlier policy sampled")
+print(f"reference replaced every {reference_every_steps} steps = every "
+      f"{reference_every_steps // optimizer_steps_per_rollout} rollouts")
+print(f"R1-Zero: {r1_zero_steps:,} steps = {r1_zero_steps // optimizer_steps_per_rollout} rollouts, "
+      f"{r1_zero_steps * questions_per_step:,} questions drawn = {r1_zero_epochs} epochs of about "
+      f"{r1_zero_steps * questions_per_step / r1_zero_epochs:,.0f} questions")
+print(f"clip ratio {r1_epsilon}: ratios clipped to [{1 - r1_epsilon}, {1 + r1_epsilon}]")
+
+# %% [markdown]
+# Two consequences are worth a sentence each. Fifteen of every 16 optimizer steps train on
+# outputs that an earlier policy sampled, which is what the ratio and the clip are for
+# (chapter 3 shows why $\pi_{\theta_\text{old}}$ must then stay the sampler for the whole
+# rollout). And a clip ratio of 10 clips ratios to [-9, 11]: a ratio is never negative, so
+# the lower bound never binds, and the upper one only stops a token with $A > 0$ whose
+# probability has grown elevenfold since sampling. R1's trust region is wide open. The
+# paper stresses that the value matters: a lower one can cut off the gradients of many
+# tokens and degrade the model, a higher one can make training unstable.
+#
+# `configs/r1-recipe-tiny.toml` applies this recipe (R1's first RL stage) to the tiny
+# arithmetic task of chapters 5 and 6. In grpo_edu a training step (`steps`) is one
+# rollout, so R1's counts map onto the config's keys as below; the config's comments say
+# why four values differ.
+
+# %%
+from grpo_edu.config import TrainConfig
+
+tiny_r1 = TrainConfig.from_toml("../configs/r1-recipe-tiny.toml")
+r1_as_keys = {  # grpo_edu key: R1's first RL stage in that key's units
+    "prompts_per_step": outputs_per_rollout // outputs_per_question,
+    "num_generations": outputs_per_question,
+    "num_mini_batches": mini_batches,
+    "num_iterations": inner_epochs,
+    "learning_rate": 3e-6,
+    "beta": 0.001,
+    "epsilon": r1_epsilon,
+    "epsilon_high": r1_epsilon,
+    "temperature": 1.0,
+    "ref_sync_steps": reference_every_steps // optimizer_steps_per_rollout,
+    "max_completion_length": 32_768,
+}
+print(f"{'key':<22} {'R1':>10} {'r1-recipe-tiny':>15}")
+for key, r1_value in r1_as_keys.items():
+    ours = getattr(tiny_r1, key)
+    print(f"{key:<22} {r1_value:>10g} {ours:>15g}   {'' if ours == r1_value else 'changed'}".rstrip())
+drawn = tiny_r1.steps * tiny_r1.prompts_per_step
+print(f"steps: {tiny_r1.steps} rollouts = {tiny_r1.steps * tiny_r1.num_mini_batches} optimizer steps, "
+      f"{drawn:,} prompts drawn, {drawn * tiny_r1.num_generations:,} completions")
+
+# %% [markdown]
+# The length limit shrinks because a correct completion of the tiny task has at most ten
+# tokens. The learning rate grows because 3e-6 was chosen for DeepSeek-V3-Base, the
+# 671-billion-parameter model R1 starts from, and learning rates do not carry across a
+# change of scale that large; 3e-4 is the tiny policy's tuned value. `grpo_loss` requires $\varepsilon$ < 1, and 0.999 puts the
+# lower bound at 0.001, where it binds only on a token whose probability fell a
+# thousandfold since sampling. Instead of R1-Zero's 650 rollouts, the config keeps its
+# 1.6 epochs: 31 rollouts of 512 prompts draw 15,872 times from the 10,000 training
+# problems the trainer samples from (`grpo_edu.trainer.TRAIN_POOL`).
+#
+# %% [markdown]
 # ## Exercises
 #
 # Each exercise has a checker in `grpo_edu.exercises.ch01` that runs your answer on several
@@ -407,9 +627,10 @@ ch01.check_clip_predictions(my_predictions)
 
 # %% [markdown]
 # **1.3 The k3 estimator.** Write `my_k3(log_ref, log_new)` returning the per-token k3
-# estimate, then check it. Bonus: show numerically, by sampling tokens from a categorical
-# distribution, that its mean over samples approaches the exact KL while k1 = $-d$ takes
-# negative values on single samples.
+# estimate, then check it. Bonus: sample tokens from step 5's $\pi_\theta$ and show that the
+# mean of k3 over samples approaches the exact KL, while k1 = $-d$ takes negative values on
+# single samples; then sample from its $\pi_{\theta_\text{old}}$ instead and watch the mean
+# settle somewhere else.
 
 # %%
 def my_k3(log_ref, log_new):

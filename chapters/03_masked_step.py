@@ -317,6 +317,113 @@ for b in range(B):
 # own and still moved a little, through the weights they share with the others: a
 # token's gradient changes every probability the same weights produce.
 #
+# ## Why pi_old is the sampler, for the whole rollout
+#
+# A trainer rarely stops at one optimizer step per rollout. It may split the rollout into
+# mini-batches of whole groups, one optimizer step each (DeepSeek-R1 split each rollout
+# into 16), and it may pass over the rollout more than once (`num_iterations`, PPO's
+# epochs). Every step after the first computes its loss with a policy that has already
+# moved, on completions it did not sample. That is exactly the situation the ratio and
+# its clip exist for, and they only work if $\pi_{\theta_\text{old}}$ stays the policy
+# that sampled, from the first step on the rollout to the last.
+#
+# The textbook section of chapter 1 advises the opposite when a rollout gets several
+# passes: refresh the old log-probabilities at the start of every pass, so that the ratio
+# does not drift far from 1 and the clipped fraction does not spike. Both symptoms are the
+# trust region doing its job; refreshing removes them by moving the reference point of
+# the ratio to wherever the policy has got to. Here are three choices of
+# $\pi_{\theta_\text{old}}$ on this chapter's batch, each trained from the sampling policy
+# with the same AdamW settings, over 2 passes of 2 mini-batches (one prompt's group each),
+# so 4 optimizer steps per rollout:
+#
+# - `sampler`: the log-probs of the policy that sampled, fixed for the whole rollout;
+# - `each pass`: recomputed from the current policy before every pass (the textbook's advice);
+# - `each step`: the current policy's own log-probs, detached, in every step (the easy
+#   mistake of writing `old_logp = logp.detach()`).
+
+# %%
+def passes_over_rollout(old_logp_from, num_iterations=2, num_mini_batches=2):
+    """Train a copy of the sampling policy on `batch`; one row of metrics per optimizer step."""
+    model = copy.deepcopy(reference_policy).requires_grad_(True).train()
+    model_optimizer = torch.optim.AdamW(model.parameters(), lr=3e-4, weight_decay=0.0)
+    parts = [batch.select(torch.isin(torch.arange(B), rows))   # whole groups per mini-batch
+             for rows in torch.arange(B).chunk(num_mini_batches)]
+    steps = []
+    for iteration in range(num_iterations):
+        if old_logp_from == "each pass":
+            with torch.no_grad():
+                pass_old_logp = [completion_logprobs(model, part.input_ids, part.attention_mask,
+                                                     part.completion_mask) for part in parts]
+        for mini_batch, part in enumerate(parts):
+            logp_part = completion_logprobs(model, part.input_ids, part.attention_mask, part.completion_mask)
+            if old_logp_from == "sampler":
+                old_part = part.old_logp
+            elif old_logp_from == "each pass":
+                old_part = pass_old_logp[mini_batch]
+            else:
+                old_part = logp_part.detach()
+            step_out = grpo_loss(logp_part, old_part, part.advantages, part.completion_mask,
+                                 ref_logp=part.ref_logp, beta=beta, epsilon=epsilon)
+            step_out.loss.backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm=1.0)
+            model_optimizer.step()
+            model_optimizer.zero_grad()
+            steps.append((iteration + 1, mini_batch + 1, step_out.metrics))
+    with torch.no_grad():   # where the policy ended up, seen from the sampler
+        final_logp = completion_logprobs(model, batch.input_ids, batch.attention_mask, batch.completion_mask)
+    moved = grpo_loss(final_logp, batch.old_logp, batch.advantages, batch.completion_mask,
+                      epsilon=epsilon).metrics
+    return steps, moved
+
+
+runs = {name: passes_over_rollout(name) for name in ("sampler", "each pass", "each step")}
+print(f"{'pi_old':<10} {'pass':>4} {'mini-batch':>10} {'ratio min':>10} {'ratio max':>10} {'clipped':>8}")
+for name, (steps, _) in runs.items():
+    for iteration, mini_batch, metrics in steps:
+        print(f"{name:<10} {iteration:>4} {mini_batch:>10} {f4(metrics['ratio/min']):>10} "
+              f"{f4(metrics['ratio/max']):>10} {metrics['clip_ratio/region']:>8.4f}")
+print(f"\noptimizer steps in which the clip acted, of {len(runs['sampler'][0])}: "
+      + ", ".join(f"{name} {sum(m['clip_ratio/region'] > 0 for *_, m in steps)}"
+                  for name, (steps, _) in runs.items()))
+print("after the rollout, measured against the sampler:")
+for name, (_, metrics) in runs.items():
+    print(f"  {name:<10} approx_kl {f4(metrics['approx_kl'])}, ratio {metrics['ratio/min']:.4f} to "
+          f"{metrics['ratio/max']:.4f}")
+ratio_gap = max(abs(m["ratio/max"] - 1) + abs(m["ratio/min"] - 1)
+                for iteration, mini_batch, m in runs["each pass"][0] if mini_batch == 1)
+print(f"'each pass', first step of each pass: largest |ratio - 1| = {ratio_gap:.1e}")
+epochs = {name: passes_over_rollout(name, num_iterations=3, num_mini_batches=1)[0] for name in ("sampler", "each pass")}
+print("3 passes of one mini-batch (PPO-style epochs), clipped share per step: "
+      + "; ".join(f"{name} " + " ".join(f"{m['clip_ratio/region']:.4f}" for *_, m in steps)
+                  for name, steps in epochs.items()))
+
+# %% [markdown]
+# With $\pi_{\theta_\text{old}}$ fixed at the sampler, the first step sees ratios of 1 and
+# every later step sees how far the policy has drifted since sampling: in the second pass
+# the ratios span 0.4854 to 1.8383, and the clip stops 0.5833 of the first mini-batch's
+# tokens, those that have already moved far enough in their advantage's direction.
+# Refreshed before each pass, the ratio is exactly 1 again on the second pass's first
+# step, so nothing the policy did in the first pass can be clipped there; the clip acts in
+# one step of four instead of two. With one mini-batch per pass, the textbook's setting of
+# several PPO-style epochs over one rollout, refreshing switches the clip off entirely: 0
+# clipped tokens in every pass, against 0.4091 and 0.5455 in the second and third passes
+# with a fixed $\pi_{\theta_\text{old}}$. Computed inside each step, the ratio is 1
+# everywhere, and the loop is plain policy gradient with no trust region at all.
+#
+# The last lines measure the consequence from the sampler's point of view. Without a fixed
+# $\pi_{\theta_\text{old}}$ the policy ends the rollout further from the policy that
+# produced its data (approx_kl 0.1701 and 0.1715 against 0.1026). The clip is not a wall:
+# even with it, ratios end between 0.4491 and 2.3210, because a clipped token's probability
+# still moves through the weights it shares with unclipped tokens and through AdamW's
+# momentum. It is a brake on the gradient, and it only brakes when its reference point is
+# the sampler.
+#
+# `grpo_edu.trainer` therefore computes $\log\pi_{\theta_\text{old}}$ once per rollout, with
+# the policy that sampled, whenever a rollout feeds more than one optimizer step
+# (`num_iterations` x `num_mini_batches` > 1), as TRL does. With one step per rollout
+# the policy's own detached log-probs are the sampler's exactly, and nothing need be
+# recomputed.
+#
 # ## Why the first step's loss is 0, and its gradient is not
 #
 # With $\rho$ = 1 and $\pi = \pi_\text{ref}$, every token's objective is $A_i$ and every KL
