@@ -41,7 +41,7 @@ import torch
 from grpo_edu import worked_example
 from grpo_edu.advantages import group_advantages
 from grpo_edu.estimators import clipped_objective, response_token_weights
-from grpo_edu.loss import grpo_loss
+from grpo_edu.loss import grpo_loss, kl_estimate
 from grpo_edu.widgets import AdvantageExplorer, ClippingExplorer, KLExplorer, LengthBiasExplorer
 from grpo_edu.widgets import advantages as advantage_view
 from grpo_edu.widgets import kl as kl_view
@@ -167,11 +167,11 @@ kl
 print(kl.report())
 
 # %% [markdown]
-# $k_1$ and $k_3$ are unbiased; $k_1$ is also negative on every token that $\pi_\text{ref}$
-# likes more than $\pi$ does, so a single-sample penalty can reward drifting away. $k_2$ is
-# never negative but biased. $k_3$ is both: non-negative and unbiased, with a per-sample
-# spread far below $k_1$'s while the two distributions are close. Pull them apart and the
-# picture changes:
+# On tokens drawn from $\pi$, $k_1$ and $k_3$ are unbiased (more on that condition below);
+# $k_1$ is also negative on every token that $\pi_\text{ref}$ likes more than $\pi$ does,
+# so a single-sample penalty can reward drifting away. $k_2$ is never negative but biased.
+# $k_3$ is both: non-negative and unbiased, with a per-sample spread far below $k_1$'s
+# while the two distributions are close. Pull them apart and the picture changes:
 
 # %%
 print("ref logits           exact KL   E[k2] - KL   std k1   std k3")
@@ -186,6 +186,34 @@ for shift in (0.0, 1.0, 2.0, 3.0):
 # spread grows towards $k_1$'s: on a token that $\pi_\text{ref}$ likes far more than $\pi$ does,
 # $e^d$ is large. Unbiased and small in variance is a property of nearby distributions, which
 # is where the KL penalty is meant to keep the policy.
+#
+# "Unbiased" has a condition attached: the tokens must be drawn from $\pi$, the policy whose
+# KL is estimated. GRPO's tokens were drawn by $\pi_{\theta_\text{old}}$, and after the first
+# optimizer step on a rollout (the next mini-batch, the next pass) the policy being trained
+# is no longer the one that sampled. Averaged over the sampler's tokens, every estimator
+# then misses the KL; weighting each token by the ratio $\pi/\pi_{\theta_\text{old}}$ would
+# restore it. Here the explorer's $\pi$ and $\pi_\text{ref}$, with a sampler whose logits
+# differ from $\pi$'s by a few tenths, using `grpo_edu.loss.kl_estimate`:
+
+# %%
+logits, ref_logits = np.array(kl_view.DEFAULT_LOGITS), np.array(kl_view.DEFAULT_REF_LOGITS)
+pi, pi_ref = torch.softmax(torch.tensor(logits), -1), torch.softmax(torch.tensor(ref_logits), -1)
+pi_old = torch.softmax(torch.tensor(logits + np.array([-0.3, 0.2, 0.1])), -1)   # the sampler
+exact = (pi * (pi / pi_ref).log()).sum()
+print(f"exact KL(pi || pi_ref) = {exact:.4f}")
+print("estimator   tokens from pi   tokens from pi_old   from pi_old, weighted by pi / pi_old")
+for name in ("k1", "k2", "k3"):
+    k = kl_estimate(pi.log(), pi_ref.log(), name)          # the estimate at each of the 3 tokens
+    print(f"{name:<11} {(pi * k).sum():>14.4f}   {(pi_old * k).sum():>18.4f}   "
+          f"{(pi_old * (pi / pi_old) * k).sum():>36.4f}")
+
+# %% [markdown]
+# On the policy's own tokens k1 and k3 give the exact 0.0792; on the sampler's tokens they
+# give -0.0080 and 0.0803, and only the ratio-weighted means recover the KL. A second
+# caveat concerns the loss rather than the estimate: the loss differentiates k3 at the
+# sampled tokens, and the mean of that gradient is not the gradient of
+# $\mathrm{KL}(\pi\,\|\,\pi_\text{ref})$ (chapter 1, step 5, computes both: it is the
+# gradient of the reverse KL, $\mathrm{KL}(\pi_\text{ref}\,\|\,\pi)$).
 
 # %% [markdown]
 # ## 4. Length bias: what one token is worth
