@@ -12,7 +12,7 @@
 #
 # Chapter 3 computed one loss, `grpo`: the clipped surrogate averaged over each
 # completion's tokens, then over completions. Since DeepSeekMath, several variants have
-# changed exactly two things, and nothing else:
+# changed that loss in two places, and those two are this chapter's subject:
 #
 # - **how per-token losses are summed into one number** (`grpo`, `bnpo`, `dr_grpo`,
 #   `dapo`): this decides how hard each *token* is pushed, and it depends on the
@@ -21,8 +21,18 @@
 #   clip-higher).
 #
 # Plus one change upstream of the loss: whether advantages are divided by the group's
-# standard deviation. This chapter puts them side by side on one batch, measures the
-# length bias in numbers and a plot, and looks at the groups that carry no signal at all.
+# standard deviation (Dr. GRPO drops the division). This chapter puts them side by side on
+# one batch, measures the length bias in numbers and a plot, and looks at the groups that
+# carry no signal at all.
+#
+# The variants change more than these. DAPO, besides its aggregation and clip-higher, drops
+# the KL term altogether, leaves truncated completions out of the loss (overlong
+# filtering), lowers the reward of completions that run close to the length limit (a soft
+# overlong penalty) and replaces groups whose rewards are all equal by sampling more
+# (dynamic sampling, the end of this chapter). grpo_edu implements the loss-side pieces;
+# for the rest, `beta = 0` removes the KL term, `filter_zero_std_groups` drops zero-std
+# groups without re-sampling, and a length penalty is a reward function like those of
+# chapter 5.
 
 # %%
 import inspect
@@ -75,8 +85,9 @@ print(f"{int(completion_mask.sum())} completion tokens, S = {S}, L = {L}")
 #
 # Six settings on the same batch (the `dapo` row counts the tokens of a generation batch
 # twice this one's, as when it is split across two GPUs, so it differs from `bnpo`; with
-# the local count the two are identical). For each: the loss, the fraction of tokens
-# clipped, and the total gradient each completion receives, $\sum_t |\partial\,
+# the local count the two are identical). Every row keeps the same KL term, $\beta$ = 0.04,
+# DAPO's included, so that the rows differ only in aggregation and clipping. For each: the
+# loss, the fraction of tokens clipped, and the total gradient each completion receives, $\sum_t |\partial\,
 # \text{loss} / \partial \log\pi_{i,t}|$, for the short and the long *wrong* answer of
 # prompt 0 (the third and fourth completions).
 
@@ -102,6 +113,9 @@ for name, options in variants.items():
           f"{short:>18.4f} {long:>18.4f}  {long / short:.2f}")
 print(f"\nlengths of the two wrong answers of prompt 0: {lengths[0, 2]} and {lengths[0, 3]}, "
       f"ratio {lengths[0, 3] / lengths[0, 2]:.2f}")
+gspo = variants["gspo"]
+print(f"GSPO's clip range against grpo's epsilon = 0.2: {0.2 / gspo['epsilon']:.0f} times narrower below, "
+      f"{0.2 / gspo['epsilon_high']:.0f} times above")
 
 # %% [markdown]
 # Read the last column first. Under `grpo` the long wrong answer (60 tokens) receives
@@ -342,7 +356,8 @@ ch04.check_informative_groups(my_informative_groups)
 # **4.3 The GSPO ratio.** Write `my_sequence_ratio(logp, old_logp, mask)`: (N, S) tensors to
 # the (N,) sequence-level ratio $\exp\big(\frac{1}{|o_i|}\sum_t (\log\pi - \log\pi_\text{old})\big)$
 # that GSPO clips. Then explain, with the numbers of the side-by-side table, why GSPO's
-# clip range is 1000 times narrower than GRPO's.
+# clip range is hundreds of times narrower than GRPO's (667 times below 1 and 500 times
+# above, from the side-by-side cell).
 
 # %%
 def my_sequence_ratio(logp, old_logp, mask):
