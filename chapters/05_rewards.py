@@ -10,8 +10,9 @@
 # %% [markdown]
 # # Chapter 5. Rewards you can verify
 #
-# GRPO needs one number per completion. DeepSeek-R1 computes it with rules, not with a
-# model (seeds/001, "Reward design"):
+# GRPO needs one number per completion. For reasoning tasks DeepSeek-R1 computes it with
+# rules, not with a model (seeds/001, "Reward design"; reward models score only its
+# general, non-reasoning data):
 #
 # - an **accuracy reward**: is the final answer, written in a specified place such as a
 #   box, correct?
@@ -164,7 +165,8 @@ strict = rewards.accuracy_reward([c for _, c in flat], answer=[s["answer"] for s
 well_formed = rewards.format_reward([c for _, c in flat])
 kinds = ["malformed" if not f else "correct" if a else "wrong" for a, f in zip(strict, well_formed)]
 examples = [flat[kinds.index(kind)] for kind in ("correct", "wrong", "malformed")]
-examples.append((pool_problems[0], "<think>seven plus five makes 十二</think>\\boxed{12}"))
+mixed = next(s for s in held_out if s["prompt"][1:3] == "7+" and s["prompt"][4] == "5")   # units 7 + 5
+examples.append((mixed, f"<think>seven plus five makes 十二</think>\\boxed{{{mixed['answer']}}}"))
 print(f"{'prompt':<8}{'answer':>7}  {'completion':<40}{'accuracy':>9}{'format':>8}{'language':>10}")
 for sample, completion in examples:
     scores = [rewards.accuracy_reward([completion], answer=[sample["answer"]])[0],
@@ -177,8 +179,9 @@ print(f"of {len(flat)} samples: {counts['correct']} correct, {counts['wrong']} w
       f"{counts['malformed']} malformed")
 
 # %% [markdown]
-# The last row is written by hand: its reasoning has six words, four English and two
-# Chinese ideographs (each ideograph counts as a word, as Chinese has no spaces).
+# The last row is written by hand for a problem whose units column is 7 + 5, with the right
+# answer boxed: its reasoning has six words, four English and two Chinese ideographs (each
+# ideograph counts as a word, as Chinese has no spaces).
 # A reasoning of digits only, like the policy's, has no words and nothing to mix: it scores
 # 1 (and a completion with no reasoning at all scores 0).
 #
