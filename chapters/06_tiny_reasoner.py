@@ -16,9 +16,10 @@
 # held-out accuracy climb.
 #
 # The loop is `grpo_edu.trainer.train`. Each step samples B prompts, rolls out G
-# completions per prompt, scores them, turns the rewards into group advantages, and takes
-# one optimizer step on the clipped GRPO loss with a KL penalty to the frozen starting
-# policy. The command-line `grpo-edu train` runs exactly this function with the config in
+# completions per prompt, scores them, turns the rewards into group advantages, and
+# updates the policy on the clipped GRPO loss with a KL penalty to the frozen starting
+# policy: one optimizer step per rollout in this chapter's config, `num_mini_batches` x
+# `num_iterations` in general (R1's recipe, chapter 1, takes 16). The command-line `grpo-edu train` runs exactly this function with the config in
 # `configs/cpu-tiny.toml`; here we run a shorter version of the same run inside the
 # chapter's time budget.
 
@@ -176,17 +177,19 @@ explained = {
     "truncated": "share of completions cut at max_completion_length; should stay near 0",
     "entropy": "sampling entropy per token (nats); a collapse to 0 ends exploration",
     "kl": "k3 KL to the reference per token; small (well under 1) and growing slowly",
-    "clip_ratio/region": "share of tokens outside the trust region; 0 with one pass per rollout",
+    "clip_ratio/region": "share of tokens outside the trust region; 0 with one optimizer step per rollout",
     "grad_norm": "before clipping at 1.0; spikes signal trouble",
 }
 for key, meaning in explained.items():
     print(f"{key:<24} {last[key]:>8.4f}   {meaning}")
 
 # %% [markdown]
-# `clip_ratio/region` is exactly 0 here, and that is not a bug: with one pass over each
-# rollout (`num_iterations = 1`) the policy that computes the loss is the policy that
-# sampled, so every ratio is 1 (the detached log-probs stand in for the old ones, as in TRL).
-# The clip only acts from the second pass on (`num_iterations = 2`, exercise 6.2).
+# `clip_ratio/region` is exactly 0 here, and that is not a bug: this config takes one
+# optimizer step per rollout (`num_iterations = 1`, `num_mini_batches = 1`), so the policy
+# that computes the loss is the policy that sampled, and every ratio is 1 (its own detached
+# log-probs serve as the old ones, as in TRL). The clip acts only when a rollout feeds
+# several optimizer steps, from the second of them on: chapter 3 measures it, and
+# `configs/r1-recipe-tiny.toml` (chapter 1) takes 16 per rollout.
 #
 # ## Train with your own advantage function
 #
