@@ -5,7 +5,9 @@ sampled responses; response i has T_i tokens over a vocabulary of V entries. No
 padding and no masks: each response is its own array, so nothing can leak
 between responses. The PyTorch code of later chapters is tested against this.
 
-The objective follows DeepSeekMath / DeepSeek-R1 (seeds/001, eq. 1-3):
+The objective is DeepSeekMath's per-token form (Shao et al., 2024, eq. 3). The
+DeepSeek-R1 paper (seeds/001, eq. 1-3) writes the ratio and the KL per whole output,
+pi(o_i | q) / pi_old(o_i | q), with no mean over tokens; chapter 1 compares the two.
 
     A_i      = (r_i - mean(r)) / (std(r) + eps)                     group advantage
     rho_i,t  = exp(log pi(o_i,t) - log pi_old(o_i,t))                ratio
@@ -89,7 +91,9 @@ def log_softmax(logits) -> np.ndarray:
 def k3(log_ref, log_new) -> np.ndarray:
     """Schulman's k3 estimator of KL(pi || pi_ref), per token: (T,), (T,) -> (T,).
 
-    With d = log pi_ref - log pi: exp(d) - d - 1 >= 0, unbiased under pi.
+    With d = log pi_ref - log pi: exp(d) - d - 1 >= 0. Unbiased for tokens drawn
+    from pi itself (not from an older sampler); as a loss, its expected gradient is
+    that of KL(pi_ref || pi), not of KL(pi || pi_ref) (chapter 1, step 5).
     """
     d = np.asarray(log_ref, dtype=np.float64) - np.asarray(log_new, dtype=np.float64)
     return np.exp(d) - d - 1.0
@@ -139,8 +143,9 @@ def grpo_update(token_ids: Sequence[Sequence[int]], new_logits: Sequence, old_lo
     old_logp[i], ref_logp[i]: (T_i,) log-probs of the sampling and reference policies
     rewards: (G,) one scalar per response
     epsilon / epsilon_high: clip range [1 - epsilon, 1 + epsilon_high]; epsilon_high
-        defaults to epsilon (symmetric clip, as in DeepSeek-R1)
-    beta: weight of the k3 KL penalty
+        defaults to epsilon (the symmetric clip that DeepSeekMath and DeepSeek-R1 write)
+    beta: weight of the k3 KL penalty (0.04 is DeepSeekMath's value and the textbook
+        example's; DeepSeek-R1 used 0.001)
     std, scale_by_std, eps: as in group_advantages
     """
     G = len(token_ids)
