@@ -63,7 +63,7 @@ class TrainConfig:
 
     # --- the GRPO loss
     loss_type: str = _doc("aggregation: 'grpo', 'bnpo', 'dr_grpo' or 'dapo'", "grpo")
-    beta: float = _doc("KL-to-reference coefficient (DeepSeek-R1: 0.04)", 0.04)
+    beta: float = _doc("KL-to-reference coefficient (DeepSeekMath: 0.04; DeepSeek-R1: 0.001)", 0.04)
     kl_estimator: str = _doc("'k1', 'k2' or 'k3'", "k3")
     epsilon: float = _doc("clip range below: ratio >= 1 - epsilon", 0.2)
     epsilon_high: float = _doc("clip range above: ratio <= 1 + epsilon_high (DAPO clip-higher: 0.28)", 0.2)
@@ -71,7 +71,8 @@ class TrainConfig:
     advantage_scale: str = _doc("advantage std: 'group', 'batch' or 'none' (Dr. GRPO)", "group")
     advantage_std: str = _doc("'population' (divide by G) or 'sample' (by G - 1, as TRL)", "population")
     filter_zero_std_groups: bool = _doc("drop groups whose rewards are all equal (dynamic sampling)", False)
-    ref_sync_steps: int = _doc("copy the policy into the reference every K steps (0 = never; R1: 400)", 0)
+    ref_sync_steps: int = _doc("copy the policy into the reference every K training steps (rollouts; 0 = never; "
+                                "R1: every 400 optimizer steps = 25 rollouts of 16 optimizer steps)", 0)
 
     # --- evaluation, logging, checkpoints
     eval_every: int = _doc("held-out greedy accuracy every N steps (and at the start and end)", 100)
