@@ -523,8 +523,9 @@ print(f"clipped tokens in this state: {torch_out.metrics['clip_ratio/region']:.4
 
 # %% [markdown]
 # Padding, batching, broadcasting and autograd together reproduce the loop-based
-# reference to 12 decimals. (`tests/test_loss.py` repeats this check on hundreds of random
-# batches, and `tests/test_trl_parity.py` checks the same loss against TRL's GRPOTrainer.)
+# reference to 12 decimals. (`tests/test_loss.py` repeats this check on random ragged
+# batches, 60 per test run, and `tests/test_trl_parity.py` checks the same loss against
+# TRL's GRPOTrainer.)
 #
 # ## A float64 gradcheck
 #
@@ -576,8 +577,8 @@ for name, (B_, G_, P_) in {"this chapter": (B, G, P), "a GPU batch": (64, 16, 51
 # computation across a group is what prefix caching in vLLM does at sampling time.)
 #
 # The largest tensor of the step is not an input at all: the logits, N x S x V floats.
-# Chapter 3's model has a vocabulary of 102, but a real one has 32k to 150k entries, and
-# `torch.log_softmax(logits)` writes another tensor of that size only to read one entry
+# This chapter's model has a vocabulary of 102, but a real one has 32k to over 150k
+# entries, and `torch.log_softmax(logits)` writes another tensor of that size only to read one entry
 # per row. `token_logprobs` never does: it works through the logits a chunk of rows at a
 # time, and its backward recomputes the softmax chunk by chunk
 # (`benchmarks/logprobs.py` measures the difference):

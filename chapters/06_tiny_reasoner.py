@@ -19,9 +19,9 @@
 # completions per prompt, scores them, turns the rewards into group advantages, and
 # updates the policy on the clipped GRPO loss with a KL penalty to the frozen starting
 # policy: one optimizer step per rollout in this chapter's config, `num_mini_batches` x
-# `num_iterations` in general (R1's recipe, chapter 1, takes 16). The command-line `grpo-edu train` runs exactly this function with the config in
-# `configs/cpu-tiny.toml`; here we run a shorter version of the same run inside the
-# chapter's time budget.
+# `num_iterations` in general (R1's recipe, chapter 1, takes 16). The command-line
+# `grpo-edu train` runs exactly this function with the config in `configs/cpu-tiny.toml`;
+# here we run a shorter version of the same run inside the chapter's time budget.
 
 # %%
 import inspect
