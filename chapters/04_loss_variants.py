@@ -29,10 +29,11 @@
 # the KL term altogether, leaves truncated completions out of the loss (overlong
 # filtering), lowers the reward of completions that run close to the length limit (a soft
 # overlong penalty) and replaces groups whose rewards are all equal by sampling more
-# (dynamic sampling, the end of this chapter). grpo_edu implements the loss-side pieces;
-# for the rest, `beta = 0` removes the KL term, `filter_zero_std_groups` drops zero-std
-# groups without re-sampling, and a length penalty is a reward function like those of
-# chapter 5.
+# (dynamic sampling, the end of this chapter). In grpo_edu, `loss_type="dapo"` and
+# `epsilon_high` are DAPO's loss, `beta = 0` removes the KL term,
+# `filter_zero_std_groups` drops zero-std groups (without sampling replacements), and a
+# length penalty would be one more reward function (chapter 5). Overlong filtering is not
+# implemented; chapter 6's `truncated` metric says how often it would apply.
 
 # %%
 import inspect
