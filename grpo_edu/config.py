@@ -50,15 +50,23 @@ class TrainConfig:
     temperature: float = _doc("sampling temperature (training log-probs use the same one)", 1.0)
 
     # --- optimisation
-    steps: int = _doc("optimizer steps in the run", 1500)
+    steps: int = _doc("training steps in the run: rollouts, each giving num_iterations x num_mini_batches "
+                      "optimizer steps (eval_every and checkpoint_every count training steps too)", 1500)
     learning_rate: float = _doc("peak AdamW learning rate", 3e-4)
-    lr_schedule: str = _doc("'constant', 'linear' (decay to 0) or 'cosine' (decay to 0), after warmup", "cosine")
-    warmup_steps: int = _doc("linear learning-rate warmup, in optimizer steps", 0)
+    lr_schedule: str = _doc("'constant', 'linear' (decay to 0) or 'cosine' (decay to 0), after warmup, over "
+                            "all steps x num_iterations x num_mini_batches optimizer steps", "cosine")
+    warmup_steps: int = _doc("linear learning-rate warmup, in training steps (rollouts): the first "
+                             "warmup_steps x num_iterations x num_mini_batches optimizer steps", 0)
     weight_decay: float = _doc("AdamW weight decay", 0.0)
     adam_betas: list = _doc("AdamW (beta1, beta2)", [0.9, 0.99])
     max_grad_norm: float = _doc("global gradient-norm clip (0 = none)", 1.0)
-    num_iterations: int = _doc("mu: passes over each rollout (old log-probs recomputed once per rollout when > 1)", 1)
-    num_mini_batches: int = _doc("optimizer steps per pass over a rollout (each a slice of whole groups)", 1)
+    num_iterations: int = _doc("mu: passes over each rollout; pi_old stays the policy that sampled for all of them", 1)
+    num_mini_batches: int = _doc("optimizer steps per pass over a rollout, each on a near-equal share of whole "
+                                 "groups (an empty one, after filter_zero_std_groups, skips its step)", 1)
+    old_logprobs: str = _doc("pi_old, what the clipped ratio compares with: 'recomputed' (the trainer's forward "
+                             "before the rollout's first update; with one optimizer step per rollout, that step's "
+                             "own detached log-probs: ratio 1) or 'sampler' (the rollout engine's log-probs, for "
+                             "every step: the ratio then also carries the sampler/trainer mismatch)", "recomputed")
     micro_batch_size: int = _doc("completions per forward/backward (gradient accumulation below a mini-batch)", 128)
 
     # --- the GRPO loss
@@ -89,7 +97,7 @@ class TrainConfig:
                    "loss_type": ("grpo", "bnpo", "dr_grpo", "dapo"), "kl_estimator": ("k1", "k2", "k3"),
                    "importance_sampling_level": ("token", "sequence"),
                    "advantage_scale": ("group", "batch", "none"), "advantage_std": ("population", "sample"),
-                   "device": ("cpu", "cuda")}
+                   "old_logprobs": ("recomputed", "sampler"), "device": ("cpu", "cuda")}
         for key, allowed in choices.items():
             if getattr(self, key) not in allowed:
                 raise ValueError(f"config key {key!r} must be one of {allowed}, got {getattr(self, key)!r}")
@@ -98,6 +106,8 @@ class TrainConfig:
         for key in positive:
             if getattr(self, key) < 1:
                 raise ValueError(f"config key {key!r} must be >= 1, got {getattr(self, key)}")
+        if self.warmup_steps < 0:
+            raise ValueError(f"config key 'warmup_steps' must be >= 0, got {self.warmup_steps}")
         if self.num_generations < 2:
             raise ValueError(f"config key 'num_generations' must be >= 2 (a group needs two completions), "
                              f"got {self.num_generations}")

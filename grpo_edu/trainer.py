@@ -5,12 +5,31 @@ One step:
     1. sample B prompts from the train split                        sample_prompts
     2. roll out G completions each, with the sampler's log-probs    roll_out  -> (B*G, S)
     3. score every completion with the reward functions            score     -> rewards (B, G)
-    4. group-relative advantages                                              -> (B, G)
-    5. log-probs of the frozen reference (for the KL term)                    -> (B*G, S)
-    6. num_iterations passes over the rollout, in mini-batches of   optimise
-       whole groups, each an optimizer step: micro-batch forward/backward
+    4. group-relative advantages; the mini-batches of whole groups            -> (B, G)
+    5. log-probs of the frozen reference (for the KL term) and, when          -> (B*G, S)
+       the rollout feeds more than one optimizer step, of pi_old
+    6. num_iterations passes over the rollout, in num_mini_batches  optimise
+       mini-batches, each an optimizer step: micro-batch forward/backward
        with gradient accumulation, global grad-norm clip, AdamW, LR schedule
     7. log metrics; evaluate, re-sync the reference, checkpoint when due
+
+A training step (`steps`, `warmup_steps`, `eval_every`, `checkpoint_every` and
+`ref_sync_steps` count them) is one rollout, and gives exactly
+K = num_iterations x num_mini_batches optimizer steps; the learning-rate
+schedule runs over all steps x K of them.
+
+pi_old, the policy the clipped ratio compares with, is the policy that sampled,
+fixed for the whole rollout. With config.old_logprobs = "recomputed" (default)
+it is the trainer's own forward before the rollout's first update, computed
+only when K > 1: for K = 1 the one update's own detached log-probs are that same
+forward (ratio 1, no extra pass). With "sampler" it is the rollout engine's
+log-probs, for every K.
+
+Metrics the loop adds to grpo_loss's (see step_metrics and optimise): the loss
+metrics are the step's last optimizer step's; `learning_rate` is the one its
+first optimizer step used; `optimizer_steps` how many were taken (K, less one
+per empty mini-batch); `sampler_gap/mean_abs` and `sampler_gap/max_ratio`
+compare the trainer's log-probs before the update with the sampler's.
 
 The pieces are arguments: `train(config, advantage_fn=my_advantages)` trains
 with a reader's own advantage function, `reward_functions=` with their rewards.
@@ -22,8 +41,10 @@ import copy
 import json
 import math
 import random
+import re
 import statistics
 import time
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Sequence
@@ -40,7 +61,7 @@ from grpo_edu.pretrain import evaluate
 from grpo_edu.rollout import HFEngine, Rollout, SamplingParams
 
 TRAIN_POOL = 10_000  # distinct training problems the prompts are drawn from (with replacement)
-# A step's wall-clock, in three parts: sampling; rewards, advantages and reference log-probs; the update.
+# A step's wall-clock, in three parts: sampling; rewards, advantages, reference and pi_old log-probs; the update.
 TIME_SPLIT = ("rollout", "scoring", "update")
 
 AdvantageFn = Callable[[torch.Tensor], torch.Tensor]          # rewards (B, G) -> advantages (B, G)
@@ -59,8 +80,14 @@ class Scored:
     rewards: torch.Tensor            # (B, G) the weighted sum
     components: dict[str, torch.Tensor]  # name -> (B, G), each reward function
     advantages: torch.Tensor         # (B, G)
-    old_logp: torch.Tensor | None    # (N, S) only when num_iterations > 1
+    old_logp: torch.Tensor | None    # (N, S) pi_old; None: each update's own detached log-probs (K = 1)
     ref_logp: torch.Tensor | None    # (N, S) only when beta > 0
+    mini_batches: list[torch.Tensor]  # num_mini_batches row indices (n_k G,), whole groups; may be empty
+
+    @property
+    def trained_tokens(self) -> int:
+        """Real completion tokens in the rows the update trains on (all mini-batches)."""
+        return int(sum(self.rollout.completion_mask[rows].sum() for rows in self.mini_batches))
 
 
 @dataclass
@@ -99,11 +126,25 @@ def check_not_aliased(policy: torch.nn.Module, reference: torch.nn.Module) -> No
                              f"pass a separate copy (grpo_edu.trainer.make_reference(policy))")
 
 
+def optimizer_steps_per_rollout(config: TrainConfig) -> int:
+    """K: each training step (one rollout) gives this many optimizer steps."""
+    return config.num_iterations * config.num_mini_batches
+
+
 def learning_rate_factor(config: TrainConfig) -> Callable[[int], float]:
+    """The multiplier of the peak learning rate at optimizer step `step` (0-based).
+
+    The schedule spans the run: config.steps x K optimizer steps, the first
+    config.warmup_steps x K of them warming up linearly (training steps count
+    rollouts; K = optimizer_steps_per_rollout).
+    """
+    K = optimizer_steps_per_rollout(config)
+    total, warmup = config.steps * K, config.warmup_steps * K
+
     def factor(step: int) -> float:
-        if step < config.warmup_steps:
-            return (step + 1) / config.warmup_steps
-        progress = (step - config.warmup_steps) / max(1, config.steps - config.warmup_steps)
+        if step < warmup:
+            return (step + 1) / warmup
+        progress = (step - warmup) / max(1, total - warmup)
         if config.lr_schedule == "linear":
             return max(0.0, 1.0 - progress)
         if config.lr_schedule == "cosine":
@@ -146,10 +187,42 @@ def roll_out(config: TrainConfig, samples: list[dict], tokenizer, engine) -> Rol
     return engine.generate(prompts["input_ids"], prompts["attention_mask"], sampling)
 
 
+def plan_mini_batches(config: TrainConfig, rewards: torch.Tensor) -> list[torch.Tensor]:
+    """The rows of each of a rollout's num_mini_batches mini-batches: rewards (B, G) ->
+    num_mini_batches tensors of row indices (n_k G,), whole groups, prompt-major.
+
+    The groups (those left after filter_zero_std_groups) are split as evenly as
+    possible, larger first: 7 groups in 2 mini-batches give 4 + 3. With fewer
+    groups than mini-batches the last ones are empty (the update skips them).
+    """
+    G = config.num_generations
+    groups = torch.arange(rewards.shape[0])
+    if config.filter_zero_std_groups:   # dynamic sampling: groups that agree teach nothing
+        groups = groups[~zero_std_groups(rewards)]
+    return [(chosen[:, None] * G + torch.arange(G)).reshape(-1)
+            for chosen in groups.tensor_split(config.num_mini_batches)]
+
+
+def logprobs_before_update(config: TrainConfig, policy, input_ids, attention_mask, completion_mask,
+                           mini_batches: list[torch.Tensor]) -> torch.Tensor | None:
+    """pi_old recomputed: the policy's log-probs (N, S) of the rows of `mini_batches`, in the
+    micro-batches the update will use, so the first mini-batch's ratio is exactly 1 (the same
+    forward, bitwise). Rows in no mini-batch (filtered groups) stay 0 and are never read;
+    None when no row will be trained on."""
+    micro_batches = [micro for rows in mini_batches for micro in rows.split(config.micro_batch_size)]
+    if not micro_batches:
+        return None
+    pieces = [sequence_logprobs(config, policy, input_ids[micro], attention_mask[micro], completion_mask[micro])
+              for micro in micro_batches]
+    old_logp = pieces[0].new_zeros(completion_mask.shape)
+    old_logp[torch.cat(micro_batches)] = torch.cat(pieces)
+    return old_logp
+
+
 @torch.no_grad()
 def score(config: TrainConfig, samples: list[dict], rollout: Rollout, policy, reference, tokenizer,
           reward_functions: dict[str, tuple[RewardFn, float]], advantage_fn: AdvantageFn) -> Scored:
-    """Steps 3 to 5: rewards, group advantages, reference (and, for num_iterations > 1, old) log-probs."""
+    """Steps 3 to 5: rewards, group advantages, the mini-batches, reference and pi_old log-probs."""
     B, G = len(samples), config.num_generations
     # Each completion is scored with its prompt's dataset columns (TRL's convention).
     texts = tokenizer.batch_decode(rollout.completion_ids, skip_special_tokens=True)
@@ -172,72 +245,142 @@ def score(config: TrainConfig, samples: list[dict], rollout: Rollout, policy, re
 
     input_ids = torch.cat([rollout.prompt_ids, rollout.completion_ids], dim=1)
     attention_mask = torch.cat([rollout.prompt_mask, rollout.completion_mask.long()], dim=1)
-    # pi_old is the policy that sampled. With one pass over the rollout the
-    # policy has not moved before its first forward, so the loss uses the
-    # detached new log-probs (ratio 1, as TRL); with more passes, record them now.
-    old_logp = (sequence_logprobs(config, policy, input_ids, attention_mask, rollout.completion_mask)
-                if config.num_iterations > 1 else None)
+    mini_batches = plan_mini_batches(config, reward_matrix)
+    # pi_old is the policy that sampled, for every optimizer step of this rollout:
+    # refreshed per pass or per mini-batch, the ratio would restart at 1 there, and
+    # with one mini-batch per pass the clip would never act. With one optimizer step
+    # the policy has not moved before its forward, so that forward's detached
+    # log-probs serve (ratio 1, as TRL), at no extra cost.
+    if config.old_logprobs == "sampler":
+        old_logp = rollout.sampler_logp
+    elif optimizer_steps_per_rollout(config) > 1:
+        old_logp = logprobs_before_update(config, policy, input_ids, attention_mask, rollout.completion_mask,
+                                          mini_batches)
+    else:
+        old_logp = None
     ref_logp = (sequence_logprobs(config, reference, input_ids, attention_mask, rollout.completion_mask)
                 if config.beta != 0.0 else None)
     return Scored(samples, rollout, texts, input_ids, attention_mask, reward_matrix, components,
-                  advantages.to(torch.float32), old_logp, ref_logp)
+                  advantages.to(torch.float32), old_logp, ref_logp, mini_batches)
 
 
 # --------------------------------------------------------------------------- step 6
 
-def micro_batch_loss(config: TrainConfig, policy, scored: Scored, rows: torch.Tensor,
-                     mini_rows: int, mini_tokens: int):
-    """The loss of `rows` (completion indices), scaled so that summing over a
-    mini-batch's micro-batches gives that mini-batch's loss exactly."""
+def micro_batch_loss(config: TrainConfig, policy, scored: Scored, rows: torch.Tensor, mini_batch: torch.Tensor):
+    """The loss of `rows` (completion indices, part of the row indices `mini_batch`), scaled
+    so that summing over a mini-batch's micro-batches gives that mini-batch's loss exactly.
+
+    Returns (loss, metrics, logp): the scaled scalar loss, grpo_loss's metrics of these rows,
+    and their log-probs (len(rows), S), detached.
+    """
     mask = scored.rollout.completion_mask[rows]
     logp = sequence_logprobs(config, policy, scored.input_ids[rows], scored.attention_mask[rows], mask)
     old = scored.old_logp[rows] if scored.old_logp is not None else logp.detach()
     ref = scored.ref_logp[rows] if scored.ref_logp is not None else None
+    # dapo, as TRL 1.16: every token of the rollout weighs the same in every optimizer step,
+    # 1 / (rollout tokens / num_mini_batches), whichever mini-batch holds it. TRL divides by
+    # num_items_in_batch (the generation batch's tokens) x gradient_accumulation_steps /
+    # steps_per_generation, i.e. by the tokens per optimizer step; not by the mini-batch's own
+    # count, which would weigh the tokens of a short mini-batch more. Filtered groups do not
+    # count: they are not trained on.
+    dapo_tokens = scored.trained_tokens if config.loss_type == "dapo" else None
     out = grpo_loss(logp, old, scored.advantages.reshape(-1)[rows], mask, ref_logp=ref, beta=config.beta,
                     epsilon=config.epsilon, epsilon_high=config.epsilon_high, loss_type=config.loss_type,
                     max_completion_length=config.max_completion_length,
                     importance_sampling_level=config.importance_sampling_level,
-                    kl_estimator=config.kl_estimator, num_items=mini_tokens)
+                    kl_estimator=config.kl_estimator, num_items=dapo_tokens)
     if config.loss_type in ("grpo", "dr_grpo"):     # means over completions
-        scale = len(rows) / mini_rows
+        scale = len(rows) / len(mini_batch)
     elif config.loss_type == "bnpo":                # mean over tokens
-        scale = mask.sum().item() / mini_tokens
-    else:                                           # dapo: num_items is already the mini-batch's
-        scale = 1.0
-    return out.loss * scale, out.metrics, len(rows) / mini_rows
+        scale = mask.sum().item() / int(scored.rollout.completion_mask[mini_batch].sum())
+    else:                                           # dapo: sum / rollout tokens, times num_mini_batches
+        scale = float(config.num_mini_batches)
+    return out.loss * scale, out.metrics, logp.detach()
+
+
+def skip_optimizer_step(scheduler) -> None:
+    """An empty mini-batch: no update, but the learning rate moves on as if one were taken,
+    so that it stays on its schedule (K scheduler steps per rollout, always)."""
+    with warnings.catch_warnings():
+        # torch warns when a scheduler steps before the optimizer ever has; here that is meant.
+        warnings.filterwarnings("ignore", message=re.escape("Detected call of `lr_scheduler.step()` before"))
+        scheduler.step()
 
 
 def optimise(config: TrainConfig, policy, optimizer, scheduler, scored: Scored) -> dict[str, float]:
-    """num_iterations passes over the rollout; each pass is num_mini_batches optimizer steps."""
-    G = config.num_generations
-    groups = list(range(scored.rewards.shape[0]))
-    if config.filter_zero_std_groups:   # dynamic sampling: groups that agree teach nothing
-        flat = zero_std_groups(scored.rewards)
-        groups = [b for b in groups if not flat[b]]
+    """num_iterations passes over the rollout; each pass is one optimizer step per mini-batch
+    of scored.mini_batches: K = num_iterations x num_mini_batches optimizer steps per rollout.
+
+    Returns the last optimizer step's loss metrics (grpo_loss's, plus grad_norm) and
+      learning_rate       the learning rate of this rollout's first optimizer step
+      optimizer_steps     the optimizer steps taken: K, less those of empty mini-batches
+                          (which still step the schedule)
+      sampler_gap/...     the trainer's log-probs before the update against the sampler's
+                          (see sampler_gap); absent when no row is trained on
+      skipped_update      1.0 when no optimizer step was taken
+    """
+    learning_rate = optimizer.param_groups[0]["lr"]   # what the first step below uses
     metrics: dict[str, float] = {}
-    if not groups:
-        return {"skipped_update": 1.0}
-    per_mini = max(1, len(groups) // config.num_mini_batches)
+    steps_taken, first_forward = 0, []
     for _ in range(config.num_iterations):
-        for start in range(0, len(groups), per_mini):
-            chosen = torch.tensor(groups[start:start + per_mini])
-            rows = (chosen[:, None] * G + torch.arange(G)).reshape(-1)
-            mini_tokens = int(scored.rollout.completion_mask[rows].sum())
+        for mini_batch in scored.mini_batches:
+            if len(mini_batch) == 0:
+                skip_optimizer_step(scheduler)
+                continue
             optimizer.zero_grad(set_to_none=True)
             accumulated: dict[str, float] = {}
-            for micro in rows.split(config.micro_batch_size):
-                loss, micro_metrics, share = micro_batch_loss(config, policy, scored, micro, len(rows), mini_tokens)
+            for micro in mini_batch.split(config.micro_batch_size):
+                loss, micro_metrics, logp = micro_batch_loss(config, policy, scored, micro, mini_batch)
                 loss.backward()
+                if steps_taken == 0:   # the policy has not moved yet: it is the one that sampled
+                    first_forward.append(logp)
+                share = len(micro) / len(mini_batch)
                 for key, value in micro_metrics.items():
                     accumulated[key] = accumulated.get(key, 0.0) + share * value
             # max_grad_norm 0: measure the norm (inf never clips) without clipping.
             norm = torch.nn.utils.clip_grad_norm_(policy.parameters(), config.max_grad_norm or math.inf)
             optimizer.step()
             scheduler.step()
+            steps_taken += 1
             accumulated["grad_norm"] = float(norm)
             metrics = accumulated   # the last optimizer step's metrics
-    metrics["learning_rate"] = scheduler.get_last_lr()[0]
+    if steps_taken == 0:
+        metrics["skipped_update"] = 1.0
+    metrics["learning_rate"] = learning_rate
+    metrics["optimizer_steps"] = float(steps_taken)
+    if first_forward:
+        metrics.update(_gap_before_update(config, scored, first_forward))
     return metrics
+
+
+def _gap_before_update(config: TrainConfig, scored: Scored, first_forward: list[torch.Tensor]) -> dict[str, float]:
+    """The sampler gap over the log-probs the trainer had before the rollout's first update:
+    the recomputed pi_old (every trained row) when there is one, else the first optimizer
+    step's own forward (its mini-batch's rows; with one step per rollout, every trained row).
+    Either way, groups dropped by filter_zero_std_groups are not included."""
+    if config.old_logprobs == "recomputed" and scored.old_logp is not None:
+        rows = torch.cat(scored.mini_batches)
+        trainer_logp = scored.old_logp[rows]
+    else:
+        rows = scored.mini_batches[0]   # the first step's mini-batch (the largest, never empty here)
+        trainer_logp = torch.cat(first_forward)
+    return sampler_gap(trainer_logp, scored.rollout.sampler_logp[rows], scored.rollout.completion_mask[rows])
+
+
+def sampler_gap(trainer_logp: torch.Tensor, sampler_logp: torch.Tensor,
+                completion_mask: torch.Tensor) -> dict[str, float]:
+    """How far the trainer's log-probs of the sampled tokens are from the sampler's: (n, S) x 3 -> floats.
+
+      sampler_gap/mean_abs   mean over completion tokens of |log pi_trainer - log pi_sampler|
+      sampler_gap/max_ratio  the largest exp(|log pi_trainer - log pi_sampler|): the worst
+                             token's importance weight, either way round (1 = no gap)
+
+    Both engines compute the trainer's maths, so in float32 at the same temperature the gap
+    is rounding (~1e-6); a sampler with other kernels or precision (vLLM, bf16) shows here.
+    """
+    mask = completion_mask.bool()
+    gap = (trainer_logp.double() - sampler_logp.double()).abs()[mask]
+    return {"sampler_gap/mean_abs": gap.mean().item(), "sampler_gap/max_ratio": math.exp(gap.max().item())}
 
 
 # --------------------------------------------------------------------------- the loop
@@ -319,9 +462,9 @@ def train(config: TrainConfig, *, advantage_fn: AdvantageFn | None = None,
         return metrics["greedy_accuracy"]
 
     if resume is not None:
-        summary_so_far = checkpoint.load(Path(resume), policy, reference, optimizer, scheduler, state)
+        summary_so_far = checkpoint.load(Path(resume), policy, reference, optimizer, scheduler, state, log=log)
         start_accuracy, elapsed = summary_so_far["start_accuracy"], summary_so_far["seconds"]
-        history = checkpoint.read_history(output_dir, up_to_step=state.step)
+        history = checkpoint.read_history(output_dir, up_to_step=state.step, log=log)
     else:
         start_accuracy, elapsed = held_out_accuracy(), 0.0
         (output_dir / "metrics.jsonl").write_text("")

@@ -119,9 +119,8 @@ def test_gradient_accumulation_equals_one_big_batch(tmp_path, loss_type):
         policy.zero_grad()
         config.micro_batch_size = micro
         rows = torch.arange(16)
-        tokens = int(scored.rollout.completion_mask.sum())
         for part in rows.split(micro):
-            loss, _, _ = trainer.micro_batch_loss(config, policy, scored, part, 16, tokens)
+            loss, _, _ = trainer.micro_batch_loss(config, policy, scored, part, rows)
             loss.backward()
         gradients.append(torch.cat([p.grad.reshape(-1) for p in policy.parameters()]))
     torch.testing.assert_close(gradients[0], gradients[1], atol=1e-6, rtol=1e-5)
@@ -256,8 +255,7 @@ def test_fused_and_transformers_paths_give_the_same_update(tmp_path):
         policy.zero_grad()
         losses = []
         for micro in torch.arange(16).split(8):
-            loss, _, _ = trainer.micro_batch_loss(config, policy, scored, micro, 16,
-                                                  int(rollout.completion_mask.sum()))
+            loss, _, _ = trainer.micro_batch_loss(config, policy, scored, micro, torch.arange(16))
             loss.backward()
             losses.append(loss.item())
         results.append((scored.ref_logp, sum(losses), torch.cat([p.grad.reshape(-1) for p in policy.parameters()])))
