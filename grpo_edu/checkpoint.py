@@ -1,4 +1,5 @@
-"""Checkpoints that resume a run bit for bit, and never unpickle foreign code.
+"""Checkpoints that resume a run bit for bit, survive a kill or a power cut, and
+never unpickle foreign code.
 
 A checkpoint is a folder run_dir/checkpoints/step-NNNNNN/ holding
 
@@ -6,37 +7,76 @@ A checkpoint is a folder run_dir/checkpoints/step-NNNNNN/ holding
     reference.safetensors   the reference's weights (it can differ from the
                             start when ref_sync_steps re-syncs it)
     trainer_state.pt        optimizer, LR schedule, step, the torch and prompt
-                            RNG states: tensors, numbers and tuples only, read
-                            with torch.load(weights_only=True)
+                            RNG states, and the size and sha256 of the two
+                            weight files: tensors, numbers, strings and tuples
+                            only, read with torch.load(weights_only=True)
 
-It is written to a temporary folder and renamed into place, and
-run_dir/checkpoints/latest names the newest complete one (replaced atomically),
-so a run killed at any moment leaves a checkpoint that loads.
+trainer_state.pt is written last and vouches for the others: a checkpoint is
+complete when trainer_state.pt reads back whole (every record of its zip passes
+its CRC check), its step is the folder's, and each weight file has the recorded
+size and sha256. run_dir/checkpoints/latest names the newest checkpoint.
+
+A kill can stop the process at any line, and a power cut loses whatever the
+kernel had not yet written to disk (a renamed folder can come back holding
+empty files). So every file is flushed (fsync) before its folder is renamed
+into place, and the folder that holds the rename is flushed after it; `latest`
+is replaced the same way. Resume checks the newest checkpoint, says which file
+is damaged if one is, and falls back to the newest complete checkpoint.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
+import re
 import shutil
+import sys
+import zipfile
 from pathlib import Path
+from typing import Callable
 
 import torch
 from safetensors.torch import load_model, save_model
 
 KEEP = 2  # newest checkpoints kept
+STATE_KEYS = {"step", "optimizer", "scheduler", "torch_rng", "prompt_rng", "extra", "files"}
 
+
+class CheckpointError(Exception):
+    """A run directory that cannot be resumed; the message names the files."""
+
+
+class DamagedCheckpoint(CheckpointError):
+    """One checkpoint folder is incomplete or damaged; the message names the file."""
+
+
+def _warn(message: str) -> None:
+    print(message, file=sys.stderr, flush=True)
+
+
+# ------------------------------------------------------------------ writing
 
 def save(run_dir: Path, policy, reference, optimizer, scheduler, state, extra: dict) -> Path:
-    folder = Path(run_dir) / "checkpoints"
-    folder.mkdir(parents=True, exist_ok=True)
+    """Write run_dir/checkpoints/step-NNNNNN/ durably, point `latest` at it, and
+    prune; `extra` (JSON) comes back from `load`."""
+    run_dir = Path(run_dir)
+    folder = run_dir / "checkpoints"
+    if not folder.is_dir():
+        folder.mkdir(parents=True)
+        _fsync(run_dir)
+    for stale in folder.glob(".step-*.tmp"):  # left by a save that was killed
+        shutil.rmtree(stale)
     name = f"step-{state.step:06d}"
     temporary = folder / f".{name}.tmp"
-    shutil.rmtree(temporary, ignore_errors=True)
     temporary.mkdir()
-    save_model(policy, str(temporary / "policy.safetensors"))
-    if reference is not None:
-        save_model(reference, str(temporary / "reference.safetensors"))
+
+    files = {}
+    for filename, model in (("policy.safetensors", policy), ("reference.safetensors", reference)):
+        if model is not None:
+            save_model(model, str(temporary / filename))
+            _fsync(temporary / filename)
+            files[filename] = _size_and_sha256(temporary / filename)
     torch.save({
         "step": state.step,
         "optimizer": optimizer.state_dict(),
@@ -44,33 +84,171 @@ def save(run_dir: Path, policy, reference, optimizer, scheduler, state, extra: d
         "torch_rng": torch.get_rng_state(),
         "prompt_rng": state.prompt_rng.getstate(),
         "extra": json.dumps(extra),
+        "files": files,
     }, temporary / "trainer_state.pt")
+    _fsync(temporary / "trainer_state.pt")
+    _fsync(temporary)
+    metrics = run_dir / "metrics.jsonl"
+    if metrics.is_file():
+        _fsync(metrics)  # the metrics this checkpoint covers reach the disk before it does
+
     final = folder / name
-    shutil.rmtree(final, ignore_errors=True)
+    shutil.rmtree(final, ignore_errors=True)  # a damaged one of the same step, skipped by the resume
     os.replace(temporary, final)
-    pointer = folder / ".latest.tmp"
-    pointer.write_text(name + "\n")
-    os.replace(pointer, folder / "latest")
-    for old in sorted(p for p in folder.glob("step-*") if p.is_dir())[:-KEEP]:
-        shutil.rmtree(old)
+    _fsync(folder)
+    _write_durably(folder / "latest", name + "\n")
+    _prune(folder, state.step)
     return final
 
 
+def _prune(folder: Path, step: int) -> None:
+    """Keep the KEEP newest checkpoints up to `step`. Later ones are left by a run
+    resumed from an earlier checkpoint (they were damaged) or by an earlier run in
+    the same folder: remove them."""
+    older = [p for p in checkpoint_folders(folder) if _step_of(p) < step]
+    later = [p for p in checkpoint_folders(folder) if _step_of(p) > step]
+    for old in later + older[:max(len(older) - (KEEP - 1), 0)]:
+        shutil.rmtree(old)
+
+
+def _fsync(path: Path) -> None:
+    """Force a file's data, or a folder's entries (a rename), to disk."""
+    descriptor = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(descriptor)
+    finally:
+        os.close(descriptor)
+
+
+def _write_durably(path: Path, text: str) -> None:
+    """Replace a small file so that a kill or a power cut leaves the old or the new one."""
+    temporary = path.with_name(f".{path.name}.tmp")
+    temporary.write_text(text)
+    _fsync(temporary)
+    os.replace(temporary, path)
+    _fsync(path.parent)
+
+
+def _size_and_sha256(path: Path) -> dict:
+    sha256 = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            sha256.update(chunk)
+    return {"size": path.stat().st_size, "sha256": sha256.hexdigest()}
+
+
+# ------------------------------------------------------------------ checking
+
+def _step_of(folder: Path) -> int:
+    return int(folder.name.removeprefix("step-"))
+
+
+def checkpoint_folders(folder: Path) -> list[Path]:
+    """The step-NNNNNN folders in checkpoints/, newest last."""
+    found = [p for p in folder.glob("step-*") if re.fullmatch(r"step-\d+", p.name) and p.is_dir()]
+    return sorted(found, key=_step_of)
+
+
+def read_state(checkpoint: Path) -> dict:
+    """trainer_state.pt of a complete checkpoint, once every file it vouches for is
+    checked; raises DamagedCheckpoint naming the first damaged file."""
+    path = checkpoint / "trainer_state.pt"
+    if not path.is_file():
+        raise DamagedCheckpoint(f"{path} is missing")
+    if path.stat().st_size == 0:
+        raise DamagedCheckpoint(f"{path} is empty")
+    try:
+        with zipfile.ZipFile(path) as archive:
+            failed_crc = archive.testzip()
+        saved = None if failed_crc else torch.load(path, weights_only=True)
+    except Exception as error:  # a damaged zip or pickle fails in many ways (zipfile, pickle, torch)
+        raise DamagedCheckpoint(f"{path} is unreadable ({type(error).__name__}: {error})") from error
+    if failed_crc:
+        raise DamagedCheckpoint(f"{path} is corrupt (its record {failed_crc!r} fails its CRC check)")
+    if not isinstance(saved, dict) or not STATE_KEYS <= saved.keys():
+        found = sorted(saved) if isinstance(saved, dict) else type(saved).__name__
+        raise DamagedCheckpoint(f"{path} lacks the keys {sorted(STATE_KEYS)} (found {found}; "
+                                f"written by an older grpo-edu?)")
+    if saved["step"] != _step_of(checkpoint):
+        raise DamagedCheckpoint(f"{path} holds step {saved['step']}, but its folder is {checkpoint.name}")
+    for filename, expected in saved["files"].items():
+        file = checkpoint / filename
+        if not file.is_file():
+            raise DamagedCheckpoint(f"{file} is missing")
+        size = file.stat().st_size
+        if size != expected["size"]:
+            raise DamagedCheckpoint(f"{file} has {size} bytes, expected {expected['size']}")
+        if _size_and_sha256(file)["sha256"] != expected["sha256"]:
+            raise DamagedCheckpoint(f"{file} does not match the sha256 recorded when it was written")
+    return saved
+
+
+def newest_complete(run_dir: Path, log: Callable[[str], None] = _warn) -> tuple[Path, dict]:
+    """The newest complete checkpoint of a run and its trainer state. Each damaged
+    checkpoint on the way, and a `latest` pointer that disagrees, is logged in one line."""
+    folder = Path(run_dir) / "checkpoints"
+    candidates = checkpoint_folders(folder) if folder.is_dir() else []
+    if not candidates:
+        raise CheckpointError(f"{run_dir}: expected a checkpoint in {folder}, found none (the run stopped "
+                              f"before its first checkpoint: start it again without --resume)")
+    damaged = []
+    for checkpoint in reversed(candidates):
+        try:
+            saved = read_state(checkpoint)
+        except DamagedCheckpoint as damage:
+            damaged.append(str(damage))
+            left = "trying an older one" if len(damaged) < len(candidates) else "no older one is left"
+            log(f"resume: checkpoint {checkpoint.name} is damaged: {damage}; {left}")
+            continue
+        pointer = _latest_problem(folder, checkpoint)
+        if pointer or damaged:
+            log(f"resume: {pointer + '; ' if pointer else ''}continuing from {checkpoint.name}, "
+                f"the newest complete checkpoint")
+        return checkpoint, saved
+    raise CheckpointError(f"{run_dir}: expected a complete checkpoint in {folder}, found none: "
+                          + "; ".join(damaged))
+
+
+def _latest_problem(folder: Path, newest: Path) -> str | None:
+    """Why checkpoints/latest does not name `newest`, or None when it does."""
+    pointer = folder / "latest"
+    if not pointer.is_file():
+        return f"{pointer} is missing"
+    text = pointer.read_bytes().decode(errors="replace").strip()
+    if text == newest.name:
+        return None
+    if not re.fullmatch(r"step-\d+", text):
+        return f"{pointer} is garbled ({text[:40]!r})"
+    if not (folder / text).is_dir():
+        return f"{pointer} names {text}, which is not there"
+    if _step_of(folder / text) > _step_of(newest):
+        return None  # it names a damaged checkpoint, already reported
+    return f"{pointer} names {text}, but {newest.name} is newer and complete (the run stopped before updating it)"
+
+
 def latest(run_dir: Path) -> Path:
+    """The checkpoint folder run_dir/checkpoints/latest names (unchecked: resume
+    uses `newest_complete`)."""
     pointer = Path(run_dir) / "checkpoints" / "latest"
     if not pointer.is_file():
-        raise FileNotFoundError(f"resume: {run_dir} has no checkpoints/latest (not a run directory, "
-                                f"or the run never reached its first checkpoint)")
+        raise CheckpointError(f"{run_dir}: no checkpoints/latest (not a run directory, "
+                              f"or the run never reached its first checkpoint)")
     return pointer.parent / pointer.read_text().strip()
 
 
-def load(run_dir: Path, policy, reference, optimizer, scheduler, state) -> dict:
-    """Restore everything `save` wrote, in place; returns the saved `extra`."""
-    folder = latest(run_dir)
-    load_model(policy, str(folder / "policy.safetensors"))
+# ------------------------------------------------------------------ resuming
+
+def load(run_dir: Path, policy, reference, optimizer, scheduler, state,
+         log: Callable[[str], None] = _warn) -> dict:
+    """Restore everything `save` wrote, in place, from the newest complete
+    checkpoint; returns the saved `extra`."""
+    checkpoint, saved = newest_complete(run_dir, log)
+    _load_weights(policy, checkpoint / "policy.safetensors")
     if reference is not None:
-        load_model(reference, str(folder / "reference.safetensors"))
-    saved = torch.load(folder / "trainer_state.pt", weights_only=True)
+        if "reference.safetensors" not in saved["files"]:
+            raise CheckpointError(f"{checkpoint}: expected reference.safetensors (beta > 0), found none: "
+                                  f"the run was started with beta = 0")
+        _load_weights(reference, checkpoint / "reference.safetensors")
     optimizer.load_state_dict(saved["optimizer"])
     scheduler.load_state_dict(saved["scheduler"])
     torch.set_rng_state(saved["torch_rng"])
@@ -80,11 +258,43 @@ def load(run_dir: Path, policy, reference, optimizer, scheduler, state) -> dict:
     return json.loads(saved["extra"])
 
 
-def read_history(run_dir: Path, up_to_step: int) -> list[dict]:
-    """metrics.jsonl up to the checkpoint's step; later lines (written after the
-    checkpoint by the interrupted run) are dropped from the file too."""
+def _load_weights(model, path: Path) -> None:
+    try:
+        load_model(model, str(path))
+    except RuntimeError as error:  # missing or unexpected tensors: another model than the run's
+        detail = " ".join(str(error).split())
+        raise CheckpointError(f"{path}: expected the weights of this run's model, got others "
+                              f"({detail[:300]})") from error
+
+
+def read_history(run_dir: Path, up_to_step: int, log: Callable[[str], None] = _warn) -> list[dict]:
+    """metrics.jsonl up to the checkpoint's step. Lines written after the checkpoint
+    by the interrupted run, and a last line it left half-written, are dropped from
+    the file too: the resumed run writes them again."""
     path = Path(run_dir) / "metrics.jsonl"
-    history = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-    history = [m for m in history if m["step"] <= up_to_step]
-    path.write_text("".join(json.dumps(m) + "\n" for m in history))
+    text = path.read_bytes().decode(errors="replace") if path.is_file() else ""
+    *lines, torn = text.split("\n")  # after the last newline: "" or a line cut short
+    history, unreadable = [], []
+    for number, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            metrics = json.loads(line)
+            step = int(metrics["step"])
+        except (ValueError, TypeError, KeyError):
+            unreadable.append(number)
+            continue
+        if step <= up_to_step:
+            history.append(metrics)
+    later = sum(1 for line in lines if line.strip()) - len(history) - len(unreadable)
+    if later or torn.strip():
+        torn_note = " and a torn last line" if torn.strip() else ""
+        log(f"resume: {path}: dropped {later} line(s) written after step {up_to_step}{torn_note}; "
+            f"the run writes them again from the checkpoint, nothing is lost")
+    missing = sorted(set(range(1, up_to_step + 1)) - {m["step"] for m in history})
+    if missing or unreadable:
+        log(f"resume: {path}: the metrics of {len(missing)} step(s) up to {up_to_step} are lost "
+            f"(steps {missing[:10]}{'...' if len(missing) > 10 else ''}; unreadable lines {unreadable[:10]})")
+    if later or torn or unreadable:
+        _write_durably(path, "".join(json.dumps(m) + "\n" for m in history))
     return history

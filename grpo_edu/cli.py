@@ -1,21 +1,64 @@
 """The `grpo-edu` command.
 
+    grpo-edu train [--config FILE] [--set KEY=VALUE ...] [--resume RUN_DIR]
     grpo-edu book list                 the chapter table
     grpo-edu book run [CHAPTER ...]    rebuild chapters (fresh kernel) and write their outputs
     grpo-edu book check [CHAPTER ...]  re-execute and compare outputs (nbval), check prose numbers
+
+A bad argument or input file is one line on stderr that names the argument, what
+was expected and what was given, and exit code 2; --debug adds the traceback.
+Anything else that goes wrong is a bug and shows its traceback.
 """
 
 from __future__ import annotations
 
 import argparse
+import errno
+import json
 import sys
+import tempfile
+import traceback
 from pathlib import Path
 
 from grpo_edu import book as bookmod
 
 
+class UsageError(Exception):
+    """A bad argument or input file: one line on stderr, exit code 2."""
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message):
+        # argparse prints its usage block first; one line is the rule here too.
+        self.exit(2, f"{self.prog}: {message} (see {self.prog} --help)\n")
+
+
+def _say(message: str) -> None:
+    print(message, file=sys.stderr, flush=True)
+
+
+# ------------------------------------------------------------------ book
+
+def _load_book(args, building: bool = False):
+    if not (Path(args.root) / "book.toml").is_file():
+        raise UsageError(f"--root: expected a folder holding book.toml, got {args.root!r}")
+    try:
+        return bookmod.load_book(args.root, building=building)
+    except bookmod.tomllib.TOMLDecodeError as error:
+        raise UsageError(f"--root {args.root}: expected book.toml to be valid TOML, got: {error}") from error
+    except bookmod.ManifestError as error:
+        raise UsageError(f"--root {args.root}: {error}") from error
+
+
+def _select(book, names):
+    try:
+        return book.select(names)
+    except bookmod.ManifestError as error:
+        raise UsageError(f"CHAPTER: {error}") from error
+
+
 def _book_list(args) -> int:
-    book = bookmod.load_book(args.root)
+    book = _load_book(args)
     if args.markdown:
         print(bookmod.chapter_table(book))  # the table README.md carries
         return 0
@@ -34,9 +77,9 @@ def _runnable(chapter, tiers):
 
 
 def _book_run(args) -> int:
-    book = bookmod.load_book(args.root, building=True)
+    book = _load_book(args, building=True)
     tiers = bookmod.available_tiers()
-    for chapter in book.select(args.chapters):
+    for chapter in _select(book, args.chapters):
         if not _runnable(chapter, tiers):
             continue
         print(f"chapter {chapter.number} ({chapter.name}): running ...", flush=True)
@@ -48,10 +91,10 @@ def _book_run(args) -> int:
 
 
 def _book_check(args) -> int:
-    book = bookmod.load_book(args.root)
+    book = _load_book(args)
     tiers = bookmod.available_tiers()
     rows, failed = [], False
-    for chapter in book.select(args.chapters):
+    for chapter in _select(book, args.chapters):
         offenders = bookmod.prose_number_offenders(book.root / chapter.path)
         for offender in offenders:
             print(f"chapter {chapter.number} prose: {offender}")
@@ -80,22 +123,94 @@ def _book_check(args) -> int:
     return 1 if failed else 0
 
 
-def _train(args) -> int:
-    from grpo_edu import trainer
-    from grpo_edu.config import DEFAULT_CONFIG, TrainConfig
+# ------------------------------------------------------------------ train
 
-    config_file = args.config or (DEFAULT_CONFIG if DEFAULT_CONFIG.is_file() else None)
-    try:
-        config = TrainConfig.from_toml(config_file, args.set)
-    except ValueError as error:
-        print(f"grpo-edu train: {error}", file=sys.stderr)
-        return 2
+def _train_config(args):
+    """The run's TrainConfig and where it came from; a bad file or --set is a UsageError."""
+    from grpo_edu.config import DEFAULT_CONFIG, TrainConfig, tomllib
+
     if args.resume:
         # Continue the same run: its own config (written when it started), --set on top.
-        config = TrainConfig.load_run_config(args.resume, args.set)
-        config_file = f"{args.resume}/config.json"
-    print(f"config: {config_file or 'defaults'}; output: {config.output_dir}")
-    result = trainer.train(config, resume=args.resume)
+        run = Path(args.resume)
+        if not run.is_dir():
+            given = "not a folder" if run.exists() else "no such folder"
+            raise UsageError(f"--resume: expected a run directory, got {args.resume!r} ({given})")
+        if not (run / "config.json").is_file():
+            raise UsageError(f"--resume: expected a run directory (config.json, metrics.jsonl, checkpoints/), "
+                             f"got {args.resume!r}, which holds no config.json")
+        if args.config:
+            _say(f"grpo-edu train: --config {args.config} is not used: a resumed run keeps its own "
+                 f"config.json (change keys with --set)")
+        source = run / "config.json"
+        try:
+            return TrainConfig.load_run_config(run, args.set), source
+        except json.JSONDecodeError as error:
+            raise UsageError(f"--resume {args.resume}: expected config.json to hold JSON, got: {error}") from error
+        except ValueError as error:
+            raise _blame(error, lambda: TrainConfig.load_run_config(run), f"--resume {source}") from error
+
+    source = args.config or (DEFAULT_CONFIG if DEFAULT_CONFIG.is_file() else None)
+    if args.config is not None and not Path(args.config).is_file():
+        given = "a folder" if Path(args.config).is_dir() else "no such file"
+        raise UsageError(f"--config: expected a TOML file, got {args.config!r} ({given})")
+    try:
+        return TrainConfig.from_toml(source, args.set), source or "defaults"
+    except tomllib.TOMLDecodeError as error:
+        raise UsageError(f"--config {source}: expected valid TOML, got: {error}") from error
+    except OSError as error:
+        raise UsageError(f"--config: expected a readable TOML file, got {str(source)!r} ({error.strerror})") from error
+    except ValueError as error:
+        raise _blame(error, lambda: TrainConfig.from_toml(source), f"--config {source}") from error
+
+
+def _blame(error: ValueError, file_alone, file_argument: str) -> UsageError:
+    """Name the argument at fault: the file if it fails on its own, else --set."""
+    try:
+        file_alone()
+    except ValueError:
+        return UsageError(f"{file_argument}: {error}")
+    return UsageError(str(error) if str(error).startswith("--set") else f"--set: {error}")
+
+
+def _check_writable(output_dir: str, argument: str) -> None:
+    folder = Path(output_dir)
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryFile(dir=folder):
+            pass
+    except OSError as error:
+        raise UsageError(f"{argument}: expected a folder that can be created and written, "
+                         f"got {output_dir!r} ({error.strerror or error})") from error
+
+
+def _cannot_write(error: OSError, output_dir: str) -> bool:
+    """A write into the run directory failed (disk full, read-only, permissions), not a bug."""
+    if error.errno in (errno.ENOSPC, errno.EDQUOT, errno.EROFS):
+        return True
+    return bool(error.filename) and Path(str(error.filename)).resolve().is_relative_to(Path(output_dir).resolve())
+
+
+def _train(args) -> int:
+    config, source = _train_config(args)
+    argument = f"--resume {args.resume}" if args.resume else "output_dir"
+    _check_writable(config.output_dir, argument)
+    from grpo_edu import checkpoint, trainer  # torch and transformers: seconds, so after the quick checks
+
+    print(f"config: {source}; output: {config.output_dir}")
+    try:
+        # The log (start accuracy, what resume repaired) goes to stderr with the progress bar.
+        result = trainer.train(config, resume=args.resume, log=_say)
+    except checkpoint.CheckpointError as error:
+        raise UsageError(f"--resume {error}") from error
+    except OSError as error:
+        if not _cannot_write(error, config.output_dir):
+            raise
+        raise UsageError(f"{argument}: expected a folder that can be written, got {config.output_dir!r} "
+                         f"({error.strerror or error}: {error.filename or ''})") from error
+    except KeyboardInterrupt:
+        _say(f"grpo-edu train: interrupted; continue from the newest checkpoint with "
+             f"grpo-edu train --resume {config.output_dir}")
+        return 130
     summary = result.summary
     print(f"\n{'':<28}{'before':>10}{'after':>10}")
     print(f"{'held-out greedy accuracy':<28}{summary['start_accuracy']:>10.4f}{summary['final_accuracy']:>10.4f}")
@@ -114,29 +229,41 @@ def _train(args) -> int:
     return 0
 
 
+def _debug_flag(parser, top: bool = False) -> None:
+    # On every level, so that `grpo-edu train --debug` and `grpo-edu --debug train` both work.
+    parser.add_argument("--debug", action="store_true", default=False if top else argparse.SUPPRESS,
+                        help="on an error, show the traceback as well")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="grpo-edu", description="GRPO, a runnable textbook.")
+    parser = _Parser(prog="grpo-edu", description="GRPO, a runnable textbook.")
+    _debug_flag(parser, top=True)
     commands = parser.add_subparsers(dest="command", required=True)
 
     book = commands.add_parser("book", help="list, run and check the book's chapters")
+    _debug_flag(book)
     book.add_argument("--root", default=str(bookmod.ROOT), help="the book's folder (holds book.toml)")
     actions = book.add_subparsers(dest="action", required=True)
     listing = actions.add_parser("list", help="the chapter table")
+    _debug_flag(listing)
     listing.add_argument("--markdown", action="store_true", help="print README.md's Markdown table")
     listing.set_defaults(func=_book_list)
     for name, func, text in (("run", _book_run, "execute chapters in a fresh kernel and write their outputs"),
                              ("check", _book_check, "re-execute, compare every output, check prose numbers")):
         action = actions.add_parser(name, help=text)
+        _debug_flag(action)
         action.add_argument("chapters", nargs="*", metavar="CHAPTER",
                             help="chapter number or name (default: all)")
         action.set_defaults(func=func)
     from grpo_edu.config import help_text
     train = commands.add_parser("train", help="train a policy with GRPO",
                                 formatter_class=argparse.RawDescriptionHelpFormatter, epilog=help_text())
+    _debug_flag(train)
     train.add_argument("--config", help="TOML config (default: configs/cpu-tiny.toml)")
     train.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                        help="override one config key (repeatable), e.g. --set beta=0.0")
-    train.add_argument("--resume", metavar="RUN_DIR", help="continue the run in RUN_DIR from its latest checkpoint")
+    train.add_argument("--resume", metavar="RUN_DIR", help="continue the run in RUN_DIR from its newest "
+                       "complete checkpoint (a damaged one is named and skipped)")
     train.set_defaults(func=_train)
     return parser
 
@@ -145,8 +272,10 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return args.func(args)
-    except bookmod.ManifestError as error:
-        print(f"grpo-edu: {error}", file=sys.stderr)
+    except (UsageError, bookmod.ManifestError) as error:
+        if args.debug:
+            traceback.print_exc()
+        print(f"grpo-edu {args.command}: {error}", file=sys.stderr)
         return 2
 
 
