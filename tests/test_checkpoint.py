@@ -265,21 +265,27 @@ class ForkServer:
         self.lines = queue.Queue()
         threading.Thread(target=lambda: [self.lines.put(int(line)) for line in self.process.stdout],
                          daemon=True).start()
+        self.running = None
 
     def start(self, argv, log) -> int:
         self.process.stdin.write(json.dumps({"argv": argv, "log": str(log)}) + "\n")
         self.process.stdin.flush()
-        return self.lines.get(timeout=120)
+        self.running = self.lines.get(timeout=120)
+        return self.running
 
     def exit_code(self, timeout=None):
         try:
-            return self.lines.get(timeout=timeout)
+            code = self.lines.get(timeout=timeout)
         except queue.Empty:
             return None
+        self.running = None
+        return code
 
     def close(self):
+        if self.running is not None and self.exit_code(timeout=0) is None:
+            os.kill(self.running, signal.SIGKILL)  # a failed test leaves no training behind
         self.process.stdin.close()
-        self.process.wait(timeout=30)
+        self.process.wait(timeout=60)
 
 
 def _train_argv(run_dir):
@@ -315,6 +321,30 @@ def _where_the_kill_landed(folder, before):
 def test_killed_at_random_moments_resumes_to_the_uninterrupted_weights(tmp_path):
     uninterrupted = subprocess.Popen([sys.executable, "-m", "grpo_edu.cli", *_train_argv(tmp_path / "uninterrupted")],
                                      cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        _kill_and_resume(tmp_path)
+    except BaseException:
+        uninterrupted.kill()  # a failed test leaves no training behind
+        raise
+    assert uninterrupted.wait(timeout=300) == 0, uninterrupted.stderr.read()[-3000:]
+    run_dir = tmp_path / "killed"
+    for name in ("policy.safetensors", "reference.safetensors"):
+        expected = load_file(checkpoint.latest(tmp_path / "uninterrupted") / name)
+        got = load_file(checkpoint.latest(run_dir) / name)
+        assert expected.keys() == got.keys()
+        for key in expected:
+            assert torch.equal(expected[key], got[key]), f"{name}: {key} differs"
+
+    def without_times(path):
+        return [{k: v for k, v in json.loads(line).items() if not k.startswith("time/")}
+                for line in path.read_text().splitlines()]
+    assert without_times(run_dir / "metrics.jsonl") == without_times(tmp_path / "uninterrupted" / "metrics.jsonl")
+    assert [m["step"] for m in without_times(run_dir / "metrics.jsonl")] == list(range(1, SETTINGS["steps"] + 1))
+
+
+def _kill_and_resume(tmp_path):
+    """Start the run, SIGKILL it KILLS times (every other kill at a random moment of a
+    checkpoint write), each time resuming it, then let it finish."""
     server = ForkServer(tmp_path)
     run_dir, log = tmp_path / "killed", tmp_path / "killed.log"
     folder = run_dir / "checkpoints"
@@ -345,23 +375,9 @@ def test_killed_at_random_moments_resumes_to_the_uninterrupted_weights(tmp_path)
     finally:
         server.close()
     seconds = time.perf_counter() - started
-    assert uninterrupted.wait(timeout=300) == 0, uninterrupted.stderr.read()[-3000:]
     inside = [where for where in kills if where]
     print(f"\n{len(kills)} kills in {seconds:.0f} s, {len(inside)} inside checkpoint.save: "
           f"{dict(collections.Counter(inside))}")
-
     text = log.read_text()
     assert "Traceback" not in text and "grpo-edu train: " not in text, text[-3000:]
     assert len(inside) >= 5
-    for name in ("policy.safetensors", "reference.safetensors"):
-        expected = load_file(checkpoint.latest(tmp_path / "uninterrupted") / name)
-        got = load_file(checkpoint.latest(run_dir) / name)
-        assert expected.keys() == got.keys()
-        for key in expected:
-            assert torch.equal(expected[key], got[key]), f"{name}: {key} differs"
-
-    def without_times(path):
-        return [{k: v for k, v in json.loads(line).items() if not k.startswith("time/")}
-                for line in path.read_text().splitlines()]
-    assert without_times(run_dir / "metrics.jsonl") == without_times(tmp_path / "uninterrupted" / "metrics.jsonl")
-    assert [m["step"] for m in without_times(run_dir / "metrics.jsonl")] == list(range(1, SETTINGS["steps"] + 1))

@@ -216,3 +216,20 @@ def test_book_manifest_that_is_inconsistent(capsys, tmp_path):
     (tmp_path / "book.toml").write_text('[book]\ntitle = "t"\ndescription = "d"\n')
     one_line_error(capsys, ["book", "--root", str(tmp_path), "list"],
                    f"--root {tmp_path}: book.toml needs at least one [[chapters]] entry")
+
+
+def test_config_beside_resume_is_said_to_be_unused(capsys, tmp_path):
+    run = a_run_dir(tmp_path)
+    assert main(["train", "--config", "configs/cpu-tiny.toml", "--resume", str(run)]) == 2
+    note, error = capsys.readouterr().err.splitlines()
+    assert note.startswith("grpo-edu train: --config configs/cpu-tiny.toml is not used: a resumed run keeps its own")
+    assert "expected a checkpoint" in error
+
+
+def test_ctrl_c_says_how_to_continue(capsys, tmp_path, monkeypatch):
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+    monkeypatch.setattr(trainer, "train", interrupted)
+    assert main(["train", "--set", f"output_dir={tmp_path / 'run'}"]) == 130
+    err = capsys.readouterr().err
+    assert err == f"grpo-edu train: interrupted; continue from the newest checkpoint with grpo-edu train --resume {tmp_path / 'run'}\n"
