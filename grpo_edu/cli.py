@@ -183,6 +183,18 @@ def _check_writable(output_dir: str, argument: str) -> None:
                          f"got {output_dir!r} ({error.strerror or error})") from error
 
 
+def _check_model_and_device(config) -> None:
+    import torch
+
+    path = Path(config.model).expanduser()
+    looks_local = path.exists() or config.model.startswith((".", "/", "~"))  # as models.load_policy decides
+    if config.model != "start" and looks_local and not (path / "config.json").is_file():
+        raise UsageError(f"model: expected 'start', a saved model folder (holding config.json) or a hub id, "
+                         f"got {config.model!r}, which holds no config.json")
+    if config.device == "cuda" and not torch.cuda.is_available():
+        raise UsageError("device: expected a device this machine has, got 'cuda' (torch sees no CUDA GPU)")
+
+
 def _cannot_write(error: OSError, output_dir: str) -> bool:
     """A write into the run directory failed (disk full, read-only, permissions), not a bug."""
     if error.errno in (errno.ENOSPC, errno.EDQUOT, errno.EROFS):
@@ -195,6 +207,8 @@ def _train(args) -> int:
     argument = f"--resume {args.resume}" if args.resume else "output_dir"
     _check_writable(config.output_dir, argument)
     from grpo_edu import checkpoint, trainer  # torch and transformers: seconds, so after the quick checks
+
+    _check_model_and_device(config)
 
     print(f"config: {source}; output: {config.output_dir}")
     try:

@@ -233,3 +233,14 @@ def test_ctrl_c_says_how_to_continue(capsys, tmp_path, monkeypatch):
     assert main(["train", "--set", f"output_dir={tmp_path / 'run'}"]) == 130
     err = capsys.readouterr().err
     assert err == f"grpo-edu train: interrupted; continue from the newest checkpoint with grpo-edu train --resume {tmp_path / 'run'}\n"
+
+
+def test_a_model_folder_without_config_json(capsys, tmp_path):
+    one_line_error(capsys, ["train", "--set", f"model={tmp_path}", "--set", f"output_dir={tmp_path / 'run'}"],
+                   "grpo-edu train: model: expected 'start', a saved model folder", str(tmp_path), "no config.json")
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has a CUDA GPU")
+def test_cuda_without_a_gpu(capsys, tmp_path):
+    one_line_error(capsys, ["train", "--set", "device=cuda", "--set", f"output_dir={tmp_path / 'run'}"],
+                   "grpo-edu train: device: expected a device this machine has, got 'cuda'")
