@@ -28,8 +28,10 @@ $(VENV)/.test: pyproject.toml | $(BIN)/python
 setup: $(VENV)/.book
 setup-test: $(VENV)/.test
 
+# The book's pinned floating-point kernels (grpo_edu/numerics.py), so that a chapter
+# re-run in JupyterLab prints the numbers committed in it.
 book: setup
-	$(BIN)/jupyter lab chapters/01_grpo_by_hand.ipynb
+	env $$($(BIN)/python -m grpo_edu.numerics) $(BIN)/jupyter lab chapters/01_grpo_by_hand.ipynb
 
 train: setup
 	$(BIN)/grpo-edu train

@@ -19,6 +19,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from grpo_edu import numerics
+
 try:
     import tomllib
 except ModuleNotFoundError:  # Python 3.10
@@ -236,17 +238,32 @@ def prose_number_offenders(notebook: Path | str) -> list[str]:
 
 # --------------------------------------------------------------------------- run and check
 
-def kernel_env() -> dict[str, str]:
+def kernel_env(pinned: bool = True) -> dict[str, str]:
+    """This process's environment with the book's kernel settings and, where the machine
+    allows and `pinned`, the pinned floating-point kernels (grpo_edu.numerics)."""
     env = dict(os.environ)
     env.update(KERNEL_ENV)
+    if pinned and numerics.unpinnable_reason() is None:
+        env = numerics.pinned_env(env)
     return env
 
 
+class UnpinnedBuildError(RuntimeError):
+    """A chapter would be built with kernels other than the pinned ones."""
+
+
 def run_chapter(chapter: Chapter, root: Path = ROOT) -> float:
-    """Rebuild chapter.path from its py:percent source in a fresh kernel and write it
-    with outputs. Returns the execution time in seconds."""
+    """Rebuild chapter.path from its py:percent source in a fresh kernel, with the pinned
+    floating-point kernels, and write it with outputs. Returns the execution time in seconds.
+
+    Refuses on a machine that cannot run the pin: outputs built there would not be the
+    ones every x86-64 reader's `make test` reproduces."""
     from grpo_edu import notebooks
 
+    reason = numerics.unpinnable_reason()
+    if reason is not None:
+        raise UnpinnedBuildError(f"book run: {reason}; chapters are built with the pinned kernels "
+                                 f"(grpo_edu.numerics) so that they reproduce on every x86-64 machine")
     start = time.perf_counter()
     notebooks.build(root / chapter.source, root / chapter.path, env=kernel_env(),
                     timeout=max(600, 3 * chapter.budget_seconds))

@@ -83,7 +83,10 @@ def _book_run(args) -> int:
         if not _runnable(chapter, tiers):
             continue
         print(f"chapter {chapter.number} ({chapter.name}): running ...", flush=True)
-        seconds = bookmod.run_chapter(chapter, book.root)
+        try:
+            seconds = bookmod.run_chapter(chapter, book.root)
+        except bookmod.UnpinnedBuildError as error:
+            raise UsageError(str(error)) from error
         verdict = "within" if seconds <= chapter.budget_seconds else "OVER"
         print(f"chapter {chapter.number}: wrote {chapter.path} in {seconds:.1f} s "
               f"({verdict} budget {chapter.budget_seconds} s)")

@@ -1,0 +1,170 @@
+"""The pinned numerical environment (grpo_edu.numerics): necessary, sufficient, and
+what the book's checks do where it is unavailable.
+
+Each check runs tests/numerics_probe.py (a 3-step GRPO run through the fused engine and
+a NumPy product) in a fresh process under a chosen environment and compares SHA-256
+fingerprints, so "equal" means bitwise equal.
+"""
+
+import functools
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from grpo_edu import book, numerics
+
+ROOT = Path(__file__).resolve().parent.parent
+PROBE = ROOT / "tests" / "numerics_probe.py"
+
+# The probe run's weights under the pin, recorded with the trainer as it was before the
+# off-policy fix of pi_old (commit fd6af7b) on an AMD EPYC (AVX-512, no AMX) machine. The
+# fix must leave a one-step on-policy run bitwise unchanged, and the pin must give these
+# same bits on every x86-64 machine with AVX2: Intel or AMD, AVX-512 and AMX or not.
+PINNED_PROBE_WEIGHTS = "10d9d173e6e7cbf55a329ab09c05e034eb5ee728b1acb36e910c579089c54543"
+
+needs_pin = pytest.mark.skipif(numerics.unpinnable_reason() is not None,
+                               reason=f"no pinned kernels here: {numerics.unpinnable_reason()}")
+
+
+def _unpinned_base() -> dict[str, str]:
+    """This process's environment without any of the pinned variables (the machine's own
+    kernels), with the book's other settings."""
+    env = {k: v for k, v in os.environ.items() if k not in numerics.PINNED_ENV
+           and k not in ("MKL_ENABLE_INSTRUCTIONS", "NPY_DISABLE_CPU_FEATURES")}
+    env.update(book.KERNEL_ENV)
+    return env
+
+
+@functools.lru_cache(maxsize=None)
+def _probe(items: tuple[tuple[str, str], ...], tmp: str) -> dict:
+    env = dict(items)
+    result = subprocess.run([sys.executable, str(PROBE), str(Path(tmp) / f"run-{abs(hash(items))}")],
+                            env=env, capture_output=True, text=True, cwd=ROOT, timeout=600)
+    assert result.returncode == 0, result.stderr[-3000:]
+    return json.loads(result.stdout.strip().splitlines()[-1])
+
+
+def probe(env: dict[str, str], tmp_path_factory) -> dict:
+    return _probe(tuple(sorted(env.items())), str(tmp_path_factory.getbasetemp()))
+
+
+def has_avx512() -> bool:
+    return "avx512f" in (numerics.cpu_flags() or set())
+
+
+@needs_pin
+@pytest.mark.slow
+def test_pinned_probe_gives_the_recorded_weights(tmp_path_factory):
+    pinned = probe(numerics.pinned_env(_unpinned_base()), tmp_path_factory)
+    assert pinned["torch_capability"] == "AVX2"
+    assert pinned["weights"] == PINNED_PROBE_WEIGHTS
+
+
+@needs_pin
+@pytest.mark.slow
+def test_without_the_pin_the_run_depends_on_the_kernels(tmp_path_factory):
+    """The problem is real: the machine's fastest kernels and the ones every AVX2 machine
+    has (or the scalar fallback, on a machine whose best is AVX2) give different weights."""
+    base = _unpinned_base()
+    fastest = probe(base, tmp_path_factory)
+    other = "avx2" if has_avx512() else "default"
+    withheld = probe({**base, "ATEN_CPU_CAPABILITY": other}, tmp_path_factory)
+    assert fastest["weights"] != withheld["weights"]
+
+
+@needs_pin
+@pytest.mark.slow
+@pytest.mark.parametrize("offered", [
+    {},                                                   # whatever this machine has
+    {"ATEN_CPU_CAPABILITY": "avx512"},                    # a shell that asks for AVX-512
+    {"ATEN_CPU_CAPABILITY": "default"},                   # ... or for no vectorisation
+    {"MKL_ENABLE_INSTRUCTIONS": "AVX2"},                  # MKL's AVX-512 withheld (Intel; AMD ignores it)
+    {"MKL_ENABLE_INSTRUCTIONS": "SSE4_2"},
+    {"MKL_CBWR": "AUTO"},
+    {"OPENBLAS_CORETYPE": "SkylakeX"},
+    {"NPY_DISABLE_CPU_FEATURES": "X86_V4 AVX512_ICL AVX512_SPR"},   # NumPy's AVX-512 loops withheld
+], ids=lambda offered: ",".join(f"{k}={v}" for k, v in offered.items()) or "machine-default")
+def test_the_pin_gives_the_same_bits_whatever_the_machine_offers(offered, tmp_path_factory):
+    reference = probe(numerics.pinned_env(_unpinned_base()), tmp_path_factory)
+    result = probe(numerics.pinned_env({**_unpinned_base(), **offered}), tmp_path_factory)
+    assert result == reference
+
+
+@needs_pin
+@pytest.mark.slow
+@pytest.mark.parametrize("variable, other_value, fingerprint", [
+    ("ATEN_CPU_CAPABILITY", "default", "weights"),   # PyTorch's scalar kernels
+    ("MKL_CBWR", "AUTO", "weights"),                 # MKL's own per-CPU dispatch
+    ("OPENBLAS_CORETYPE", "Prescott", "numpy"),      # OpenBLAS's SSE3 kernels
+])
+def test_each_pinned_variable_is_necessary(variable, other_value, fingerprint, tmp_path_factory):
+    """Leave one variable to another value a machine can have and the bits change: each
+    part of the pin decides results."""
+    pinned = numerics.pinned_env(_unpinned_base())
+    reference = probe(pinned, tmp_path_factory)
+    changed = probe({**pinned, variable: other_value}, tmp_path_factory)
+    assert changed[fingerprint] != reference[fingerprint]
+
+
+@needs_pin
+@pytest.mark.slow
+def test_onednn_is_not_used_by_training(tmp_path_factory):
+    """ONEDNN_MAX_CPU_ISA is pinned only as a guard: no oneDNN primitive runs in a step."""
+    env = {**numerics.pinned_env(_unpinned_base()), "ONEDNN_VERBOSE": "1"}
+    result = subprocess.run([sys.executable, str(PROBE), str(tmp_path_factory.mktemp("onednn"))],
+                            env=env, capture_output=True, text=True, cwd=ROOT, timeout=600)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "exec," not in result.stdout + result.stderr
+
+
+# ----------------------------------------------------------------- where no pin is possible
+
+def test_unpinnable_reasons(monkeypatch):
+    monkeypatch.setattr(numerics.platform, "machine", lambda: "arm64")
+    assert "x86-64" in numerics.unpinnable_reason()
+    monkeypatch.setattr(numerics.platform, "machine", lambda: "x86_64")
+    monkeypatch.setattr(numerics, "cpu_flags", lambda: {"sse2", "avx"})
+    assert numerics.unpinnable_reason() == "this CPU lacks avx2, fma (the pin needs AVX2 and FMA)"
+
+
+def test_pinned_env_overrides_the_shell():
+    env = numerics.pinned_env({"ATEN_CPU_CAPABILITY": "avx512", "MKL_CBWR": "AUTO", "HOME": "/x"})
+    assert env["ATEN_CPU_CAPABILITY"] == "avx2" and env["MKL_CBWR"] == "COMPATIBLE" and env["HOME"] == "/x"
+
+
+def test_book_run_refuses_to_build_without_the_pin(monkeypatch):
+    monkeypatch.setattr(numerics, "unpinnable_reason", lambda: "this machine is Darwin arm64")
+    chapter = book.load_book().chapters[0]
+    with pytest.raises(book.UnpinnedBuildError, match="Darwin arm64; chapters are built with the pinned"):
+        book.run_chapter(chapter)
+
+
+@needs_pin
+@pytest.mark.slow
+def test_the_book_passes_with_other_kernels_and_names_the_platform_cells():
+    """What a reader on Apple silicon or ARM Linux gets, simulated with kernels as far from
+    the pin as any machine has (PyTorch's scalar fallback, MKL's own dispatch): every cell
+    that is not tagged platform-numerics still matches the committed output digit for
+    digit, every claims cell holds, and the report names the tagged cells."""
+    env = {**_unpinned_base(), "ATEN_CPU_CAPABILITY": "default", "MKL_CBWR": "AUTO"}
+    result = subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q",
+                             "--book-unpinned", "chapters"],
+                            env=env, capture_output=True, text=True, cwd=ROOT, timeout=1800)
+    output = result.stdout + result.stderr
+    assert result.returncode == 0, output[-6000:]
+    assert "platform-dependent cells" in output
+    assert "differs from committed (expected here)" in output, "no tagged cell differed: the test shows nothing"
+
+
+def test_grpo_edu_book_run_says_why_in_one_line(monkeypatch, capsys):
+    from grpo_edu.cli import main
+
+    monkeypatch.setattr(numerics, "unpinnable_reason", lambda: "this machine is Linux aarch64, the pin needs x86-64")
+    assert main(["book", "run", "1"]) == 2
+    out, err = capsys.readouterr()
+    assert len(err.splitlines()) == 1 and "Traceback" not in err
+    assert "book run: this machine is Linux aarch64" in err
