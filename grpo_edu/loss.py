@@ -22,6 +22,12 @@ so under grpo a token of a long response weighs less than a token of a short one
 (the length bias chapter 4 measures); the other three give every token the same
 weight. For the settings they share, the loss equals TRL 1.16's GRPOTrainer
 (tests/test_trl_parity.py) and, on one group, chapter 1's NumPy reference.
+
+When one generation batch feeds several optimizer steps (its mini-batches), TRL
+1.16 divides each step's dapo loss by num_items / (optimizer steps per generation),
+the mean token count of a step, so that every token weighs the same whichever
+mini-batch holds it; grpo_edu.trainer passes the rollout's count as num_items and
+multiplies the loss by num_mini_batches, which is the same.
 """
 
 from __future__ import annotations
@@ -129,7 +135,8 @@ def grpo_loss(logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Tens
         ratio per response, clipped as a whole)
     kl_estimator: "k1" | "k2" | "k3"
     num_items: dapo's denominator, the token count of the whole generation batch
-        (all ranks, all micro-batches); defaults to this batch's token count
+        (all ranks, all micro-batches); defaults to this batch's token count.
+        With mini-batches, scale the loss by their number (see the module docstring)
 
     Metrics (floats):
       loss, policy_loss       the loss, and the loss without the KL term

@@ -209,7 +209,7 @@ def logprobs_before_update(config: TrainConfig, policy, input_ids, attention_mas
     micro-batches the update will use, so the first mini-batch's ratio is exactly 1 (the same
     forward, bitwise). Rows in no mini-batch (filtered groups) stay 0 and are never read;
     None when no row will be trained on."""
-    micro_batches = [micro for rows in mini_batches for micro in rows.split(config.micro_batch_size)]
+    micro_batches = [micro for rows in mini_batches if len(rows) for micro in rows.split(config.micro_batch_size)]
     if not micro_batches:
         return None
     pieces = [sequence_logprobs(config, policy, input_ids[micro], attention_mask[micro], completion_mask[micro])
