@@ -7,44 +7,113 @@ the same reward functions (grpo_edu.rewards, which have TRL's signature), B = 16
 prompts x G = 8 completions per optimizer step, lr 3e-4 with cosine decay to 0
 over the run, beta 0.04 (k3, without TRL's bias-corrected KL, so both minimise the
 same loss), epsilon 0.2, loss_type "grpo", temperature 1, sample-std advantages
-(TRL's convention), on the CPU with the same thread count.
-Three trainers take turns, seed by seed: grpo_edu's default (the fused forward
-and sampler, grpo_edu.fused_llama), grpo_edu with transformers' forward and
-generate (fused_llama = false: TRL's model code), and TRL. Prints each one's
-median seconds per step (over all seeds' steps) and held-out greedy accuracy
-after N steps per seed, measured by the same function on the same problems.
+(TRL's convention), on the CPU with the same thread count. Three trainers:
+grpo_edu's default (the fused forward and sampler, grpo_edu.fused_llama),
+grpo_edu with transformers' forward and generate (fused_llama = false: TRL's
+model code), and TRL.
+
+Order. For each seed the three run one after the other, and the order rotates
+from seed to seed (seed index 0: A B C, 1: B C A, 2: C A B, 3: A B C, ...), so
+that neither a slow drift of a shared machine nor running first or last (a warm
+or cold cache, a heated CPU) favours one trainer.
+
+What is timed, the same way for all: the wall-clock of a whole iteration of
+the training loop, from the start of one step to the start of the next.
+  grpo_edu  a timestamp each time the loop calls grpo_edu.trainer.sample_prompts,
+            which it does exactly once per step, first thing in the step (checked:
+            the benchmark fails if the count differs from the steps). An iteration
+            holds sampling, scoring, the update, its metrics and their line in
+            metrics.jsonl.
+  TRL       a timestamp at each on_step_begin callback. transformers' Trainer
+            calls it once per optimizer step, before training_step, in which
+            GRPOTrainer._prepare_inputs generates and scores the completions; the
+            interval to the next on_step_begin adds the optimizer step, the
+            on_step_end bookkeeping and fetching the next step's prompts.
+The last step has no next start; its interval would hold different end-of-run
+work for each trainer (our final held-out evaluation and checkpoint, TRL's
+end of train()), so it is dropped for every trainer: N steps give N - 1 step
+times per seed. The table prints their median, pooled over seeds, and held-out
+greedy accuracy after N steps per seed, measured by the same function on the
+same problems.
+
+For transparency a second table shows how much of a step the earlier version
+of this benchmark left out: grpo_edu's three logged phases (time/rollout +
+time/scoring + time/update) and TRL's on_step_begin -> on_step_end, and the
+median of (whole iteration - that span) per step.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import statistics
 import sys
 import tempfile
 import time
 import warnings
+from dataclasses import dataclass
 
 import torch
 
 
-def run_grpo_edu(args, held_out, fused_llama: bool = True) -> tuple[list[float], float]:
+@dataclass
+class Run:
+    """One trainer's run on one seed; the lists hold one entry per timed step (all but the last)."""
+
+    step_seconds: list[float]       # start of a step to the start of the next
+    old_span_seconds: list[float]   # the part of each step the earlier benchmark timed
+    accuracy: float                 # held-out greedy accuracy after training
+
+    @property
+    def outside_seconds(self) -> list[float]:
+        return [whole - span for whole, span in zip(self.step_seconds, self.old_span_seconds)]
+
+
+def intervals(starts: list[float], steps: int, where: str) -> list[float]:
+    """Step times from the starts of `steps` steps: the N - 1 gaps between consecutive starts."""
+    if len(starts) != steps:
+        raise RuntimeError(f"{where} marked {len(starts)} step starts in {steps} steps: it no longer marks "
+                           f"each step's start once; fix benchmarks/vs_trl.py's step clock")
+    return [later - earlier for earlier, later in zip(starts, starts[1:])]
+
+
+@contextlib.contextmanager
+def stamped(module, name: str, starts: list[float]):
+    """Replace module.name with a wrapper that appends a timestamp to `starts` on each call."""
+    original = getattr(module, name)
+
+    def wrapper(*args, **kwargs):
+        starts.append(time.perf_counter())
+        return original(*args, **kwargs)
+
+    setattr(module, name, wrapper)
+    try:
+        yield
+    finally:
+        setattr(module, name, original)
+
+
+def run_grpo_edu(seed: int, args, held_out, fused_llama: bool = True) -> Run:
     from grpo_edu import trainer
     from grpo_edu.config import TrainConfig
     from grpo_edu.pretrain import evaluate
 
-    with tempfile.TemporaryDirectory() as directory:
-        config = TrainConfig(steps=args.steps, seed=args.seed, threads=args.threads, advantage_std="sample",
+    starts: list[float] = []
+    with tempfile.TemporaryDirectory() as directory, stamped(trainer, "sample_prompts", starts):
+        config = TrainConfig(steps=args.steps, seed=seed, threads=args.threads, advantage_std="sample",
                              eval_every=args.steps, eval_size=len(held_out), checkpoint_every=0,
                              progress=False, output_dir=directory, fused_llama=fused_llama)
         result = trainer.train(config, log=lambda _: None)
-    times = [sum(m[f"time/{key}"] for key in trainer.TIME_SPLIT) for m in result.history]
+    step_seconds = intervals(starts, args.steps, "grpo_edu.trainer.train (sample_prompts)")
+    phases = [sum(m[f"time/{key}"] for key in trainer.TIME_SPLIT) for m in result.history]
     accuracy = evaluate(result.policy.eval(), result.tokenizer, held_out)["greedy_accuracy"]
-    return times, accuracy
+    return Run(step_seconds, phases[:len(step_seconds)], accuracy)
 
 
-def run_trl(args, held_out) -> tuple[list[float], float]:
+def run_trl(seed: int, args, held_out) -> Run:
     from datasets import Dataset
     from transformers import TrainerCallback
+    from transformers.trainer_callback import PrinterCallback
     from trl import GRPOConfig, GRPOTrainer
 
     from grpo_edu import tasks
@@ -56,20 +125,20 @@ def run_trl(args, held_out) -> tuple[list[float], float]:
     train = tasks.make_dataset("arithmetic", n=10000, split="train", seed=0)
     dataset = Dataset.from_list([{"prompt": s["prompt"], "answer": s["answer"], "task": s["task"]} for s in train])
 
-    class StepTimer(TrainerCallback):
+    class StepClock(TrainerCallback):
         def __init__(self):
-            self.times, self.last = [], None
+            self.starts, self.ends = [], []
 
         def on_step_begin(self, *_, **__):
-            self.last = time.perf_counter()
+            self.starts.append(time.perf_counter())
 
         def on_step_end(self, *_, **__):
-            self.times.append(time.perf_counter() - self.last)
+            self.ends.append(time.perf_counter())
 
-    timer = StepTimer()
+    clock = StepClock()
     with tempfile.TemporaryDirectory() as directory:
         config = GRPOConfig(
-            output_dir=directory, max_steps=args.steps, seed=args.seed, use_cpu=True, bf16=False,
+            output_dir=directory, max_steps=args.steps, seed=seed, use_cpu=True, bf16=False,
             per_device_train_batch_size=16 * 8, num_generations=8, max_completion_length=16,
             learning_rate=3e-4, lr_scheduler_type="cosine", warmup_steps=0, weight_decay=0.0,
             adam_beta1=0.9, adam_beta2=0.99, max_grad_norm=1.0, beta=0.04, epsilon=0.2,
@@ -79,19 +148,40 @@ def run_trl(args, held_out) -> tuple[list[float], float]:
             disable_tqdm=True, dataloader_num_workers=0)
         trl_trainer = GRPOTrainer(model=policy, reward_funcs=[accuracy_reward, format_reward],
                                   args=config, train_dataset=dataset, processing_class=tokenizer,
-                                  callbacks=[timer])
+                                  callbacks=[clock])
+        trl_trainer.remove_callback(PrinterCallback)   # it prints train()'s closing metrics into our table
         trl_trainer.train()
+    step_seconds = intervals(clock.starts, args.steps, "TRL's on_step_begin")
+    old_spans = [end - start for start, end in zip(clock.starts, clock.ends)]
     accuracy = evaluate(policy.eval(), tokenizer, held_out)["greedy_accuracy"]
-    return timer.times, accuracy
+    return Run(step_seconds, old_spans[:len(step_seconds)], accuracy)
+
+
+TRAINERS = {
+    "grpo_edu": run_grpo_edu,
+    "grpo_edu (transformers forward)": lambda seed, args, held_out: run_grpo_edu(seed, args, held_out,
+                                                                                fused_llama=False),
+    "TRL GRPOTrainer": run_trl,
+}
+OLD_SPANS = {"grpo_edu": "rollout + scoring + update", "grpo_edu (transformers forward)": "rollout + scoring + update",
+             "TRL GRPOTrainer": "on_step_begin -> on_step_end"}
+
+
+def rotated(names: list[str], turn: int) -> list[str]:
+    """The trainers' order for the seed at index `turn`: A B C, then B C A, then C A B, ..."""
+    shift = turn % len(names)
+    return names[shift:] + names[:shift]
 
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--steps", type=int, default=200)
+    parser.add_argument("--steps", type=int, default=200, help="training steps per run (>= 2: the last is not timed)")
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--eval-size", type=int, default=256)
     args = parser.parse_args(argv)
+    if args.steps < 2:
+        parser.error(f"--steps must be >= 2 (a step is timed to the start of the next), got {args.steps}")
     warnings.filterwarnings("ignore")
     torch.set_num_threads(args.threads)
 
@@ -102,31 +192,42 @@ def main(argv=None) -> int:
     held_out = tasks.make_dataset("arithmetic", n=args.eval_size, split="test", seed=0)
     policy, tokenizer = load_policy()
     start = evaluate(policy, tokenizer, held_out)["greedy_accuracy"]
+    names = list(TRAINERS)
     print(f"{args.steps} steps, seeds {args.seeds}, {args.threads} threads; held-out greedy accuracy at start "
           f"{start:.4f} ({len(held_out)} problems)")
-    runs = {"grpo_edu": run_grpo_edu,
-            "grpo_edu (transformers forward)": lambda a, h: run_grpo_edu(a, h, fused_llama=False),
-            "TRL GRPOTrainer": run_trl}
-    # The trainers take turns seed by seed, so a change in the machine's speed
-    # (a shared host) falls on all of them alike; step times are pooled over seeds.
-    times = {name: [] for name in runs}
-    accuracies = {name: [] for name in runs}
-    for seed in args.seeds:
-        args.seed = seed
-        for name, run in runs.items():
+    print("order rotates from seed to seed: " + "; ".join(
+        f"seed {seed}: {', '.join(rotated(names, turn))}" for turn, seed in enumerate(args.seeds)))
+    print(f"s/step: start of a step to the start of the next (the last step of each run is not timed), "
+          f"median of {args.steps - 1} x {len(args.seeds)} steps")
+
+    runs: dict[str, list[Run]] = {name: [] for name in names}
+    for turn, seed in enumerate(args.seeds):
+        for name in rotated(names, turn):
             torch.manual_seed(seed)
-            step_times, accuracy = run(args, held_out)
-            times[name] += step_times
-            accuracies[name].append(accuracy)
-            print(f"  seed {seed}, {name}: {statistics.median(step_times):.3f} s/step, accuracy {accuracy:.4f}",
-                  file=sys.stderr)
-    trl = statistics.median(times["TRL GRPOTrainer"])
+            run = TRAINERS[name](seed, args, held_out)
+            runs[name].append(run)
+            print(f"  seed {seed}, {name}: {statistics.median(run.step_seconds):.3f} s/step, "
+                  f"accuracy {run.accuracy:.4f}", file=sys.stderr)
+
+    def pooled(name: str, attribute: str) -> list[float]:
+        return [value for run in runs[name] for value in getattr(run, attribute)]
+
+    trl = statistics.median(pooled("TRL GRPOTrainer", "step_seconds"))
     print(f"\n{'trainer':<32}{'s/step (median)':>17}{'steps/s':>9}{'vs TRL':>8}   held-out accuracy per seed (mean)")
-    for name in runs:
-        median = statistics.median(times[name])
-        per_seed = " ".join(f"{a:.4f}" for a in accuracies[name])
+    for name in names:
+        median = statistics.median(pooled(name, "step_seconds"))
+        accuracies = [run.accuracy for run in runs[name]]
+        per_seed = " ".join(f"{a:.4f}" for a in accuracies)
         print(f"{name:<32}{median:>17.3f}{1 / median:>9.2f}{trl / median:>7.2f}x   {per_seed} "
-              f"({statistics.mean(accuracies[name]):.4f})")
+              f"({statistics.mean(accuracies):.4f})")
+
+    print("\nwhat the earlier span left out, per step (medians)")
+    print(f"{'trainer':<32}{'earlier span':<30}{'span s':>8}{'outside s':>11}{'share':>8}")
+    for name in names:
+        wholes, outside = pooled(name, "step_seconds"), pooled(name, "outside_seconds")
+        share = statistics.median(out / whole for out, whole in zip(outside, wholes))
+        print(f"{name:<32}{OLD_SPANS[name]:<30}{statistics.median(pooled(name, 'old_span_seconds')):>8.3f}"
+              f"{statistics.median(outside):>11.4f}{share:>8.2%}")
     return 0
 
 
