@@ -4,8 +4,10 @@
 
 From the committed starting policy: 16 prompts of the arithmetic task, G = 8
 completions each (at most 16 tokens), as one trainer step. Times, as medians over
-`repeats` rounds in which the two implementations alternate (so that a shared
-machine's drift falls on both):
+`repeats` rounds; in each round every phase runs once with each implementation,
+one right after the other, and which goes first alternates from round to round
+(so that a shared machine's drift, and going first after another phase, fall
+on both alike). Each time spans the same call for both:
 
     sample       128 completions: transformers' generate (HFEngine) vs FusedEngine
     reference    completion log-probs without gradients (the reference's pass)
@@ -76,13 +78,14 @@ def main(argv=None) -> int:
     for _ in range(3):                                      # warm-up
         for phase, run in phases.items():
             run(False), run(True)
-    for _ in range(args.repeats):
+    for repeat in range(args.repeats):
+        order = (False, True) if repeat % 2 == 0 else (True, False)
         for phase, run in phases.items():
-            for fused in (False, True):
+            for fused in order:
                 times[phase, fused].append(timed(lambda: run(fused)))
 
     print(f"one step's data: {ids.shape[0]} completions, {int(completion_mask.sum())} completion tokens; "
-          f"{args.threads} threads, median of {args.repeats}")
+          f"{args.threads} threads, median of {args.repeats} rounds (which goes first alternates)")
     packed = int(prompts["attention_mask"].sum() + completion_mask.sum())
     print(f"token positions per forward: transformers {ids.numel()} ({ids.shape[0]} x {ids.shape[1]}), "
           f"fused {packed}\n")
