@@ -29,7 +29,8 @@ Metrics the loop adds to grpo_loss's (see step_metrics and optimise): the loss
 metrics are the step's last optimizer step's; `learning_rate` is the one its
 first optimizer step used; `optimizer_steps` how many were taken (K, less one
 per empty mini-batch); `sampler_gap/mean_abs` and `sampler_gap/max_ratio`
-compare the trainer's log-probs before the update with the sampler's.
+compare the trainer's log-probs before the update with the sampler's, on the
+rows trained on (groups dropped by filter_zero_std_groups are not included).
 
 The pieces are arguments: `train(config, advantage_fn=my_advantages)` trains
 with a reader's own advantage function, `reward_functions=` with their rewards.
@@ -376,7 +377,8 @@ def sampler_gap(trainer_logp: torch.Tensor, sampler_logp: torch.Tensor,
                              token's importance weight, either way round (1 = no gap)
 
     Both engines compute the trainer's maths, so in float32 at the same temperature the gap
-    is rounding (~1e-6); a sampler with other kernels or precision (vLLM, bf16) shows here.
+    is rounding (the CPU tier: mean ~2e-7, max_ratio ~1.00001); a sampler with other
+    kernels or precision (vLLM, bf16), or at another temperature, shows here.
     """
     mask = completion_mask.bool()
     gap = (trainer_logp.double() - sampler_logp.double()).abs()[mask]
