@@ -175,8 +175,9 @@ for length in (10, 100, 1000):
 # completion's total weight is proportional to its length and there is no per-token
 # preference. They differ in the constant: `bnpo` divides by this batch's token count
 # (which varies from micro-batch to micro-batch), `dapo` by the token count of the whole
-# generation batch (summed over GPUs and accumulation steps), `dr_grpo` by N L with L the
-# generation limit, a true constant.
+# generation batch (summed over GPUs and accumulation steps; when a rollout is split into
+# mini-batches, grpo_edu's trainer, like TRL, divides by the rollout's tokens per optimizer
+# step), `dr_grpo` by N L with L the generation limit, a true constant.
 #
 # A warning about that constant: a widely read textbook section on GRPO describes
 # Dr. GRPO as dividing by the padded width of the batch. That is not a constant: the same
