@@ -55,7 +55,8 @@ def _record_instead_of_compare(item, record):
     compare = item.compare_outputs
 
     def recording_compare(test, ref, skip_compare=None):
-        record.append((item.nodeid, compare(test, ref, skip_compare)))
+        first_line = item.cell.source.strip().splitlines()[0] if item.cell.source.strip() else ""
+        record.append((f"{item.nodeid} ({first_line[:60]})", compare(test, ref, skip_compare)))
         return True
 
     item.compare_outputs = recording_compare

@@ -18,7 +18,9 @@ every chapter with the kernels pinned, before any library is loaded:
     ONEDNN_MAX_CPU_ISA     AVX2         oneDNN; unused by the book's float32 paths today
                                         (measured), pinned so that a future path cannot
                                         bring AMX or AVX-512 in unnoticed
-    OMP/MKL/OPENBLAS_NUM_THREADS 1      a fixed thread count (chapters set torch's own)
+    OMP/MKL/OPENBLAS_NUM_THREADS 1      a fixed thread count (chapters set torch's own);
+    MKL_DYNAMIC            FALSE        MKL may not choose fewer threads than asked: its
+                                        reproducibility holds for a fixed thread count
 
 What is deliberately not pinned: NumPy's SIMD dispatch (its AVX-512 and AVX2 loops give
 bitwise the same results for the functions the book uses: measured, and
@@ -49,6 +51,7 @@ PINNED_ENV = {
     "OMP_NUM_THREADS": "1",
     "MKL_NUM_THREADS": "1",
     "OPENBLAS_NUM_THREADS": "1",
+    "MKL_DYNAMIC": "FALSE",
 }
 
 # The cell tag of a chapter cell whose printed numbers depend on the floating-point

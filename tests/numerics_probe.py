@@ -1,9 +1,9 @@
-"""A short GRPO run and a NumPy product, fingerprinted: what tests/test_numerics.py runs
+"""A short GRPO run and NumPy's kernels, fingerprinted: what tests/test_numerics.py runs
 under different kernel environments (python tests/numerics_probe.py OUTPUT_DIR).
 
 Prints one JSON line: the kernels torch dispatched to, the SHA-256 of the trained
-policy's weights, and of a NumPy (OpenBLAS) matrix and dot product. Equal fingerprints
-mean bitwise-equal results.
+policy's weights, and of NumPy results (OpenBLAS products, SIMD ufunc loops). Equal
+fingerprints mean bitwise-equal results.
 """
 
 import hashlib
@@ -31,9 +31,14 @@ def weights_digest(model) -> str:
 
 
 def numpy_digest() -> str:
+    """OpenBLAS (a matrix and a dot product) and NumPy's own SIMD loops (exp, log, tanh,
+    float32 sums), the operations the NumPy chapters use."""
     rng = np.random.default_rng(0)
     a, x = rng.standard_normal((96, 96)), rng.standard_normal(4099)
-    return hashlib.sha256((a @ a).tobytes() + np.float64(x @ x).tobytes()).hexdigest()
+    x32 = x.astype(np.float32)
+    results = [a @ a, np.float64(x @ x), np.exp(x), np.log(np.abs(x)), np.tanh(x),
+               np.exp(x32), np.log(np.abs(x32)), x32.sum(), x.std()]
+    return hashlib.sha256(b"".join(np.asarray(r).tobytes() for r in results)).hexdigest()
 
 
 def main(output_dir: str) -> None:

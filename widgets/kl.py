@@ -64,7 +64,7 @@ def compute_state(logits, ref_logits, num_samples: int = 1000, seed: int = 0) ->
     if np.allclose(logp, ref_logp, rtol=0, atol=1e-12):
         notes.append("pi = pi_ref: every estimator is 0 on every sample, and so is the KL")
     else:
-        notes.append(f"k1 and k3 are unbiased: their exact means {fmt(expected['k1'])} and "
+        notes.append(f"on tokens drawn from pi, k1 and k3 are unbiased: their exact means {fmt(expected['k1'])} and "
                      f"{fmt(expected['k3'])} equal the KL {fmt(exact)}; k2's mean is "
                      f"{fmt(expected['k2'])} (bias {fmt(expected['k2'] - exact)})")
         notes.append(f"per-sample std over {num_samples} draws: k1 {sample_std['k1']:.4f}, "
