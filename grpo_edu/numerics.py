@@ -15,6 +15,8 @@ every chapter with the kernels pinned, before any library is loaded:
                                         non-Intel CPUs (its AVX2 branch is Intel-only and
                                         silently falls back to AUTO elsewhere)
     OPENBLAS_CORETYPE      Haswell      NumPy's OpenBLAS kernels (dot, matmul)
+    NPY_DISABLE_CPU_FEATURES  AVX-512   NumPy's own SIMD loops (exp, log, tanh, sums) at
+                                        their AVX2 level: its AVX-512 loops round differently
     ONEDNN_MAX_CPU_ISA     AVX2         oneDNN; unused by the book's float32 paths today
                                         (measured), pinned so that a future path cannot
                                         bring AMX or AVX-512 in unnoticed
@@ -22,9 +24,7 @@ every chapter with the kernels pinned, before any library is loaded:
     MKL_DYNAMIC            FALSE        MKL may not choose fewer threads than asked: its
                                         reproducibility holds for a fixed thread count
 
-What is deliberately not pinned: NumPy's SIMD dispatch (its AVX-512 and AVX2 loops give
-bitwise the same results for the functions the book uses: measured, and
-tests/test_numerics.py checks it), and `grpo-edu train`, which keeps the machine's fastest
+What is deliberately not pinned: `grpo-edu train`, which keeps the machine's fastest
 kernels: a user's run needs reproducibility on one machine (same seed, same threads,
 same weights), not equality with ours. Every piece that is pinned is shown necessary by
 tests/test_numerics.py: leave it out and a short training run's weights change with the
@@ -47,6 +47,10 @@ PINNED_ENV = {
     "ATEN_CPU_CAPABILITY": "avx2",
     "MKL_CBWR": "COMPATIBLE",
     "OPENBLAS_CORETYPE": "Haswell",
+    # Every AVX-512 dispatch target a NumPy 1.26 to 2.x build may have (names it does not
+    # know are ignored), so its loops stop at X86_V3 (AVX2 + FMA).
+    "NPY_DISABLE_CPU_FEATURES": "X86_V4 AVX512F AVX512CD AVX512_KNL AVX512_KNM AVX512_SKX "
+                                "AVX512_CLX AVX512_CNL AVX512_ICL AVX512_SPR",
     "ONEDNN_MAX_CPU_ISA": "AVX2",
     "OMP_NUM_THREADS": "1",
     "MKL_NUM_THREADS": "1",
