@@ -253,7 +253,10 @@ for line in sys.stdin:
     print(os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]), flush=True)
 """
 
-SETTINGS = dict(model="start", steps=60, prompts_per_step=2, num_generations=4, max_completion_length=8,
+# Steps enough that the killed run cannot finish before its 24 kills, on any machine: a
+# kill at the next checkpoint write lets it advance a step or two, a kill within 0.8 s
+# at most ~10 steps (at 40 steps/s on a quiet CPU), so 24 kills use at most ~130 steps.
+SETTINGS = dict(model="start", steps=200, prompts_per_step=2, num_generations=4, max_completion_length=8,
                 checkpoint_every=1, eval_every=1000, eval_size=4, progress=False, threads=1)
 KILLS = 24
 
