@@ -9,10 +9,18 @@ row, and the logits at column P - 1 predict it.
     input_ids       (B, G, T)  prompt then completion token ids
     attention_mask  (B, G, T)  1 on real tokens (prompt and completion)
     completion_mask (B, G, S)  1 on real completion tokens (up to and including EOS)
-    old_logp        (B, G, S)  log pi_old of the sampled tokens (the sampler's policy)
+    old_logp        (B, G, S)  log pi_old of the sampled tokens (the sampler's policy), or None:
+                               on-policy with one optimizer step per rollout, pi_old is the
+                               update's own forward, detached (ratio 1; grpo_edu.trainer)
     ref_logp        (B, G, S)  log pi_ref, or None when beta = 0
     rewards         (B, G)     one scalar per completion
     advantages      (B, G)     one advantage per completion
+    sampler_logp    (B, G, S)  the rollout engine's log-probs of its samples, or None
+                               (the trainer compares them with its own: the sampler gap)
+
+The trainer's step data is this type too (grpo_edu.trainer builds one per rank per
+rollout): its mini-batches are `select`s of whole groups and its micro-batches rows
+of `flat()`.
 
 Everything the loss and the trainer rely on is checked here, so a wrong batch
 fails at the line that built it, with a message that says what and where.
@@ -27,6 +35,7 @@ import torch
 from grpo_edu.advantages import check_rewards
 from grpo_edu.loss import check_logprob_values
 
+_OPTIONAL = ("old_logp", "ref_logp", "sampler_logp")
 _INTEGER_DTYPES = (torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64)
 
 
@@ -51,15 +60,16 @@ class RolloutBatch:
     input_ids: torch.Tensor
     attention_mask: torch.Tensor
     completion_mask: torch.Tensor
-    old_logp: torch.Tensor
+    old_logp: torch.Tensor | None
     rewards: torch.Tensor
     advantages: torch.Tensor
     ref_logp: torch.Tensor | None = None
+    sampler_logp: torch.Tensor | None = None
 
     def __post_init__(self):
         for f in fields(self):
             value = getattr(self, f.name)
-            if not (isinstance(value, torch.Tensor) or (f.name == "ref_logp" and value is None)):
+            if not (isinstance(value, torch.Tensor) or (f.name in _OPTIONAL and value is None)):
                 raise TypeError(f"{f.name} must be a torch.Tensor, got {type(value).__name__}")
         self._check_shapes()
         self._check_dtypes()
@@ -97,6 +107,21 @@ class RolloutBatch:
         """Real completion tokens in the batch (dapo's num_items on one process)."""
         return int(self.completion_mask.sum())
 
+    @property
+    def num_completions(self) -> int:
+        """B * G"""
+        return self.num_prompts * self.group_size
+
+    @property
+    def lengths(self) -> torch.Tensor:
+        """(B, G) real tokens of each completion."""
+        return self.completion_mask.sum(-1)
+
+    def to(self, device) -> "RolloutBatch":
+        """The same batch on `device` (every tensor)."""
+        return replace(self, **{f.name: getattr(self, f.name).to(device) for f in fields(self)
+                                if getattr(self, f.name) is not None})
+
     def flat(self) -> dict[str, torch.Tensor | None]:
         """The per-completion tensors as (N, ...) views, N = B * G, for a model forward."""
         N = self.num_prompts * self.group_size
@@ -127,6 +152,9 @@ class RolloutBatch:
         if self.attention_mask.shape != ids.shape:
             raise ValueError(f"attention_mask must have the shape of input_ids {tuple(ids.shape)}, "
                              f"got {tuple(self.attention_mask.shape)}")
+        if self.old_logp is None:
+            self._check_shapes_from_completion_mask(B, G, T)
+            return
         S = self.old_logp.shape[-1] if self.old_logp.ndim == 3 else None
         if self.old_logp.shape[:2] != (B, G) or self.old_logp.ndim != 3:
             raise ValueError(f"old_logp must have shape (B, G, S) = ({B}, {G}, S), got {tuple(self.old_logp.shape)}")
@@ -142,9 +170,29 @@ class RolloutBatch:
         if not 1 <= S < T:
             raise ValueError(f"old_logp has S = {S} completion columns but input_ids only T = {T}: "
                              f"the prompt needs at least one column (S < T)")
-        if self.ref_logp is not None and self.ref_logp.shape != self.old_logp.shape:
-            raise ValueError(f"ref_logp must have the shape of old_logp {tuple(self.old_logp.shape)}, "
-                             f"got {tuple(self.ref_logp.shape)}")
+        for name in ("ref_logp", "sampler_logp"):
+            value = getattr(self, name)
+            if value is not None and value.shape != self.old_logp.shape:
+                raise ValueError(f"{name} must have the shape of old_logp {tuple(self.old_logp.shape)}, "
+                                 f"got {tuple(value.shape)}")
+        self._check_group_shapes(B, G)
+
+    def _check_shapes_from_completion_mask(self, B: int, G: int, T: int) -> None:
+        mask = self.completion_mask
+        if mask.ndim != 3 or mask.shape[:2] != (B, G):
+            raise ValueError(f"completion_mask must have shape (B, G, S) = ({B}, {G}, S), got {tuple(mask.shape)}")
+        S = mask.shape[-1]
+        if not 1 <= S < T:
+            raise ValueError(f"completion_mask has S = {S} completion columns but input_ids only T = {T}: "
+                             f"the prompt needs at least one column (S < T)")
+        for name in ("ref_logp", "sampler_logp"):
+            value = getattr(self, name)
+            if value is not None and value.shape != mask.shape:
+                raise ValueError(f"{name} must have the shape of completion_mask {tuple(mask.shape)}, "
+                                 f"got {tuple(value.shape)}")
+        self._check_group_shapes(B, G)
+
+    def _check_group_shapes(self, B: int, G: int) -> None:
         for name in ("rewards", "advantages"):
             if getattr(self, name).shape != (B, G):
                 raise ValueError(f"{name} must have shape (B, G) = ({B}, {G}), got {tuple(getattr(self, name).shape)}")
@@ -152,7 +200,7 @@ class RolloutBatch:
     def _check_dtypes(self) -> None:
         if self.input_ids.dtype not in _INTEGER_DTYPES:
             raise TypeError(f"input_ids must be an integer tensor, got dtype {self.input_ids.dtype}")
-        for name in ("old_logp", "ref_logp", "rewards", "advantages"):
+        for name in ("old_logp", "ref_logp", "sampler_logp", "rewards", "advantages"):
             value = getattr(self, name)
             if value is not None and not value.is_floating_point():
                 raise TypeError(f"{name} must be a floating-point tensor, got dtype {value.dtype}")
@@ -200,7 +248,7 @@ class RolloutBatch:
         bad = ~torch.isfinite(self.advantages)
         if bad.any():
             raise ValueError(f"advantages must be finite, got {self.advantages[bad][0].item()} at {_where(bad)}")
-        for name in ("old_logp", "ref_logp"):
+        for name in _OPTIONAL:
             value = getattr(self, name)
             if value is None:
                 continue

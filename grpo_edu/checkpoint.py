@@ -37,7 +37,7 @@ from pathlib import Path
 from typing import Callable
 
 import torch
-from safetensors.torch import load_model, save_model
+from safetensors.torch import load_model, save_file
 
 KEEP = 2  # newest checkpoints kept
 STATE_KEYS = {"step", "optimizer", "scheduler", "torch_rng", "prompt_rng", "extra", "files"}
@@ -57,9 +57,17 @@ def _warn(message: str) -> None:
 
 # ------------------------------------------------------------------ writing
 
-def save(run_dir: Path, policy, reference, optimizer, scheduler, state, extra: dict) -> Path:
+def save(run_dir: Path, policy_weights: dict, reference_weights: dict | None, optimizer_state: dict,
+         scheduler, state, extra: dict) -> Path:
     """Write run_dir/checkpoints/step-NNNNNN/ durably, point `latest` at it, and
-    prune; `extra` (JSON) comes back from `load`."""
+    prune; `extra` (JSON) comes back from `load_weights`.
+
+    policy_weights, reference_weights: whole tensors by parameter name (each tied
+    weight once), as grpo_edu.distributed.full_state_dict gives them; optimizer_state
+    the optimizer's state_dict with whole tensors (distributed.full_optimizer_state).
+    So a checkpoint is the same whatever the number of processes that wrote it, and
+    resumes on any number. The caller flushes the run's metrics first (runlog).
+    """
     run_dir = Path(run_dir)
     folder = run_dir / "checkpoints"
     if not folder.is_dir():
@@ -72,14 +80,14 @@ def save(run_dir: Path, policy, reference, optimizer, scheduler, state, extra: d
     temporary.mkdir()
 
     files = {}
-    for filename, model in (("policy.safetensors", policy), ("reference.safetensors", reference)):
-        if model is not None:
-            save_model(model, str(temporary / filename))
+    for filename, weights in (("policy.safetensors", policy_weights), ("reference.safetensors", reference_weights)):
+        if weights is not None:
+            save_file(weights, str(temporary / filename))
             _fsync(temporary / filename)
             files[filename] = _size_and_sha256(temporary / filename)
     torch.save({
         "step": state.step,
-        "optimizer": optimizer.state_dict(),
+        "optimizer": optimizer_state,
         "scheduler": scheduler.state_dict(),
         "torch_rng": torch.get_rng_state(),
         "prompt_rng": state.prompt_rng.getstate(),
@@ -88,9 +96,6 @@ def save(run_dir: Path, policy, reference, optimizer, scheduler, state, extra: d
     }, temporary / "trainer_state.pt")
     _fsync(temporary / "trainer_state.pt")
     _fsync(temporary)
-    metrics = run_dir / "metrics.jsonl"
-    if metrics.is_file():
-        _fsync(metrics)  # the metrics this checkpoint covers reach the disk before it does
 
     final = folder / name
     shutil.rmtree(final, ignore_errors=True)  # a damaged one of the same step, skipped by the resume
@@ -238,10 +243,10 @@ def latest(run_dir: Path) -> Path:
 
 # ------------------------------------------------------------------ resuming
 
-def load(run_dir: Path, policy, reference, optimizer, scheduler, state,
-         log: Callable[[str], None] = _warn) -> dict:
-    """Restore everything `save` wrote, in place, from the newest complete
-    checkpoint; returns the saved `extra`."""
+def load_weights(run_dir: Path, policy, reference, log: Callable[[str], None] = _warn) -> dict:
+    """The newest complete checkpoint's weights into `policy` and `reference` (plain,
+    unsharded models; None: beta = 0); returns its trainer state (`restore_rng` and the
+    optimizer's and scheduler's load_state_dict take the rest)."""
     checkpoint, saved = newest_complete(run_dir, log)
     _load_weights(policy, checkpoint / "policy.safetensors")
     if reference is not None:
@@ -249,13 +254,16 @@ def load(run_dir: Path, policy, reference, optimizer, scheduler, state,
             raise CheckpointError(f"{checkpoint}: expected reference.safetensors (beta > 0), found none: "
                                   f"the run was started with beta = 0")
         _load_weights(reference, checkpoint / "reference.safetensors")
-    optimizer.load_state_dict(saved["optimizer"])
-    scheduler.load_state_dict(saved["scheduler"])
+    return saved
+
+
+def restore_rng(saved: dict, state) -> None:
+    """The step, the torch RNG and the prompt RNG as they were at the checkpoint. Every rank
+    draws the same numbers (grpo_edu.distributed), so rank 0's states serve any number of ranks."""
     torch.set_rng_state(saved["torch_rng"])
     version, internal, gauss = saved["prompt_rng"]
     state.prompt_rng.setstate((version, tuple(internal), gauss))
     state.step = saved["step"]
-    return json.loads(saved["extra"])
 
 
 def _load_weights(model, path: Path) -> None:

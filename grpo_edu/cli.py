@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import errno
 import json
+import os
 import sys
 import tempfile
 import traceback
@@ -205,15 +206,28 @@ def _cannot_write(error: OSError, output_dir: str) -> bool:
     return bool(error.filename) and Path(str(error.filename)).resolve().is_relative_to(Path(output_dir).resolve())
 
 
+def _check_world(config) -> tuple[int, bool]:
+    """The number of processes torchrun started (1 without it) and whether this is rank 0;
+    prompts_per_step must split into whole prompts per process."""
+    processes = int(os.environ.get("WORLD_SIZE", "1"))
+    if config.prompts_per_step % processes:
+        raise UsageError(f"prompts_per_step: expected a multiple of the number of processes ({processes}; each "
+                         f"owns whole prompts, all G completions of each), got {config.prompts_per_step}")
+    return processes, int(os.environ.get("RANK", "0")) == 0
+
+
 def _train(args) -> int:
     config, source = _train_config(args)
     argument = f"--resume {args.resume}" if args.resume else "output_dir"
+    processes, main_rank = _check_world(config)
     _check_writable(config.output_dir, argument)
-    from grpo_edu import checkpoint, trainer  # torch and transformers: seconds, so after the quick checks
+    from grpo_edu import checkpoint, distributed, trainer  # torch and transformers: seconds, after the quick checks
 
     _check_model_and_device(config)
 
-    print(f"config: {source}; output: {config.output_dir}")
+    if main_rank:
+        world = f"; {processes} processes ({config.parallelism})" if processes > 1 else ""
+        print(f"config: {source}; output: {config.output_dir}{world}")
     try:
         # The log (start accuracy, what resume repaired) goes to stderr with the progress bar.
         result = trainer.train(config, resume=args.resume, log=_say)
@@ -228,6 +242,10 @@ def _train(args) -> int:
         _say(f"grpo-edu train: interrupted; continue from the newest checkpoint with "
              f"grpo-edu train --resume {config.output_dir}")
         return 130
+    finally:
+        distributed.close_world(distributed.World(size=processes))
+    if not main_rank:
+        return 0
     summary = result.summary
     print(f"\n{'':<28}{'before':>10}{'after':>10}")
     print(f"{'held-out greedy accuracy':<28}{summary['start_accuracy']:>10.4f}{summary['final_accuracy']:>10.4f}")

@@ -39,7 +39,14 @@ class TrainConfig:
                          {"accuracy": 1.0, "format": 0.5})
     seed: int = _doc("seed for prompts, sampling and initialisation (same seed + threads = same weights)", 0)
     threads: int = _doc("torch CPU threads (part of what makes a run bitwise reproducible)", 2)
-    device: str = _doc("'cpu' or 'cuda'", "cpu")
+    device: str = _doc("'auto' (CUDA where torch sees a GPU, else the CPU), 'cpu' or 'cuda' (under torchrun: "
+                       "one GPU per process, cuda:LOCAL_RANK)", "cpu")
+    parallelism: str = _doc("how N processes (torchrun --nproc-per-node N) share the model: 'ddp' (a replica "
+                            "each, gradients all-reduced) or 'fsdp2' (torch's fully_shard: parameters, gradients "
+                            "and AdamW state sharded 1/N); one process ignores it", "ddp")
+    precision: str = _doc("forward passes in 'fp32' or 'bf16' (autocast), 'auto' = bf16 on CUDA, fp32 on the "
+                          "CPU; the master weights and AdamW's moments stay float32 either way (a bf16 weight "
+                          "keeps 8 bits of mantissa: an update smaller than 1/256 of it would round away)", "auto")
     fused_llama: bool = _doc("run a Llama/Qwen2 policy through grpo_edu.fused_llama (transformers' maths, "
                              "fused; tested to 1e-5); false: transformers' forward and generate", True)
 
@@ -97,7 +104,8 @@ class TrainConfig:
                    "loss_type": ("grpo", "bnpo", "dr_grpo", "dapo"), "kl_estimator": ("k1", "k2", "k3"),
                    "importance_sampling_level": ("token", "sequence"),
                    "advantage_scale": ("group", "batch", "none"), "advantage_std": ("population", "sample"),
-                   "old_logprobs": ("recomputed", "sampler"), "device": ("cpu", "cuda")}
+                   "old_logprobs": ("recomputed", "sampler"), "device": ("auto", "cpu", "cuda"),
+                   "parallelism": ("ddp", "fsdp2"), "precision": ("auto", "fp32", "bf16")}
         for key, allowed in choices.items():
             if getattr(self, key) not in allowed:
                 raise ValueError(f"config key {key!r} must be one of {allowed}, got {getattr(self, key)!r}")

@@ -321,14 +321,14 @@ def completion_logprobs(model, input_ids: torch.Tensor, attention_mask: torch.Te
     return logp.view(N, S)
 
 
-def _sample(logp: torch.Tensor) -> torch.Tensor:
+def _sample(logp: torch.Tensor, uniform: torch.Tensor) -> torch.Tensor:
     """One token per row from exp(logp) (N, V), by inverting the cumulative distribution:
-    token i where cdf[i-1] <= u * cdf[V-1] < cdf[i], u ~ U[0, 1). Exact for the
-    float32 probabilities (a zero-probability token is never drawn), and one
-    random number per row where torch.multinomial draws V."""
+    token i where cdf[i-1] <= u * cdf[V-1] < cdf[i], for the row's u ~ U[0, 1) in
+    `uniform` (N,). Exact for the float32 probabilities (a zero-probability token is
+    never drawn), and one random number per row where torch.multinomial draws V."""
     cdf = logp.exp().cumsum(-1)
     total = cdf[:, -1:].contiguous()
-    u = torch.rand(logp.shape[0], 1, device=logp.device, dtype=cdf.dtype) * total
+    u = uniform.to(cdf.dtype)[:, None] * total
     token = torch.searchsorted(cdf, u, right=True)
     # u * total can round up to total itself: then take the last token of positive probability.
     last = torch.searchsorted(cdf, total)
@@ -350,7 +350,11 @@ class FusedEngine:
 
     @torch.inference_mode()
     def generate(self, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, sampling: SamplingParams, *,
-                 greedy: bool = False) -> Rollout:
+                 greedy: bool = False, uniforms: torch.Tensor | None = None) -> Rollout:
+        """uniforms: (B * G, max_new_tokens) the U[0, 1) number each completion's token t is
+        drawn with (default: drawn here, in one call). A completion's tokens depend only on
+        its own row, whatever else is in the batch: a trainer that draws the table for a
+        whole batch and hands each process its rows samples what one process would."""
         if prompt_ids.ndim != 2 or prompt_ids.shape != prompt_mask.shape:
             raise ValueError(f"prompt_ids and prompt_mask must both be (B, P), got "
                              f"{tuple(prompt_ids.shape)} and {tuple(prompt_mask.shape)}")
@@ -359,6 +363,11 @@ class FusedEngine:
         G, L, T = sampling.num_generations, sampling.max_new_tokens, sampling.temperature
         B, P = prompt_ids.shape
         N = B * G
+        if uniforms is None and not greedy:
+            uniforms = torch.rand(N, L, device=prompt_ids.device)
+        elif uniforms is not None and uniforms.shape != (N, L):
+            raise ValueError(f"uniforms must have shape (B * G, max_new_tokens) = ({N}, {L}), "
+                             f"got {tuple(uniforms.shape)}")
         weights = fuse(self.model)
         D, Hkv = weights.head_dim, weights.kv_heads
         eos, pad = self.tokenizer.eos_token_id, self.tokenizer.pad_token_id
@@ -394,7 +403,7 @@ class FusedEngine:
         steps = 0
         for t in range(L):
             step_logp = torch.log_softmax(step_logits.float() / (1.0 if greedy else T), dim=-1)
-            token = step_logp.argmax(-1) if greedy else _sample(step_logp)
+            token = step_logp.argmax(-1) if greedy else _sample(step_logp, uniforms[rows, t])
             token = token.masked_fill(done, pad)
             tokens[rows, t] = token
             logp[rows, t] = step_logp.gather(-1, token[:, None]).squeeze(-1)

@@ -11,23 +11,29 @@ columns) or already flat (N, S) with N = B * G; advantages are (B, G) or (N,).
     l_t      = policy_t + beta kl_t
 
 and the loss is a weighted sum of l_t over the real tokens; the loss types differ
-only in the weight a token gets (`aggregation_weights`):
+only in the weight a token gets (`aggregation_weights`; `aggregate` applies the
+same weights, defined once in `_divisors`):
 
-    grpo     1 / (N |o_i|)        token mean per response, then mean over responses
-    bnpo     1 / sum_i |o_i|      token mean over the batch
-    dr_grpo  1 / (N L)            L = max_completion_length, a constant
-    dapo     1 / num_items        token count of the whole generation batch
+    grpo     1 / (n |o_i|)        token mean per response, then mean over the n responses
+    bnpo     1 / num_items        token mean over the batch (num_items: its token count)
+    dr_grpo  1 / (n L)            L = max_completion_length, a constant
+    dapo     1 / num_items        num_items: the tokens of an optimizer step's share of the
+                                  generation batch
 
 so under grpo a token of a long response weighs less than a token of a short one
 (the length bias chapter 4 measures); the other three give every token the same
 weight. For the settings they share, the loss equals TRL 1.16's GRPOTrainer
 (tests/test_trl_parity.py) and, on one group, chapter 1's NumPy reference.
 
-When one generation batch feeds several optimizer steps (its mini-batches), TRL
-1.16 divides each step's dapo loss by num_items / (optimizer steps per generation),
+n (`num_completions`) and num_items default to the batch passed in. A batch split
+into parts (micro-batches, or the shares of several processes) passes the whole
+batch's n and num_items to each part: the parts' losses then add up to the whole
+batch's loss exactly, which is how grpo_edu.trainer accumulates gradients and how
+N processes minimise the 1-process loss (grpo_edu.distributed). When one
+generation batch feeds several optimizer steps (its mini-batches), TRL 1.16
+divides each step's dapo loss by num_items / (optimizer steps per generation),
 the mean token count of a step, so that every token weighs the same whichever
-mini-batch holds it; grpo_edu.trainer passes the rollout's count as num_items and
-multiplies the loss by num_mini_batches, which is the same.
+mini-batch holds it; grpo_edu.trainer passes that same mean as num_items.
 """
 
 from __future__ import annotations
@@ -70,45 +76,48 @@ def kl_estimate(logp: torch.Tensor, ref_logp: torch.Tensor, estimator: str = "k3
     return torch.exp(d) - d - 1.0
 
 
+def _divisors(mask: torch.Tensor, loss_type: str, max_completion_length, num_items, num_completions):
+    """The one definition of the loss types' weights: loss = sum_i (sum_t mask l_t) / row_i / batch.
+
+    mask (N, S) float. Returns (row, batch): row (N, 1) the per-response divisor, or None
+    for 1 (every token weighs the same), and batch the whole-batch divisor.
+    """
+    _check_loss_type(loss_type)
+    if loss_type == "grpo":
+        return mask.sum(-1, keepdim=True).clamp(min=1), _count(num_completions, mask.shape[0], "num_completions")
+    if loss_type == "dr_grpo":
+        length = _max_length(max_completion_length, mask.sum(-1))
+        return None, _count(num_completions, mask.shape[0], "num_completions") * length
+    return None, _num_items(num_items, mask)   # bnpo, dapo
+
+
 def aggregation_weights(completion_mask: torch.Tensor, loss_type: str = "grpo", *,
                         max_completion_length: int | None = None,
-                        num_items: float | torch.Tensor | None = None) -> torch.Tensor:
+                        num_items: float | torch.Tensor | None = None,
+                        num_completions: int | None = None) -> torch.Tensor:
     """The weight of each token in the loss: mask (..., S) -> weights (..., S).
 
     loss = sum(weights * per_token_loss), so this is also d loss / d per_token_loss:
     how hard each token is pushed. 0 on padding.
     """
-    _check_loss_type(loss_type)
     mask = completion_mask.reshape(-1, completion_mask.shape[-1]).to(torch.float64)
-    responses, lengths = mask.shape[0], mask.sum(-1, keepdim=True)
-    if loss_type == "grpo":
-        weights = mask / lengths.clamp(min=1) / responses
-    elif loss_type == "bnpo":
-        weights = mask / mask.sum().clamp(min=1)
-    elif loss_type == "dr_grpo":
-        weights = mask / (responses * _max_length(max_completion_length, lengths))
-    else:
-        weights = mask / _num_items(num_items, mask)
+    row, batch = _divisors(mask, loss_type, max_completion_length, num_items, num_completions)
+    weights = (mask if row is None else mask / row) / float(batch)
     return weights.reshape(completion_mask.shape)
 
 
 def aggregate(per_token_loss: torch.Tensor, completion_mask: torch.Tensor, loss_type: str = "grpo", *,
               max_completion_length: int | None = None,
-              num_items: float | torch.Tensor | None = None) -> torch.Tensor:
+              num_items: float | torch.Tensor | None = None,
+              num_completions: int | None = None) -> torch.Tensor:
     """Reduce per-token losses (N, S) to the scalar loss the way `loss_type` says.
 
     per_token_loss must already be 0 on padding (grpo_loss makes it so).
     """
-    _check_loss_type(loss_type)
     mask = completion_mask.to(per_token_loss.dtype)
-    if loss_type == "grpo":
-        return ((per_token_loss * mask).sum(-1) / mask.sum(-1).clamp(min=1)).mean()
-    if loss_type == "bnpo":
-        return (per_token_loss * mask).sum() / mask.sum().clamp(min=1)
-    if loss_type == "dr_grpo":
-        length = _max_length(max_completion_length, mask.sum(-1))
-        return (per_token_loss * mask).sum() / (per_token_loss.shape[0] * length)
-    return (per_token_loss * mask).sum() / _num_items(num_items, mask)
+    row, batch = _divisors(mask, loss_type, max_completion_length, num_items, num_completions)
+    total = (per_token_loss * mask).sum() if row is None else ((per_token_loss * mask).sum(-1, keepdim=True) / row).sum()
+    return total / batch
 
 
 def grpo_loss(logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Tensor,
@@ -116,7 +125,8 @@ def grpo_loss(logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Tens
               beta: float = 0.0, epsilon: float = 0.2, epsilon_high: float | None = None,
               loss_type: str = "grpo", max_completion_length: int | None = None,
               importance_sampling_level: str = "token", kl_estimator: str = "k3",
-              num_items: float | torch.Tensor | None = None) -> GRPOLossOutput:
+              num_items: float | torch.Tensor | None = None,
+              num_completions: int | None = None) -> GRPOLossOutput:
     """The clipped GRPO surrogate + KL penalty, aggregated per `loss_type`.
 
     logp: (B, G, S) or (N, S) log pi_theta at the sampled tokens (requires grad)
@@ -134,10 +144,12 @@ def grpo_loss(logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Tens
     importance_sampling_level: "token" or "sequence" (GSPO: one length-normalised
         ratio per response, clipped as a whole)
     kl_estimator: "k1" | "k2" | "k3"
-    num_items: dapo's denominator, the token count of the whole generation batch
-        (all ranks, all micro-batches); defaults to this batch's token count.
-        With mini-batches, scale the loss by their number (see the module docstring)
-
+    num_items: bnpo's and dapo's denominator, a token count: bnpo's the whole
+        batch's (all micro-batches, all processes), dapo's the tokens of the
+        generation batch per optimizer step; defaults to this batch's token count
+    num_completions: grpo's and dr_grpo's n, the whole batch's completion count;
+        defaults to this batch's (see the module docstring: parts of a batch
+        pass the whole batch's counts, and their losses add up)
     Metrics (floats):
       loss, policy_loss       the loss, and the loss without the KL term
       kl                      token mean of the KL estimate to pi_ref (when ref_logp is given)
@@ -189,7 +201,8 @@ def grpo_loss(logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Tens
         kl = kl_estimate(logp, ref, kl_estimator) * weights_mask
     per_token_loss = policy + beta * kl if beta != 0.0 else policy
 
-    options = dict(max_completion_length=max_completion_length, num_items=num_items)
+    options = dict(max_completion_length=max_completion_length, num_items=num_items,
+                   num_completions=num_completions)
     loss = aggregate(per_token_loss, weights_mask, loss_type, **options)
 
     with torch.no_grad():
@@ -268,13 +281,17 @@ def _num_items(num_items, mask: torch.Tensor):
         return mask.sum()
     value = float(num_items.item() if isinstance(num_items, torch.Tensor) else num_items)
     if not value > 0:
-        raise ValueError(f"num_items (dapo's token count of the generation batch) must be > 0, "
+        raise ValueError(f"num_items (the token count bnpo and dapo divide by) must be > 0, "
                          f"got {num_items!r}")
-    local = float(mask.sum().item())
-    if value < local:
-        raise ValueError(f"num_items = {value:g} is smaller than this batch's own token count "
-                         f"({local:g}); it must count the tokens of the whole generation batch")
     return num_items.to(mask.dtype) if isinstance(num_items, torch.Tensor) else value
+
+
+def _count(value, default: int, name: str) -> int:
+    if value is None:
+        return default
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"{name} (the whole batch's completion count) must be a positive int, got {value!r}")
+    return value
 
 
 def _check_options(loss_type, level, kl_estimator, epsilon, epsilon_high, beta) -> None:

@@ -1,17 +1,26 @@
 """The GRPO training loop, as plain code that reads top to bottom.
 
-One step:
+One step, on each of N ranks (one process: N = 1; see grpo_edu.distributed):
 
-    1. sample B prompts from the train split                        sample_prompts
-    2. roll out G completions each, with the sampler's log-probs    roll_out  -> (B*G, S)
-    3. score every completion with the reward functions            score     -> rewards (B, G)
-    4. group-relative advantages; the mini-batches of whole groups            -> (B, G)
-    5. log-probs of the frozen reference (for the KL term) and, when          -> (B*G, S)
-       the rollout feeds more than one optimizer step, of pi_old
-    6. num_iterations passes over the rollout, in num_mini_batches  optimise
+    1. draw the step's B prompts (every rank the same list) and take this    sample_prompts
+       rank's B / N of them, whole
+    2. roll out G completions each, with the sampler's log-probs             roll_out
+    3. score every completion; gather the rewards (B, G) from all ranks      score
+    4. group-relative advantages and the mini-batch plan, from all B         Plan
+       prompts (the same on every rank); this rank's RolloutBatch
+    5. log-probs of the frozen reference (for the KL term) and, when the     add_logprobs
+       rollout feeds more than one optimizer step, of pi_old
+    6. num_iterations passes over the rollout, in num_mini_batches           optimise
        mini-batches, each an optimizer step: micro-batch forward/backward
-       with gradient accumulation, global grad-norm clip, AdamW, LR schedule
-    7. log metrics; evaluate, re-sync the reference, checkpoint when due
+       with gradient accumulation (and, across ranks, DDP's or FSDP2's
+       gradient reduction), global grad-norm clip, AdamW, LR schedule
+    7. log metrics; evaluate, re-sync the reference, checkpoint when due    (rank 0 writes)
+
+The step's data is one `grpo_edu.batch.RolloutBatch` per rank (B / N prompts,
+(B / N, G, S)): the type chapters 3 and 4 teach. Its mini-batches are `select`s
+of whole groups; its micro-batches are rows of `flat()`. The loss of every part
+is computed with the whole mini-batch's counts (`LossTotals`), so the parts,
+over micro-batches and ranks, add up to the 1-process loss exactly.
 
 A training step (`steps`, `warmup_steps`, `eval_every`, `checkpoint_every` and
 `ref_sync_steps` count them) is one rollout, and gives exactly
@@ -26,11 +35,13 @@ forward (ratio 1, no extra pass). With "sampler" it is the rollout engine's
 log-probs, for every K.
 
 Metrics the loop adds to grpo_loss's (see step_metrics and optimise): the loss
-metrics are the step's last optimizer step's; `learning_rate` is the one its
-first optimizer step used; `optimizer_steps` how many were taken (K, less one
-per empty mini-batch); `sampler_gap/mean_abs` and `sampler_gap/max_ratio`
-compare the trainer's log-probs before the update with the sampler's, on the
-rows trained on (groups dropped by filter_zero_std_groups are not included).
+metrics are the step's last optimizer step's, reduced over micro-batches and
+ranks (sums, token- or completion-weighted means, min of minima, max of maxima);
+`learning_rate` is the one its first optimizer step used; `optimizer_steps` how
+many were taken (K, less one per empty mini-batch); `sampler_gap/mean_abs` and
+`sampler_gap/max_ratio` compare the trainer's log-probs before the update with
+the sampler's, on the rows trained on (groups dropped by filter_zero_std_groups
+are not included).
 
 The pieces are arguments: `train(config, advantage_fn=my_advantages)` trains
 with a reader's own advantage function, `reward_functions=` with their rewards.
@@ -38,6 +49,7 @@ with a reader's own advantage function, `reward_functions=` with their rewards.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import json
 import math
@@ -46,20 +58,23 @@ import re
 import statistics
 import time
 import warnings
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Callable, Sequence
 
 import torch
 
-from grpo_edu import checkpoint, fused_llama, rewards, tasks
+from grpo_edu import checkpoint, distributed, fused_llama, rewards, tasks
 from grpo_edu.advantages import group_advantages, zero_std_groups
+from grpo_edu.batch import RolloutBatch
 from grpo_edu.config import TrainConfig
+from grpo_edu.distributed import World
+from grpo_edu.evaluation import greedy_scores
 from grpo_edu.logprobs import completion_logprobs
 from grpo_edu.loss import grpo_loss
 from grpo_edu.models import STARTING_POLICY, load_policy
-from grpo_edu.pretrain import evaluate
 from grpo_edu.rollout import HFEngine, Rollout, SamplingParams
+from grpo_edu.runlog import MetricsLog
 
 TRAIN_POOL = 10_000  # distinct training problems the prompts are drawn from (with replacement)
 # A step's wall-clock, in three parts: sampling; rewards, advantages, reference and pi_old log-probs; the update.
@@ -67,28 +82,6 @@ TIME_SPLIT = ("rollout", "scoring", "update")
 
 AdvantageFn = Callable[[torch.Tensor], torch.Tensor]          # rewards (B, G) -> advantages (B, G)
 RewardFn = Callable[..., Sequence[float]]                      # TRL's signature
-
-
-@dataclass
-class Scored:
-    """One rollout, scored: what the optimisation phase of a step consumes."""
-
-    samples: list[dict]              # the B prompts' samples
-    rollout: Rollout                 # B*G completions
-    texts: list[str]                 # B*G decoded completions
-    input_ids: torch.Tensor          # (N, P + S) prompt + completion
-    attention_mask: torch.Tensor     # (N, P + S)
-    rewards: torch.Tensor            # (B, G) the weighted sum
-    components: dict[str, torch.Tensor]  # name -> (B, G), each reward function
-    advantages: torch.Tensor         # (B, G)
-    old_logp: torch.Tensor | None    # (N, S) pi_old; None: each update's own detached log-probs (K = 1)
-    ref_logp: torch.Tensor | None    # (N, S) only when beta > 0
-    mini_batches: list[torch.Tensor]  # num_mini_batches row indices (n_k G,), whole groups; may be empty
-
-    @property
-    def trained_tokens(self) -> int:
-        """Real completion tokens in the rows the update trains on (all mini-batches)."""
-        return int(sum(self.rollout.completion_mask[rows].sum() for rows in self.mini_batches))
 
 
 @dataclass
@@ -154,12 +147,40 @@ def learning_rate_factor(config: TrainConfig) -> Callable[[int], float]:
     return factor
 
 
+def compute_dtype(config: TrainConfig, device: torch.device) -> torch.dtype:
+    """The forward passes' precision: config.precision, "auto" being bf16 on CUDA, float32 on
+    the CPU. Master weights and AdamW's state stay float32 either way (see config.precision)."""
+    if config.precision == "auto":
+        return torch.bfloat16 if device.type == "cuda" else torch.float32
+    return torch.bfloat16 if config.precision == "bf16" else torch.float32
+
+
+def autocast(config: TrainConfig, device: torch.device):
+    """bf16 autocast for the forward passes when compute_dtype says so, else nothing."""
+    if compute_dtype(config, device) == torch.float32:
+        return contextlib.nullcontext()
+    return torch.autocast(device.type, dtype=torch.bfloat16)
+
+
+def check_engine_settings(config: TrainConfig, device: torch.device) -> None:
+    """The fused path is the CPU tier's float32 fast path: refused by name elsewhere."""
+    if not config.fused_llama:
+        return
+    if device.type != "cpu":
+        raise ValueError(f"config key 'fused_llama' is true, but the fused forward and sampler are the CPU "
+                         f"tier's fast path and run on the CPU only (device is {device}); set "
+                         f"fused_llama = false on {device.type} (transformers' forward and generate)")
+    if compute_dtype(config, device) != torch.float32:
+        raise ValueError("config key 'fused_llama' is true with precision = 'bf16': the fused path computes "
+                         "in float32 only; set fused_llama = false for bf16 autocast")
+
+
 def make_engine(config: TrainConfig, policy, tokenizer):
     return fused_llama.FusedEngine(policy, tokenizer) if config.fused_llama else HFEngine(policy, tokenizer)
 
 
 def sequence_logprobs(config: TrainConfig, model, input_ids, attention_mask, completion_mask):
-    """log pi(token) of the completion tokens of prompt-major rows: (N, P + S) -> (N, S).
+    """log pi(token) of the completion tokens of prompt-major rows: (n, P + S) -> (n, S).
 
     The fused forward computes each prompt once for its G completions when the rows
     hold whole groups (every micro-batch does when micro_batch_size is a multiple of G).
@@ -173,130 +194,347 @@ def sequence_logprobs(config: TrainConfig, model, input_ids, attention_mask, com
                                            temperature=config.temperature, group_size=group)
 
 
-# --------------------------------------------------------------------------- steps 1-5
+@dataclass
+class Models:
+    """What a rank trains with. `policy` holds the trained parameters (under FSDP2 its
+    shards); `train_logprobs` / `reference_logprobs` are the (wrapped) log-prob modules the
+    loss calls; `full_policy` holds whole weights for sampling, evaluation and checkpoints
+    (the policy itself, except under FSDP2: a plain copy synced after every update)."""
+
+    policy: torch.nn.Module
+    reference: torch.nn.Module | None
+    full_policy: torch.nn.Module
+    train_logprobs: torch.nn.Module
+    reference_logprobs: torch.nn.Module | None
+
+    @property
+    def sharded(self) -> bool:
+        return self.full_policy is not self.policy
+
+
+def build_models(config: TrainConfig, world: World, policy: torch.nn.Module,
+                 reference: torch.nn.Module | None = None) -> Models:
+    """Place the policy and the reference (beta > 0; default a copy of the policy) on the
+    world's device and wrap them for `config.parallelism`."""
+    policy.to(world.device)
+    if config.beta == 0.0:
+        reference = None
+    elif reference is None:
+        reference = make_reference(policy)
+    else:
+        reference.to(world.device)
+    policy.train()
+    sharded = world.distributed and config.parallelism == "fsdp2"
+    full_policy = make_reference(policy) if sharded else policy   # a plain copy, never trained
+
+    def logprob_fn(model, input_ids, attention_mask, completion_mask):
+        with autocast(config, world.device):
+            return sequence_logprobs(config, model, input_ids, attention_mask, completion_mask)
+    per_layer = not config.fused_llama   # the fused path runs no layer's own forward
+    train_logprobs = distributed.wrap(policy, logprob_fn, world, config.parallelism, trainable=True,
+                                      per_layer=per_layer)
+    reference_logprobs = None if reference is None else distributed.wrap(
+        reference, logprob_fn, world, config.parallelism, trainable=False, per_layer=per_layer)
+    return Models(policy, reference, full_policy, train_logprobs, reference_logprobs)
+
+
+# --------------------------------------------------------------------------- steps 1-2
 
 def sample_prompts(config: TrainConfig, state: TrainState, pool: list[dict]) -> list[dict]:
+    """The step's B prompts: the same list on every rank (each takes its World.shard)."""
     return [pool[state.prompt_rng.randrange(len(pool))] for _ in range(config.prompts_per_step)]
 
 
 @torch.no_grad()
-def roll_out(config: TrainConfig, samples: list[dict], tokenizer, engine) -> Rollout:
-    """Step 2: G completions of each prompt, with the sampler's log-probs."""
-    prompts = tokenizer([s["prompt"] for s in samples], return_tensors="pt", padding=True,
-                        add_special_tokens=False).to(config.device)
-    sampling = SamplingParams(config.num_generations, config.max_completion_length, config.temperature)
-    return engine.generate(prompts["input_ids"], prompts["attention_mask"], sampling)
+def roll_out(config: TrainConfig, samples: list[dict], tokenizer, engine, world: World = World(),
+             share: slice | None = None) -> Rollout:
+    """Step 2: G completions of each of this rank's prompts, with the sampler's log-probs.
+
+    `samples` is the step's whole prompt list; this rank samples `share` of it (default
+    world.shard). The random numbers are drawn for all B prompts on every rank alike, so
+    every rank's RNG stays in step: the fused engine takes its rows of one uniforms table
+    (the rollout does not depend on the number of ranks); transformers' generate draws
+    its own, seeded from a number drawn for the whole batch plus the rank (each rank's
+    samples are reproducible, but depend on how the prompts are split).
+    """
+    B, G, L = len(samples), config.num_generations, config.max_completion_length
+    share = world.shard(B) if share is None else share
+    mine = samples[share]
+    prompts = tokenizer([s["prompt"] for s in mine], return_tensors="pt", padding=True,
+                        add_special_tokens=False).to(world.device)
+    sampling = SamplingParams(G, L, config.temperature)
+    with autocast(config, world.device):
+        if isinstance(engine, fused_llama.FusedEngine):
+            uniforms = torch.rand(B * G, L)[share.start * G:share.stop * G].to(world.device)
+            return engine.generate(prompts["input_ids"], prompts["attention_mask"], sampling, uniforms=uniforms)
+        seed = int(torch.randint(0, 2**62, (1,)))
+        devices = [world.device] if world.device.type == "cuda" else []
+        with torch.random.fork_rng(devices=devices):
+            torch.manual_seed(seed + world.rank)
+            return engine.generate(prompts["input_ids"], prompts["attention_mask"], sampling)
+
+
+# --------------------------------------------------------------------------- steps 3-5
+
+@dataclass(frozen=True)
+class LossTotals:
+    """The whole mini-batch's counts, over all ranks, that each part's loss divides by."""
+
+    num_completions: int       # grpo, dr_grpo
+    num_items: float           # bnpo: the mini-batch's tokens; dapo: rollout tokens / num_mini_batches
+
+
+@dataclass(frozen=True)
+class Plan:
+    """What every rank knows about the whole rollout (gathered, so the same on all):
+    its rewards, advantages and completion lengths (B, G), and the mini-batches as
+    global prompt indices. `owned` is this rank's prompts."""
+
+    rewards: torch.Tensor               # (B, G) float64, the weighted sum
+    components: dict[str, torch.Tensor]  # name -> (B, G), each reward function
+    advantages: torch.Tensor            # (B, G) float32
+    lengths: torch.Tensor               # (B, G) real completion tokens
+    finished: torch.Tensor              # (B, G) ended with EOS
+    mini_batches: list[torch.Tensor]    # num_mini_batches tensors of global prompt indices
+    owned: slice                        # this rank's prompts
+    group_size: int
+
+    def local_groups(self, k: int) -> torch.Tensor:
+        """(B / N,) bool: which of this rank's prompts mini-batch k holds."""
+        keep = torch.zeros(self.owned.stop - self.owned.start, dtype=torch.bool)
+        chosen = self.mini_batches[k]
+        mine = chosen[(chosen >= self.owned.start) & (chosen < self.owned.stop)] - self.owned.start
+        keep[mine] = True
+        return keep
+
+    def rows_on_rank(self, k: int, rank: int) -> int:
+        """Completions of mini-batch k that rank `rank` holds (any rank's, known to all)."""
+        width = self.owned.stop - self.owned.start
+        chosen = self.mini_batches[k]
+        return int(((chosen >= rank * width) & (chosen < (rank + 1) * width)).sum()) * self.group_size
+
+    def totals(self, config: TrainConfig, k: int) -> LossTotals:
+        chosen = self.mini_batches[k]
+        if config.loss_type == "dapo":
+            # dapo, as TRL 1.16: every token of the rollout weighs the same in every optimizer step,
+            # 1 / (rollout tokens / num_mini_batches), whichever mini-batch holds it. TRL divides by
+            # num_items_in_batch (the generation batch's tokens) x gradient_accumulation_steps /
+            # steps_per_generation, i.e. by the tokens per optimizer step; not by the mini-batch's own
+            # count, which would weigh the tokens of a short mini-batch more. Filtered groups do not
+            # count: they are not trained on.
+            trained = torch.cat(self.mini_batches)
+            items = int(self.lengths[trained].sum()) / config.num_mini_batches
+        else:
+            items = float(self.lengths[chosen].sum())
+        return LossTotals(num_completions=len(chosen) * self.group_size, num_items=items)
 
 
 def plan_mini_batches(config: TrainConfig, rewards: torch.Tensor) -> list[torch.Tensor]:
-    """The rows of each of a rollout's num_mini_batches mini-batches: rewards (B, G) ->
-    num_mini_batches tensors of row indices (n_k G,), whole groups, prompt-major.
+    """The prompts of each of a rollout's num_mini_batches mini-batches: rewards (B, G) ->
+    num_mini_batches tensors of prompt indices, whole groups.
 
     The groups (those left after filter_zero_std_groups) are split as evenly as
     possible, larger first: 7 groups in 2 mini-batches give 4 + 3. With fewer
     groups than mini-batches the last ones are empty (the update skips them).
     """
-    G = config.num_generations
     groups = torch.arange(rewards.shape[0])
     if config.filter_zero_std_groups:   # dynamic sampling: groups that agree teach nothing
         groups = groups[~zero_std_groups(rewards)]
-    return [(chosen[:, None] * G + torch.arange(G)).reshape(-1)
-            for chosen in groups.tensor_split(config.num_mini_batches)]
-
-
-def logprobs_before_update(config: TrainConfig, policy, input_ids, attention_mask, completion_mask,
-                           mini_batches: list[torch.Tensor]) -> torch.Tensor | None:
-    """pi_old recomputed: the policy's log-probs (N, S) of the rows of `mini_batches`, in the
-    micro-batches the update will use, so the first mini-batch's ratio is exactly 1 (the same
-    forward, bitwise). Rows in no mini-batch (filtered groups) stay 0 and are never read;
-    None when no row will be trained on."""
-    micro_batches = [micro for rows in mini_batches if len(rows) for micro in rows.split(config.micro_batch_size)]
-    if not micro_batches:
-        return None
-    pieces = [sequence_logprobs(config, policy, input_ids[micro], attention_mask[micro], completion_mask[micro])
-              for micro in micro_batches]
-    old_logp = pieces[0].new_zeros(completion_mask.shape)
-    old_logp[torch.cat(micro_batches)] = torch.cat(pieces)
-    return old_logp
+    return list(groups.tensor_split(config.num_mini_batches))
 
 
 @torch.no_grad()
-def score(config: TrainConfig, samples: list[dict], rollout: Rollout, policy, reference, tokenizer,
-          reward_functions: dict[str, tuple[RewardFn, float]], advantage_fn: AdvantageFn) -> Scored:
-    """Steps 3 to 5: rewards, group advantages, the mini-batches, reference and pi_old log-probs."""
+def score(config: TrainConfig, samples: list[dict], rollout: Rollout, tokenizer,
+          reward_functions: dict[str, tuple[RewardFn, float]], advantage_fn: AdvantageFn,
+          world: World = World()) -> tuple[RolloutBatch, Plan]:
+    """Steps 3 and 4: this rank's rewards, gathered to all B prompts; advantages and the
+    mini-batch plan from all of them; this rank's RolloutBatch (without reference or pi_old
+    log-probs: add_logprobs). `samples` is the step's whole prompt list."""
     B, G = len(samples), config.num_generations
+    owned = world.shard(B)
+    mine = samples[owned]
+    b = len(mine)
     # Each completion is scored with its prompt's dataset columns (TRL's convention).
     texts = tokenizer.batch_decode(rollout.completion_ids, skip_special_tokens=True)
-    columns = {key: [s.get(key) for s in samples for _ in range(G)]
-               for key in samples[0] if key != "prompt"}
-    components, total = {}, torch.zeros(B * G, dtype=torch.float64)
-    for name, (function, weight) in reward_functions.items():
+    columns = {key: [s.get(key) for s in mine for _ in range(G)] for key in mine[0] if key != "prompt"}
+    local = torch.zeros(1 + len(reward_functions), b * G, dtype=torch.float64)
+    for i, (name, (function, weight)) in enumerate(reward_functions.items(), 1):
         values = torch.tensor([float(v) for v in function(texts, **columns)], dtype=torch.float64)
-        if values.shape != (B * G,) or not torch.isfinite(values).all():
-            raise ValueError(f"reward function {name!r} must return {B * G} finite floats, got {values.tolist()}")
-        components[name] = values.view(B, G)
-        total += weight * values
-    reward_matrix = total.view(B, G)
+        if values.shape != (b * G,) or not torch.isfinite(values).all():
+            raise ValueError(f"reward function {name!r} must return {b * G} finite floats, got {values.tolist()}")
+        local[i] = values
+        local[0] += weight * values
+    lengths = rollout.completion_mask.sum(-1).cpu()
+    per_completion = torch.cat([local, lengths[None].double(), rollout.finished.cpu()[None].double()])
+    gathered = world.gather(per_completion.view(-1, b, G).transpose(0, 1)).transpose(0, 1)  # (rows, B, G)
+    reward_matrix = gathered[0]
     advantages = advantage_fn(reward_matrix)
     if not isinstance(advantages, torch.Tensor) or advantages.shape != (B, G):
         raise ValueError(f"advantage_fn must map rewards (B, G) = ({B}, {G}) to a tensor of the same "
                          f"shape, got {getattr(advantages, 'shape', type(advantages))}")
     if not torch.isfinite(advantages).all():
         raise ValueError(f"advantage_fn returned non-finite advantages for rewards {reward_matrix.tolist()}")
+    advantages = advantages.to(torch.float32)
+    plan = Plan(rewards=reward_matrix, components={name: gathered[i] for i, name in enumerate(reward_functions, 1)},
+                advantages=advantages, lengths=gathered[-2].long(), finished=gathered[-1].bool(),
+                mini_batches=plan_mini_batches(config, reward_matrix), owned=owned, group_size=G)
 
-    input_ids = torch.cat([rollout.prompt_ids, rollout.completion_ids], dim=1)
-    attention_mask = torch.cat([rollout.prompt_mask, rollout.completion_mask.long()], dim=1)
-    mini_batches = plan_mini_batches(config, reward_matrix)
+    P, S = rollout.prompt_ids.shape[1], rollout.completion_ids.shape[1]
+    device = rollout.completion_ids.device
+    batch = RolloutBatch(
+        input_ids=torch.cat([rollout.prompt_ids, rollout.completion_ids], dim=1).view(b, G, P + S),
+        attention_mask=torch.cat([rollout.prompt_mask, rollout.completion_mask.long()], dim=1).view(b, G, P + S),
+        completion_mask=rollout.completion_mask.view(b, G, S), old_logp=None,
+        rewards=reward_matrix[owned].to(device), advantages=advantages[owned].to(device),
+        sampler_logp=rollout.sampler_logp.view(b, G, S))
+    return batch, plan
+
+
+def micro_batches(config: TrainConfig, plan: Plan, batch: RolloutBatch, k: int, world: World) -> list[dict | None]:
+    """Mini-batch k's micro-batches on this rank, as rows of `flat()` (dicts of (n, ...)
+    tensors, with "groups": the (b,) keep mask), padded with None to the count of the rank
+    that has the most: every rank runs as many forwards (FSDP2 gathers parameters in each)
+    and backwards, so the collectives line up."""
+    keep = plan.local_groups(k)
+    parts: list[dict | None] = []
+    if keep.any():
+        flat = batch.select(keep.to(batch.input_ids.device)).flat()
+        n = int(keep.sum()) * batch.group_size
+        for start in range(0, n, config.micro_batch_size):
+            rows = slice(start, start + config.micro_batch_size)
+            parts.append({name: None if value is None else value[rows] for name, value in flat.items()})
+    most = max(-(-plan.rows_on_rank(k, r) // config.micro_batch_size) for r in range(world.size))
+    return parts + [None] * (most - len(parts))
+
+
+def _logprobs_of(model, part: dict | None, batch: RolloutBatch) -> torch.Tensor | None:
+    """The model's log-probs of a micro-batch's rows; for a padding micro-batch (None) a
+    forward of one row whose result is dropped (it keeps the ranks' collectives in step)."""
+    if part is None:
+        flat = batch.flat()
+        model(flat["input_ids"][:1], flat["attention_mask"][:1], flat["completion_mask"][:1])
+        return None
+    return model(part["input_ids"], part["attention_mask"], part["completion_mask"])
+
+
+@torch.no_grad()
+def add_logprobs(config: TrainConfig, models: Models, batch: RolloutBatch, plan: Plan,
+                 world: World = World()) -> RolloutBatch:
+    """Step 5: the batch with ref_logp (beta > 0) and old_logp (pi_old) filled in.
+
+    pi_old: the sampler's log-probs (old_logprobs = "sampler"); else, when a rollout gives
+    K > 1 optimizer steps, the policy's log-probs of the trained rows, in the micro-batches
+    the update will use, so the first mini-batch's ratio is exactly 1 (the same forward,
+    bitwise); else None: the update's own detached forward (K = 1).
+    """
     # pi_old is the policy that sampled, for every optimizer step of this rollout:
     # refreshed per pass or per mini-batch, the ratio would restart at 1 there, and
     # with one mini-batch per pass the clip would never act. With one optimizer step
     # the policy has not moved before its forward, so that forward's detached
     # log-probs serve (ratio 1, as TRL), at no extra cost.
+    old_logp = None
     if config.old_logprobs == "sampler":
-        old_logp = rollout.sampler_logp
+        old_logp = batch.sampler_logp
     elif optimizer_steps_per_rollout(config) > 1:
-        old_logp = logprobs_before_update(config, policy, input_ids, attention_mask, rollout.completion_mask,
-                                          mini_batches)
-    else:
-        old_logp = None
-    ref_logp = (sequence_logprobs(config, reference, input_ids, attention_mask, rollout.completion_mask)
-                if config.beta != 0.0 else None)
-    return Scored(samples, rollout, texts, input_ids, attention_mask, reward_matrix, components,
-                  advantages.to(torch.float32), old_logp, ref_logp, mini_batches)
+        old_logp = torch.zeros_like(batch.sampler_logp)   # rows in no mini-batch stay 0, never read
+        for k in range(config.num_mini_batches):
+            parts = micro_batches(config, plan, batch, k, world)
+            pieces = [_logprobs_of(models.train_logprobs, part, batch) for part in parts]
+            real = [piece for piece in pieces if piece is not None]
+            if real:
+                keep = plan.local_groups(k).to(old_logp.device)
+                old_logp[keep] = torch.cat(real).view(-1, batch.group_size, batch.completion_length)
+    ref_logp = None
+    if models.reference_logprobs is not None:
+        flat = batch.flat()
+        ref_logp = torch.cat([
+            models.reference_logprobs(flat["input_ids"][rows], flat["attention_mask"][rows],
+                                      flat["completion_mask"][rows])
+            for rows in torch.arange(batch.num_completions).split(config.micro_batch_size)
+        ]).view(batch.completion_mask.shape)
+    return replace(batch, old_logp=old_logp, ref_logp=ref_logp)
 
 
 # --------------------------------------------------------------------------- step 6
 
-def micro_batch_loss(config: TrainConfig, policy, scored: Scored, rows: torch.Tensor, mini_batch: torch.Tensor):
-    """The loss of `rows` (completion indices, part of the row indices `mini_batch`), scaled
-    so that summing over a mini-batch's micro-batches gives that mini-batch's loss exactly.
+def micro_batch_loss(config: TrainConfig, model, part: dict, totals: LossTotals):
+    """The loss of a micro-batch's rows as its part of the mini-batch's loss (divided by
+    the whole mini-batch's counts, so the parts add up to it exactly).
 
-    Returns (loss, metrics, logp): the scaled scalar loss, grpo_loss's metrics of these rows,
-    and their log-probs (len(rows), S), detached.
+    Returns (loss, out, logp): the scalar part, grpo_loss's output and the rows' log-probs (detached).
     """
-    mask = scored.rollout.completion_mask[rows]
-    logp = sequence_logprobs(config, policy, scored.input_ids[rows], scored.attention_mask[rows], mask)
-    old = scored.old_logp[rows] if scored.old_logp is not None else logp.detach()
-    ref = scored.ref_logp[rows] if scored.ref_logp is not None else None
-    # dapo, as TRL 1.16: every token of the rollout weighs the same in every optimizer step,
-    # 1 / (rollout tokens / num_mini_batches), whichever mini-batch holds it. TRL divides by
-    # num_items_in_batch (the generation batch's tokens) x gradient_accumulation_steps /
-    # steps_per_generation, i.e. by the tokens per optimizer step; not by the mini-batch's own
-    # count, which would weigh the tokens of a short mini-batch more. Filtered groups do not
-    # count: they are not trained on.
-    dapo_tokens = scored.trained_tokens if config.loss_type == "dapo" else None
-    out = grpo_loss(logp, old, scored.advantages.reshape(-1)[rows], mask, ref_logp=ref, beta=config.beta,
+    mask = part["completion_mask"]
+    logp = model(part["input_ids"], part["attention_mask"], mask)
+    old = part["old_logp"] if part["old_logp"] is not None else logp.detach()
+    out = grpo_loss(logp, old, part["advantages"], mask, ref_logp=part["ref_logp"], beta=config.beta,
                     epsilon=config.epsilon, epsilon_high=config.epsilon_high, loss_type=config.loss_type,
                     max_completion_length=config.max_completion_length,
                     importance_sampling_level=config.importance_sampling_level,
-                    kl_estimator=config.kl_estimator, num_items=dapo_tokens)
-    if config.loss_type in ("grpo", "dr_grpo"):     # means over completions
-        scale = len(rows) / len(mini_batch)
-    elif config.loss_type == "bnpo":                # mean over tokens
-        scale = mask.sum().item() / int(scored.rollout.completion_mask[mini_batch].sum())
-    else:                                           # dapo: sum / rollout tokens, times num_mini_batches
-        scale = float(config.num_mini_batches)
-    return out.loss * scale, out.metrics, logp.detach()
+                    kl_estimator=config.kl_estimator, num_items=totals.num_items,
+                    num_completions=totals.num_completions)
+    return out.loss, out, logp.detach()
+
+
+# How each of grpo_loss's metrics combines over micro-batches and ranks. "unit" is a token
+# mean at the token level and a completion mean at the sequence level (GSPO), as in TRL.
+METRIC_REDUCTION = {
+    "loss": "sum", "policy_loss": "sum", "approx_kl": "token", "kl": "token",
+    "clip_ratio/low": "unit", "clip_ratio/high": "unit", "clip_ratio/region": "unit",
+    "ratio/mean": "unit", "ratio/min": "min", "ratio/max": "max",
+}
+
+
+class MetricSums:
+    """Accumulates grpo_loss's metrics of one optimizer step's micro-batches on this rank,
+    then reduces them over ranks the way METRIC_REDUCTION says."""
+
+    def __init__(self, sequence_level: bool):
+        self.sequence_level = sequence_level
+        self.sums: dict[str, float] = {key: 0.0 for key, how in METRIC_REDUCTION.items() if how != "min"
+                                       and how != "max"}
+        self.weights = {"token": 0.0, "unit": 0.0}
+        self.seen: set[str] = set()
+        self.extremes = {key: (math.inf if how == "min" else -math.inf)
+                         for key, how in METRIC_REDUCTION.items() if how in ("min", "max")}
+
+    def add(self, metrics: dict[str, float], tokens: float, completions: float) -> None:
+        unit = completions if self.sequence_level else tokens
+        for key, how in METRIC_REDUCTION.items():
+            if key not in metrics:
+                continue
+            if how == "sum":
+                self.sums[key] += metrics[key]
+            elif how == "token":
+                self.sums[key] += metrics[key] * tokens
+            elif how == "unit":
+                self.sums[key] += metrics[key] * unit
+            elif how == "min":
+                self.extremes[key] = min(self.extremes[key], metrics[key])
+            else:
+                self.extremes[key] = max(self.extremes[key], metrics[key])
+        self.weights["token"] += tokens
+        self.weights["unit"] += unit
+        self.seen |= set(metrics)
+
+    def reduce(self, world: World) -> dict[str, float]:
+        keys = list(self.sums)
+        sums = world.reduce(torch.tensor([self.sums[k] for k in keys] + [self.weights["token"], self.weights["unit"]],
+                                         dtype=torch.float64))
+        lows = [k for k, how in METRIC_REDUCTION.items() if how == "min"]
+        highs = [k for k, how in METRIC_REDUCTION.items() if how == "max"]
+        low = world.reduce(torch.tensor([self.extremes[k] for k in lows], dtype=torch.float64), "min")
+        high = world.reduce(torch.tensor([self.extremes[k] for k in highs], dtype=torch.float64), "max")
+        tokens, units = float(sums[-2]), float(sums[-1])
+        seen = set(world.gather_objects(sorted(self.seen)))
+        out = {}
+        for i, key in enumerate(keys):
+            if key not in seen:
+                continue
+            how = METRIC_REDUCTION[key]
+            out[key] = float(sums[i]) if how == "sum" else float(sums[i]) / (tokens if how == "token" else units)
+        out.update({k: float(v) for k, v in zip(lows, low) if k in seen})
+        out.update({k: float(v) for k, v in zip(highs, high) if k in seen})
+        return out
 
 
 def skip_optimizer_step(scheduler) -> None:
@@ -308,11 +546,17 @@ def skip_optimizer_step(scheduler) -> None:
         scheduler.step()
 
 
-def optimise(config: TrainConfig, policy, optimizer, scheduler, scored: Scored) -> dict[str, float]:
+def optimise(config: TrainConfig, models: Models, optimizer, scheduler, batch: RolloutBatch, plan: Plan,
+             world: World = World()) -> dict[str, float]:
     """num_iterations passes over the rollout; each pass is one optimizer step per mini-batch
-    of scored.mini_batches: K = num_iterations x num_mini_batches optimizer steps per rollout.
+    of the plan: K = num_iterations x num_mini_batches optimizer steps per rollout.
 
-    Returns the last optimizer step's loss metrics (grpo_loss's, plus grad_norm) and
+    Each rank backpropagates world.size x its part of the mini-batch's loss: DDP and FSDP2
+    average gradients over ranks, so the gradient every rank steps with is the sum of the
+    parts, the 1-process gradient.
+
+    Returns the last optimizer step's loss metrics (grpo_loss's, reduced over micro-batches
+    and ranks, plus grad_norm) and
       learning_rate       the learning rate of this rollout's first optimizer step
       optimizer_steps     the optimizer steps taken: K, less those of empty mini-batches
                           (which still step the schedule)
@@ -321,56 +565,80 @@ def optimise(config: TrainConfig, policy, optimizer, scheduler, scored: Scored) 
       skipped_update      1.0 when no optimizer step was taken
     """
     learning_rate = optimizer.param_groups[0]["lr"]   # what the first step below uses
+    model = models.train_logprobs
     metrics: dict[str, float] = {}
     steps_taken, first_forward = 0, []
-    for _ in range(config.num_iterations):
-        for mini_batch in scored.mini_batches:
-            if len(mini_batch) == 0:
+    for iteration in range(config.num_iterations):
+        for k in range(config.num_mini_batches):
+            if len(plan.mini_batches[k]) == 0:
                 skip_optimizer_step(scheduler)
                 continue
+            totals = plan.totals(config, k)
+            parts = micro_batches(config, plan, batch, k, world)
             optimizer.zero_grad(set_to_none=True)
-            accumulated: dict[str, float] = {}
-            for micro in mini_batch.split(config.micro_batch_size):
-                loss, micro_metrics, logp = micro_batch_loss(config, policy, scored, micro, mini_batch)
-                loss.backward()
+            sums = MetricSums(config.importance_sampling_level == "sequence")
+            for i, part in enumerate(parts):
+                with distributed.no_sync(model, sync=i == len(parts) - 1):
+                    if part is None:   # this rank holds fewer rows: a zero-weight part
+                        flat = batch.flat()
+                        logp = model(flat["input_ids"][:1], flat["attention_mask"][:1], flat["completion_mask"][:1])
+                        (logp.sum() * 0.0).backward()
+                        continue
+                    loss, out, logp = micro_batch_loss(config, model, part, totals)
+                    (loss * world.size).backward()
                 if steps_taken == 0:   # the policy has not moved yet: it is the one that sampled
-                    first_forward.append(logp)
-                share = len(micro) / len(mini_batch)
-                for key, value in micro_metrics.items():
-                    accumulated[key] = accumulated.get(key, 0.0) + share * value
+                    first_forward.append((part, logp))
+                sums.add(out.metrics, tokens=float(part["completion_mask"].sum()),
+                         completions=float(part["completion_mask"].shape[0]))
             # max_grad_norm 0: measure the norm (inf never clips) without clipping.
-            norm = torch.nn.utils.clip_grad_norm_(policy.parameters(), config.max_grad_norm or math.inf)
+            norm = torch.nn.utils.clip_grad_norm_(models.policy.parameters(), config.max_grad_norm or math.inf)
             optimizer.step()
             scheduler.step()
             steps_taken += 1
-            accumulated["grad_norm"] = float(norm)
-            metrics = accumulated   # the last optimizer step's metrics
+            if _last_nonempty(plan, iteration, k, config):
+                metrics = sums.reduce(world)
+                metrics["grad_norm"] = float(distributed.full_tensor(norm))
+    if models.sharded:
+        distributed.copy_full_weights(models.policy, models.full_policy)   # the sampler's weights
     if steps_taken == 0:
         metrics["skipped_update"] = 1.0
     metrics["learning_rate"] = learning_rate
     metrics["optimizer_steps"] = float(steps_taken)
-    if first_forward:
-        metrics.update(_gap_before_update(config, scored, first_forward))
+    if steps_taken:
+        metrics.update(_gap_before_update(config, batch, plan, first_forward, world))
     return metrics
 
 
-def _gap_before_update(config: TrainConfig, scored: Scored, first_forward: list[torch.Tensor]) -> dict[str, float]:
+def _last_nonempty(plan: Plan, iteration: int, k: int, config: TrainConfig) -> bool:
+    """Whether (iteration, k) is the rollout's last optimizer step that is taken."""
+    if iteration != config.num_iterations - 1:
+        return False
+    return all(len(plan.mini_batches[j]) == 0 for j in range(k + 1, config.num_mini_batches))
+
+
+def _gap_before_update(config: TrainConfig, batch: RolloutBatch, plan: Plan, first_forward: list,
+                       world: World) -> dict[str, float]:
     """The sampler gap over the log-probs the trainer had before the rollout's first update:
     the recomputed pi_old (every trained row) when there is one, else the first optimizer
     step's own forward (its mini-batch's rows; with one step per rollout, every trained row).
     Either way, groups dropped by filter_zero_std_groups are not included."""
-    if config.old_logprobs == "recomputed" and scored.old_logp is not None:
-        rows = torch.cat(scored.mini_batches)
-        trainer_logp = scored.old_logp[rows]
+    if config.old_logprobs == "recomputed" and batch.old_logp is not None:
+        keep = torch.zeros(batch.num_prompts, dtype=torch.bool)
+        for k in range(config.num_mini_batches):
+            keep |= plan.local_groups(k)
+        keep = keep.to(batch.old_logp.device)
+        trainer_logp, sampler_logp, mask = batch.old_logp[keep], batch.sampler_logp[keep], batch.completion_mask[keep]
     else:
-        rows = scored.mini_batches[0]   # the first step's mini-batch (the largest, never empty here)
-        trainer_logp = torch.cat(first_forward)
-    return sampler_gap(trainer_logp, scored.rollout.sampler_logp[rows], scored.rollout.completion_mask[rows])
+        pieces = [(part["sampler_logp"], logp, part["completion_mask"]) for part, logp in first_forward]
+        sampler_logp = torch.cat([p[0] for p in pieces]) if pieces else batch.sampler_logp[:0]
+        trainer_logp = torch.cat([p[1] for p in pieces]) if pieces else batch.sampler_logp[:0]
+        mask = torch.cat([p[2] for p in pieces]) if pieces else batch.completion_mask[:0]
+    return sampler_gap(trainer_logp, sampler_logp, mask, world)
 
 
 def sampler_gap(trainer_logp: torch.Tensor, sampler_logp: torch.Tensor,
-                completion_mask: torch.Tensor) -> dict[str, float]:
-    """How far the trainer's log-probs of the sampled tokens are from the sampler's: (n, S) x 3 -> floats.
+                completion_mask: torch.Tensor, world: World = World()) -> dict[str, float]:
+    """How far the trainer's log-probs of the sampled tokens are from the sampler's: (n, ...) x 3 -> floats.
 
       sampler_gap/mean_abs   mean over completion tokens of |log pi_trainer - log pi_sampler|
       sampler_gap/max_ratio  the largest exp(|log pi_trainer - log pi_sampler|): the worst
@@ -382,33 +650,38 @@ def sampler_gap(trainer_logp: torch.Tensor, sampler_logp: torch.Tensor,
     """
     mask = completion_mask.bool()
     gap = (trainer_logp.double() - sampler_logp.double()).abs()[mask]
-    return {"sampler_gap/mean_abs": gap.mean().item(), "sampler_gap/max_ratio": math.exp(gap.max().item())}
+    local = torch.tensor([float(gap.sum()), float(gap.numel())], dtype=torch.float64)
+    total = world.reduce(local)
+    largest = world.reduce(torch.tensor([float(gap.max()) if gap.numel() else 0.0], dtype=torch.float64), "max")
+    return {"sampler_gap/mean_abs": float(total[0] / total[1]), "sampler_gap/max_ratio": math.exp(float(largest[0]))}
 
 
 # --------------------------------------------------------------------------- the loop
 
-def step_metrics(scored: Scored, update: dict[str, float], seconds: dict[str, float]) -> dict:
-    lengths = scored.rollout.completion_mask.sum(-1).float()
-    zero_std = zero_std_groups(scored.rewards).float().mean().item()
+def step_metrics(plan: Plan, batch: RolloutBatch, update: dict[str, float], seconds: dict[str, float],
+                 world: World = World()) -> dict:
+    """The step's metrics over all B prompts (the plan holds them gathered)."""
+    lengths = plan.lengths.double()
+    trained = torch.cat(plan.mini_batches) if plan.mini_batches else torch.arange(0)
+    sampler = batch.sampler_logp * batch.completion_mask
+    entropy = world.reduce(torch.tensor([float(-sampler.sum()), float(batch.completion_mask.sum())],
+                                        dtype=torch.float64))
     metrics = {
-        "reward/mean": scored.rewards.mean().item(), "reward/std": scored.rewards.std().item(),
-        **{f"reward/{name}": values.mean().item() for name, values in scored.components.items()},
-        "zero_std_groups": zero_std,
+        "reward/mean": plan.rewards.mean().item(), "reward/std": plan.rewards.std().item(),
+        **{f"reward/{name}": values.mean().item() for name, values in plan.components.items()},
+        "zero_std_groups": zero_std_groups(plan.rewards).float().mean().item(),
         "completion_length/mean": lengths.mean().item(), "completion_length/min": lengths.min().item(),
         "completion_length/max": lengths.max().item(),
-        "truncated": 1.0 - scored.rollout.finished.float().mean().item(),
-        "entropy": _sampler_entropy(scored.rollout),
-        **{k: v for k, v in update.items() if k not in ("completion_length/mean",)},
+        "truncated": 1.0 - plan.finished.double().mean().item(),
+        # Mean over completion tokens of -log pi(token): a Monte-Carlo estimate of the sampling
+        # policy's entropy per token (exact in expectation).
+        "entropy": float(entropy[0] / entropy[1]),
+        **update,
         **{f"time/{k}": v for k, v in seconds.items()},
     }
+    if len(trained):
+        metrics["advantage/std"] = plan.advantages[trained].double().std(correction=0).item()
     return metrics
-
-
-def _sampler_entropy(rollout: Rollout) -> float:
-    """Mean over completion tokens of -log pi(token): a Monte-Carlo estimate of the
-    sampling policy's entropy per token (exact in expectation)."""
-    mask = rollout.completion_mask
-    return float(-(rollout.sampler_logp * mask).sum() / mask.sum())
 
 
 @dataclass
@@ -425,6 +698,9 @@ def train(config: TrainConfig, *, advantage_fn: AdvantageFn | None = None,
           log: Callable[[str], None] = print) -> RunResult:
     """Train a policy with GRPO as `config` says; write the run to config.output_dir.
 
+    Under torchrun every rank calls this with the same arguments (see grpo_edu.distributed);
+    rank 0 writes the run directory and logs.
+
     advantage_fn: rewards (B, G) -> advantages (B, G); default group_advantages
         with config.advantage_scale / advantage_std.
     reward_functions: {name: (fn, weight)} with TRL's signature; default the
@@ -433,72 +709,93 @@ def train(config: TrainConfig, *, advantage_fn: AdvantageFn | None = None,
     resume: a run directory whose latest checkpoint to continue from.
     stop_after: stop (checkpointed) after this many steps in total: a test's
         stand-in for an interrupted run.
+
+    Returns the trained policy with whole weights (under FSDP2 a plain copy).
     """
+    world = distributed.init_world(config.device)
+    check_engine_settings(config, world.device)
+    world.shard(config.prompts_per_step)   # prompts_per_step must divide among the ranks
     torch.set_num_threads(config.threads)
     torch.manual_seed(config.seed)
+    say = log if world.is_main else (lambda message: None)
     if advantage_fn is None:
         advantage_fn = lambda r: group_advantages(r, scale=config.advantage_scale, std=config.advantage_std)
     if reward_functions is None:
         reward_functions = reward_functions_from_config(config.rewards)
     if policy is None:
-        policy, tokenizer = load_policy(STARTING_POLICY if config.model == "start" else config.model,
-                                        device=config.device)
-    reference = make_reference(policy) if config.beta != 0.0 else None
-    policy.train()
-    # fused: one kernel for all parameters (the same algorithm; 0.35 ms a step instead of 1.2 on the CPU tier)
-    optimizer = torch.optim.AdamW(policy.parameters(), lr=config.learning_rate, betas=tuple(config.adam_betas),
-                                  weight_decay=config.weight_decay, fused=True)
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, learning_rate_factor(config))
-    engine = make_engine(config, policy, tokenizer)
+        policy, tokenizer = load_policy(STARTING_POLICY if config.model == "start" else config.model)
     state = TrainState(prompt_rng=random.Random(config.seed))
     output_dir = Path(config.output_dir)
-    output_dir.mkdir(parents=True, exist_ok=True)
+    metrics_log = MetricsLog(output_dir)
+    saved, reference = None, None
+    if resume is not None:
+        # Whole weights into the plain models, before they are placed and sharded.
+        reference = make_reference(policy) if config.beta != 0.0 else None
+        saved = checkpoint.load_weights(Path(resume), policy, reference, log=say)
+    models = build_models(config, world, policy, reference)
+    # fused: one kernel for all parameters (the same algorithm; 0.35 ms a step instead of 1.2 on the CPU tier)
+    optimizer = torch.optim.AdamW(models.policy.parameters(), lr=config.learning_rate,
+                                  betas=tuple(config.adam_betas), weight_decay=config.weight_decay, fused=True)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, learning_rate_factor(config))
+    engine = make_engine(config, models.full_policy, tokenizer)
     train_pool = tasks.make_dataset(config.task, n=TRAIN_POOL, split="train", seed=0)
     held_out = tasks.make_dataset(config.task, n=config.eval_size, split="test", seed=0)
     history: list[dict] = []
 
     def held_out_accuracy() -> float:
-        policy.eval()
-        metrics = evaluate(policy, tokenizer, held_out, max_new_tokens=config.max_completion_length)
-        policy.train()
-        return metrics["greedy_accuracy"]
+        """Greedy accuracy on the held-out set, each rank scoring its share of the problems."""
+        model = models.full_policy
+        model.eval()
+        with autocast(config, world.device):
+            scores = greedy_scores(model, tokenizer, held_out[world.split(len(held_out))],
+                                   max_new_tokens=config.max_completion_length)
+        model.train()
+        correct = world.gather_objects([accuracy for accuracy, _ in scores])
+        return sum(correct) / len(correct)
 
-    if resume is not None:
-        summary_so_far = checkpoint.load(Path(resume), policy, reference, optimizer, scheduler, state, log=log)
-        start_accuracy, elapsed = summary_so_far["start_accuracy"], summary_so_far["seconds"]
-        history = checkpoint.read_history(output_dir, up_to_step=state.step, log=log)
+    if saved is not None:
+        distributed.load_full_optimizer_state(optimizer, saved["optimizer"])
+        scheduler.load_state_dict(saved["scheduler"])
+        checkpoint.restore_rng(saved, state)
+        extra = json.loads(saved["extra"])
+        start_accuracy, elapsed = extra["start_accuracy"], extra["seconds"]
+        history = metrics_log.restore(up_to_step=state.step, log=say) if world.is_main else []
     else:
         start_accuracy, elapsed = held_out_accuracy(), 0.0
-        (output_dir / "metrics.jsonl").write_text("")
-        (output_dir / "config.json").write_text(json.dumps(config.to_dict(), indent=2) + "\n")
-        before = _samples_table(policy, tokenizer, held_out[:4], config.max_completion_length)
-        (output_dir / "samples_before.txt").write_text(before)
-        log(f"start: held-out greedy accuracy {start_accuracy:.4f}")
+        if world.is_main:
+            output_dir.mkdir(parents=True, exist_ok=True)
+            metrics_log.start()
+            (output_dir / "config.json").write_text(json.dumps(config.to_dict(), indent=2) + "\n")
+            before = _samples_table(models.full_policy, tokenizer, held_out[:4], config.max_completion_length)
+            (output_dir / "samples_before.txt").write_text(before)
+        say(f"start: held-out greedy accuracy {start_accuracy:.4f}")
+    world.barrier()
 
-    progress = _progress_bar(config, state.step)
+    progress = _progress_bar(config, state.step) if world.is_main else None
     accuracy, started = start_accuracy, time.perf_counter()
     last = min(config.steps, stop_after) if stop_after is not None else config.steps
     while state.step < last:
         t0 = time.perf_counter()
         samples = sample_prompts(config, state, train_pool)
-        rollout = roll_out(config, samples, tokenizer, engine)
+        rollout = roll_out(config, samples, tokenizer, engine, world)
         t1 = time.perf_counter()
-        scored = score(config, samples, rollout, policy, reference, tokenizer, reward_functions, advantage_fn)
+        batch, plan = score(config, samples, rollout, tokenizer, reward_functions, advantage_fn, world)
+        batch = add_logprobs(config, models, batch, plan, world)
         t2 = time.perf_counter()
-        update = optimise(config, policy, optimizer, scheduler, scored)
+        update = optimise(config, models, optimizer, scheduler, batch, plan, world)
         t3 = time.perf_counter()
         state.step += 1
         seconds = {"rollout": t1 - t0, "scoring": t2 - t1, "update": t3 - t2}
-        metrics = {"step": state.step, **step_metrics(scored, update, seconds)}
+        metrics = {"step": state.step, **step_metrics(plan, batch, update, seconds, world)}
 
-        if config.ref_sync_steps and state.step % config.ref_sync_steps == 0 and reference is not None:
-            reference.load_state_dict(policy.state_dict())
+        if config.ref_sync_steps and state.step % config.ref_sync_steps == 0 and models.reference is not None:
+            models.reference.load_state_dict(models.policy.state_dict())
         if state.step % config.eval_every == 0 or state.step == config.steps:
             accuracy = held_out_accuracy()
             metrics["eval/greedy_accuracy"] = accuracy
         history.append(metrics)
-        with open(output_dir / "metrics.jsonl", "a") as f:
-            f.write(json.dumps(metrics) + "\n")
+        if world.is_main:
+            metrics_log.append(metrics)
         if progress is not None:
             progress.set_postfix_str(f"reward {metrics['reward/mean']:.3f} held-out acc {accuracy:.3f}",
                                      refresh=False)
@@ -506,18 +803,34 @@ def train(config: TrainConfig, *, advantage_fn: AdvantageFn | None = None,
         due = config.checkpoint_every and state.step % config.checkpoint_every == 0
         if due or state.step == last:
             total = elapsed + time.perf_counter() - started
-            checkpoint.save(output_dir, policy, reference, optimizer, scheduler, state,
-                            {"start_accuracy": start_accuracy, "seconds": total})
+            _save_checkpoint(output_dir, models, optimizer, scheduler, state, world,
+                             {"start_accuracy": start_accuracy, "seconds": total}, metrics_log)
     if progress is not None:
         progress.close()
 
     seconds = elapsed + time.perf_counter() - started
     summary = _summary(config, history, start_accuracy, seconds, finished=state.step >= config.steps)
-    (output_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
-    if state.step >= config.steps:
-        after = _samples_table(policy, tokenizer, held_out[:4], config.max_completion_length)
-        (output_dir / "samples_after.txt").write_text(after)
-    return RunResult(policy, tokenizer, summary, history)
+    summary["world_size"] = world.size
+    if world.is_main:
+        (output_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+        if state.step >= config.steps:
+            after = _samples_table(models.full_policy, tokenizer, held_out[:4], config.max_completion_length)
+            (output_dir / "samples_after.txt").write_text(after)
+    world.barrier()
+    return RunResult(models.full_policy, tokenizer, summary, history)
+
+
+def _save_checkpoint(output_dir: Path, models: Models, optimizer, scheduler, state: TrainState, world: World,
+                     extra: dict, metrics_log: MetricsLog) -> None:
+    """Whole weights and optimizer state (gathered under FSDP2, on every rank), written by rank 0:
+    a checkpoint resumes on any number of ranks."""
+    policy_weights = distributed.full_state_dict(models.policy)
+    reference_weights = None if models.reference is None else distributed.full_state_dict(models.reference)
+    optimizer_state = distributed.full_optimizer_state(optimizer)
+    if world.is_main:
+        metrics_log.sync()   # the metrics this checkpoint covers reach the disk before it does
+        checkpoint.save(output_dir, policy_weights, reference_weights, optimizer_state, scheduler, state, extra)
+    world.barrier()
 
 
 def _summary(config: TrainConfig, history: list[dict], start_accuracy: float, seconds: float,

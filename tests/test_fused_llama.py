@@ -168,7 +168,7 @@ def test_sampling_draws_each_token_with_its_probability():
     probabilities = torch.tensor([0.5, 0.0, 0.2, 0.25, 0.05])
     logp = probabilities.log().expand(50_000, -1)
     torch.manual_seed(0)
-    draws = fused_llama._sample(logp)
+    draws = fused_llama._sample(logp, torch.rand(50_000))
     counts = torch.bincount(draws, minlength=5).double()
     assert counts[1] == 0                           # probability 0 is never drawn
     expected = 50_000 * probabilities.double()
@@ -180,9 +180,31 @@ def test_sampling_never_draws_a_zero_probability_token_at_the_edges(monkeypatch)
     """u = 0 and u rounding up to the whole mass: still tokens of positive probability."""
     logp = torch.tensor([[float("-inf"), -0.1, float("-inf")], [-0.7, -0.7, float("-inf")]]).log_softmax(-1)
     for u in (0.0, 1.0):
-        monkeypatch.setattr(torch, "rand", lambda *shape, u=u, **kwargs: torch.full(shape, u))
-        draws = fused_llama._sample(logp)
+        draws = fused_llama._sample(logp, torch.full((2,), u))
         assert (logp.gather(1, draws[:, None]) > float("-inf")).all(), (u, draws)
+
+
+def test_a_completion_depends_only_on_its_own_row_of_uniforms():
+    """What makes a rollout independent of the number of processes: sample 4 prompts at once,
+    or each half with its rows of the same uniforms table, and get the same completions."""
+    policy, tokenizer = load_policy(STARTING_POLICY)
+    prompts = tokenizer(["12+34=", "7-5=", "60+1=", "3-99="], return_tensors="pt", padding=True,
+                        add_special_tokens=False)
+    ids, mask = prompts["input_ids"], prompts["attention_mask"]
+    engine, sampling = fused_llama.FusedEngine(policy, tokenizer), SamplingParams(4, 12)
+    uniforms = torch.rand(16, 12, generator=torch.Generator().manual_seed(5))
+    whole = engine.generate(ids, mask, sampling, uniforms=uniforms)
+    halves = [engine.generate(ids[part], mask[part], sampling, uniforms=uniforms[rows])
+              for part, rows in ((slice(0, 2), slice(0, 8)), (slice(2, 4), slice(8, 16)))]
+    for name in ("completion_ids", "completion_mask", "finished"):
+        joined = [getattr(h, name) for h in halves]
+        if joined[0].ndim == 2:   # the halves may be padded to different widths
+            S = getattr(whole, name).shape[1]
+            joined = [torch.nn.functional.pad(t, (0, S - t.shape[1]), value=tokenizer.pad_token_id
+                                              if name == "completion_ids" else 0) for t in joined]
+        assert torch.equal(torch.cat(joined).to(getattr(whole, name).dtype), getattr(whole, name)), name
+    with pytest.raises(ValueError, match=r"uniforms must have shape \(B \* G, max_new_tokens\) = \(16, 12\)"):
+        engine.generate(ids, mask, sampling, uniforms=uniforms[:8])
 
 
 def test_same_seed_same_samples():

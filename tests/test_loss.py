@@ -144,15 +144,42 @@ def test_aggregation_weights_are_the_gradient_of_aggregate(loss_type):
 
 def test_aggregation_weights_by_hand():
     mask = torch.tensor([[1, 0, 0, 0], [1, 1, 1, 1]], dtype=torch.bool)  # lengths 1 and 4
-    w = {t: aggregation_weights(mask, t, max_completion_length=8, num_items=10)[:, 0].tolist()
-         for t in LOSS_TYPES}
+    w = {t: aggregation_weights(mask, t, max_completion_length=8)[:, 0].tolist() for t in LOSS_TYPES}
     assert w["grpo"] == pytest.approx([1 / 2, 1 / 8])      # 1 / (N |o_i|)
     assert w["bnpo"] == pytest.approx([1 / 5, 1 / 5])      # 1 / total tokens
     assert w["dr_grpo"] == pytest.approx([1 / 16, 1 / 16])  # 1 / (N L)
-    assert w["dapo"] == pytest.approx([1 / 10, 1 / 10])    # 1 / num_items
+    assert w["dapo"] == pytest.approx([1 / 5, 1 / 5])      # 1 / num_items, by default this batch's tokens
+    # The whole batch's counts, passed to a part of it: 10 tokens, 3 completions.
+    w = {t: aggregation_weights(mask, t, max_completion_length=8, num_items=10, num_completions=3)[:, 0].tolist()
+         for t in LOSS_TYPES}
+    assert w["grpo"] == pytest.approx([1 / 3, 1 / 12])
+    assert w["bnpo"] == w["dapo"] == pytest.approx([1 / 10, 1 / 10])
+    assert w["dr_grpo"] == pytest.approx([1 / 24, 1 / 24])
     # Only grpo's per-response token mean makes every response weigh the same in total.
     assert aggregation_weights(mask, "grpo").sum(-1).tolist() == pytest.approx([0.5, 0.5])
     assert aggregation_weights(mask, "bnpo").sum(-1).tolist() == pytest.approx([0.2, 0.8])
+
+
+@pytest.mark.parametrize("loss_type", LOSS_TYPES)
+@pytest.mark.parametrize("level", ["token", "sequence"])
+def test_parts_given_the_whole_batch_counts_add_up_to_the_whole_loss(loss_type, level):
+    """How micro-batches and processes split a batch: each part passes the whole batch's
+    num_items and num_completions, and the parts' losses and gradients add up exactly. With
+    each part's own counts (a per-part normaliser) they do not."""
+    inputs = random_inputs(seed=5, B=4, G=3, S=6)
+    options = dict(loss_type=loss_type, beta=0.04, max_completion_length=9, importance_sampling_level=level)
+    whole, g_whole = loss_and_grad(inputs, **options)
+    counts = dict(num_items=int(inputs["completion_mask"].sum()), num_completions=12)
+    parts = [{k: v[b] if isinstance(v, torch.Tensor) else v for k, v in inputs.items()} for b in ([0], [1, 2, 3])]
+    total, grads, local_total = 0.0, [], 0.0
+    for part in parts:
+        out, g = loss_and_grad(part, **options, **counts)
+        total += out.loss.item()
+        grads.append(g)
+        local_total += loss_and_grad(part, **options)[0].loss.item()
+    assert total == pytest.approx(whole.loss.item(), abs=1e-14)
+    torch.testing.assert_close(torch.cat(grads), g_whole, rtol=0, atol=1e-15)
+    assert local_total != pytest.approx(whole.loss.item(), abs=1e-6)
 
 
 def test_dapo_with_local_count_is_bnpo_and_num_items_scales():
@@ -387,8 +414,8 @@ BAD_CASES = [
      "loss_type='dr_grpo' needs max_completion_length"),
     ("dr_grpo with a short L", {}, dict(loss_type="dr_grpo", max_completion_length=2), ValueError,
      r"max_completion_length = 2 is shorter than the longest completion"),
-    ("num_items below local count", {}, dict(loss_type="dapo", num_items=1), ValueError,
-     "num_items = 1 is smaller than this batch's own token count"),
+    ("num_completions zero", {}, dict(loss_type="grpo", num_completions=0), ValueError,
+     r"num_completions \(the whole batch's completion count\) must be a positive int, got 0"),
     ("num_items zero", {}, dict(loss_type="dapo", num_items=0), ValueError, "num_items.*must be > 0"),
     ("loss type", {}, dict(loss_type="ppo"), ValueError, "loss_type must be one of"),
     ("level", {}, dict(importance_sampling_level="group"), ValueError, "importance_sampling_level must be one of"),
