@@ -96,7 +96,7 @@ def stamped(module, name: str, starts: list[float]):
 def run_grpo_edu(seed: int, args, held_out, fused_llama: bool = True) -> Run:
     from grpo_edu import trainer
     from grpo_edu.config import TrainConfig
-    from grpo_edu.pretrain import evaluate
+    from grpo_edu.evaluation import evaluate
 
     starts: list[float] = []
     with tempfile.TemporaryDirectory() as directory, stamped(trainer, "sample_prompts", starts):
@@ -118,7 +118,7 @@ def run_trl(seed: int, args, held_out) -> Run:
 
     from grpo_edu import tasks
     from grpo_edu.models import load_policy
-    from grpo_edu.pretrain import evaluate
+    from grpo_edu.evaluation import evaluate
     from grpo_edu.rewards import accuracy_reward, format_reward
 
     policy, tokenizer = load_policy()
@@ -187,7 +187,7 @@ def main(argv=None) -> int:
 
     from grpo_edu import tasks
     from grpo_edu.models import load_policy
-    from grpo_edu.pretrain import evaluate
+    from grpo_edu.evaluation import evaluate
 
     held_out = tasks.make_dataset("arithmetic", n=args.eval_size, split="test", seed=0)
     policy, tokenizer = load_policy()

@@ -33,7 +33,7 @@ import torch
 from grpo_edu import tasks, trainer
 from grpo_edu.config import TrainConfig
 from grpo_edu.models import generate_completions, load_policy
-from grpo_edu.pretrain import evaluate
+from grpo_edu.evaluation import evaluate
 from grpo_edu.rewards import accuracy_reward
 
 torch.set_num_threads(2)

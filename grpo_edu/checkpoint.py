@@ -273,36 +273,3 @@ def _load_weights(model, path: Path) -> None:
         detail = " ".join(str(error).split())
         raise CheckpointError(f"{path}: expected the weights of this run's model, got others "
                               f"({detail[:300]})") from error
-
-
-def read_history(run_dir: Path, up_to_step: int, log: Callable[[str], None] = _warn) -> list[dict]:
-    """metrics.jsonl up to the checkpoint's step. Lines written after the checkpoint
-    by the interrupted run, and a last line it left half-written, are dropped from
-    the file too: the resumed run writes them again."""
-    path = Path(run_dir) / "metrics.jsonl"
-    text = path.read_bytes().decode(errors="replace") if path.is_file() else ""
-    *lines, torn = text.split("\n")  # after the last newline: "" or a line cut short
-    history, unreadable = [], []
-    for number, line in enumerate(lines, 1):
-        if not line.strip():
-            continue
-        try:
-            metrics = json.loads(line)
-            step = int(metrics["step"])
-        except (ValueError, TypeError, KeyError):
-            unreadable.append(number)
-            continue
-        if step <= up_to_step:
-            history.append(metrics)
-    later = sum(1 for line in lines if line.strip()) - len(history) - len(unreadable)
-    if later or torn.strip():
-        torn_note = " and a torn last line" if torn.strip() else ""
-        log(f"resume: {path}: dropped {later} line(s) written after step {up_to_step}{torn_note}; "
-            f"the run writes them again from the checkpoint, nothing is lost")
-    missing = sorted(set(range(1, up_to_step + 1)) - {m["step"] for m in history})
-    if missing or unreadable:
-        log(f"resume: {path}: the metrics of {len(missing)} step(s) up to {up_to_step} are lost "
-            f"(steps {missing[:10]}{'...' if len(missing) > 10 else ''}; unreadable lines {unreadable[:10]})")
-    if later or torn or unreadable:
-        _write_durably(path, "".join(json.dumps(m) + "\n" for m in history))
-    return history

@@ -3,13 +3,13 @@ so the core library never needs it)."""
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
+
+from grpo_edu.runlog import MetricsLog
 
 
 def load_metrics(run_dir: str | Path) -> list[dict]:
-    path = Path(run_dir) / "metrics.jsonl"
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    return MetricsLog(run_dir).read()
 
 
 def plot_run(run_dir: str | Path, path: str | Path | None = None, start_accuracy: float | None = None):

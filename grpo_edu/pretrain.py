@@ -37,6 +37,7 @@ from pathlib import Path
 import torch
 
 from grpo_edu import rewards, tasks
+from grpo_edu.evaluation import SAMPLE_SEED, _mean, evaluate
 from grpo_edu.models import (STARTING_POLICY, char_tokenizer, generate_completions, save_policy,
                              tiny_llama)
 
@@ -68,51 +69,10 @@ class PretrainConfig:
     max_new_tokens: int = _doc("generation limit; a correct completion is at most 12 tokens", 16)
 
 
-EVAL_SEED, SAMPLE_SEED = 0, 2
+EVAL_SEED = 0
 
 
 # --------------------------------------------------------------------------- evaluation
-
-def evaluate(model, tokenizer, samples: list[dict], *, pass_k: int = 0, max_new_tokens: int = 16,
-             seed: int = SAMPLE_SEED) -> dict[str, float]:
-    """Held-out metrics of a policy on `samples`.
-
-    greedy_accuracy, greedy_format: share of problems whose greedy completion is
-        correct / well formatted (`rewards.accuracy_reward`, `rewards.format_reward`).
-    With pass_k > 0, also from pass_k samples per problem at temperature 1:
-    sample_accuracy (pass@1 estimated from the samples), pass_at_k (at least one
-        correct), mixed_groups (share of problems whose samples are neither all
-        right nor all wrong: the groups that give GRPO a signal).
-    """
-    prompts = [s["prompt"] for s in samples]
-    columns = {key: [s.get(key) for s in samples] for key in ("answer", "task", "numbers")}
-    greedy = [group[0] for group in generate_completions(model, tokenizer, prompts,
-                                                         max_new_tokens=max_new_tokens)]
-    metrics = {
-        "problems": len(samples),
-        "greedy_accuracy": _mean(rewards.accuracy_reward(greedy, **columns)),
-        "greedy_format": _mean(rewards.format_reward(greedy)),
-    }
-    if pass_k > 0:
-        groups = generate_completions(model, tokenizer, prompts, num_samples=pass_k, temperature=1.0,
-                                      max_new_tokens=max_new_tokens, seed=seed)
-        flat = [c for group in groups for c in group]
-        repeated = {key: [v for v in values for _ in range(pass_k)] for key, values in columns.items()}
-        correct = rewards.accuracy_reward(flat, **repeated)
-        per_problem = [correct[i * pass_k:(i + 1) * pass_k] for i in range(len(samples))]
-        metrics.update({
-            "sample_accuracy": _mean(correct),
-            "sample_format": _mean(rewards.format_reward(flat)),
-            f"pass_at_{pass_k}": _mean([float(any(group)) for group in per_problem]),
-            "mixed_groups": _mean([float(0 < sum(group) < pass_k) for group in per_problem]),
-        })
-    return metrics
-
-
-def _mean(values) -> float:
-    values = list(values)
-    return sum(values) / len(values) if values else 0.0
-
 
 # --------------------------------------------------------------------------- training
 

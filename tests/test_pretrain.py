@@ -10,7 +10,8 @@ import torch
 
 from grpo_edu import pretrain, tasks
 from grpo_edu.models import STARTING_POLICY, char_tokenizer, load_policy
-from grpo_edu.pretrain import PretrainConfig, evaluate, sft_batch
+from grpo_edu.evaluation import evaluate
+from grpo_edu.pretrain import PretrainConfig, sft_batch
 
 TINY = dict(threads=1, batch_size=16, eval_every=5, eval_problems=16, max_steps=10, hidden_size=32,
             num_layers=1, num_heads=2, intermediate_size=64, max_new_tokens=12, pass_k=2)
