@@ -811,6 +811,9 @@ def train(config: TrainConfig, *, advantage_fn: AdvantageFn | None = None,
     seconds = elapsed + time.perf_counter() - started
     summary = _summary(config, history, start_accuracy, seconds, finished=state.step >= config.steps)
     summary["world_size"] = world.size
+    summary["parallelism"] = config.parallelism if world.distributed else "none"
+    # What each rank holds of the policy's parameters, gradients and AdamW state (FSDP2: ~1/N each).
+    summary["memory_bytes_per_rank"] = world.gather_objects([distributed.memory_bytes(models.policy, optimizer)])
     if world.is_main:
         (output_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
         if state.step >= config.steps:
