@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from grpo_edu import checkpoint, trainer
+from grpo_edu.distributed import World
 from grpo_edu.config import DEFAULT_CONFIG, TrainConfig, help_text
 from grpo_edu.logprobs import completion_logprobs
 from grpo_edu.models import char_tokenizer, tiny_llama
@@ -110,19 +111,20 @@ def test_gradient_accumulation_equals_one_big_batch(tmp_path, loss_type):
     torch.manual_seed(0)
     policy, tokenizer = tiny()
     config = small_config(tmp_path, loss_type=loss_type, micro_batch_size=16, beta=0.04)
-    reference = trainer.make_reference(policy)
+    models = trainer.build_models(config, World(), policy)
     samples = trainer.sample_prompts(config, trainer.TrainState(), __import__("grpo_edu.tasks").tasks.make_dataset(n=50))
     rollout = trainer.roll_out(config, samples, tokenizer, HFEngine(policy, tokenizer))
-    scored = trainer.score(config, samples, rollout, policy, reference, tokenizer,
-                           trainer.reward_functions_from_config({"format": 1.0}),
-                           lambda r: torch.randn(r.shape, generator=torch.Generator().manual_seed(1)))
+    batch, plan = trainer.score(config, samples, rollout, tokenizer, trainer.reward_functions_from_config({"format": 1.0}),
+                                lambda r: torch.randn(r.shape, generator=torch.Generator().manual_seed(1)))
+    batch = trainer.add_logprobs(config, models, batch, plan)
     gradients = []
     for micro in (16, 3):
         policy.zero_grad()
         config.micro_batch_size = micro
-        rows = torch.arange(16)
-        for part in rows.split(micro):
-            loss, _, _ = trainer.micro_batch_loss(config, policy, scored, part, rows)
+        parts = trainer.micro_batches(config, plan, batch, 0, World())
+        assert len(parts) == -(-16 // micro)
+        for part in parts:
+            loss, _, _ = trainer.micro_batch_loss(config, models.train_logprobs, part, plan.totals(config, 0))
             loss.backward()
         gradients.append(torch.cat([p.grad.reshape(-1) for p in policy.parameters()]))
     torch.testing.assert_close(gradients[0], gradients[1], atol=1e-6, rtol=1e-5)
@@ -244,23 +246,25 @@ def test_fused_and_transformers_paths_give_the_same_update(tmp_path):
     rollout gives the same reference log-probs, loss and gradient either way."""
     torch.manual_seed(0)
     policy, tokenizer = tiny()
-    reference = trainer.make_reference(policy)
     samples = trainer.sample_prompts(small_config(tmp_path), trainer.TrainState(),
                                      __import__("grpo_edu.tasks").tasks.make_dataset(n=50))
     rollout = trainer.roll_out(small_config(tmp_path), samples, tokenizer, HFEngine(policy, tokenizer))
     results = []
     for fused in (True, False):
         config = small_config(tmp_path, beta=0.04, fused_llama=fused, micro_batch_size=8)
-        scored = trainer.score(config, samples, rollout, policy, reference, tokenizer,
-                               trainer.reward_functions_from_config({"format": 1.0}),
-                               lambda r: torch.linspace(-1, 1, r.numel()).view(r.shape))
+        models = trainer.build_models(config, World(), policy)
+        batch, plan = trainer.score(config, samples, rollout, tokenizer,
+                                    trainer.reward_functions_from_config({"format": 1.0}),
+                                    lambda r: torch.linspace(-1, 1, r.numel()).view(r.shape))
+        batch = trainer.add_logprobs(config, models, batch, plan)
         policy.zero_grad()
         losses = []
-        for micro in torch.arange(16).split(8):
-            loss, _, _ = trainer.micro_batch_loss(config, policy, scored, micro, torch.arange(16))
+        for part in trainer.micro_batches(config, plan, batch, 0, World()):
+            loss, _, _ = trainer.micro_batch_loss(config, models.train_logprobs, part, plan.totals(config, 0))
             loss.backward()
             losses.append(loss.item())
-        results.append((scored.ref_logp, sum(losses), torch.cat([p.grad.reshape(-1) for p in policy.parameters()])))
+        assert len(losses) == 2
+        results.append((batch.ref_logp, sum(losses), torch.cat([p.grad.reshape(-1) for p in policy.parameters()])))
     (ref_f, loss_f, grad_f), (ref_t, loss_t, grad_t) = results
     torch.testing.assert_close(ref_f, ref_t, rtol=0, atol=1e-5)
     assert loss_f == pytest.approx(loss_t, abs=1e-6)

@@ -8,6 +8,7 @@ import pytest
 import torch
 from torch.optim.optimizer import register_optimizer_step_pre_hook
 
+from grpo_edu.distributed import World
 from grpo_edu import tasks, trainer
 from grpo_edu.logprobs import completion_logprobs
 from grpo_edu.loss import grpo_loss
@@ -46,10 +47,10 @@ def engine_that_reports(transform=None, temperature=None):
         engine = make_engine(config, policy, tokenizer)
         generate = engine.generate
 
-        def tampered(prompt_ids, prompt_mask, sampling):
+        def tampered(prompt_ids, prompt_mask, sampling, **options):
             if temperature is not None:
                 sampling = type(sampling)(sampling.num_generations, sampling.max_new_tokens, temperature)
-            rollout = generate(prompt_ids, prompt_mask, sampling)
+            rollout = generate(prompt_ids, prompt_mask, sampling, **options)
             if transform is not None:
                 rollout.sampler_logp = transform(rollout.sampler_logp, rollout.completion_mask)
             return rollout
@@ -224,10 +225,10 @@ def test_plan_mini_batches_splits_the_surviving_groups_evenly(tmp_path):
                           filter_zero_std_groups=True)
     rewards = torch.tensor([[0.0, 1.0]] * 7 + [[1.0, 1.0]], dtype=torch.float64)   # 7 groups survive
     plan = trainer.plan_mini_batches(config, rewards)
-    assert [row.tolist() for row in plan] == [list(range(8)), list(range(8, 14))]   # 4 groups + 3
+    assert [groups.tolist() for groups in plan] == [[0, 1, 2, 3], [4, 5, 6]]          # 4 groups + 3
     config.num_mini_batches = 4
     rewards[3:] = 1.0                                                                # 3 survive
-    assert [row.tolist() for row in trainer.plan_mini_batches(config, rewards)] == [[0, 1], [2, 3], [4, 5], []]
+    assert [groups.tolist() for groups in trainer.plan_mini_batches(config, rewards)] == [[0], [1], [2], []]
     rewards[:] = 1.0
     assert [len(rows) for rows in trainer.plan_mini_batches(config, rewards)] == [0, 0, 0, 0]
 
@@ -270,34 +271,37 @@ def test_dapo_normalises_each_step_by_rollout_tokens_over_mini_batches_as_trl(tm
     torch.manual_seed(0)
     policy, tokenizer = tiny()
     config = small_config(tmp_path, loss_type="dapo", num_mini_batches=2, micro_batch_size=4, beta=0.04)
+    models = trainer.build_models(config, World(), policy)
     samples = trainer.sample_prompts(config, trainer.TrainState(), tasks.make_dataset(n=50))
     rollout = trainer.roll_out(config, samples, tokenizer, HFEngine(policy, tokenizer))
     rollout.completion_mask[:8, 3:] = False   # the first mini-batch's completions end early: 24 vs 48 tokens
-    scored = trainer.score(config, samples, rollout, policy, trainer.make_reference(policy), tokenizer,
-                           trainer.reward_functions_from_config({"format": 1.0}),
-                           lambda r: torch.randn(r.shape, generator=torch.Generator().manual_seed(1)))
-    mask = rollout.completion_mask
-    rollout_tokens = int(mask.sum())
+    batch, plan = trainer.score(config, samples, rollout, tokenizer,
+                                trainer.reward_functions_from_config({"format": 1.0}),
+                                lambda r: torch.randn(r.shape, generator=torch.Generator().manual_seed(1)))
+    batch = trainer.add_logprobs(config, models, batch, plan)
+    rollout_tokens = int(batch.completion_mask.sum())
     gradient_accumulation_steps = 2                                # 8 rows, micro-batches of 4
     steps_per_generation = gradient_accumulation_steps * config.num_mini_batches
     trl_normaliser = rollout_tokens * gradient_accumulation_steps / steps_per_generation
 
-    for mini_batch in scored.mini_batches:
-        mini_tokens = int(mask[mini_batch].sum())
+    for k in range(config.num_mini_batches):
+        totals = plan.totals(config, k)
+        assert totals.num_items == trl_normaliser
+        flat = batch.select(plan.local_groups(k)).flat()
+        mask = flat["completion_mask"]
+        mini_tokens = int(mask.sum())
         assert abs(mini_tokens - trl_normaliser) >= 12   # the two choices differ on this rollout
         with torch.no_grad():
-            logp = trainer.sequence_logprobs(config, policy, scored.input_ids[mini_batch],
-                                             scored.attention_mask[mini_batch], mask[mini_batch])
-            token_losses = grpo_loss(logp, logp, scored.advantages.reshape(-1)[mini_batch], mask[mini_batch],
-                                     ref_logp=scored.ref_logp[mini_batch], beta=0.04, loss_type="dapo",
-                                     num_items=mini_tokens).per_token_loss
+            logp = trainer.sequence_logprobs(config, policy, flat["input_ids"], flat["attention_mask"], mask)
+            token_losses = grpo_loss(logp, logp, flat["advantages"], mask, ref_logp=flat["ref_logp"], beta=0.04,
+                                     loss_type="dapo", num_items=mini_tokens).per_token_loss
         expected = token_losses.sum().item() / trl_normaliser
         for micro_batch_size in (4, 8, 1):                      # gradient accumulation stays exact
             config.micro_batch_size = micro_batch_size
             policy.zero_grad()
             total = 0.0
-            for micro in mini_batch.split(micro_batch_size):
-                loss, _, _ = trainer.micro_batch_loss(config, policy, scored, micro, mini_batch)
+            for part in trainer.micro_batches(config, plan, batch, k, World()):
+                loss, _, _ = trainer.micro_batch_loss(config, models.train_logprobs, part, totals)
                 loss.backward()
                 total += loss.item()
             assert total == pytest.approx(expected, rel=1e-5, abs=1e-8)
