@@ -5,7 +5,7 @@ must already solve some problems, and not all: a policy at 0% or 100% gives
 every group the same reward and zero advantage. This script trains the tiny
 model of grpo_edu.models on arithmetic solutions (grpo_edu.tasks) with
 next-token cross-entropy on the completion tokens, and stops as soon as its
-greedy accuracy on held-out problems reaches `target_accuracy`.
+greedy accuracy on held-out problems (grpo_edu.evaluation) reaches `target_accuracy`.
 
 Why a threshold and not a step count: SFT accuracy on this task stays near
 zero for about 150 steps, then jumps within a few hundred, and where the jump
@@ -36,10 +36,9 @@ from pathlib import Path
 
 import torch
 
-from grpo_edu import rewards, tasks
-from grpo_edu.evaluation import SAMPLE_SEED, _mean, evaluate
-from grpo_edu.models import (STARTING_POLICY, char_tokenizer, generate_completions, save_policy,
-                             tiny_llama)
+from grpo_edu import tasks
+from grpo_edu.evaluation import SAMPLE_SEED, evaluate
+from grpo_edu.models import STARTING_POLICY, char_tokenizer, save_policy, tiny_llama
 
 
 def _doc(text: str, default):
@@ -71,8 +70,6 @@ class PretrainConfig:
 
 EVAL_SEED = 0
 
-
-# --------------------------------------------------------------------------- evaluation
 
 # --------------------------------------------------------------------------- training
 
@@ -141,7 +138,7 @@ def pretrain(config: PretrainConfig, log=print) -> PretrainResult:
         if step % config.eval_every == 0:
             model.eval()
             metrics = evaluate(model, tokenizer, held_out, max_new_tokens=config.max_new_tokens)
-            record = {"step": step, "loss": _mean(losses), **metrics}
+            record = {"step": step, "loss": sum(losses) / len(losses), **metrics}
             losses = []
             history.append(record)
             log(f"step {step:5d}  loss {record['loss']:.4f}  held-out greedy accuracy "

@@ -9,8 +9,8 @@ import pytest
 import torch
 
 from grpo_edu import pretrain, tasks
-from grpo_edu.models import STARTING_POLICY, char_tokenizer, load_policy
 from grpo_edu.evaluation import evaluate
+from grpo_edu.models import STARTING_POLICY, char_tokenizer, load_policy
 from grpo_edu.pretrain import PretrainConfig, sft_batch
 
 TINY = dict(threads=1, batch_size=16, eval_every=5, eval_problems=16, max_steps=10, hidden_size=32,
@@ -139,11 +139,3 @@ def test_committed_policy_leaves_room_for_grpo(starting_policy):
     assert held_out["greedy_format"] >= 0.95 and held_out["sample_format"] >= 0.9
     assert held_out["pass_at_8"] >= held_out["greedy_accuracy"] + 0.15
     assert held_out["mixed_groups"] >= 0.5
-
-
-def test_evaluate_reports_consistent_sampling_figures(starting_policy):
-    model, tokenizer = starting_policy
-    metrics = evaluate(model, tokenizer, tasks.make_dataset("arithmetic", 40, "test", seed=3), pass_k=4)
-    assert metrics["problems"] == 40
-    assert 0 <= metrics["mixed_groups"] <= metrics["pass_at_4"] <= 1
-    assert metrics["sample_accuracy"] <= metrics["pass_at_4"]
