@@ -2,7 +2,8 @@
 
 The trainer starts it (`start`), appends a step's metrics (`append`, rank 0 only), flushes it
 to disk before a checkpoint that covers it (`sync`), and on resume cuts it back to the
-checkpoint's step (`restore`); plots and the CLI read it (`read`).
+checkpoint's step (`restore`); plots read it (`read`). Standard library only, so reading a
+run's curves does not import torch.
 """
 
 from __future__ import annotations
@@ -12,8 +13,6 @@ import os
 import sys
 from pathlib import Path
 from typing import Callable
-
-from grpo_edu.checkpoint import _write_durably
 
 FILENAME = "metrics.jsonl"
 
@@ -38,27 +37,29 @@ class MetricsLog:
         with open(self.path, "a") as f:
             f.write(json.dumps(metrics) + "\n")
 
-    def read(self) -> list[dict]:
-        """Every whole line (a torn last line, left by a kill, is skipped)."""
+    def read(self, log: Callable[[str], None] = _warn) -> list[dict]:
+        """Every whole line, in order. A torn last line (left by a kill) is skipped quietly:
+        the run writes it again on resume. Unreadable whole lines are skipped and named."""
         if not self.path.is_file():
             return []
         *lines, _torn = self.path.read_bytes().decode(errors="replace").split("\n")
-        history = []
-        for line in lines:
+        history, unreadable = [], []
+        for number, line in enumerate(lines, 1):
+            if not line.strip():
+                continue
             try:
                 history.append(json.loads(line))
             except ValueError:
-                continue
+                unreadable.append(number)
+        if unreadable:
+            log(f"{self.path}: skipped {len(unreadable)} unreadable line(s) (lines {unreadable[:10]}"
+                f"{'...' if len(unreadable) > 10 else ''})")
         return history
 
     def sync(self) -> None:
         """Force the log to disk (before a checkpoint that covers its lines)."""
         if self.path.is_file():
-            descriptor = os.open(self.path, os.O_RDONLY)
-            try:
-                os.fsync(descriptor)
-            finally:
-                os.close(descriptor)
+            _fsync(self.path)
 
     def restore(self, up_to_step: int, log: Callable[[str], None] = _warn) -> list[dict]:
         """The metrics up to a checkpoint's step, for a resumed run. Lines written after the
@@ -89,5 +90,23 @@ class MetricsLog:
             log(f"resume: {path}: the metrics of {len(missing)} step(s) up to {up_to_step} are lost "
                 f"(steps {missing[:10]}{'...' if len(missing) > 10 else ''}; unreadable lines {unreadable[:10]})")
         if later or torn or unreadable:
-            _write_durably(path, "".join(json.dumps(m) + "\n" for m in history))
+            _replace_durably(path, "".join(json.dumps(m) + "\n" for m in history))
         return history
+
+
+def _fsync(path: Path) -> None:
+    """Force a file's data, or a folder's entries (a rename), to disk."""
+    descriptor = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(descriptor)
+    finally:
+        os.close(descriptor)
+
+
+def _replace_durably(path: Path, text: str) -> None:
+    """Replace the file so that a kill or a power cut leaves the old or the new one."""
+    temporary = path.with_name(f".{path.name}.tmp")
+    temporary.write_text(text)
+    _fsync(temporary)
+    os.replace(temporary, path)
+    _fsync(path.parent)

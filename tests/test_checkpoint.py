@@ -20,7 +20,6 @@ import torch
 from safetensors.torch import load_file
 
 from grpo_edu import checkpoint, trainer
-from grpo_edu.runlog import MetricsLog
 from grpo_edu.config import TrainConfig
 from grpo_edu.models import char_tokenizer, tiny_llama
 
@@ -183,21 +182,6 @@ def test_resume_after_damage_falls_back_and_is_bitwise(run, finished_run):
     assert [json.loads(line)["step"] for line in metrics.read_text().splitlines()] == [1, 2, 3]
     # The damaged step-000003 was replaced by a complete one.
     assert newest(run) == ("step-000003", 3, [])
-
-
-def test_metrics_log_restore_drops_later_and_torn_lines_and_names_lost_ones(tmp_path):
-    lines = [json.dumps({"step": s, "loss": 0.5}) for s in (1, 2, 3, 4)]
-    path = tmp_path / "metrics.jsonl"
-    path.write_text("\n".join(lines[:1] + ["garbage"] + lines[2:]) + "\n\x00\x00")
-    messages = []
-    history = MetricsLog(tmp_path).restore(up_to_step=3, log=messages.append)
-    assert [m["step"] for m in history] == [1, 3]
-    assert "dropped 1 line(s) written after step 3 and a torn last line" in messages[0]
-    assert "metrics of 1 step(s) up to 3 are lost (steps [2]; unreadable lines [2])" in messages[1]
-    assert path.read_text() == lines[0] + "\n" + lines[2] + "\n"
-    messages.clear()
-    assert MetricsLog(tmp_path).restore(up_to_step=3, log=messages.append) == history
-    assert len(messages) == 1 and "steps [2]; unreadable lines []" in messages[0]  # still lost, still said
 
 
 def test_save_clears_a_killed_save_and_damaged_checkpoints_it_supersedes(run):
