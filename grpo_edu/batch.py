@@ -72,6 +72,8 @@ class RolloutBatch:
             if not (isinstance(value, torch.Tensor) or (f.name in _OPTIONAL and value is None)):
                 raise TypeError(f"{f.name} must be a torch.Tensor, got {type(value).__name__}")
         self._check_shapes()
+        if self.input_ids.device.type == "meta":
+            return   # meta tensors have shapes and no values (a test's stand-in device)
         self._check_dtypes()
         self._check_layout()
         self._check_values()
@@ -118,7 +120,10 @@ class RolloutBatch:
         return self.completion_mask.sum(-1)
 
     def to(self, device) -> "RolloutBatch":
-        """The same batch on `device` (every tensor)."""
+        """The same batch on `device` (every tensor); itself when already there."""
+        if all(getattr(self, f.name).device == torch.device(device) for f in fields(self)
+               if getattr(self, f.name) is not None):
+            return self
         return replace(self, **{f.name: getattr(self, f.name).to(device) for f in fields(self)
                                 if getattr(self, f.name) is not None})
 
@@ -137,7 +142,9 @@ class RolloutBatch:
                              f"got {keep.dtype} of shape {tuple(keep.shape)}")
         if not keep.any():
             raise ValueError("keep selects no group: a batch needs at least one prompt")
-        return replace(self, **{f.name: getattr(self, f.name)[keep] for f in fields(self)
+        # Gathered by index on the batch's device (works on any device, `meta` included).
+        index = keep.cpu().nonzero()[:, 0].to(self.input_ids.device)
+        return replace(self, **{f.name: getattr(self, f.name).index_select(0, index) for f in fields(self)
                                 if getattr(self, f.name) is not None})
 
     # ------------------------------------------------------------------ checks

@@ -380,14 +380,16 @@ def score(config: TrainConfig, samples: list[dict], rollout: Rollout, tokenizer,
                 mini_batches=plan_mini_batches(config, reward_matrix), owned=owned, group_size=G)
 
     P, S = rollout.prompt_ids.shape[1], rollout.completion_ids.shape[1]
-    device = rollout.completion_ids.device
+    sampled_on = rollout.completion_ids.device
     batch = RolloutBatch(
         input_ids=torch.cat([rollout.prompt_ids, rollout.completion_ids], dim=1).view(b, G, P + S),
         attention_mask=torch.cat([rollout.prompt_mask, rollout.completion_mask.long()], dim=1).view(b, G, P + S),
         completion_mask=rollout.completion_mask.view(b, G, S), old_logp=None,
-        rewards=reward_matrix[owned].to(device), advantages=advantages[owned].to(device),
+        rewards=reward_matrix[owned].to(sampled_on), advantages=advantages[owned].to(sampled_on),
         sampler_logp=rollout.sampler_logp.view(b, G, S))
-    return batch, plan
+    # The step's data lives where the policy does (the sampler may be elsewhere: another
+    # device, another process); the plan's bookkeeping stays on the CPU.
+    return batch.to(world.device), plan
 
 
 def micro_batches(config: TrainConfig, plan: Plan, batch: RolloutBatch, k: int, world: World) -> list[dict | None]:
@@ -398,7 +400,7 @@ def micro_batches(config: TrainConfig, plan: Plan, batch: RolloutBatch, k: int, 
     keep = plan.local_groups(k)
     parts: list[dict | None] = []
     if keep.any():
-        flat = batch.select(keep.to(batch.input_ids.device)).flat()
+        flat = batch.select(keep).flat()
         n = int(keep.sum()) * batch.group_size
         for start in range(0, n, config.micro_batch_size):
             rows = slice(start, start + config.micro_batch_size)
@@ -442,8 +444,8 @@ def add_logprobs(config: TrainConfig, models: Models, batch: RolloutBatch, plan:
             pieces = [_logprobs_of(models.train_logprobs, part, batch) for part in parts]
             real = [piece for piece in pieces if piece is not None]
             if real:
-                keep = plan.local_groups(k).to(old_logp.device)
-                old_logp[keep] = torch.cat(real).view(-1, batch.group_size, batch.completion_length)
+                groups = plan.local_groups(k).nonzero()[:, 0].to(old_logp.device)
+                old_logp.index_copy_(0, groups, torch.cat(real).view(-1, batch.group_size, batch.completion_length))
     ref_logp = None
     if models.reference_logprobs is not None:
         flat = batch.flat()
@@ -626,8 +628,10 @@ def _gap_before_update(config: TrainConfig, batch: RolloutBatch, plan: Plan, fir
         keep = torch.zeros(batch.num_prompts, dtype=torch.bool)
         for k in range(config.num_mini_batches):
             keep |= plan.local_groups(k)
-        keep = keep.to(batch.old_logp.device)
-        trainer_logp, sampler_logp, mask = batch.old_logp[keep], batch.sampler_logp[keep], batch.completion_mask[keep]
+        trained = batch.select(keep) if keep.any() else None
+        if trained is None:
+            return sampler_gap(batch.sampler_logp[:0], batch.sampler_logp[:0], batch.completion_mask[:0], world)
+        trainer_logp, sampler_logp, mask = trained.old_logp, trained.sampler_logp, trained.completion_mask
     else:
         pieces = [(part["sampler_logp"], logp, part["completion_mask"]) for part, logp in first_forward]
         sampler_logp = torch.cat([p[0] for p in pieces]) if pieces else batch.sampler_logp[:0]

@@ -1,0 +1,276 @@
+"""N processes train what one process trains: torchrun (gloo) on the CPU, ddp and fsdp2.
+
+The equality tests launch real process groups: tests/distributed_sweep.py trains every
+config of a list in one launch (torchrun's start-up is paid once per launch), and the
+CLI test runs the documented command itself.
+"""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from grpo_edu import cli, distributed, trainer
+from grpo_edu.batch import RolloutBatch
+from grpo_edu.config import TrainConfig
+from grpo_edu.distributed import World
+from grpo_edu.loss import LOSS_TYPES
+
+ROOT = Path(__file__).resolve().parents[1]
+SWEEP = ROOT / "tests" / "distributed_sweep.py"
+TOLERANCE = 1e-5
+COMMON = ["steps=5", "eval_size=32", "eval_every=1000", "checkpoint_every=0", "progress=false", "threads=1"]
+# Each loss type with settings that make the ranks' shares differ: pi_old recomputed over two
+# passes, two mini-batches, dynamic sampling (uneven groups per rank: padding micro-batches),
+# micro-batches smaller than a rank's share.
+BY_LOSS = {
+    "grpo": [],
+    "bnpo": ["num_iterations=2"],
+    "dr_grpo": ["num_mini_batches=2", "filter_zero_std_groups=true", "micro_batch_size=24"],
+    "dapo": ["num_mini_batches=2", "micro_batch_size=16", "beta=0.0"],
+}
+
+
+def environment() -> dict:
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(ROOT))
+    for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
+        env.pop(name, None)
+    return env
+
+
+def launch(arguments: list[str], processes: int, timeout: int = 600) -> subprocess.CompletedProcess:
+    prefix = [sys.executable] if processes == 1 else [
+        sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={processes}"]
+    done = subprocess.run(prefix + arguments, env=environment(), cwd=ROOT, capture_output=True, text=True,
+                          timeout=timeout)
+    assert done.returncode == 0, done.stderr[-4000:]
+    return done
+
+
+def sweep(tmp_path: Path, runs: list[dict], processes: int) -> None:
+    path = tmp_path / f"runs-{processes}-{len(list(tmp_path.glob('runs-*')))}.json"
+    path.write_text(json.dumps(runs))
+    launch([str(SWEEP), str(path)], processes)
+
+
+def final_policy(run_dir: Path) -> dict[str, torch.Tensor]:
+    latest = (run_dir / "checkpoints" / "latest").read_text().strip()
+    return load_file(run_dir / "checkpoints" / latest / "policy.safetensors")
+
+
+def largest_difference(a: Path, b: Path) -> float:
+    one, two = final_policy(a), final_policy(b)
+    assert one.keys() == two.keys()
+    return max(float((one[name] - two[name]).abs().max()) for name in one)
+
+
+@pytest.fixture(scope="module")
+def one_process(tmp_path_factory):
+    """The 1-process run of each loss type's config."""
+    folder = tmp_path_factory.mktemp("one")
+    runs = [{"output_dir": str(folder / loss), "overrides": COMMON + [f"loss_type={loss}"] + BY_LOSS[loss]}
+            for loss in LOSS_TYPES]
+    sweep(folder, runs, 1)
+    return folder
+
+
+@pytest.mark.parametrize("parallelism", ["ddp", "fsdp2"])
+def test_two_processes_train_the_one_process_policy_for_every_loss_type(tmp_path, one_process, parallelism):
+    runs = [{"output_dir": str(tmp_path / loss),
+             "overrides": COMMON + [f"loss_type={loss}", f"parallelism={parallelism}"] + BY_LOSS[loss]}
+            for loss in LOSS_TYPES]
+    sweep(tmp_path, runs, 2)
+    for loss in LOSS_TYPES:
+        summary = json.loads((tmp_path / loss / "summary.json").read_text())
+        assert summary["world_size"] == 2 and summary["parallelism"] == parallelism and summary["steps"] == 5
+        difference = largest_difference(one_process / loss, tmp_path / loss)
+        assert difference < TOLERANCE, (loss, difference)
+        # The weights did move: equality is not two untrained copies.
+        start = final_policy(one_process / loss)
+        assert difference < 1e-2 * max(float(v.abs().max()) for v in start.values())
+    # The logged metrics are the 1-process ones (reduced over ranks: weighted means, max of maxima).
+    for loss in LOSS_TYPES:
+        one = [json.loads(line) for line in (one_process / loss / "metrics.jsonl").read_text().splitlines()]
+        two = [json.loads(line) for line in (tmp_path / loss / "metrics.jsonl").read_text().splitlines()]
+        for a, b in zip(one, two, strict=True):
+            for key in a:
+                if not key.startswith("time/"):
+                    assert b[key] == pytest.approx(a[key], rel=1e-4, abs=1e-6), (loss, a["step"], key)
+
+
+def test_a_per_rank_normaliser_breaks_the_equality(tmp_path, one_process):
+    """Each rank dividing by its own token counts (and the ranks' gradients averaged, as DDP
+    does): the mistake the global LossTotals prevent. bnpo's and dapo's ranks hold different
+    token counts, so their 2-process policies leave the 1-process ones by 20 times the
+    tolerance; the same launch with the global counts stays within it."""
+    runs = [{"output_dir": str(tmp_path / loss), "per_rank_normaliser": True,
+             "overrides": COMMON + [f"loss_type={loss}"] + BY_LOSS[loss]} for loss in ("bnpo", "dapo")]
+    sweep(tmp_path, runs, 2)
+    for loss in ("bnpo", "dapo"):
+        assert largest_difference(one_process / loss, tmp_path / loss) > 20 * TOLERANCE, loss
+
+
+def test_the_documented_command_on_two_processes_equals_one(tmp_path):
+    """`torchrun --standalone --nproc-per-node 2 -m grpo_edu train --set steps=5 ...` and
+    `python -m grpo_edu train ...`: the final policies (checkpoints/latest) agree to 1e-5."""
+    settings = [f"--set={s}" for s in COMMON]
+    for processes in (1, 2):
+        done = launch(["-m", "grpo_edu", "train", *settings, f"--set=output_dir={tmp_path / str(processes)}"],
+                      processes)
+        assert done.stdout.count("held-out greedy accuracy") == 1   # rank 0 alone reports
+    assert largest_difference(tmp_path / "1", tmp_path / "2") < TOLERANCE
+
+
+@pytest.mark.parametrize("parallelism", ["ddp", "fsdp2"])
+def test_resume_on_the_same_number_of_processes_is_bitwise_and_on_one_is_close(tmp_path, parallelism):
+    """A 2-process run stopped at step 2 and resumed gives bitwise the uninterrupted run's
+    policy. Resumed on 1 process instead (checkpoints hold whole weights and optimizer state,
+    and every rank's RNG states are rank 0's), it continues the same trajectory to 1e-5."""
+    overrides = COMMON + ["steps=4", "checkpoint_every=2", f"parallelism={parallelism}"]
+    whole, stopped = tmp_path / "whole", tmp_path / "stopped"
+    sweep(tmp_path, [{"output_dir": str(whole), "overrides": overrides},
+                     {"output_dir": str(stopped), "overrides": overrides, "stop_after": 2}], 2)
+    on_one = tmp_path / "on-one"
+    import shutil
+    shutil.copytree(stopped, on_one)
+    sweep(tmp_path, [{"output_dir": str(stopped), "overrides": overrides, "resume": str(stopped)}], 2)
+    sweep(tmp_path, [{"output_dir": str(on_one), "overrides": overrides, "resume": str(on_one)}], 1)
+    a, b = final_policy(whole), final_policy(stopped)
+    assert all(torch.equal(a[name], b[name]) for name in a)
+    assert largest_difference(whole, on_one) < TOLERANCE
+
+
+def test_fsdp2_holds_half_of_the_parameters_gradients_and_optimizer_state_per_rank(tmp_path):
+    runs = [{"output_dir": str(tmp_path / p), "overrides": COMMON + ["steps=1", f"parallelism={p}"]}
+            for p in ("ddp", "fsdp2")]
+    sweep(tmp_path, runs, 2)
+    ddp, fsdp2 = (json.loads((tmp_path / p / "summary.json").read_text())["memory_bytes_per_rank"]
+                  for p in ("ddp", "fsdp2"))
+    for kind in ("parameters", "gradients", "optimizer"):
+        replica = ddp[0][kind]
+        assert replica > 0 and ddp[1][kind] == replica               # DDP: a whole copy on each rank
+        assert fsdp2[0][kind] + fsdp2[1][kind] == replica              # FSDP2: the shards partition it
+        assert max(fsdp2[0][kind], fsdp2[1][kind]) <= 0.51 * replica   # about 1/2 each
+
+
+# ----------------------------------------------------------------------------- in one process
+
+def test_prompts_must_split_into_whole_prompts_per_process(monkeypatch, capsys):
+    with pytest.raises(ValueError, match=r"config key 'prompts_per_step' \(15\) must be divisible by the "
+                                         r"number of processes \(2\)"):
+        World(rank=1, size=2).shard(15)
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    assert cli.main(["train", "--set", "prompts_per_step=15", "--set", "progress=false"]) == 2
+    error = capsys.readouterr().err.strip()
+    assert error == ("grpo-edu train: prompts_per_step: expected a multiple of the number of processes (2; each "
+                     "owns whole prompts, all G completions of each), got 15")
+
+
+def test_each_rank_owns_whole_contiguous_prompts():
+    shares = [World(rank=r, size=4).shard(16) for r in range(4)]
+    assert [(s.start, s.stop) for s in shares] == [(0, 4), (4, 8), (8, 12), (12, 16)]
+    assert [World(rank=r, size=3).split(10) for r in range(3)] == [slice(0, 3), slice(3, 6), slice(6, 10)]
+
+
+def test_every_tensor_handed_to_the_loss_is_on_the_trainers_device(tmp_path, monkeypatch):
+    """The rollout is made on the CPU here; the trainer's device is `meta` (a device any test
+    can create: tensors with shapes and no values). score() must place the batch on the
+    trainer's device, so every tensor grpo_loss receives, advantages included, is there: a
+    CPU tensor meeting meta log-probs fails this test."""
+    from grpo_edu.models import char_tokenizer, tiny_llama
+    from grpo_edu.rollout import HFEngine
+    tokenizer = char_tokenizer()
+    policy = tiny_llama(tokenizer, hidden_size=32, num_layers=1, num_heads=2, intermediate_size=64)
+    config = TrainConfig(prompts_per_step=4, num_generations=4, max_completion_length=6, beta=0.04,
+                         num_iterations=2, progress=False, threads=1, output_dir=str(tmp_path))
+    from grpo_edu import tasks
+    samples = trainer.sample_prompts(config, trainer.TrainState(), tasks.make_dataset(n=20))
+    rollout = trainer.roll_out(config, samples, tokenizer, HFEngine(policy, tokenizer))
+    meta = World(device=torch.device("meta"))
+    batch, plan = trainer.score(config, samples, rollout, tokenizer,
+                                trainer.reward_functions_from_config({"format": 1.0}),
+                                lambda r: r - r.mean(-1, keepdim=True), meta)
+    assert all(getattr(batch, name).device.type == "meta" for name in
+               ("input_ids", "attention_mask", "completion_mask", "rewards", "advantages", "sampler_logp"))
+
+    class MetaLogprobs(torch.nn.Module):   # stands in for the wrapped policy / reference on `meta`
+        def forward(self, input_ids, attention_mask, completion_mask):
+            assert input_ids.device.type == attention_mask.device.type == completion_mask.device.type == "meta"
+            return torch.zeros(completion_mask.shape, device="meta", requires_grad=True)
+    models = trainer.Models(policy, None, policy, MetaLogprobs(), MetaLogprobs())
+    batch = trainer.add_logprobs(config, models, batch, plan, meta)
+    assert batch.old_logp.device.type == batch.ref_logp.device.type == "meta"
+    received = []
+
+    class Seen(Exception):
+        pass
+
+    def spy(*args, **kwargs):
+        received.extend(value for value in (*args, *kwargs.values()) if isinstance(value, torch.Tensor))
+        raise Seen
+    monkeypatch.setattr(trainer, "grpo_loss", spy)
+    part = trainer.micro_batches(config, plan, batch, 0, meta)[0]
+    with pytest.raises(Seen):
+        trainer.micro_batch_loss(config, models.train_logprobs, part, plan.totals(config, 0))
+    assert len(received) >= 5 and {t.device.type for t in received} == {"meta"}
+
+
+def test_fused_path_is_refused_off_the_cpu_and_with_bf16():
+    config = TrainConfig(progress=False)
+    with pytest.raises(ValueError, match="fused_llama = false on cuda"):
+        trainer.check_engine_settings(config, torch.device("cuda", 0))
+    with pytest.raises(ValueError, match="precision = 'bf16'"):
+        trainer.check_engine_settings(TrainConfig(precision="bf16", progress=False), torch.device("cpu"))
+    trainer.check_engine_settings(TrainConfig(precision="bf16", fused_llama=False, progress=False), torch.device("cpu"))
+
+
+def test_device_auto_is_the_cpu_without_a_gpu_and_cuda_without_one_is_an_error():
+    if torch.cuda.is_available():
+        pytest.skip("this machine has a GPU: 'auto' is cuda here")
+    assert distributed.resolve_device("auto") == torch.device("cpu")
+    with pytest.raises(ValueError, match="config key 'device' is 'cuda', but torch sees no GPU"):
+        distributed.resolve_device("cuda")
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (the CUDA path's own test)")
+def test_one_gpu_trains_in_bf16(tmp_path):
+    config = TrainConfig(device="cuda", fused_llama=False, precision="bf16", steps=3, eval_size=32,
+                         progress=False, output_dir=str(tmp_path))
+    result = trainer.train(config, log=lambda _: None)
+    assert result.summary["steps"] == 3
+    assert next(result.policy.parameters()).dtype == torch.float32   # master weights stay float32
+
+
+def test_bf16_autocast_changes_the_forward_and_keeps_float32_master_weights(tmp_path):
+    """precision = 'bf16' is autocast (on the CPU here, as it would be on CUDA): the trainer's
+    log-probs differ from float32's by bf16 rounding, while the parameters, their gradients
+    and AdamW's state stay float32 (the master weights)."""
+    from grpo_edu.models import char_tokenizer, tiny_llama
+    tokenizer = char_tokenizer()
+    policy = tiny_llama(tokenizer, hidden_size=64, num_layers=1, num_heads=2, intermediate_size=128)
+    ids = tokenizer(["12+34=<think>46</think>", "7-5=<think>2</think>"], return_tensors="pt", padding=True,
+                    add_special_tokens=False)
+    completion_mask = ids["attention_mask"][:, -6:].bool()
+    logp = {}
+    for precision in ("fp32", "bf16"):
+        config = TrainConfig(fused_llama=False, precision=precision, beta=0.0, progress=False)
+        models = trainer.build_models(config, World(), policy)
+        logp[precision] = models.train_logprobs(ids["input_ids"], ids["attention_mask"], completion_mask)
+        logp[precision].sum().backward()
+        assert all(p.grad.dtype == torch.float32 for p in policy.parameters() if p.grad is not None)
+        policy.zero_grad()
+    assert logp["fp32"].dtype == logp["bf16"].dtype == torch.float32   # log-softmax is upcast
+    difference = (logp["fp32"] - logp["bf16"]).abs().max().item()
+    assert 1e-4 < difference < 0.5
+    config = TrainConfig(prompts_per_step=4, num_generations=4, max_completion_length=6, steps=2, eval_size=8,
+                         fused_llama=False, precision="bf16", progress=False, threads=1, output_dir=str(tmp_path))
+    result = trainer.train(config, policy=policy, tokenizer=tokenizer, log=lambda _: None)
+    assert all(p.dtype == torch.float32 for p in result.policy.parameters())
+    state = torch.load(tmp_path / "checkpoints" / "step-000002" / "trainer_state.pt", weights_only=True)
+    assert all(v.dtype == torch.float32 for s in state["optimizer"]["state"].values()
+               for k, v in s.items() if k != "step")
