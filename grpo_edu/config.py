@@ -19,9 +19,9 @@ try:
 except ModuleNotFoundError:  # Python 3.10
     import tomli as tomllib
 
-from grpo_edu.book import ROOT
-
-DEFAULT_CONFIG = ROOT / "configs" / "cpu-tiny.toml"
+# The CPU tier's config in a source checkout (the repository root holds configs/); an
+# installed package has none, and `grpo-edu train` then starts from the defaults below.
+DEFAULT_CONFIG = Path(__file__).resolve().parent.parent / "configs" / "cpu-tiny.toml"
 
 
 def _doc(text: str, default, **kwargs):
