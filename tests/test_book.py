@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from grpo_edu import book, notebooks
+from grpo_edu import book
+from grpo_edu.book import notebooks
 from grpo_edu.cli import main
 
 ROOT = Path(__file__).resolve().parent.parent

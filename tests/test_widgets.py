@@ -15,7 +15,8 @@ import numpy as np
 import pytest
 import torch
 
-from grpo_edu import estimators, notebooks, reference, worked_example
+from grpo_edu import estimators, reference, worked_example
+from grpo_edu.book import notebooks
 from grpo_edu.advantages import group_advantages
 from grpo_edu.exercises import ch02
 from grpo_edu.loss import aggregation_weights, grpo_loss, kl_estimate

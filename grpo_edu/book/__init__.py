@@ -1,10 +1,14 @@
-"""The book's manifest (book.toml) and the checks that keep its chapters honest.
+"""The book's tooling, apart from the algorithm: its manifest (book.toml) and the checks
+that keep its chapters honest. No module of the algorithm imports it; `grpo-edu book`,
+the tests and chapters/conftest.py do.
 
 A chapter is a jupytext `py:percent` source (chapters/NN_name.py) beside its
 executed notebook (chapters/NN_name.ipynb, outputs committed). `run_chapter`
 rebuilds the notebook from the source in a fresh kernel; `check_chapter`
 re-executes it under nbval and compares every output; `prose_number_offenders`
-finds numbers written in the prose that the code never computes.
+finds numbers written in the prose that the code never computes. The notebook
+building itself (jupytext, nbclient, normalised ids) is `grpo_edu.book.notebooks`,
+imported only when a chapter is built, so the rest needs no Jupyter packages.
 """
 
 from __future__ import annotations
@@ -27,7 +31,7 @@ except ModuleNotFoundError:  # Python 3.10
     import tomli as tomllib
 
 TIERS = ("cpu", "gpu", "multi-gpu")
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]   # the repository root: book.toml, chapters/
 
 # The execution settings shared by `book run` and `book check`: the same kernel
 # environment is what makes a rebuilt notebook equal to a re-executed one.
@@ -258,7 +262,7 @@ def run_chapter(chapter: Chapter, root: Path = ROOT) -> float:
 
     Refuses on a machine that cannot run the pin: outputs built there would not be the
     ones every x86-64 reader's `make test` reproduces."""
-    from grpo_edu import notebooks
+    from grpo_edu.book import notebooks
 
     reason = numerics.unpinnable_reason()
     if reason is not None:
