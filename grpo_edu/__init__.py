@@ -1,8 +1,44 @@
 """grpo_edu: the library behind the GRPO textbook.
 
-The modules follow the data through one GRPO step (see DESIGN.md): tasks ->
-rollout -> rewards -> advantages -> logprobs -> loss -> trainer, with
-`reference` as the pure-NumPy oracle every other piece is tested against.
+The modules, in the order the data goes through one GRPO step (B prompts, G completions
+per prompt, S completion tokens):
+
+    tasks.py        prompts with answers a program can check (arithmetic, countdown; GSM8K loader)
+    rollout.py      G sampled completions per prompt with the sampler's log-probs: the
+                    engine protocol, Rollout, and the transformers-generate engine
+    fused_llama.py  the fast engine: the same Llama maths fused (KV-cache sampler,
+                    group-packed log-probs)
+    rewards.py      one scalar per completion from rules: accuracy, format, language
+    advantages.py   group-relative advantages, rewards (B, G) -> advantages (B, G)
+    batch.py        RolloutBatch: the step's data in the (B, G, S) layout, checked once
+    logprobs.py     per-token log-probs at the sampled ids, without the full log-softmax
+    loss.py         the clipped surrogate + KL, aggregated (grpo, bnpo, dr_grpo, dapo, GSPO)
+    trainer.py      the loop that wires them: mini-batches, accumulation, optimizer, eval,
+                    checkpoints
+
+Beside the step:
+
+    distributed.py  one run on N processes: process groups, a step's prompts sharded
+                    across ranks (a group never split), DDP/FSDP2 wrapping, whole weights
+    evaluation.py   held-out greedy accuracy and format (per problem, so ranks can share
+                    the problems), pass@k from samples
+    checkpoint.py   checkpoints that resume bit for bit and survive a kill or a power cut
+    runlog.py       metrics.jsonl, one line per step: the only code that touches it
+    config.py       TrainConfig: every training setting, documented once, from TOML
+    cli.py          the `grpo-edu` command (train, book); __main__.py: `python -m grpo_edu`
+    models.py       the character tokenizer, the tiny Llama, load_policy, generate_completions
+    pretrain.py     the supervised run that made the committed starting policy (assets/)
+    reference.py    one GRPO update in pure NumPy, a loop per response: the test oracle
+    estimators.py   per-token pieces of the objective as functions of numbers (the explorers')
+    plots.py        training curves from a run's metrics.jsonl (matplotlib, lazily)
+    numerics.py     the pinned floating-point kernels that make runs reproducible anywhere
+    worked_example.py  chapter 1's worked example as data, for the explorers and exercises
+
+The book, apart from the algorithm (of the modules above, only cli.py imports it):
+
+    book/           the book's tooling: book.toml, chapter build (book/notebooks.py) and checks
+    exercises/      a checker for each chapter's exercises
+    widgets         the interactive explorers (folder widgets/, imported as grpo_edu.widgets)
 """
 
 __version__ = "0.1.0"
