@@ -62,13 +62,17 @@ for sample, (completion,) in zip(held_out[:4], generate_completions(policy, toke
 # ## One step, top to bottom
 #
 # The loop body is short enough to read whole. `roll_out` samples G completions of each
-# prompt; `score` turns them into rewards, group advantages and the reference's log-probs;
+# prompt; `score` turns them into rewards, group advantages and the mini-batch plan, and
+# packs the step into the `RolloutBatch` of chapters 3 and 4; `add_logprobs` adds the
+# reference's log-probs (and pi_old's when a rollout feeds several optimizer steps);
 # `optimise` does the update (mini-batches of whole groups, gradient accumulation,
-# clipping, AdamW):
+# clipping, AdamW). The `world` they take is the process's place in a multi-process run
+# (chapter 7); here there is one process, and every gather and reduce is the identity.
 
 # %%
 print(inspect.getsource(trainer.roll_out))
 print(inspect.getsource(trainer.score))
+print(inspect.getsource(trainer.add_logprobs))
 
 # %%
 print(inspect.getsource(trainer.optimise))
