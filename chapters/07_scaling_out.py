@@ -1,0 +1,482 @@
+# ---
+# jupyter:
+#   jupytext:
+#     formats: py:percent,ipynb
+#     text_representation:
+#       extension: .py
+#       format_name: percent
+# ---
+
+# %% [markdown]
+# # Chapter 7. Scaling out
+#
+# Chapter 6 trained in one process. The same command with `torchrun` in front trains in N
+# processes (ranks), each with its own share of every step's work:
+#
+# ```bash
+# grpo-edu train --config configs/cpu-tiny.toml                                            # 1 process
+# torchrun --standalone --nproc-per-node 2 -m grpo_edu train --config configs/cpu-tiny.toml  # 2 processes
+# ```
+#
+# The promise of this chapter is that the two commands train **the same policy**, up to
+# floating-point rounding, for every loss type, with DDP or FSDP2. Three things make it hold,
+# and each has a way to go wrong: which rank owns which completions, which random numbers
+# each rank samples with, and what each rank's loss divides by. We take them in turn, then
+# launch a real 2-process run (gloo, on this CPU) from the notebook and compare its weights
+# with the 1-process run's, look at what FSDP2 saves per rank, and work out what the same
+# config becomes on 8 H100s.
+#
+# A word on speed, before anything else: on a 2-core laptop two processes are **not** faster
+# than one. Each gets one core, which one process with two threads already uses, and every
+# step adds communication. The point here is equality; speed comes when each rank has a
+# GPU of its own.
+
+# %%
+import inspect
+import json
+import os
+import random
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file
+
+from grpo_edu import tasks, trainer
+from grpo_edu.advantages import group_advantages, zero_std_groups
+from grpo_edu.config import TrainConfig
+from grpo_edu.distributed import World
+from grpo_edu.loss import LOSS_TYPES, grpo_loss
+from grpo_edu.models import load_policy
+
+torch.set_num_threads(1)
+torch.set_printoptions(precision=4, sci_mode=False)
+
+
+def f4(x):
+    """4 decimals with a sign; values that round to zero print as +0.0000 on every machine."""
+    return f"{0.0 if abs(x) < 5e-5 else x:+.4f}"
+
+# %% [markdown]
+# ## Who owns what
+#
+# A GRPO step samples B prompts and G completions of each. The rank is the unit of work, and
+# the group is the unit of GRPO: a completion's advantage is its reward against the mean
+# and spread of its group's G rewards. So `grpo_edu.distributed.World.shard` gives every rank
+# **whole prompts**, a contiguous B / N of them, with all G completions of each:
+
+# %%
+print(inspect.getsource(World.shard))
+
+# %% [markdown]
+# Every rank draws the same prompt list from the shared seed (`trainer.sample_prompts`) and
+# takes its slice. Here are the 16 prompts of the first step of this chapter's config on 2
+# ranks, and the rows of the (B x G)-row, prompt-major batch each rank holds (completion j
+# of prompt i is row i G + j):
+
+# %%
+config = TrainConfig.from_toml("../configs/cpu-tiny.toml")
+B, G, N = config.prompts_per_step, config.num_generations, 2
+pool = tasks.make_dataset(config.task, n=trainer.TRAIN_POOL, split="train", seed=0)
+first_step = trainer.sample_prompts(config, trainer.TrainState(prompt_rng=random.Random(config.seed)), pool)
+for rank in range(N):
+    share = World(rank=rank, size=N).shard(B)
+    print(f"rank {rank}: prompts {share.start}..{share.stop - 1}, rows {share.start * G}..{share.stop * G - 1}: "
+          + " ".join(sample["prompt"] for sample in first_step[share]))
+try:
+    World(rank=0, size=N).shard(15)
+except ValueError as error:
+    print(f"B = 15 on {N} ranks: {error}")
+
+# %% [markdown]
+# A split of the B x G rows into N equal runs would be the same split whenever B divides by
+# N, and would cut a group in two when only B x G does (B = 3, G = 4 on 2 ranks: prompt 1's
+# completions on both). Such a config is refused rather than split: exercise 7.1.
+#
+# Ownership is half of it; the other half is sampling. If each rank drew its own random
+# numbers, 2 ranks would sample other completions than 1 process, and the runs would part at
+# the first step. The fused sampler therefore takes a table of uniforms, one row per
+# completion: every rank draws the table for the whole batch, B x G rows, and samples with
+# its own rows (`trainer.roll_out`). The rollout does not depend on N, and every rank's
+# random generator stays in step with the 1-process one.
+#
+# After sampling, each rank scores its own completions, and the rewards are gathered, so
+# that every rank holds all B x G of them: the advantages (batch-level std included), the
+# mini-batch plan and dynamic sampling's filter are computed from the whole batch, the same
+# on every rank (`trainer.score`, `trainer.Plan`).
+
+# %% [markdown]
+# ## The normaliser pitfall, with numbers
+#
+# Each rank computes a loss on its share and backpropagates it; DDP (and FSDP2) then
+# **average** the gradients over the ranks. With the ranks' shares of a batch, which loss
+# must each rank compute so that the average is the 1-process gradient?
+#
+# The obvious answer is to call `grpo_loss` on the rank's share, as one process calls it on
+# the whole batch. Then each rank divides by its **own** counts: `bnpo` and `dapo` by its
+# own tokens, `grpo` and `dr_grpo` by its own completions. The average of those per-rank
+# means is not the mean over the batch whenever the ranks' counts differ. Here is one batch
+# where they do: 2 ranks x 2 prompts x G = 4, with rank 1's completions about twice as long
+# as rank 0's (prompt 3's rewards are all equal: it has no advantage, but its tokens count).
+
+# %%
+L = 12                                          # max_completion_length
+lengths = torch.tensor([[3, 5, 2, 4], [6, 2, 3, 5], [12, 9, 11, 7], [10, 12, 8, 12]])   # (B, G)
+rewards = torch.tensor([[1.0, 0.0, 1.0, 0.0], [0.0, 1.0, 1.0, 0.0], [1.0, 0.0, 0.0, 0.0], [1.0, 1.0, 1.0, 1.0]],
+                       dtype=torch.float64)
+B, G = lengths.shape
+generator = torch.Generator().manual_seed(0)
+mask = torch.arange(L) < lengths[..., None]                                  # (B, G, S)
+old_logp = -3 * torch.rand(*mask.shape, generator=generator, dtype=torch.float64) * mask
+new_logp = (old_logp + 0.2 * torch.randn(*mask.shape, generator=generator, dtype=torch.float64)).clamp(max=0) * mask
+advantages = group_advantages(rewards)
+
+
+def ddp_loss(shares, loss_type, counts):
+    """The loss whose gradient DDP steps with: each rank's loss on its prompts, averaged over
+    ranks. counts="own": each rank divides by its own counts (grpo_loss's defaults);
+    "global": by the whole batch's, and each rank's loss is multiplied by N. Returns
+    (loss, gradient with respect to the log-probs)."""
+    logp = new_logp.clone().requires_grad_()
+    everything = [p for prompts in shares for p in prompts]
+    whole = {"num_items": int(mask[everything].sum()), "num_completions": len(everything) * G}
+    N = len(shares)
+    parts = [grpo_loss(logp[prompts], old_logp[prompts], advantages[prompts], mask[prompts], loss_type=loss_type,
+                       max_completion_length=L, **({} if counts == "own" else whole)).loss
+             for prompts in shares]
+    loss = sum(part if counts == "own" else N * part for part in parts) / N    # DDP's average
+    loss.backward()
+    return float(loss.detach()), logp.grad
+
+
+def compare(one_process, two_ranks):
+    """The 1-process loss against DDP's with each rank's own counts and with the global ones."""
+    print(f"{'loss_type':<9} {'1 process':>10} {'own counts':>11} {'global':>9}   "
+          f"max |gradient - 1-process gradient|: own counts, global")
+    for loss_type in LOSS_TYPES:
+        one, one_grad = ddp_loss([one_process], loss_type, "global")
+        own, own_grad = ddp_loss(two_ranks, loss_type, "own")
+        glob, glob_grad = ddp_loss(two_ranks, loss_type, "global")
+        print(f"{loss_type:<9} {one:>+10.4f} {own:>+11.4f} {glob:>+9.4f}   "
+              f"{(own_grad - one_grad).abs().max():.4f}, {(glob_grad - one_grad).abs().max():.4f}")
+    return ddp_loss(two_ranks, "bnpo", "own")[0] / ddp_loss([one_process], "bnpo", "global")[0]
+
+
+shares = [[0, 1], [2, 3]]
+tokens = [int(mask[prompts].sum()) for prompts in shares]
+for rank, prompts in enumerate(shares):
+    print(f"rank {rank}: prompts {prompts}, {len(prompts) * G} completions, {tokens[rank]} tokens")
+bnpo_factor = compare([0, 1, 2, 3], shares)
+print(f"bnpo with own counts: a token of rank 0 weighs 1 / (2 x {tokens[0]}), one of rank 1 1 / (2 x {tokens[1]}): "
+      f"{tokens[1] / tokens[0]:.1f} times less; one process weighs every token 1 / {sum(tokens)}; "
+      f"the loss comes out {bnpo_factor:.1f} times the 1-process loss")
+
+# %% [markdown]
+# `grpo` and `dr_grpo` come out right by luck: the ranks hold the same number of
+# completions, and an average of equal-sized means is the mean. `bnpo` and `dapo` do not:
+# rank 0's 30 tokens and rank 1's 81 each weigh half, so a token of rank 0 counts 2.7 times
+# as much as a token of rank 1, where one process weighs all 111 alike. The loss comes out
+# 2.6 times too large, and the gradient, the direction the policy moves, is off too.
+#
+# The luck runs out as soon as ranks hold different numbers of completions. With dynamic
+# sampling (`filter_zero_std_groups`, chapter 4), prompt 3, whose rewards are all equal, is
+# dropped: rank 0 trains on 8 completions, rank 1 on 4, and now every loss type's per-rank
+# mean is wrong (mini-batches that split unevenly over the ranks do the same):
+
+# %%
+kept = [p for p in range(4) if not zero_std_groups(rewards)[p]]
+uneven = [[p for p in prompts if p in kept] for prompts in shares]
+for rank, prompts in enumerate(uneven):
+    print(f"rank {rank}: prompts {prompts}, {len(prompts) * G} completions, {int(mask[prompts].sum())} tokens")
+_ = compare(kept, uneven)
+
+# %% [markdown]
+# The fix is in the "global" column, and it is the trainer's: every rank divides by the
+# **whole** mini-batch's counts, which it knows because the completion lengths are gathered
+# with the rewards (`trainer.LossTotals`), and multiplies its part by N, because DDP
+# averages. `grpo_loss` takes the counts as `num_items` and `num_completions`; with them,
+# the ranks' parts add up to the 1-process loss, and their averaged gradient is the
+# 1-process gradient (the last column). With each rank's own counts, `grpo`'s loss even
+# changed sign. These are the lines of the trainer that do it:
+
+# %%
+print(inspect.getsource(trainer.Plan.totals))
+optimise_source = inspect.getsource(trainer.optimise)
+print("\n".join(line for line in optimise_source.splitlines() if "world.size).backward()" in line))
+
+# %% [markdown]
+# ## A real 2-process run
+#
+# Now the run itself: the chapter's config (configs/cpu-tiny.toml) for 5 steps, 1 thread per
+# process, evaluated on 32 held-out problems, three times: one process, two processes with
+# DDP, two processes with FSDP2. Each is launched as a reader would launch it, with
+# `grpo-edu train` (`python -m grpo_edu train`) or `torchrun` (`python -m
+# torch.distributed.run`) in front of it; on the CPU the ranks talk through gloo.
+
+# %%
+RUNS = Path(tempfile.mkdtemp(prefix="grpo-edu-chapter-7-"))   # print(RUNS) to look inside
+SETTINGS = ["steps=5", "eval_size=32", "threads=1", "progress=false", "checkpoint_every=0"]
+
+
+def grpo_edu_train(name, processes, *settings):
+    """Launch `grpo-edu train` with `processes` ranks; returns the run directory."""
+    launcher = ["-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={processes}"] if processes > 1 else []
+    overrides = [f"--set={s}" for s in [*SETTINGS, *settings, f"output_dir={RUNS / name}"]]
+    shown = (f"torchrun --standalone --nproc-per-node {processes} -m grpo_edu" if processes > 1 else "grpo-edu")
+    print(f"$ {shown} train " + " ".join(o.replace("--set=", "--set ") for o in overrides[:-1]))
+    environment = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")}
+    done = subprocess.run([sys.executable, *launcher, "-m", "grpo_edu", "train", *overrides],
+                          env=dict(environment, OMP_NUM_THREADS="1"), capture_output=True, text=True)
+    if done.returncode != 0:
+        raise RuntimeError(f"{name} failed:\n{done.stderr[-3000:]}")
+    summary = json.loads((RUNS / name / "summary.json").read_text())
+    print(f"  -> exit code 0; summary.json: world_size {summary['world_size']}, "
+          f"parallelism {summary['parallelism']!r}, {summary['steps']} steps")
+    return RUNS / name
+
+
+runs = {"1 process": grpo_edu_train("one", 1),
+        "2 ranks, ddp": grpo_edu_train("ddp", 2, "parallelism=ddp"),
+        "2 ranks, fsdp2": grpo_edu_train("fsdp2", 2, "parallelism=fsdp2")}
+
+# %% [markdown]
+# Every rank runs the whole trainer; rank 0 alone writes the run directory. Here is what
+# the three runs logged, step by step, and the final weights, which every run writes whole
+# to `checkpoints/<latest>/policy.safetensors` (FSDP2's shards are gathered first):
+
+# %% tags=["platform-numerics"]
+histories = {name: [json.loads(line) for line in (path / "metrics.jsonl").read_text().splitlines()]
+             for name, path in runs.items()}
+summaries = {name: json.loads((path / "summary.json").read_text()) for name, path in runs.items()}
+print(f"{'step':>4}  " + "  ".join(f"{name + ': reward, loss':>30}" for name in runs))
+for step in range(5):
+    print(f"{step + 1:>4}  " + "  ".join(f"{h[step]['reward/mean']:>22.4f}{f4(h[step]['loss']):>8}"
+                                        for h in histories.values()))
+for name, summary in summaries.items():
+    print(f"{name:<15} held-out greedy accuracy {summary['start_accuracy']:.4f} -> {summary['final_accuracy']:.4f}")
+
+
+def final_weights(run):
+    latest = (run / "checkpoints" / "latest").read_text().strip()
+    return load_file(run / "checkpoints" / latest / "policy.safetensors")
+
+
+one_process = final_weights(runs["1 process"])
+differences = {}
+for name in ("2 ranks, ddp", "2 ranks, fsdp2"):
+    weights = final_weights(runs[name])
+    differences[name] = max(float((weights[k] - one_process[k]).abs().max()) for k in one_process)
+    print(f"{name}: max |weight - 1-process weight| = {differences[name]:.1e} over "
+          f"{sum(v.numel() for v in one_process.values()):,} weights")
+
+# %% [markdown]
+# Two ranks train the policy one process trains: the same rewards at every step (the same
+# completions were sampled), the same losses, the same held-out accuracy, and final weights
+# that agree to well within 1e-5: what remains is the rounding of float32 sums taken in
+# another order (the gradient of 128 completions is one sum in one process, two sums of 64
+# and an all-reduce in two). This is one config; tests/test_distributed.py makes the same
+# comparison for every loss type, with several mini-batches and passes per rollout and with
+# dynamic sampling, under DDP and FSDP2. The digits above depend on the machine's
+# floating-point kernels; what the prose claims is checked here, on any machine:
+
+# %%
+starting_policy, _ = load_policy()
+moved = max(float((one_process[name] - p.detach()).abs().max()) for name, p in starting_policy.named_parameters())
+claims = {
+    "both 2-rank runs ran on 2 processes, with ddp and fsdp2":
+        [summaries[n]["world_size"] for n in runs] == [1, 2, 2]
+        and [summaries[n]["parallelism"] for n in runs] == ["none", "ddp", "fsdp2"],
+    "their final weights are within 1e-5 of the 1-process weights": max(differences.values()) < 1e-5,
+    "training moved the weights more than 100 times as far: the equality is not two untouched copies":
+        moved > 100 * max(differences.values()),
+    "the mean reward and the loss of every step are the 1-process ones, to 1e-6":
+        all(abs(h[s][key] - histories["1 process"][s][key]) < 1e-6
+            for h in histories.values() for s in range(5) for key in ("reward/mean", "loss")),
+    "the same held-out accuracy at the start and the end":
+        len({(s["start_accuracy"], s["final_accuracy"]) for s in summaries.values()}) == 1,
+}
+for claim, holds in claims.items():
+    print(f"{'holds' if holds else 'FAILS'}: {claim}")
+
+# %% [markdown]
+# ## What FSDP2 saves per rank
+#
+# DDP keeps a whole replica on every rank: the float32 parameters, their gradients and
+# AdamW's two moments, 4 + 4 + 8 = 16 bytes per parameter. FSDP2 (torch's `fully_shard`)
+# splits each of them into N shards, one per rank, and gathers the parameters for each
+# forward and backward. `summary.json` records what each rank held:
+
+# %%
+memory = {name: summaries[name]["memory_bytes_per_rank"] for name in ("2 ranks, ddp", "2 ranks, fsdp2")}
+parameters = sum(v.numel() for v in one_process.values())
+print(f"policy: {parameters:,} parameters = {4 * parameters:,} bytes in float32")
+print(f"{'':<16}{'rank':>5}{'parameters':>12}{'gradients':>12}{'AdamW':>12}{'total':>12}  bytes")
+for name, ranks in memory.items():
+    for rank, held in enumerate(ranks):
+        print(f"{name:<16}{rank:>5}{held['parameters']:>12,}{held['gradients']:>12,}{held['optimizer']:>12,}"
+              f"{sum(held.values()):>12,}")
+ddp_total, fsdp2_total = (max(sum(r.values()) for r in ranks) for ranks in memory.values())
+print(f"largest rank, fsdp2 / ddp: {fsdp2_total / ddp_total:.4f}")
+
+# %% [markdown]
+# Each FSDP2 rank holds half of each (the policy's tied embedding is one tensor: it is
+# counted once). What the table does not show is the one whole copy every rank keeps under
+# FSDP2 besides: the sampler's weights (`trainer.Models.full_policy`: a plain copy, synced
+# after every update, that sampling and evaluation run on without gathering shards), 4 bytes
+# per parameter. The frozen reference model is sharded like
+# the policy. Activations depend on the micro-batch, not on the sharding, and are not
+# counted. So on N ranks FSDP2 holds about 4 + (16 + 4) / N bytes per parameter, DDP
+# 16 + 4 = 20.
+#
+# ## The same config on 8 H100s
+#
+# On a GPU node nothing in the algorithm changes. Set `device = "cuda"`, and three things
+# change with it: the trainer derives the first two from the device, and refuses to start
+# without the third:
+#
+# - **the backend**: `device = "cuda"` (or `"auto"` on a machine with GPUs) gives each rank
+#   the GPU `cuda:LOCAL_RANK` and the process group **nccl** instead of gloo;
+# - **the precision**: `precision = "auto"` becomes **bf16** autocast on CUDA for the
+#   forward passes, while the master weights and AdamW's moments stay float32;
+# - **the engine**: the fused sampler and forward are the CPU tier's float32 fast path, so
+#   `fused_llama = false` (transformers' forward and `generate`) on GPUs.
+#
+# Here is that checked against the trainer itself, without a GPU:
+
+# %%
+print("\n".join(line.strip() for line in inspect.getsource(trainer.distributed.init_world).splitlines()
+                if "init_process_group" in line or '"nccl"' in line))
+gpu = torch.device("cuda", 0)
+print(f"precision 'auto' on {gpu}: {trainer.compute_dtype(config, gpu)}; on the CPU: "
+      f"{trainer.compute_dtype(config, torch.device('cpu'))}")
+try:
+    trainer.check_engine_settings(config, gpu)
+except ValueError as error:
+    print(f"fused_llama = true on {gpu}: {error}")
+
+# %% [markdown]
+# And the arithmetic of a step. A step's size is set by the config, not by N: B prompts, B x G
+# completions, at most B x G x L tokens; N only divides them. Each rank samples, scores and
+# trains its B / N prompts; each optimizer step trains one mini-batch (B / num_mini_batches
+# prompts) whose parts lie on the ranks that own its prompts. Below, this chapter's config on
+# 2 and on 8 ranks, chapter 1's R1 recipe (configs/r1-recipe-tiny.toml) on 8, and the GPU
+# tier's two configs, configs/gpu-1x.toml for one GPU and configs/h100-8x.toml for 8 H100s.
+
+# %%
+def step_arithmetic(config, world_size):
+    """What one training step of `config` is, on `world_size` ranks."""
+    B, G, L = config.prompts_per_step, config.num_generations, config.max_completion_length
+    rank_shares = [World(rank=r, size=world_size).shard(B) for r in range(world_size)]
+    mini_batches = trainer.plan_mini_batches(config, torch.zeros(B, G))
+
+    def ranks_holding(prompts):
+        return {r for r, share in enumerate(rank_shares) for p in prompts.tolist() if share.start <= p < share.stop}
+    return {
+        "prompts per rank (B / N)": B // world_size,
+        "completions per rank (B G / N)": B // world_size * G,
+        "completions per step (B G)": B * G,
+        "tokens per step, at most (B G L)": B * G * L,
+        "optimizer steps per rollout": trainer.optimizer_steps_per_rollout(config),
+        "prompts per mini-batch": len(mini_batches[0]),
+        "ranks holding a mini-batch": max(len(ranks_holding(prompts)) for prompts in mini_batches),
+    }
+
+
+runs_on = [("cpu-tiny", 2), ("cpu-tiny", 8), ("r1-recipe-tiny", 8), ("gpu-1x", 1), ("h100-8x", 8)]
+configs = {name: TrainConfig.from_toml(f"../configs/{name}.toml") for name, _ in runs_on}
+tables = {f"{name} on {n}": step_arithmetic(configs[name], n) for name, n in runs_on}
+print(f"{'':<32}" + "".join(f"{name:>21}" for name in tables))
+for key in next(iter(tables.values())):
+    print(f"{key:<32}" + "".join(f"{table[key]:>21,}" for table in tables.values()))
+h100 = configs["h100-8x"]
+print(f"\nconfigs/h100-8x.toml: device {h100.device!r}, precision {h100.precision!r}, "
+      f"fused_llama {h100.fused_llama}, parallelism {h100.parallelism!r}, model {h100.model!r}")
+
+# %% [markdown]
+# Read down a column. The chapter's config on 8 ranks gives each GPU 2 prompts, 16
+# completions: far too little work for an H100. The GPU tier's configs keep the policy, the
+# task and the loss, and raise B instead: configs/h100-8x.toml samples 512 prompts a step,
+# 64 per GPU, and sets the three device keys of the list above (`device = "cuda"`,
+# `precision = "bf16"`, `fused_llama = false`) and `parallelism = "fsdp2"`.
+#
+# The last row is the catch of whole prompts per rank with whole-group mini-batches: the
+# trainer's mini-batch k is a contiguous run of prompts, and a rank's share is another. With
+# the R1 recipe's 16 mini-batches of 32 prompts on 8 ranks of 64, each optimizer step's
+# mini-batch lies on one rank, and the other seven run a zero-weight micro-batch to keep the
+# collectives in step. The result is still the 1-process update, but only the rollout runs
+# in parallel. That is why configs/h100-8x.toml takes one optimizer step per rollout: its
+# mini-batch is the whole batch, on all eight ranks.
+#
+# Memory, the other half of the arithmetic: for a policy of P parameters in float32 with
+# AdamW, DDP holds 16 P bytes per rank, FSDP2 16 P / N (plus, in this trainer, the
+# sampler's whole copy and the reference's shard, as above). For policies of 1.5 and 7
+# billion parameters on 8 GPUs of 80 GB (an H100's memory), per rank, in GB:
+
+# %%
+N_GPUS, GB = 8, 1e9
+print(f"{'policy':<28}{'ddp':>8}{'fsdp2':>8}   (with the reference, and fsdp2's whole copy for the sampler)")
+for P in (1.5e9, 7e9):
+    print(f"{P / 1e9:.1f} billion parameters{'':<4}{16 * P / GB:>8.1f}{16 * P / N_GPUS / GB:>8.1f}"
+          f"   ({20 * P / GB:.1f}, {(4 + 20 / N_GPUS) * P / GB:.1f})")
+    print(f"  DDP's gradient all-reduce per optimizer step: {4 * P / GB:.1f} GB of float32 gradients, "
+          f"each rank sending about 2 (N - 1) / N of it: {2 * (N_GPUS - 1) / N_GPUS * 4 * P / GB:.1f} GB")
+
+# %% [markdown]
+# At 1.5 billion parameters both fit an 80 GB GPU, with room for activations; at 7 billion
+# DDP's 112 GB per rank does not, and FSDP2's 14 GB do (45.5 GB with the reference's shard
+# and the sampler's whole copy, which is then the largest item: a sampler that gathers
+# shards, or a separate one such as vLLM, would remove it). That is the case for FSDP2:
+# memory per rank, paid for with a parameter all-gather in every forward.
+
+# %% [markdown]
+# ## Exercises
+#
+# Each checker in `grpo_edu.exercises.ch07` runs your answer on several cases and names each
+# case that fails, with what it expected and what it got.
+#
+# **7.1 Which rows a rank owns.** Write `my_rank_rows(B, G, world_size, rank)`: the rows of
+# the prompt-major (B x G)-row batch that rank `rank` owns (completion j of prompt i is row
+# i G + j). The first attempt below splits the rows evenly; run the checker and read which
+# cases it gets wrong, and why a group must not be split.
+
+# %%
+from grpo_edu.exercises import ch07
+
+
+def my_rank_rows(B, G, world_size, rank):
+    rows = B * G // world_size                     # an even split of the rows: fix me
+    return list(range(rank * rows, (rank + 1) * rows))
+
+
+ch07.check_rank_rows(my_rank_rows)
+
+# %% [markdown]
+# **7.2 A rank's loss.** Write `my_rank_loss(logp, old_logp, advantages, completion_mask,
+# token_counts, completion_counts, loss_type, max_completion_length)`: the loss one rank
+# backpropagates under DDP, given its share of a mini-batch ((b, G, S) tensors) and every
+# rank's token and completion counts (gathered: one number per rank). The checker averages
+# the ranks' gradients, as DDP does, and compares with the 1-process gradient for every
+# loss type, on ranks with equal and with unequal shares. The first attempt is the per-rank
+# mean of this chapter.
+
+# %%
+def my_rank_loss(logp, old_logp, advantages, completion_mask, token_counts, completion_counts, loss_type,
+                 max_completion_length):
+    return grpo_loss(logp, old_logp, advantages, completion_mask, loss_type=loss_type,
+                     max_completion_length=max_completion_length).loss    # this rank's own counts: fix me
+
+
+ch07.check_rank_loss(my_rank_loss)
+
+# %% [markdown]
+# **7.3 A step on 8 GPUs.** For the config in `ch07.SCALE_QUIZ`, work out the numbers below
+# by hand (or in code), then check them. Bonus: with this config's 4 mini-batches, how many
+# of the 8 ranks hold a part of each optimizer step's mini-batch?
+
+# %%
+print(ch07.SCALE_QUIZ)
+my_answers = {}  # one number for each of: prompts_per_rank, completions_per_rank, completions_per_step,
+#                  max_tokens_per_step, optimizer_steps_per_rollout, fsdp2_bytes_per_rank
+ch07.check_scale_answers(my_answers)
