@@ -333,14 +333,17 @@ def plan_mini_batches(config: TrainConfig, rewards: torch.Tensor) -> list[torch.
     """The prompts of each of a rollout's num_mini_batches mini-batches: rewards (B, G) ->
     num_mini_batches tensors of prompt indices, whole groups.
 
-    The groups (those left after filter_zero_std_groups) are split as evenly as
-    possible, larger first: 7 groups in 2 mini-batches give 4 + 3. With fewer
-    groups than mini-batches the last ones are empty (the update skips them).
+    The groups (those left after filter_zero_std_groups) are dealt out in turn, as
+    evenly as possible, larger first: 7 groups in 2 mini-batches give [0, 2, 4, 6] +
+    [1, 3, 5]. Dealt, not cut into runs: each rank owns a run of prompts, so every
+    mini-batch then holds about as many groups of every rank, and all ranks work in
+    every optimizer step. With fewer groups than mini-batches the last ones are empty
+    (the update skips them).
     """
     groups = torch.arange(rewards.shape[0])
     if config.filter_zero_std_groups:   # dynamic sampling: groups that agree teach nothing
         groups = groups[~zero_std_groups(rewards)]
-    return list(groups.tensor_split(config.num_mini_batches))
+    return [groups[k::config.num_mini_batches] for k in range(config.num_mini_batches)]
 
 
 @torch.no_grad()

@@ -225,10 +225,15 @@ def test_plan_mini_batches_splits_the_surviving_groups_evenly(tmp_path):
                           filter_zero_std_groups=True)
     rewards = torch.tensor([[0.0, 1.0]] * 7 + [[1.0, 1.0]], dtype=torch.float64)   # 7 groups survive
     plan = trainer.plan_mini_batches(config, rewards)
-    assert [groups.tolist() for groups in plan] == [[0, 1, 2, 3], [4, 5, 6]]          # 4 groups + 3
+    assert [groups.tolist() for groups in plan] == [[0, 2, 4, 6], [1, 3, 5]]          # 4 groups + 3, dealt
     config.num_mini_batches = 4
     rewards[3:] = 1.0                                                                # 3 survive
     assert [groups.tolist() for groups in trainer.plan_mini_batches(config, rewards)] == [[0], [1], [2], []]
+    # Dealt, every mini-batch holds groups of every rank (each rank owns a run of prompts).
+    rewards[:] = torch.tensor([0.0, 1.0])
+    plan = trainer.plan_mini_batches(config, rewards)
+    for rank in range(2):
+        assert all(((groups >= 4 * rank) & (groups < 4 * (rank + 1))).sum() == 1 for groups in plan)
     rewards[:] = 1.0
     assert [len(rows) for rows in trainer.plan_mini_batches(config, rewards)] == [0, 0, 0, 0]
 
@@ -274,7 +279,9 @@ def test_dapo_normalises_each_step_by_rollout_tokens_over_mini_batches_as_trl(tm
     models = trainer.build_models(config, World(), policy)
     samples = trainer.sample_prompts(config, trainer.TrainState(), tasks.make_dataset(n=50))
     rollout = trainer.roll_out(config, samples, tokenizer, HFEngine(policy, tokenizer))
-    rollout.completion_mask[:8, 3:] = False   # the first mini-batch's completions end early: 24 vs 48 tokens
+    # The first mini-batch (groups 0 and 2, dealt) ends early: 24 tokens against 48.
+    rollout.completion_mask[:4, 3:] = False
+    rollout.completion_mask[8:12, 3:] = False
     batch, plan = trainer.score(config, samples, rollout, tokenizer,
                                 trainer.reward_functions_from_config({"format": 1.0}),
                                 lambda r: torch.randn(r.shape, generator=torch.Generator().manual_seed(1)))
