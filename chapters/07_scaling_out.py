@@ -401,13 +401,14 @@ print(f"\nconfigs/h100-8x.toml: device {h100.device!r}, precision {h100.precisio
 # 64 per GPU, and sets the three device keys of the list above (`device = "cuda"`,
 # `precision = "bf16"`, `fused_llama = false`) and `parallelism = "fsdp2"`.
 #
-# The last row is the catch of whole prompts per rank with whole-group mini-batches: the
-# trainer's mini-batch k is a contiguous run of prompts, and a rank's share is another. With
-# the R1 recipe's 16 mini-batches of 32 prompts on 8 ranks of 64, each optimizer step's
-# mini-batch lies on one rank, and the other seven run a zero-weight micro-batch to keep the
-# collectives in step. The result is still the 1-process update, but only the rollout runs
-# in parallel. That is why configs/h100-8x.toml takes one optimizer step per rollout: its
-# mini-batch is the whole batch, on all eight ranks.
+# The last row is why the trainer deals a rollout's groups out to its mini-batches in turn
+# (`plan_mini_batches`: mini-batch k holds groups k, k + M, k + 2M, ...) rather than cutting
+# the batch into runs of prompts: a rank's share is a run, so a run-shaped mini-batch would
+# lie on few ranks (the R1 recipe's 16 mini-batches of 32 prompts on 8 ranks of 64: one rank
+# each, the other seven running a zero-weight micro-batch to keep the collectives in step).
+# Dealt, every optimizer step's mini-batch has a part on every rank, and all ranks compute
+# in every step. The update is the same either way: which groups share a mini-batch does not
+# change what a group contributes.
 #
 # Memory, the other half of the arithmetic: for a policy of P parameters in float32 with
 # AdamW, DDP holds 16 P bytes per rank, FSDP2 16 P / N (plus, in this trainer, the
@@ -472,8 +473,8 @@ ch07.check_rank_loss(my_rank_loss)
 
 # %% [markdown]
 # **7.3 A step on 8 GPUs.** For the config in `ch07.SCALE_QUIZ`, work out the numbers below
-# by hand (or in code), then check them. Bonus: with this config's 4 mini-batches, how many
-# of the 8 ranks hold a part of each optimizer step's mini-batch?
+# by hand (or in code), then check them. Bonus: with this config's 4 mini-batches dealt out,
+# how many of each rank's prompts does each optimizer step train?
 
 # %%
 print(ch07.SCALE_QUIZ)
