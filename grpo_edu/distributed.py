@@ -142,7 +142,10 @@ def init_world(device: str = "auto") -> World:
 
 
 def close_world(world: World) -> None:
+    """Leave the process group: every rank waits for the others first, so no collective is
+    still in flight while gloo's or nccl's threads are torn down."""
     if world.distributed and dist.is_initialized():
+        dist.barrier()
         dist.destroy_process_group()
 
 
