@@ -1,0 +1,116 @@
+"""The GPU configs: complete, valid, and their comments' batch arithmetic true to their values.
+
+configs/gpu-1x.toml (one GPU) and configs/h100-8x.toml (torchrun --nproc-per-node 8) state
+in comments how their batch divides (prompts per rank, completions, tokens, optimizer and
+micro-batch steps). This recomputes every one of those lines from the file's values, so a
+changed value with a stale comment fails here. No GPU is needed: the files are only parsed.
+"""
+
+import dataclasses
+import math
+import re
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+import torch
+
+from grpo_edu.config import TrainConfig, _flatten_file, tomllib
+from grpo_edu.trainer import plan_mini_batches
+
+ROOT = Path(__file__).resolve().parents[1]
+# Each file and the number of processes it is written for.
+WORLD_SIZE = {"gpu-1x.toml": 1, "h100-8x.toml": 8}
+
+
+def load(name: str) -> tuple[TrainConfig, str]:
+    path = ROOT / "configs" / name
+    return TrainConfig.from_toml(path), path.read_text()
+
+
+def normalised_comments(text: str) -> list[str]:
+    """Every comment line, from its '#', with runs of spaces made one."""
+    return [" ".join(line.split()) for line in text.splitlines() if line.lstrip().startswith("#")]
+
+
+def most_rows_of_a_mini_batch(config: TrainConfig, world_size: int) -> int:
+    """The most completions one rank holds of one mini-batch, from the trainer's own plan of
+    a rollout's mini-batches (no groups filtered); each rank owns a contiguous slice of
+    B / N prompts."""
+    B, G = config.prompts_per_step, config.num_generations
+    per_rank = B // world_size
+    plan = plan_mini_batches(replace(config, filter_zero_std_groups=False), torch.zeros(B, G))
+    return G * max(int(((prompts >= r * per_rank) & (prompts < (r + 1) * per_rank)).sum())
+                   for prompts in plan for r in range(world_size))
+
+
+def arithmetic_lines(config: TrainConfig, N: int) -> list[str]:
+    B, G, L = config.prompts_per_step, config.num_generations, config.max_completion_length
+    mu, M, size = config.num_iterations, config.num_mini_batches, config.micro_batch_size
+    rows = most_rows_of_a_mini_batch(config, N)
+    return [
+        f"# processes N = {N}",
+        f"# prompts per rank B / N = {B:,} / {N} = {B // N:,}",
+        f"# completions per step B x G = {B:,} x {G} = {B * G:,}",
+        f"# completions per rank B x G / N = {B * G:,} / {N} = {B * G // N:,}",
+        f"# tokens per step, at most B x G x L = {B * G:,} x {L} = {B * G * L:,}",
+        f"# optimizer steps per rollout K = num_iterations x num_mini_batches = {mu} x {M} = {mu * M}",
+        f"# completions per optimizer step B x G / num_mini_batches = {B * G:,} / {M} = {B * G // M:,}",
+        f"# micro-batches per rank per optimizer step ceil({rows:,} / micro_batch_size) = "
+        f"ceil({rows:,} / {size}) = {math.ceil(rows / size)}",
+    ]
+
+
+@pytest.mark.parametrize("name", sorted(WORLD_SIZE))
+def test_every_key_is_in_the_file(name):
+    with open(ROOT / "configs" / name, "rb") as f:
+        keys = set(_flatten_file(tomllib.load(f), name))
+    fields = {f.name for f in dataclasses.fields(TrainConfig)}
+    assert fields - keys == set(), f"configs/{name} lacks keys {sorted(fields - keys)}"
+    assert keys - fields == set(), f"configs/{name} has unknown keys {sorted(keys - fields)}"
+
+
+@pytest.mark.parametrize("name", sorted(WORLD_SIZE))
+def test_gpu_settings(name):
+    config, text = load(name)
+    N = WORLD_SIZE[name]
+    assert (config.device, config.fused_llama, config.precision) == ("cuda", False, "bf16")
+    assert config.parallelism == ("ddp" if N == 1 else "fsdp2")
+    assert config.prompts_per_step % N == 0, f"prompts_per_step {config.prompts_per_step} must divide among {N}"
+    assert config.output_dir == f"runs/{name.removesuffix('.toml')}"
+    launch = (f"grpo-edu train --config configs/{name}" if N == 1 else
+              f"torchrun --standalone --nproc-per-node {N} -m grpo_edu train --config configs/{name}")
+    assert launch in text
+    assert 'model = "/path/to/local/model"' in text
+
+
+@pytest.mark.parametrize("name", sorted(WORLD_SIZE))
+def test_batch_arithmetic_in_the_comments_matches_the_values(name):
+    config, text = load(name)
+    comments = normalised_comments(text)
+    for line in arithmetic_lines(config, WORLD_SIZE[name]):
+        assert line in comments, f"configs/{name}: expected the comment line\n  {line}\nthe file has:\n" + \
+            "\n".join(c for c in comments if c.split(" = ")[0] == line.split(" = ")[0] or
+                      c[:20] == line[:20])
+
+
+def test_mini_batches_are_dealt_over_all_ranks():
+    """The 8-GPU config's comments say num_mini_batches = 4 would put 16 of every rank's 64
+    prompts in each mini-batch (the trainer deals groups out)."""
+    config, _ = load("h100-8x.toml")
+    config = replace(config, num_mini_batches=4)
+    assert most_rows_of_a_mini_batch(config, WORLD_SIZE["h100-8x.toml"]) == 16 * config.num_generations
+
+
+@pytest.mark.parametrize("name", sorted(WORLD_SIZE))
+def test_numbers_in_other_comments(name):
+    """The other derived figures the comments state."""
+    config, text = load(name)
+    comments = " ".join(" ".join(line.split("#", 1)[1].split()) for line in text.splitlines() if "#" in line)
+    K = config.num_iterations * config.num_mini_batches
+    if K > 1:
+        assert f"{config.steps:,} x {K} = {config.steps * K:,} optimizer steps" in comments
+    else:
+        assert f"{config.steps:,} x {config.prompts_per_step:,} = {config.steps * config.prompts_per_step:,}" \
+            f" prompts drawn" in comments
+    assert re.search(rf"decays to 0 over all {config.steps * K:,} optimizer steps", comments)
