@@ -286,7 +286,7 @@ def count_bytes(args) -> None:
           f"rank: {forwards['reference']} reference, {forwards['pi_old']} pi_old, {forwards['update']} update "
           f"(fused_llama = {str(config.fused_llama).lower()}: "
           f"{'FSDP2 shards the whole model as one unit' if config.fused_llama else 'FSDP2 shards each decoder layer'})\n")
-    # The first step also sets FSDP2 up and gathers the reference once (see below): left out.
+    # The first step also sets FSDP2 up: left out.
     measured = {parallelism: steps[1:] for parallelism, steps in measured.items()}
     steps = len(measured["ddp"])
     same = all(step == runs[0] for runs in measured.values() for step in runs)
@@ -310,14 +310,15 @@ def count_bytes(args) -> None:
           f"a rank sends about 2 (N-1)/N x that = {2 * (N - 1) * ddp_payload // N:,} bytes")
     # FSDP2's rule: a unit's parameters are gathered for its forward; a decoder layer (not a root)
     # is resharded after its forward and gathered again for its backward; a root unit stays
-    # gathered from its forward until a backward reshards it, so the frozen reference's root,
-    # which never runs a backward, stays whole after its first forward.
+    # gathered from its forward until a backward reshards it. The frozen reference never runs
+    # a backward, so the trainer reshards it after its forwards (add_logprobs): each step
+    # gathers it whole again.
     layers = 0 if config.fused_llama else 4 * sum(
         parameter.numel() for layer in decoder_layers(policy) for parameter in layer.parameters())
     root = full - layers
     update, reference = forwards["update"], forwards["reference"]
     policy_gathers = update * full + (forwards["pi_old"] + update) * layers
-    reference_gathers = reference * layers
+    reference_gathers = root + reference * layers if reference else 0   # root once a step, layers per forward
     scatter_payload = forwards["optimizer_steps"] * full
     unit = ("the whole model is one unit (the fused path runs no layer's own forward)" if config.fused_llama
             else f"each decoder layer is a unit ({layers:,} bytes in all), the root holds the rest ({root:,})")
@@ -325,9 +326,8 @@ def count_bytes(args) -> None:
     print(f"         the policy's parameters, all-gathered for each update forward"
           + ("" if config.fused_llama else ", the layers' again for its backward and for each pi_old forward")
           + f": {policy_gathers:,} bytes")
-    print(f"         the reference's: {reference_gathers:,} bytes (its root unit is not resharded after a forward, "
-          f"and no backward reshards it: it stays whole after the first step's forward, which gathers "
-          f"{root:,} bytes more)")
+    print(f"         the reference's, all-gathered for its forwards (the trainer reshards it after them: "
+          f"it has no backward to do so): {reference_gathers:,} bytes")
     print(f"         the gradients, reduce-scattered once per optimizer step: "
           f"{forwards['optimizer_steps']} x {full:,} = {scatter_payload:,} bytes")
     print(f"         the sampler's whole weights, gathered after the update: {full:,} bytes")

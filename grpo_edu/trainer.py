@@ -457,6 +457,10 @@ def add_logprobs(config: TrainConfig, models: Models, batch: RolloutBatch, plan:
                                       flat["completion_mask"][rows])
             for rows in torch.arange(batch.num_completions).split(config.micro_batch_size)
         ]).view(batch.completion_mask.shape)
+        if hasattr(models.reference_logprobs, "reshard"):
+            # FSDP2 keeps a root module's parameters gathered after its forward (for the
+            # backward that usually follows); the reference has none: back to 1/N shards.
+            models.reference_logprobs.reshard()
     return replace(batch, old_logp=old_logp, ref_logp=ref_logp)
 
 
