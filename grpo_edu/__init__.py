@@ -24,6 +24,7 @@ Beside the step:
                     the problems), pass@k from samples
     checkpoint.py   checkpoints that resume bit for bit and survive a kill or a power cut
     runlog.py       metrics.jsonl, one line per step: the only code that touches it
+    durable.py      fsync and atomic replacement of small files (checkpoint and runlog share them)
     config.py       TrainConfig: every training setting, documented once, from TOML
     cli.py          the `grpo-edu` command (train, book); __main__.py: `python -m grpo_edu`
     models.py       the character tokenizer, the tiny Llama, load_policy, generate_completions

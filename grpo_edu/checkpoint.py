@@ -39,6 +39,8 @@ from typing import Callable
 import torch
 from safetensors.torch import load_model, save_file
 
+from grpo_edu import durable
+
 KEEP = 2  # newest checkpoints kept
 STATE_KEYS = {"step", "optimizer", "scheduler", "torch_rng", "prompt_rng", "extra", "files"}
 
@@ -72,7 +74,7 @@ def save(run_dir: Path, policy_weights: dict, reference_weights: dict | None, op
     folder = run_dir / "checkpoints"
     if not folder.is_dir():
         folder.mkdir(parents=True)
-        _fsync(run_dir)
+        durable.fsync(run_dir)
     for stale in folder.glob(".step-*.tmp"):  # left by a save that was killed
         shutil.rmtree(stale)
     name = f"step-{state.step:06d}"
@@ -83,7 +85,7 @@ def save(run_dir: Path, policy_weights: dict, reference_weights: dict | None, op
     for filename, weights in (("policy.safetensors", policy_weights), ("reference.safetensors", reference_weights)):
         if weights is not None:
             save_file(weights, str(temporary / filename))
-            _fsync(temporary / filename)
+            durable.fsync(temporary / filename)
             files[filename] = _size_and_sha256(temporary / filename)
     torch.save({
         "step": state.step,
@@ -94,14 +96,14 @@ def save(run_dir: Path, policy_weights: dict, reference_weights: dict | None, op
         "extra": json.dumps(extra),
         "files": files,
     }, temporary / "trainer_state.pt")
-    _fsync(temporary / "trainer_state.pt")
-    _fsync(temporary)
+    durable.fsync(temporary / "trainer_state.pt")
+    durable.fsync(temporary)
 
     final = folder / name
     shutil.rmtree(final, ignore_errors=True)  # a damaged one of the same step, skipped by the resume
     os.replace(temporary, final)
-    _fsync(folder)
-    _write_durably(folder / "latest", name + "\n")
+    durable.fsync(folder)
+    durable.replace(folder / "latest", name + "\n")
     _prune(folder, state.step)
     return final
 
@@ -114,24 +116,6 @@ def _prune(folder: Path, step: int) -> None:
     later = [p for p in checkpoint_folders(folder) if _step_of(p) > step]
     for old in later + older[:max(len(older) - (KEEP - 1), 0)]:
         shutil.rmtree(old)
-
-
-def _fsync(path: Path) -> None:
-    """Force a file's data, or a folder's entries (a rename), to disk."""
-    descriptor = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(descriptor)
-    finally:
-        os.close(descriptor)
-
-
-def _write_durably(path: Path, text: str) -> None:
-    """Replace a small file so that a kill or a power cut leaves the old or the new one."""
-    temporary = path.with_name(f".{path.name}.tmp")
-    temporary.write_text(text)
-    _fsync(temporary)
-    os.replace(temporary, path)
-    _fsync(path.parent)
 
 
 def _size_and_sha256(path: Path) -> dict:

@@ -9,10 +9,11 @@ run's curves does not import torch.
 from __future__ import annotations
 
 import json
-import os
 import sys
 from pathlib import Path
 from typing import Callable
+
+from grpo_edu import durable
 
 FILENAME = "metrics.jsonl"
 
@@ -59,7 +60,7 @@ class MetricsLog:
     def sync(self) -> None:
         """Force the log to disk (before a checkpoint that covers its lines)."""
         if self.path.is_file():
-            _fsync(self.path)
+            durable.fsync(self.path)
 
     def restore(self, up_to_step: int, log: Callable[[str], None] = _warn) -> list[dict]:
         """The metrics up to a checkpoint's step, for a resumed run. Lines written after the
@@ -90,23 +91,5 @@ class MetricsLog:
             log(f"resume: {path}: the metrics of {len(missing)} step(s) up to {up_to_step} are lost "
                 f"(steps {missing[:10]}{'...' if len(missing) > 10 else ''}; unreadable lines {unreadable[:10]})")
         if later or torn or unreadable:
-            _replace_durably(path, "".join(json.dumps(m) + "\n" for m in history))
+            durable.replace(path, "".join(json.dumps(m) + "\n" for m in history))
         return history
-
-
-def _fsync(path: Path) -> None:
-    """Force a file's data, or a folder's entries (a rename), to disk."""
-    descriptor = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(descriptor)
-    finally:
-        os.close(descriptor)
-
-
-def _replace_durably(path: Path, text: str) -> None:
-    """Replace the file so that a kill or a power cut leaves the old or the new one."""
-    temporary = path.with_name(f".{path.name}.tmp")
-    temporary.write_text(text)
-    _fsync(temporary)
-    os.replace(temporary, path)
-    _fsync(path.parent)

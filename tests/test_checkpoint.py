@@ -19,7 +19,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from grpo_edu import checkpoint, runlog, trainer
+from grpo_edu import checkpoint, durable, trainer
 from grpo_edu.config import TrainConfig
 from grpo_edu.models import char_tokenizer, tiny_llama
 
@@ -199,10 +199,10 @@ def test_save_clears_a_killed_save_and_damaged_checkpoints_it_supersedes(run):
 
 def test_save_flushes_every_file_and_folder_around_each_rename(tmp_path, monkeypatch):
     events = []
-    real_fsync, real_replace = checkpoint._fsync, os.replace
-    for module in (checkpoint, runlog):  # runlog flushes metrics.jsonl (MetricsLog.sync)
-        monkeypatch.setattr(module, "_fsync", lambda path: (events.append(("fsync", Path(path).name)),
-                                                             real_fsync(path)))
+    real_fsync, real_replace = durable.fsync, os.replace
+    # checkpoint and runlog (MetricsLog.sync flushes metrics.jsonl) flush through grpo_edu.durable
+    monkeypatch.setattr(durable, "fsync", lambda path: (events.append(("fsync", Path(path).name)),
+                                                         real_fsync(path)))
     monkeypatch.setattr(checkpoint.os, "replace", lambda a, b: (events.append(("rename", Path(b).name)),
                                                                  real_replace(a, b)))
     train_tiny(tmp_path / "run", steps=1)
