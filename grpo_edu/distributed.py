@@ -37,6 +37,7 @@ wrapper's hooks.
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import os
 from dataclasses import dataclass
@@ -211,7 +212,6 @@ def decoder_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
 def no_sync(module: torch.nn.Module, sync: bool):
     """A context in which backward accumulates gradients locally (sync False) or
     communicates them (sync True): DDP's no_sync, FSDP2's requires_gradient_sync."""
-    import contextlib
     if sync:
         return contextlib.nullcontext()
     if hasattr(module, "no_sync"):                      # DDP
@@ -257,7 +257,7 @@ def copy_full_weights(source: torch.nn.Module, target: torch.nn.Module) -> None:
     with torch.no_grad():
         targets = dict(target.named_parameters())
         for name, parameter in source.named_parameters():
-            targets[name].copy_(full_tensor(parameter.detach()).clone())
+            targets[name].copy_(full_tensor(parameter.detach()))
 
 
 def full_optimizer_state(optimizer: torch.optim.Optimizer) -> dict:

@@ -412,12 +412,18 @@ def micro_batches(config: TrainConfig, plan: Plan, batch: RolloutBatch, k: int, 
     return parts + [None] * (most - len(parts))
 
 
+def _padding_forward(model, batch: RolloutBatch) -> torch.Tensor:
+    """A forward of one row, for a rank's padding micro-batch: it takes part in the ranks'
+    collectives (FSDP2's gathers; in a backward, the gradient reduction) and adds nothing."""
+    flat = batch.flat()
+    return model(flat["input_ids"][:1], flat["attention_mask"][:1], flat["completion_mask"][:1])
+
+
 def _logprobs_of(model, part: dict | None, batch: RolloutBatch) -> torch.Tensor | None:
-    """The model's log-probs of a micro-batch's rows; for a padding micro-batch (None) a
-    forward of one row whose result is dropped (it keeps the ranks' collectives in step)."""
+    """The model's log-probs of a micro-batch's rows; None for a padding micro-batch, whose
+    forward runs and is dropped."""
     if part is None:
-        flat = batch.flat()
-        model(flat["input_ids"][:1], flat["attention_mask"][:1], flat["completion_mask"][:1])
+        _padding_forward(model, batch)
         return None
     return model(part["input_ids"], part["attention_mask"], part["completion_mask"])
 
@@ -499,8 +505,8 @@ class MetricSums:
 
     def __init__(self, sequence_level: bool):
         self.sequence_level = sequence_level
-        self.sums: dict[str, float] = {key: 0.0 for key, how in METRIC_REDUCTION.items() if how != "min"
-                                       and how != "max"}
+        self.sums: dict[str, float] = {key: 0.0 for key, how in METRIC_REDUCTION.items()
+                                       if how in ("sum", "token", "unit")}
         self.weights = {"token": 0.0, "unit": 0.0}
         self.seen: set[str] = set()
         self.extremes = {key: (math.inf if how == "min" else -math.inf)
@@ -577,21 +583,21 @@ def optimise(config: TrainConfig, models: Models, optimizer, scheduler, batch: R
     model = models.train_logprobs
     metrics: dict[str, float] = {}
     steps_taken, first_forward = 0, []
+    # Each mini-batch's micro-batches and loss denominators, the same in every pass.
+    planned = [(micro_batches(config, plan, batch, k, world), plan.totals(config, k)) if len(groups) else None
+               for k, groups in enumerate(plan.mini_batches)]
     for iteration in range(config.num_iterations):
         for k in range(config.num_mini_batches):
-            if len(plan.mini_batches[k]) == 0:
+            if planned[k] is None:
                 skip_optimizer_step(scheduler)
                 continue
-            totals = plan.totals(config, k)
-            parts = micro_batches(config, plan, batch, k, world)
+            parts, totals = planned[k]
             optimizer.zero_grad(set_to_none=True)
             sums = MetricSums(config.importance_sampling_level == "sequence")
             for i, part in enumerate(parts):
                 with distributed.no_sync(model, sync=i == len(parts) - 1):
                     if part is None:   # this rank holds fewer rows: a zero-weight part
-                        flat = batch.flat()
-                        logp = model(flat["input_ids"][:1], flat["attention_mask"][:1], flat["completion_mask"][:1])
-                        (logp.sum() * 0.0).backward()
+                        (_padding_forward(model, batch).sum() * 0.0).backward()
                         continue
                     loss, out, logp = micro_batch_loss(config, model, part, totals)
                     (loss * world.size).backward()
@@ -673,7 +679,7 @@ def step_metrics(plan: Plan, batch: RolloutBatch, update: dict[str, float], seco
                  world: World = World()) -> dict:
     """The step's metrics over all B prompts (the plan holds them gathered)."""
     lengths = plan.lengths.double()
-    trained = torch.cat(plan.mini_batches) if plan.mini_batches else torch.arange(0)
+    trained = torch.cat(plan.mini_batches)
     sampler = batch.sampler_logp * batch.completion_mask
     entropy = world.reduce(torch.tensor([float(-sampler.sum()), float(batch.completion_mask.sum())],
                                         dtype=torch.float64))

@@ -20,21 +20,22 @@ from grpo_edu.config import TrainConfig
 
 
 def per_rank_totals(plan, config, k):
-    """Each rank's own completions and tokens in mini-batch k (x world size, which with the
-    trainer's x N on the loss and the ranks' gradient average gives the mean of per-rank losses)."""
+    """Each rank's own completions and tokens in mini-batch k, times the world size: with the
+    trainer's x N on the loss and the ranks' gradient average, the mean of per-rank losses."""
+    width = plan.owned.stop - plan.owned.start
+    world_size = len(plan.rewards) // width
+    lengths = plan.lengths[plan.owned]
     keep = plan.local_groups(k)
-    owned = slice(plan.owned.start, plan.owned.stop)
-    lengths = plan.lengths[owned][keep]
-    size = (plan.owned.stop - plan.owned.start) and (len(plan.rewards) // (plan.owned.stop - plan.owned.start))
     if config.loss_type == "dapo":
-        trained = torch.zeros(plan.owned.stop - plan.owned.start, dtype=torch.bool)
+        trained = torch.zeros(width, dtype=torch.bool)
         for j in range(config.num_mini_batches):
             trained |= plan.local_groups(j)
-        items = int(plan.lengths[owned][trained].sum()) / config.num_mini_batches
+        items = int(lengths[trained].sum()) / config.num_mini_batches
     else:
-        items = float(lengths.sum())
-    return trainer.LossTotals(num_completions=max(1, int(keep.sum()) * plan.group_size) * size,
-                              num_items=max(items, 1.0) * size)
+        items = float(lengths[keep].sum())
+    # A rank with nothing in the mini-batch runs only zero-weight padding: any positive count does.
+    return trainer.LossTotals(num_completions=max(1, int(keep.sum()) * plan.group_size) * world_size,
+                              num_items=max(items, 1.0) * world_size)
 
 
 def main() -> None:
