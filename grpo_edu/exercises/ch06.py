@@ -52,10 +52,7 @@ def check_advantage_function(fn: Callable[[torch.Tensor], torch.Tensor]) -> Chec
                 if (advantages[b][order].diff() < -1e-9).any():
                     problems.append(f"group {b}: a higher reward got a lower advantage "
                                     f"(rewards {rewards[b].tolist()}, advantages {[round(a, 4) for a in advantages[b].tolist()]})")
-        if problems:
-            result.failures.append(f"{name}: " + "; ".join(problems))
-        else:
-            result.passed += 1
+        result.record(name, problems)
     return result
 
 

@@ -88,10 +88,7 @@ def check_rank_rows(fn: Callable[[int, int, int, int], list[int]]) -> CheckResul
                     first, last = expected[0] // G, expected[-1] // G
                     problems.append(f"rank {rank}: expected {_span(expected)} (prompts {first}..{last}, the "
                                     f"trainer's contiguous share), got {_span(rows)}")
-        if problems:
-            result.failures.append(f"{name}: " + "; ".join(problems))
-        else:
-            result.passed += 1
+        result.record(name, problems)
     for B, G, world_size in INDIVISIBLE_CASES:
         name = f"B={B}, G={G}, {world_size} ranks"
         owners, raised = {}, True

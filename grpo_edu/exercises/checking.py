@@ -19,6 +19,13 @@ class CheckResult:
     def __bool__(self) -> bool:
         return not self.failures
 
+    def record(self, case: str, problems: list[str]) -> None:
+        """One case: passed when it found no problems, else a failure naming them all."""
+        if problems:
+            self.failures.append(f"{case}: " + "; ".join(problems))
+        else:
+            self.passed += 1
+
     def __repr__(self) -> str:
         total = self.passed + len(self.failures)
         if not self.failures:
