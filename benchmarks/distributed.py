@@ -48,7 +48,7 @@ per optimizer step. What a rank sends for a payload of X bytes, with ring algori
 is computed too, not measured: about 2 (N - 1) / N x X for an all-reduce, (N - 1) / N
 x X for an all-gather or a reduce-scatter.
 
-`--set KEY=VALUE` (repeatable) is passed to every run (e.g. --set fused_llama=false).
+`--set KEY=VALUE` (repeatable) is passed to every run (e.g. --set engine=hf).
 """
 
 from __future__ import annotations
@@ -284,8 +284,8 @@ def count_bytes(args) -> None:
           f"{full:,} bytes in float32")
     print(f"one step here: {forwards['optimizer_steps']} optimizer step(s); forwards of a sharded module on each "
           f"rank: {forwards['reference']} reference, {forwards['pi_old']} pi_old, {forwards['update']} update "
-          f"(fused_llama = {str(config.fused_llama).lower()}: "
-          f"{'FSDP2 shards the whole model as one unit' if config.fused_llama else 'FSDP2 shards each decoder layer'})\n")
+          f"(engine = {config.engine!r}: "
+          f"{'FSDP2 shards the whole model as one unit' if config.engine == 'fused' else 'FSDP2 shards each decoder layer'})\n")
     # The first step also sets FSDP2 up: left out.
     measured = {parallelism: steps[1:] for parallelism, steps in measured.items()}
     steps = len(measured["ddp"])
@@ -313,18 +313,18 @@ def count_bytes(args) -> None:
     # gathered from its forward until a backward reshards it. The frozen reference never runs
     # a backward, so the trainer reshards it after its forwards (add_logprobs): each step
     # gathers it whole again.
-    layers = 0 if config.fused_llama else 4 * sum(
+    layers = 0 if config.engine == "fused" else 4 * sum(
         parameter.numel() for layer in decoder_layers(policy) for parameter in layer.parameters())
     root = full - layers
     update, reference = forwards["update"], forwards["reference"]
     policy_gathers = update * full + (forwards["pi_old"] + update) * layers
     reference_gathers = root + reference * layers if reference else 0   # root once a step, layers per forward
     scatter_payload = forwards["optimizer_steps"] * full
-    unit = ("the whole model is one unit (the fused path runs no layer's own forward)" if config.fused_llama
+    unit = ("the whole model is one unit (the fused path runs no layer's own forward)" if config.engine == "fused"
             else f"each decoder layer is a unit ({layers:,} bytes in all), the root holds the rest ({root:,})")
     print(f"  fsdp2  {unit}:")
     print(f"         the policy's parameters, all-gathered for each update forward"
-          + ("" if config.fused_llama else ", the layers' again for its backward and for each pi_old forward")
+          + ("" if config.engine == "fused" else ", the layers' again for its backward and for each pi_old forward")
           + f": {policy_gathers:,} bytes")
     print(f"         the reference's, all-gathered for its forwards (the trainer reshards it after them: "
           f"it has no backward to do so): {reference_gathers:,} bytes")

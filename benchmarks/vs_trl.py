@@ -9,7 +9,7 @@ over the run, beta 0.04 (k3, without TRL's bias-corrected KL, so both minimise t
 same loss), epsilon 0.2, loss_type "grpo", temperature 1, sample-std advantages
 (TRL's convention), on the CPU with the same thread count. Three trainers:
 grpo_edu's default (the fused forward and sampler, grpo_edu.fused_llama),
-grpo_edu with transformers' forward and generate (fused_llama = false: TRL's
+grpo_edu with transformers' forward and generate (engine = "hf": TRL's
 model code), and TRL.
 
 Order. For each seed the three run one after the other, and the order rotates
@@ -93,7 +93,7 @@ def stamped(module, name: str, starts: list[float]):
         setattr(module, name, original)
 
 
-def run_grpo_edu(seed: int, args, held_out, fused_llama: bool = True) -> Run:
+def run_grpo_edu(seed: int, args, held_out, engine: str = "fused") -> Run:
     from grpo_edu import trainer
     from grpo_edu.config import TrainConfig
     from grpo_edu.evaluation import evaluate
@@ -102,7 +102,7 @@ def run_grpo_edu(seed: int, args, held_out, fused_llama: bool = True) -> Run:
     with tempfile.TemporaryDirectory() as directory, stamped(trainer, "sample_prompts", starts):
         config = TrainConfig(steps=args.steps, seed=seed, threads=args.threads, advantage_std="sample",
                              eval_every=args.steps, eval_size=len(held_out), checkpoint_every=0,
-                             progress=False, output_dir=directory, fused_llama=fused_llama)
+                             progress=False, output_dir=directory, engine=engine)
         result = trainer.train(config, log=lambda _: None)
     step_seconds = intervals(starts, args.steps, "grpo_edu.trainer.train (sample_prompts)")
     phases = [sum(m[f"time/{key}"] for key in trainer.TIME_SPLIT) for m in result.history]
@@ -160,7 +160,7 @@ def run_trl(seed: int, args, held_out) -> Run:
 TRAINERS = {
     "grpo_edu": run_grpo_edu,
     "grpo_edu (transformers forward)": lambda seed, args, held_out: run_grpo_edu(seed, args, held_out,
-                                                                                fused_llama=False),
+                                                                                engine="hf"),
     "TRL GRPOTrainer": run_trl,
 }
 OLD_SPANS = {"grpo_edu": "rollout + scoring + update", "grpo_edu (transformers forward)": "rollout + scoring + update",

@@ -47,9 +47,18 @@ class TrainConfig:
     precision: str = _doc("forward passes in 'fp32' or 'bf16' (autocast), 'auto' = bf16 on CUDA, fp32 on the "
                           "CPU; the master weights and AdamW's moments stay float32 either way (a bf16 weight "
                           "keeps 8 bits of mantissa: an update smaller than 1/256 of it would round away)", "auto")
-    fused_llama: bool = _doc("run a Llama/Qwen2 policy through grpo_edu.fused_llama (transformers' maths, "
-                             "fused; tested to 1e-5); false: transformers' forward and generate", True)
-
+    engine: str = _doc("rollout engine: 'fused' (the CPU tier's fast sampler and forward for Llama/Qwen2 "
+                       "policies, transformers' maths tested to 1e-5; CPU, float32), 'hf' (transformers' generate "
+                       "and forward: any causal LM, any device) or 'vllm' (vLLM 0.31.0 samples, transformers' "
+                       "forward trains; see vllm_mode)", "fused")
+    vllm_mode: str = _doc("engine = 'vllm': 'colocate' (an engine inside every training process, sharing its GPU, "
+                          "asleep between rollouts) or 'server' (a separate `grpo-edu vllm-serve` process at "
+                          "vllm_server_url, for models that do not fit beside the trainer)", "colocate")
+    vllm_gpu_memory_utilization: float = _doc("colocated vLLM: the fraction of the GPU's memory vLLM may take for "
+                                              "its weights and KV cache; the trainer gets the rest", 0.3)
+    vllm_sleep_mode: bool = _doc("colocated vLLM: release the engine's weights and KV cache between rollouts "
+                                 "(sleep level 2), so the update has the GPU to itself", True)
+    vllm_server_url: str = _doc("vllm_mode = 'server': the server's address", "http://127.0.0.1:8000")
     # --- rollout
     prompts_per_step: int = _doc("B: prompts sampled per rollout", 16)
     num_generations: int = _doc("G: completions sampled per prompt", 8)
@@ -74,6 +83,9 @@ class TrainConfig:
                              "before the rollout's first update; with one optimizer step per rollout, that step's "
                              "own detached log-probs: ratio 1) or 'sampler' (the rollout engine's log-probs, for "
                              "every step: the ratio then also carries the sampler/trainer mismatch)", "recomputed")
+    tis_cap: float = _doc("truncated importance sampling: weigh each token's loss by min(pi_old / pi_sampler, "
+                          "tis_cap), correcting for a sampler that differs from the trainer (vLLM's kernels, bf16); "
+                          "0 = off. Needs old_logprobs = 'recomputed' (with 'sampler' the ratio is 1)", 0.0)
     micro_batch_size: int = _doc("completions per forward/backward (gradient accumulation below a mini-batch)", 128)
 
     # --- the GRPO loss
@@ -105,7 +117,8 @@ class TrainConfig:
                    "importance_sampling_level": ("token", "sequence"),
                    "advantage_scale": ("group", "batch", "none"), "advantage_std": ("population", "sample"),
                    "old_logprobs": ("recomputed", "sampler"), "device": ("auto", "cpu", "cuda"),
-                   "parallelism": ("ddp", "fsdp2"), "precision": ("auto", "fp32", "bf16")}
+                   "parallelism": ("ddp", "fsdp2"), "precision": ("auto", "fp32", "bf16"),
+                   "engine": ("fused", "hf", "vllm"), "vllm_mode": ("colocate", "server")}
         for key, allowed in choices.items():
             if getattr(self, key) not in allowed:
                 raise ValueError(f"config key {key!r} must be one of {allowed}, got {getattr(self, key)!r}")
@@ -126,6 +139,16 @@ class TrainConfig:
                              f"prompts_per_step ({self.prompts_per_step}): mini-batches hold whole groups")
         if len(self.adam_betas) != 2:
             raise ValueError(f"config key 'adam_betas' must be [beta1, beta2], got {self.adam_betas}")
+        if not 0.0 < self.vllm_gpu_memory_utilization < 1.0:
+            raise ValueError(f"config key 'vllm_gpu_memory_utilization' must be in (0, 1), "
+                             f"got {self.vllm_gpu_memory_utilization}")
+        if self.tis_cap < 0 or (self.tis_cap and self.tis_cap < 1):
+            raise ValueError(f"config key 'tis_cap' must be 0 (off) or >= 1 (a cap below 1 would shrink every "
+                             f"on-policy token's weight), got {self.tis_cap}")
+        if self.tis_cap and self.old_logprobs == "sampler":
+            raise ValueError("config key 'tis_cap' needs old_logprobs = 'recomputed': with old_logprobs = 'sampler' "
+                             "pi_old is the sampler and every weight would be 1 (the clipped ratio already "
+                             "carries the mismatch)")
         if not self.rewards:
             raise ValueError("config key 'rewards' must name at least one reward function")
 
@@ -150,6 +173,8 @@ class TrainConfig:
         fields = {f.name: f for f in dataclasses.fields(cls)}
         typed = {}
         for key, value in values.items():
+            if key in RENAMED:
+                raise ValueError(RENAMED[key])
             if key not in fields:
                 raise ValueError(f"unknown config key {key!r}; known keys: {', '.join(fields)}")
             typed[key] = _coerce(key, value, _resolved_types()[key])
@@ -162,7 +187,7 @@ class TrainConfig:
         path = Path(run_dir) / "config.json"
         if not path.is_file():
             raise ValueError(f"--resume {run_dir}: no config.json there (not a grpo-edu run directory)")
-        values = json.loads(path.read_text())
+        values = _upgrade(json.loads(path.read_text()))
         for override in overrides or []:
             key, value = parse_override(override)
             values[key] = value
@@ -171,6 +196,22 @@ class TrainConfig:
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
+
+
+# Keys that were replaced: the error names the new key.
+RENAMED = {
+    "fused_llama": "config key 'fused_llama' was replaced by 'engine': fused_llama = true is engine = \"fused\", "
+                   "false is engine = \"hf\" (and engine = \"vllm\" is new)",
+}
+
+
+def _upgrade(saved: dict) -> dict:
+    """A run directory's config.json as written before a key was replaced (so that an older
+    run resumes): fused_llama = true/false is engine = "fused"/"hf"."""
+    saved = dict(saved)
+    if "fused_llama" in saved:
+        saved["engine"] = "fused" if saved.pop("fused_llama") else "hf"
+    return saved
 
 
 def _resolved_types() -> dict:

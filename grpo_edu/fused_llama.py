@@ -34,7 +34,7 @@ float64 for Llama, grouped-query Llama and Qwen2 (biased q, k, v), for any
 prompt padding and completion lengths, and the engine's greedy output equal to
 `generate`'s. Other models and features (scaled RoPE, sliding windows, biased
 MLPs, bf16 weights) are refused by name: train those with
-`fused_llama = false` (transformers' forward and generate).
+`engine = "hf"` (transformers' forward and generate).
 """
 
 from __future__ import annotations
@@ -55,7 +55,7 @@ def check_supported(model) -> None:
     name = type(model).__name__
     if name not in SUPPORTED_MODELS:
         raise ValueError(f"fused_llama supports {SUPPORTED_MODELS}, got {name}; "
-                         f"use fused_llama = false (transformers' forward) for this model")
+                         f"use engine = 'hf' (transformers' forward) for this model")
     config = model.config
     rope = getattr(config, "rope_parameters", None) or getattr(config, "rope_scaling", None) or {}
     problems = {
@@ -68,10 +68,10 @@ def check_supported(model) -> None:
     for key, (value, wanted) in problems.items():
         if value != wanted:
             raise ValueError(f"fused_llama implements {key} = {wanted!r}, this model has {value!r}; "
-                             f"use fused_llama = false (transformers' forward) for this model")
+                             f"use engine = 'hf' (transformers' forward) for this model")
     if model.dtype not in (torch.float32, torch.float64):
         raise ValueError(f"fused_llama computes in float32 or float64, this model is {model.dtype}; "
-                         f"use fused_llama = false (transformers' forward) for this model")
+                         f"use engine = 'hf' (transformers' forward) for this model")
 
 
 @dataclass
@@ -347,6 +347,9 @@ class FusedEngine:
         if tokenizer.eos_token_id is None or tokenizer.pad_token_id is None:
             raise ValueError("tokenizer needs an eos and a pad token for batched generation")
         self.model, self.tokenizer = model, tokenizer
+
+    def sync_weights(self) -> None:
+        """Samples with the policy module itself (fused afresh each call): nothing to copy."""
 
     @torch.inference_mode()
     def generate(self, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, sampling: SamplingParams, *,

@@ -5,7 +5,8 @@ b * G + g is completion g of prompt b), so `.view(B, G, ...)` recovers the
 groups. Every engine returns the same `Rollout`; the trainer never needs to
 know which engine sampled. `HFEngine` uses transformers' `generate` and runs
 any causal LM; `grpo_edu.fused_llama.FusedEngine` is the CPU tier's fast
-sampler for Llama-family models (a decoding loop over a shared KV cache).
+sampler for Llama-family models (a decoding loop over a shared KV cache);
+`grpo_edu.vllm_engine.VLLMEngine` samples with vLLM (the GPU tier).
 
 Shapes: N = B * G completions, P prompt columns (left-padded), S completion
 columns (right-padded, S <= max_new_tokens).
@@ -56,6 +57,17 @@ class Rollout:
 
 
 class RolloutEngine(Protocol):
+    """What the trainer asks of an engine (tests/test_engines.py: every engine's contract).
+
+    Token ids in, token ids out (nothing is re-tokenised), in prompt-major order; the
+    completion mask covers the tokens up to and including EOS; `finished` says which
+    completions ended with EOS; the sampler's log-probs are those of softmax(logits / T) at
+    the sampled ids."""
+
+    def sync_weights(self) -> None:
+        """Before every rollout, on every rank at once: sample from the trainer's current
+        weights (an engine that samples with the policy module itself has nothing to do)."""
+
     def generate(self, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor,
                  sampling: SamplingParams) -> Rollout:
         """prompt_ids, prompt_mask: (B, P) left-padded -> Rollout of B * G completions."""
@@ -81,6 +93,9 @@ class HFEngine:
         self.tokenizer = tokenizer
         if tokenizer.eos_token_id is None or tokenizer.pad_token_id is None:
             raise ValueError("tokenizer needs an eos and a pad token for batched generation")
+
+    def sync_weights(self) -> None:
+        """Samples with the policy module itself: nothing to copy."""
 
     @torch.no_grad()
     def generate(self, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor,

@@ -164,19 +164,33 @@ def autocast(config: TrainConfig, device: torch.device):
 
 def check_engine_settings(config: TrainConfig, device: torch.device) -> None:
     """The fused path is the CPU tier's float32 fast path: refused by name elsewhere."""
-    if not config.fused_llama:
+    if config.engine != "fused":
         return
     if device.type != "cpu":
-        raise ValueError(f"config key 'fused_llama' is true, but the fused forward and sampler are the CPU "
+        raise ValueError(f"config key 'engine' is 'fused', but the fused forward and sampler are the CPU "
                          f"tier's fast path and run on the CPU only (device is {device}); set "
-                         f"fused_llama = false on {device.type} (transformers' forward and generate)")
+                         f"engine = 'hf' (transformers' forward and generate) or 'vllm' on {device.type}")
     if compute_dtype(config, device) != torch.float32:
-        raise ValueError("config key 'fused_llama' is true with precision = 'bf16': the fused path computes "
-                         "in float32 only; set fused_llama = false for bf16 autocast")
+        raise ValueError("config key 'engine' is 'fused' with precision = 'bf16': the fused path computes "
+                         "in float32 only; set engine = 'hf' or 'vllm' for bf16 autocast")
 
 
-def make_engine(config: TrainConfig, policy, tokenizer):
-    return fused_llama.FusedEngine(policy, tokenizer) if config.fused_llama else HFEngine(policy, tokenizer)
+def make_engine(config: TrainConfig, models: "Models", tokenizer, world: World = World()):
+    """The rollout engine config.engine names. fused and hf sample with the trainer's whole-weight
+    policy itself; vllm holds its own copy, loaded from the trained (maybe sharded) policy
+    before every rollout (grpo_edu.vllm_engine)."""
+    if config.engine == "fused":
+        return fused_llama.FusedEngine(models.full_policy, tokenizer)
+    if config.engine == "hf":
+        return HFEngine(models.full_policy, tokenizer)
+    from grpo_edu import vllm_engine
+    if config.vllm_mode == "server":
+        return vllm_engine.VLLMServerEngine(config.vllm_server_url, models.policy, tokenizer, world)
+    dtype = "bfloat16" if compute_dtype(config, world.device) == torch.bfloat16 else "float32"
+    path = vllm_engine.sampler_model_path(models.full_policy, tokenizer, config.output_dir, world)
+    return vllm_engine.VLLMEngine(path, models.policy, tokenizer, world, seed=config.seed, dtype=dtype,
+                                  gpu_memory_utilization=config.vllm_gpu_memory_utilization,
+                                  sleep_mode=config.vllm_sleep_mode)
 
 
 def sequence_logprobs(config: TrainConfig, model, input_ids, attention_mask, completion_mask):
@@ -185,7 +199,7 @@ def sequence_logprobs(config: TrainConfig, model, input_ids, attention_mask, com
     The fused forward computes each prompt once for its G completions when the rows
     hold whole groups (every micro-batch does when micro_batch_size is a multiple of G).
     """
-    if not config.fused_llama:
+    if config.engine != "fused":
         return completion_logprobs(model, input_ids, attention_mask, completion_mask,
                                    temperature=config.temperature)
     G = config.num_generations
@@ -230,7 +244,7 @@ def build_models(config: TrainConfig, world: World, policy: torch.nn.Module,
     def logprob_fn(model, input_ids, attention_mask, completion_mask):
         with autocast(config, world.device):
             return sequence_logprobs(config, model, input_ids, attention_mask, completion_mask)
-    per_layer = not config.fused_llama   # the fused path runs no layer's own forward
+    per_layer = config.engine != "fused"   # the fused path runs no layer's own forward
     train_logprobs = distributed.wrap(policy, logprob_fn, world, config.parallelism, trainable=True,
                                       per_layer=per_layer)
     reference_logprobs = None if reference is None else distributed.wrap(
@@ -253,9 +267,10 @@ def roll_out(config: TrainConfig, samples: list[dict], tokenizer, engine, world:
     `samples` is the step's whole prompt list; this rank samples `share` of it (default
     world.shard). The random numbers are drawn for all B prompts on every rank alike, so
     every rank's RNG stays in step: the fused engine takes its rows of one uniforms table
-    (the rollout does not depend on the number of ranks); transformers' generate draws
-    its own, seeded from a number drawn for the whole batch plus the rank (each rank's
-    samples are reproducible, but depend on how the prompts are split).
+    (the rollout does not depend on the number of ranks); vLLM seeds completion i of the
+    batch with one number drawn for the batch plus i (nor does it, up to vLLM's kernels);
+    transformers' generate draws its own, seeded from that number plus the rank (each
+    rank's samples are reproducible, but depend on how the prompts are split).
     """
     B, G, L = len(samples), config.num_generations, config.max_completion_length
     share = world.shard(B) if share is None else share
@@ -263,11 +278,15 @@ def roll_out(config: TrainConfig, samples: list[dict], tokenizer, engine, world:
     prompts = tokenizer([s["prompt"] for s in mine], return_tensors="pt", padding=True,
                         add_special_tokens=False).to(world.device)
     sampling = SamplingParams(G, L, config.temperature)
+    engine.sync_weights()   # vLLM: the trainer's current weights (fused, hf: the policy itself)
     with autocast(config, world.device):
         if isinstance(engine, fused_llama.FusedEngine):
             uniforms = torch.rand(B * G, L)[share.start * G:share.stop * G].to(world.device)
             return engine.generate(prompts["input_ids"], prompts["attention_mask"], sampling, uniforms=uniforms)
         seed = int(torch.randint(0, 2**62, (1,)))
+        if not isinstance(engine, HFEngine):   # vLLM: completion i of the batch samples with seed + i
+            seeds = [seed + (share.start + b) * G for b in range(len(mine))]
+            return engine.generate(prompts["input_ids"], prompts["attention_mask"], sampling, seeds=seeds)
         devices = [world.device] if world.device.type == "cuda" else []
         with torch.random.fork_rng(devices=devices):
             torch.manual_seed(seed + world.rank)
@@ -754,7 +773,7 @@ def train(config: TrainConfig, *, advantage_fn: AdvantageFn | None = None,
     optimizer = torch.optim.AdamW(models.policy.parameters(), lr=config.learning_rate,
                                   betas=tuple(config.adam_betas), weight_decay=config.weight_decay, fused=True)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, learning_rate_factor(config))
-    engine = make_engine(config, models.full_policy, tokenizer)
+    engine = make_engine(config, models, tokenizer, world)
     train_pool = tasks.make_dataset(config.task, n=TRAIN_POOL, split="train", seed=0)
     held_out = tasks.make_dataset(config.task, n=config.eval_size, split="test", seed=0)
     history: list[dict] = []

@@ -74,7 +74,7 @@ def test_every_key_is_in_the_file(name):
 def test_gpu_settings(name):
     config, text = load(name)
     N = WORLD_SIZE[name]
-    assert (config.device, config.fused_llama, config.precision) == ("cuda", False, "bf16")
+    assert (config.device, config.engine, config.precision) == ("cuda", "vllm", "bf16")
     assert config.parallelism == ("ddp" if N == 1 else "fsdp2")
     assert config.prompts_per_step % N == 0, f"prompts_per_step {config.prompts_per_step} must divide among {N}"
     assert config.output_dir == f"runs/{name.removesuffix('.toml')}"

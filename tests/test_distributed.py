@@ -222,11 +222,11 @@ def test_every_tensor_handed_to_the_loss_is_on_the_trainers_device(tmp_path, mon
 
 def test_fused_path_is_refused_off_the_cpu_and_with_bf16():
     config = TrainConfig(progress=False)
-    with pytest.raises(ValueError, match="fused_llama = false on cuda"):
+    with pytest.raises(ValueError, match="engine = 'hf' .*or 'vllm' on cuda"):
         trainer.check_engine_settings(config, torch.device("cuda", 0))
     with pytest.raises(ValueError, match="precision = 'bf16'"):
         trainer.check_engine_settings(TrainConfig(precision="bf16", progress=False), torch.device("cpu"))
-    trainer.check_engine_settings(TrainConfig(precision="bf16", fused_llama=False, progress=False), torch.device("cpu"))
+    trainer.check_engine_settings(TrainConfig(precision="bf16", engine="hf", progress=False), torch.device("cpu"))
 
 
 def test_device_auto_is_the_cpu_without_a_gpu_and_cuda_without_one_is_an_error():
@@ -239,7 +239,7 @@ def test_device_auto_is_the_cpu_without_a_gpu_and_cuda_without_one_is_an_error()
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (the CUDA path's own test)")
 def test_one_gpu_trains_in_bf16(tmp_path):
-    config = TrainConfig(device="cuda", fused_llama=False, precision="bf16", steps=3, eval_size=32,
+    config = TrainConfig(device="cuda", engine="hf", precision="bf16", steps=3, eval_size=32,
                          progress=False, output_dir=str(tmp_path))
     result = trainer.train(config, log=lambda _: None)
     assert result.summary["steps"] == 3
@@ -258,7 +258,7 @@ def test_bf16_autocast_changes_the_forward_and_keeps_float32_master_weights(tmp_
     completion_mask = ids["attention_mask"][:, -6:].bool()
     logp = {}
     for precision in ("fp32", "bf16"):
-        config = TrainConfig(fused_llama=False, precision=precision, beta=0.0, progress=False)
+        config = TrainConfig(engine="hf", precision=precision, beta=0.0, progress=False)
         models = trainer.build_models(config, World(), policy)
         logp[precision] = models.train_logprobs(ids["input_ids"], ids["attention_mask"], completion_mask)
         logp[precision].sum().backward()
@@ -268,7 +268,7 @@ def test_bf16_autocast_changes_the_forward_and_keeps_float32_master_weights(tmp_
     difference = (logp["fp32"] - logp["bf16"]).abs().max().item()
     assert 1e-4 < difference < 0.5
     config = TrainConfig(prompts_per_step=4, num_generations=4, max_completion_length=6, steps=2, eval_size=8,
-                         fused_llama=False, precision="bf16", progress=False, threads=1, output_dir=str(tmp_path))
+                         engine="hf", precision="bf16", progress=False, threads=1, output_dir=str(tmp_path))
     result = trainer.train(config, policy=policy, tokenizer=tokenizer, log=lambda _: None)
     assert all(p.dtype == torch.float32 for p in result.policy.parameters())
     state = torch.load(tmp_path / "checkpoints" / "step-000002" / "trainer_state.pt", weights_only=True)

@@ -223,7 +223,7 @@ def test_same_seed_same_samples():
 
 def test_unsupported_models_are_refused_by_name():
     gpt2 = GPT2LMHeadModel(GPT2Config(n_layer=1, n_embd=16, n_head=2, vocab_size=40))
-    with pytest.raises(ValueError, match="fused_llama supports .* got GPT2LMHeadModel; use fused_llama = false"):
+    with pytest.raises(ValueError, match="fused_llama supports .* got GPT2LMHeadModel; use engine = 'hf'"):
         fused_llama.FusedEngine(gpt2, char_tokenizer())
     scaled = LlamaForCausalLM(LlamaConfig(rope_scaling={"rope_type": "linear", "factor": 2.0}, **SIZES))
     with pytest.raises(ValueError, match="rope_type = 'default', this model has 'linear'"):

@@ -242,7 +242,7 @@ def test_filtering_zero_std_groups_skips_groups_that_agree(tmp_path):
 
 
 def test_fused_and_transformers_paths_give_the_same_update(tmp_path):
-    """fused_llama = true changes how the numbers are computed, not which: the same
+    """engine = "fused" changes how the numbers are computed, not which: the same
     rollout gives the same reference log-probs, loss and gradient either way."""
     torch.manual_seed(0)
     policy, tokenizer = tiny()
@@ -251,7 +251,7 @@ def test_fused_and_transformers_paths_give_the_same_update(tmp_path):
     rollout = trainer.roll_out(small_config(tmp_path), samples, tokenizer, HFEngine(policy, tokenizer))
     results = []
     for fused in (True, False):
-        config = small_config(tmp_path, beta=0.04, fused_llama=fused, micro_batch_size=8)
+        config = small_config(tmp_path, beta=0.04, engine="fused" if fused else "hf", micro_batch_size=8)
         models = trainer.build_models(config, World(), policy)
         batch, plan = trainer.score(config, samples, rollout, tokenizer,
                                     trainer.reward_functions_from_config({"format": 1.0}),
@@ -274,7 +274,7 @@ def test_fused_and_transformers_paths_give_the_same_update(tmp_path):
 def test_the_transformers_path_trains(tmp_path):
     policy, tokenizer = tiny()
     before = _weights(policy)
-    result = trainer.train(small_config(tmp_path, steps=2, fused_llama=False, learning_rate=1e-2), policy=policy,
+    result = trainer.train(small_config(tmp_path, steps=2, engine="hf", learning_rate=1e-2), policy=policy,
                            tokenizer=tokenizer, reward_functions={"digits": (count_digits, 1.0)}, log=lambda _: None)
     assert result.summary["steps"] == 2
     assert not all(torch.equal(before[k], v) for k, v in policy.state_dict().items())

@@ -130,14 +130,14 @@ def test_old_logprobs_sampler_is_the_losss_pi_old(tmp_path, monkeypatch):
     assert all(m["sampler_gap/mean_abs"] == pytest.approx(0.3, abs=1e-4) for m in result.history)
 
 
-@pytest.mark.parametrize("fused_llama", [True, False])
+@pytest.mark.parametrize("engine", ["fused", "hf"])
 @pytest.mark.parametrize("num_iterations, num_mini_batches, old_logprobs",
                          [(1, 1, "recomputed"), (2, 2, "recomputed"), (1, 2, "sampler")])
-def test_sampler_gap_is_logged_every_step_and_near_zero(tmp_path, fused_llama, num_iterations,
+def test_sampler_gap_is_logged_every_step_and_near_zero(tmp_path, engine, num_iterations,
                                                         num_mini_batches, old_logprobs):
     """In float32 at the trainer's temperature, both engines' log-probs are the trainer's
     up to rounding, whichever log-probs the metric compares them with."""
-    result = quiet_run(small_config(tmp_path, steps=3, fused_llama=fused_llama, num_iterations=num_iterations,
+    result = quiet_run(small_config(tmp_path, steps=3, engine=engine, num_iterations=num_iterations,
                                     num_mini_batches=num_mini_batches, old_logprobs=old_logprobs))
     assert len(result.history) == 3
     for metrics in result.history:
