@@ -92,6 +92,7 @@ VLLM_API: dict[str, list[str]] = {
     # The colocated engine's model, for load_weights (as TRL's colocate mode reaches it).
     "vllm.v1.engine.llm_engine.LLMEngine.model_executor": [],
     "vllm.v1.executor.uniproc_executor.UniProcExecutor.driver_worker": [],
+    "vllm.v1.worker.worker_base.WorkerWrapperBase.__getattr__": ["attr"],   # driver_worker -> its Worker
     "vllm.v1.worker.gpu_worker.Worker.model_runner": [],
     "vllm.v1.worker.gpu_model_runner.GPUModelRunner.get_model": [],
     "vllm.model_executor.models.llama.LlamaForCausalLM.load_weights": ["weights"],
