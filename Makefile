@@ -1,6 +1,6 @@
 # The two commands of the README's quickstart, and the tools behind them.
 #   make train  set up .venv and train the tiny reasoner with GRPO (the main job)
-#   make test   set up .venv and run the whole test suite (what CI runs)
+#   make test   set up .venv, check the gpu extra resolves, run the whole test suite (what CI runs)
 #   make book   set up .venv and open the book in JupyterLab
 PYTHON ?= python3
 VENV   ?= .venv
@@ -9,7 +9,7 @@ BIN    := $(VENV)/bin
 # pin from the package index is the CUDA build (see README, "GPU readers").
 TORCH  ?= torch==2.13.0
 
-.PHONY: book train test setup setup-test browser check clean
+.PHONY: book train test setup setup-test gpu-resolves browser check clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -25,8 +25,15 @@ $(VENV)/.test: pyproject.toml | $(BIN)/python
 	$(BIN)/python -m pip install -q -e ".[test]" "$(TORCH)"
 	touch $@ $(VENV)/.book
 
+# The gpu extra (vllm==0.31.0 and everything it pins) must resolve beside our torch pin: a
+# dry-run install (package metadata only, no wheels), once per change of pyproject.toml.
+$(VENV)/.gpu-resolves: pyproject.toml | $(BIN)/python
+	$(BIN)/python -m pip install --dry-run --ignore-installed -q ".[gpu]" "$(TORCH)"
+	touch $@
+
 setup: $(VENV)/.book
 setup-test: $(VENV)/.test
+gpu-resolves: $(VENV)/.gpu-resolves
 
 # The book's pinned floating-point kernels (grpo_edu/numerics.py), so that a chapter
 # re-run in JupyterLab prints the numbers committed in it.
@@ -36,7 +43,7 @@ book: setup
 train: setup
 	$(BIN)/grpo-edu train
 
-test: setup-test browser
+test: setup-test gpu-resolves browser
 	$(BIN)/python -m pytest
 
 # tests/test_browser.py drives Debian's Chromium. Install it where it is missing and
