@@ -315,29 +315,36 @@ def _real_vllm():
 @pytest.mark.skipif(_real_vllm() is None, reason="no real vllm installed (the gpu extra); the frozen 0.31.0 "
                                                   "API is checked above")
 def test_every_name_the_engine_uses_is_in_the_installed_vllm():
+    import dataclasses
+
     import vllm
     assert vllm.__version__ == vllm_engine.VLLM_VERSION
     for key, arguments in vllm_engine.VLLM_API.items():
         if key == "vllm.__version__":
             continue
-        module_name, attribute = key, None
-        while True:
+        parts = key.split(".")
+        for split in range(len(parts), 0, -1):   # the longest importable module, then attributes
             try:
-                target = importlib.import_module(module_name)
+                target = importlib.import_module(".".join(parts[:split]))
                 break
             except ImportError:
-                module_name, _, tail = module_name.rpartition(".")
-                attribute = tail if attribute is None else f"{tail}.{attribute}"
-        owner = target
-        for part in attribute.split("."):
-            owner, target = target, getattr(target, part, None)
-        if target is None:   # an attribute set in __init__: check the source assigns it
-            assert f"self.{attribute.rsplit('.', 1)[1]}" in inspect.getsource(owner), key
+                continue
+        owner, name = target, None
+        for name in parts[split:]:
+            owner, target = target, getattr(target, name, None)
+        if target is None:   # set on instances: a field, or assigned in a method
+            fields = {f.name for f in dataclasses.fields(owner)} if dataclasses.is_dataclass(owner) else set()
+            assert name in fields or f"self.{name}" in inspect.getsource(owner), key
             continue
-        if callable(target) and arguments:
+        if isinstance(target, type) and issubclass(target, dict):   # a TypedDict
+            accepted = set(target.__required_keys__ | target.__optional_keys__)
+        else:
             parameters = inspect.signature(target).parameters
-            accepts_kwargs = any(p.kind is p.VAR_KEYWORD for p in parameters.values())
-            assert accepts_kwargs or set(arguments) <= set(parameters), key
+            accepted = set(parameters)
+            if key == "vllm.LLM":   # LLM(**kwargs) hands the rest to EngineArgs
+                from vllm.engine.arg_utils import EngineArgs
+                accepted |= {f.name for f in dataclasses.fields(EngineArgs)}
+        assert set(arguments) <= accepted, f"{key}: the installed vllm takes no {sorted(set(arguments) - accepted)}"
 
 
 def test_trls_client_has_what_server_mode_uses():
