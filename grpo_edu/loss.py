@@ -8,7 +8,9 @@ columns) or already flat (N, S) with N = B * G; advantages are (B, G) or (N,).
     rho_i    = exp(mean_t (logp_t - old_logp_t))         one ratio per response (GSPO)
     policy_t = -min(rho A, clip(rho, 1 - epsilon, 1 + epsilon_high) A)
     kl_t     = k1 | k2 | k3 estimate of KL(pi || pi_ref) at token t
-    l_t      = policy_t + beta kl_t
+    w_t      = min(exp(old_logp_t - sampler_logp_t), tis_cap)   truncated importance
+               sampling (tis_cap > 0; else 1): a constant, on the policy term only (as TRL)
+    l_t      = w_t policy_t + beta kl_t
 
 and the loss is a weighted sum of l_t over the real tokens; the loss types differ
 only in the weight a token gets (`aggregation_weights`; `aggregate` applies the
@@ -126,7 +128,8 @@ def grpo_loss(logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Tens
               loss_type: str = "grpo", max_completion_length: int | None = None,
               importance_sampling_level: str = "token", kl_estimator: str = "k3",
               num_items: float | torch.Tensor | None = None,
-              num_completions: int | None = None) -> GRPOLossOutput:
+              num_completions: int | None = None,
+              sampler_logp: torch.Tensor | None = None, tis_cap: float = 0.0) -> GRPOLossOutput:
     """The clipped GRPO surrogate + KL penalty, aggregated per `loss_type`.
 
     logp: (B, G, S) or (N, S) log pi_theta at the sampled tokens (requires grad)
@@ -150,6 +153,13 @@ def grpo_loss(logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Tens
     num_completions: grpo's and dr_grpo's n, the whole batch's completion count;
         defaults to this batch's (see the module docstring: parts of a batch
         pass the whole batch's counts, and their losses add up)
+    sampler_logp, tis_cap: truncated importance sampling. The tokens were drawn by a
+        sampler whose log-probs (sampler_logp, same shape as logp) differ from pi_old's (vLLM's
+        kernels, bf16); each token's policy term is weighed by the constant
+        w = min(pi_old / pi_sampler, tis_cap), which makes the expected gradient pi_old's
+        again (up to the truncation). As TRL 1.16 (vllm_importance_sampling_mode =
+        "token_truncate"), the KL term is not weighed. tis_cap = 0: off (w = 1), bitwise the
+        loss without it. per_token_loss includes w.
     Metrics (floats):
       loss, policy_loss       the loss, and the loss without the KL term
       kl                      token mean of the KL estimate to pi_ref (when ref_logp is given)
@@ -163,10 +173,14 @@ def grpo_loss(logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Tens
       zero_std_groups         fraction of prompts whose G advantages are all equal
                               ((B, G) advantages only)
       completion_length/mean  real tokens per completion
+      tis/mean, tis/truncated (tis_cap > 0) the token mean of the truncated weight w (TRL's
+                              sampling/importance_sampling_ratio/mean), and the fraction of
+                              tokens whose weight the cap truncated
     Token means run over real tokens; at the sequence level the ratio and clip
     metrics run over completions, as in TRL.
     """
     _check_options(loss_type, importance_sampling_level, kl_estimator, epsilon, epsilon_high, beta)
+    _check_tis(tis_cap, sampler_logp, logp)
     epsilon_high = epsilon if epsilon_high is None else epsilon_high
     mask = _check_inputs(logp, old_logp, advantages, completion_mask, ref_logp, beta)
     shape = logp.shape
@@ -194,6 +208,12 @@ def grpo_loss(logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Tens
     # Where the clipped term is smaller, it wins the min, and it is constant in
     # theta: those tokens get no policy gradient (the trust region).
     policy = -torch.minimum(ratio * A, clipped_ratio * A) * weights_mask   # (N, S)
+    tis = None
+    if tis_cap:
+        sampler = sampler_logp.reshape(-1, S).to(dtype).masked_fill(~mask, 0.0)
+        raw = torch.exp(old_logp.detach() - sampler)                       # 1 on padding
+        tis = (torch.clamp(raw, max=tis_cap), raw > tis_cap)
+        policy = policy * tis[0]
 
     kl = None
     if ref_logp is not None:
@@ -209,6 +229,10 @@ def grpo_loss(logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Tens
         metrics = _metrics(loss, policy, kl, ratio, log_ratio, A, weights_mask, lengths, epsilon,
                            epsilon_high, loss_type, options, advantages,
                            sequence_level=importance_sampling_level == "sequence")
+        if tis is not None:
+            real = mask
+            metrics["tis/mean"] = tis[0][real].mean().item()
+            metrics["tis/truncated"] = tis[1][real].to(dtype).mean().item()
     return GRPOLossOutput(
         loss=loss, metrics=metrics, per_token_loss=per_token_loss.reshape(shape),
         token_weights=aggregation_weights(mask, loss_type, **options).to(dtype).reshape(shape),
@@ -292,6 +316,15 @@ def _count(value, default: int, name: str) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
         raise ValueError(f"{name} (the whole batch's completion count) must be a positive int, got {value!r}")
     return value
+
+
+def _check_tis(tis_cap, sampler_logp, logp) -> None:
+    if isinstance(tis_cap, bool) or not isinstance(tis_cap, (int, float)) or (tis_cap != 0 and not tis_cap >= 1):
+        raise ValueError(f"tis_cap must be 0 (off) or >= 1 (the largest importance weight), got {tis_cap!r}")
+    if tis_cap and sampler_logp is None:
+        raise ValueError("tis_cap > 0 needs sampler_logp (the sampler's log-probs of the sampled tokens), got None")
+    if sampler_logp is not None and sampler_logp.shape != logp.shape:
+        raise ValueError(f"sampler_logp must have logp's shape {tuple(logp.shape)}, got {tuple(sampler_logp.shape)}")
 
 
 def _check_options(loss_type, level, kl_estimator, epsilon, epsilon_high, beta) -> None:

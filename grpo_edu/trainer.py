@@ -505,7 +505,8 @@ def micro_batch_loss(config: TrainConfig, model, part: dict, totals: LossTotals)
                     max_completion_length=config.max_completion_length,
                     importance_sampling_level=config.importance_sampling_level,
                     kl_estimator=config.kl_estimator, num_items=totals.num_items,
-                    num_completions=totals.num_completions)
+                    num_completions=totals.num_completions,
+                    sampler_logp=part["sampler_logp"], tis_cap=config.tis_cap)
     return out.loss, out, logp.detach()
 
 
@@ -515,6 +516,7 @@ METRIC_REDUCTION = {
     "loss": "sum", "policy_loss": "sum", "approx_kl": "token", "kl": "token",
     "clip_ratio/low": "unit", "clip_ratio/high": "unit", "clip_ratio/region": "unit",
     "ratio/mean": "unit", "ratio/min": "min", "ratio/max": "max",
+    "tis/mean": "token", "tis/truncated": "token",
 }
 
 

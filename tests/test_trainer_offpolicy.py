@@ -43,8 +43,8 @@ def engine_that_reports(transform=None, temperature=None):
     or are sampled at another temperature than the trainer's."""
     make_engine = trainer.make_engine
 
-    def make(config, policy, tokenizer):
-        engine = make_engine(config, policy, tokenizer)
+    def make(config, models, tokenizer, world):
+        engine = make_engine(config, models, tokenizer, world)
         generate = engine.generate
 
         def tampered(prompt_ids, prompt_mask, sampling, **options):
