@@ -4,6 +4,8 @@
     grpo-edu book list                 the chapter table
     grpo-edu book run [CHAPTER ...]    rebuild chapters (fresh kernel) and write their outputs
     grpo-edu book check [CHAPTER ...]  re-execute and compare outputs (nbval), check prose numbers
+    grpo-edu doctor --gpu              check a GPU machine for the vLLM engine (pass/fail table)
+    grpo-edu vllm-serve MODEL          start the vLLM server of vllm_mode = "server" (127.0.0.1)
 
 A bad argument or input file is one line on stderr that names the argument, what
 was expected and what was given, and exit code 2; --debug adds the traceback.
@@ -233,6 +235,11 @@ def _train(args) -> int:
         result = trainer.train(config, resume=args.resume, log=_say)
     except checkpoint.CheckpointError as error:
         raise UsageError(f"--resume {error}") from error
+    except ImportError as error:
+        from grpo_edu.vllm_engine import VLLMNotInstalled
+        if not isinstance(error, VLLMNotInstalled):
+            raise
+        raise UsageError(f"engine: {error}") from error
     except OSError as error:
         if not _cannot_write(error, config.output_dir):
             raise
@@ -262,6 +269,34 @@ def _train(args) -> int:
     except ImportError:
         print("curves: not plotted (matplotlib is not installed; pip install 'grpo-edu[book]')")
     return 0
+
+
+def _doctor(args) -> int:
+    if not args.gpu:
+        raise UsageError("expected --gpu (the GPU machine's check of the vLLM engine), got no option")
+    from grpo_edu import doctor
+    return doctor.gpu()
+
+
+def _vllm_serve(args) -> int:
+    import shlex
+
+    path = Path(args.model).expanduser()
+    if (path.exists() or args.model.startswith((".", "/", "~"))) and not (path / "config.json").is_file():
+        raise UsageError(f"MODEL: expected a saved model folder (holding config.json) or a hub id, got {args.model!r}")
+    if not 0.0 < args.gpu_memory_utilization <= 1.0:
+        raise UsageError(f"--gpu-memory-utilization: expected a fraction in (0, 1], got {args.gpu_memory_utilization}")
+    from grpo_edu.vllm_engine import serve_command
+    try:
+        command = serve_command(str(path) if path.exists() else args.model, host=args.host, port=args.port,
+                                gpu_memory_utilization=args.gpu_memory_utilization)
+    except ImportError as error:
+        raise UsageError(f"expected TRL and vLLM installed (pip install -e '.[gpu]'), got: {error}") from error
+    environment = dict(os.environ, VLLM_SERVER_DEV_MODE="1")   # the weight-transfer and cache routes
+    if args.dry_run:
+        print(f"VLLM_SERVER_DEV_MODE=1 {shlex.join(command)}")
+        return 0
+    os.execvpe(command[0], command, environment)
 
 
 def _debug_flag(parser, top: bool = False) -> None:
@@ -300,6 +335,24 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument("--resume", metavar="RUN_DIR", help="continue the run in RUN_DIR from its newest "
                        "complete checkpoint (a damaged one is named and skipped)")
     train.set_defaults(func=_train)
+
+    doctor = commands.add_parser("doctor", help="check this machine for the GPU tier (--gpu)")
+    _debug_flag(doctor)
+    doctor.add_argument("--gpu", action="store_true", help="CUDA, vLLM, the engine's weight sync and log-probs, "
+                        "two training steps: a pass/fail table (without a GPU: what it would check)")
+    doctor.set_defaults(func=_doctor)
+
+    serve = commands.add_parser("vllm-serve", help="start a vLLM server for vllm_mode = 'server'")
+    _debug_flag(serve)
+    serve.add_argument("model", metavar="MODEL", help="the policy: a saved model folder or a hub id (the "
+                       "trainer's config.model)")
+    serve.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1: the server's "
+                       "weight-transfer and cache routes must not face a network; 0.0.0.0 only when meant)")
+    serve.add_argument("--port", type=int, default=8000, help="port (default 8000; the trainer's vllm_server_url)")
+    serve.add_argument("--gpu-memory-utilization", type=float, default=0.9,
+                       help="the fraction of the GPU vLLM takes (default 0.9: the GPU is its own)")
+    serve.add_argument("--dry-run", action="store_true", help="print the command instead of running it")
+    serve.set_defaults(func=_vllm_serve)
     return parser
 
 

@@ -112,6 +112,10 @@ TRL_CLIENT_API: dict[str, list[str]] = {
 }
 
 
+class VLLMNotInstalled(ImportError):
+    """engine = "vllm" where vllm does not import (the CLI prints it as a one-line usage error)."""
+
+
 def warn(message: str) -> None:
     """One line on stderr (not warnings.warn, which adds the source line)."""
     print(f"grpo-edu: warning: {message}", file=sys.stderr, flush=True)
@@ -123,7 +127,7 @@ def import_vllm(device: torch.device, say=warn):
     try:
         import vllm
     except ImportError as error:
-        raise ImportError(f"config key 'engine' is 'vllm' but vllm does not import ({error}); install the GPU "
+        raise VLLMNotInstalled(f"config key 'engine' is 'vllm' but vllm does not import ({error}); install the GPU "
                           f"tier with: pip install -e '.[gpu]' (vllm=={VLLM_VERSION})") from None
     if getattr(vllm, "__version__", None) != VLLM_VERSION:
         say(f"engine = 'vllm' is written for vllm=={VLLM_VERSION}, found {getattr(vllm, '__version__', '?')}")

@@ -446,3 +446,14 @@ def test_engine_vllm_without_vllm_is_one_line_naming_the_extra(monkeypatch):
     monkeypatch.setitem(sys.modules, "vllm", None)   # `import vllm` raises ImportError
     with pytest.raises(ImportError, match=r"pip install -e '.\[gpu\]' \(vllm==0.31.0\)"):
         vllm_engine.import_vllm(torch.device("cpu"))
+
+
+def test_grpo_edu_train_with_engine_vllm_and_no_vllm_is_one_line(tmp_path):
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    done = subprocess.run([sys.executable, "-m", "grpo_edu", "train", "--set", "engine=vllm", "--set", "steps=1",
+                           "--set", f"output_dir={tmp_path / 'run'}"], capture_output=True, text=True, env=env,
+                          cwd=tmp_path, timeout=300)
+    assert done.returncode == 2
+    assert done.stderr.strip().splitlines()[-1] == (
+        "grpo-edu train: engine: config key 'engine' is 'vllm' but vllm does not import (No module named 'vllm'); "
+        "install the GPU tier with: pip install -e '.[gpu]' (vllm==0.31.0)")

@@ -1,0 +1,186 @@
+"""`grpo-edu doctor --gpu`: the check a reader runs on a GPU machine before training with vLLM.
+
+Each check prints one row (PASS, FAIL, or SKIP when an earlier failure leaves it nothing to
+stand on) with what it measured; the command exits 0 when all pass, 1 otherwise. Without a
+GPU it lists what it would check, says "no GPU found" and exits 0. `run_checks(device)` takes
+the device, so the same sequence runs on the CPU against the tests' stand-in vllm.
+"""
+
+from __future__ import annotations
+
+import math
+import tempfile
+import time
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+
+from grpo_edu import tasks
+from grpo_edu.vllm_engine import VLLM_VERSION
+
+TRANSFORMERS_RANGE = ((5, 10, 4), (5, 18, 0))   # what vllm==0.31.0 requires: >=5.10.4,<5.18
+GAP_LIMIT = 0.05        # sampler_gap/mean_abs allowed between vLLM (bf16) and a float32 trainer
+MOVED = 0.1             # after the perturbation, vLLM's log-probs are at least this far (mean) from the old policy's
+
+CHECKS = [
+    ("CUDA", "torch sees a GPU: torch and CUDA versions, the device's name"),
+    ("vLLM", f"vllm imports and is version {VLLM_VERSION}, the release grpo_edu/vllm_engine.py is written for"),
+    ("transformers", "its version is in vLLM 0.31.0's range (>=5.10.4,<5.18)"),
+    ("engine", "builds the colocated vLLM engine on the committed tiny policy (bf16, sleep mode)"),
+    ("weight sync", "loads the trainer's weights, generates, compares vLLM's log-probs with the trainer's "
+                    f"recomputation (mean |gap| < {GAP_LIMIT}); perturbs the weights, syncs again, and checks "
+                    "vLLM now samples the new policy, not the old"),
+    ("training", "two GRPO training steps with engine = 'vllm': finite losses, the gap logged"),
+]
+
+
+@dataclass
+class Row:
+    name: str
+    status: str      # PASS, FAIL, SKIP
+    detail: str
+
+
+def _version(text: str) -> tuple[int, ...]:
+    return tuple(int("".join(c for c in part if c.isdigit()) or 0) for part in text.split(".")[:3])
+
+
+def run_checks(device: torch.device, output: Callable[[str], None] = print) -> list[Row]:
+    """Run every check on `device`, printing each row as it completes."""
+    rows: list[Row] = []
+    state: dict = {}
+
+    def record(name: str, status: str, detail: str) -> None:
+        rows.append(Row(name, status, detail))
+        output(f"{name:<13} {status:<5} {detail}")
+
+    def check(name: str, needs: list[str], body: Callable[[], str]) -> None:
+        failed = [n for n in needs if not any(r.name == n and r.status == "PASS" for r in rows)]
+        if failed:
+            record(name, "SKIP", f"needs {', '.join(failed)}")
+            return
+        try:
+            record(name, "PASS", body())
+        except Exception as error:   # a check that fails says why in one line, and the next ones go on
+            record(name, "FAIL", " ".join(f"{type(error).__name__}: {error}".split())[:300])
+
+    def cuda() -> str:
+        if device.type == "cuda":
+            if not torch.cuda.is_available():
+                raise RuntimeError("torch.cuda.is_available() is False")
+            return (f"torch {torch.__version__}, CUDA {torch.version.cuda}, "
+                    f"{torch.cuda.get_device_name(device)}")
+        return f"torch {torch.__version__} on the CPU (a stand-in run: no GPU is checked)"
+
+    def vllm_version() -> str:
+        import vllm
+        if vllm.__version__ != VLLM_VERSION:
+            raise RuntimeError(f"found vllm {vllm.__version__}, the engine is written for {VLLM_VERSION} "
+                               f"(pip install -e '.[gpu]')")
+        return f"vllm {vllm.__version__}"
+
+    def transformers_version() -> str:
+        import transformers
+        low, high = TRANSFORMERS_RANGE
+        if not low <= _version(transformers.__version__) < high:
+            raise RuntimeError(f"found transformers {transformers.__version__}, vLLM {VLLM_VERSION} needs "
+                               f">=5.10.4,<5.18")
+        return f"transformers {transformers.__version__}"
+
+    def engine() -> str:
+        from grpo_edu.distributed import World
+        from grpo_edu.models import STARTING_POLICY, load_policy
+        from grpo_edu.vllm_engine import VLLMEngine
+        policy, tokenizer = load_policy(STARTING_POLICY, device=device)
+        world = World(device=device)
+        started = time.perf_counter()
+        dtype = "bfloat16" if device.type == "cuda" else "float32"
+        state["engine"] = VLLMEngine(str(STARTING_POLICY), policy, tokenizer, world, seed=0,
+                                     gpu_memory_utilization=0.2, sleep_mode=True, dtype=dtype)
+        state.update(policy=policy, tokenizer=tokenizer)
+        return f"built in {time.perf_counter() - started:.1f} s ({dtype}, gpu_memory_utilization 0.2)"
+
+    def weight_sync() -> str:
+        from grpo_edu.logprobs import completion_logprobs
+        from grpo_edu.rollout import SamplingParams
+        from grpo_edu.trainer import sampler_gap
+        engine, policy, tokenizer = state["engine"], state["policy"], state["tokenizer"]
+        samples = tasks.make_dataset("arithmetic", n=8, split="test", seed=0)
+        encoded = tokenizer([s["prompt"] for s in samples], return_tensors="pt", padding=True,
+                            add_special_tokens=False).to(device)
+        sampling = SamplingParams(num_generations=4, max_new_tokens=16, temperature=1.0)
+
+        def sample_and_compare(reference):
+            engine.sync_weights()
+            rollout = engine.generate(encoded["input_ids"], encoded["attention_mask"], sampling,
+                                      seeds=[1000 + 4 * b for b in range(len(samples))])
+            ids = torch.cat([rollout.prompt_ids, rollout.completion_ids], 1)
+            mask = torch.cat([rollout.prompt_mask, rollout.completion_mask.long()], 1)
+            with torch.no_grad():
+                recomputed = completion_logprobs(reference, ids, mask, rollout.completion_mask, temperature=1.0)
+            return rollout, sampler_gap(recomputed, rollout.sampler_logp, rollout.completion_mask)
+
+        _, before = sample_and_compare(policy)
+        if not before["sampler_gap/mean_abs"] < GAP_LIMIT:
+            raise RuntimeError(f"vLLM's log-probs differ from the trainer's by {before['sampler_gap/mean_abs']:.4f} "
+                               f"on average (limit {GAP_LIMIT})")
+        import copy
+        old = copy.deepcopy(policy)
+        with torch.no_grad():
+            policy.lm_head.weight.mul_(3.0)   # a sharper policy: a clearly different distribution
+        rollout, after = sample_and_compare(policy)
+        ids = torch.cat([rollout.prompt_ids, rollout.completion_ids], 1)
+        mask = torch.cat([rollout.prompt_mask, rollout.completion_mask.long()], 1)
+        with torch.no_grad():
+            stale = sampler_gap(completion_logprobs(old, ids, mask, rollout.completion_mask, temperature=1.0),
+                        rollout.sampler_logp, rollout.completion_mask)["sampler_gap/mean_abs"]
+        if not after["sampler_gap/mean_abs"] < GAP_LIMIT:
+            raise RuntimeError(f"after a weight change vLLM's log-probs differ from the new policy's by "
+                               f"{after['sampler_gap/mean_abs']:.4f} (limit {GAP_LIMIT}): the sync did not take")
+        if not stale > max(MOVED, 4 * after["sampler_gap/mean_abs"]):
+            raise RuntimeError(f"after a weight change vLLM's log-probs are within {stale:.4f} of the old policy's "
+                               f"(expected > {MOVED} and 4 x the gap to the new one): the sync did not take")
+        return (f"gap mean {before['sampler_gap/mean_abs']:.2e}, max ratio {before['sampler_gap/max_ratio']:.4f}; "
+                f"after a weight change: {after['sampler_gap/mean_abs']:.2e} to the new policy, {stale:.3f} to the old")
+
+    def training() -> str:
+        from grpo_edu import trainer
+        from grpo_edu.config import TrainConfig
+        state.pop("engine", None)   # one engine per process: the trainer builds its own
+        with tempfile.TemporaryDirectory() as directory:
+            config = TrainConfig(engine="vllm", device=device.type, steps=2, prompts_per_step=8, num_generations=4,
+                                 eval_size=16, eval_every=1000, checkpoint_every=0, progress=False,
+                                 vllm_gpu_memory_utilization=0.2, output_dir=directory)
+            result = trainer.train(config, log=lambda _: None)
+        history = result.history
+        if len(history) != 2 or not all(math.isfinite(m["loss"]) for m in history):
+            raise RuntimeError(f"expected 2 steps with finite losses, got {[m.get('loss') for m in history]}")
+        if not all("sampler_gap/mean_abs" in m for m in history):
+            raise RuntimeError("sampler_gap/mean_abs missing from the steps' metrics")
+        seconds = [sum(m[f"time/{k}"] for k in ("rollout", "scoring", "update")) for m in history]
+        return (f"losses {history[0]['loss']:.4f}, {history[1]['loss']:.4f}; step {seconds[-1]:.2f} s; "
+                f"gap mean {history[-1]['sampler_gap/mean_abs']:.2e}")
+
+    output(f"{'check':<13} {'':<5} detail")
+    check("CUDA", [], cuda)
+    check("vLLM", [], vllm_version)
+    check("transformers", [], transformers_version)
+    check("engine", ["CUDA", "vLLM"], engine)
+    check("weight sync", ["engine"], weight_sync)
+    check("training", ["weight sync"], training)
+    passed = sum(r.status == "PASS" for r in rows)
+    output(f"\n{passed} of {len(rows)} checks passed")
+    return rows
+
+
+def gpu(output: Callable[[str], None] = print) -> int:
+    """`grpo-edu doctor --gpu`: 0 when every check passes (or there is no GPU to check), else 1."""
+    if not torch.cuda.is_available():
+        output("grpo-edu doctor --gpu checks, on a machine with an NVIDIA GPU:")
+        for name, what in CHECKS:
+            output(f"  {name:<13} {what}")
+        output("no GPU found (torch.cuda.is_available() is False): nothing was checked")
+        return 0
+    rows = run_checks(torch.device("cuda", 0), output)
+    return 0 if all(r.status == "PASS" for r in rows) else 1
