@@ -222,11 +222,13 @@ def test_grpo_edu_train_with_engine_vllm_on_the_cpu(tmp_path):
     """`grpo-edu train --set engine='vllm'` with a vllm importable and no GPU: one warning line,
     then 3 steps, each through the whole sleep/load/generate cycle, the gap logged every step."""
     out = tmp_path / "run"
-    done = run(SETTINGS + [f"output_dir={out}"], 1, tmp_path / "calls", tmp_path)
+    done = run(SETTINGS + [f"output_dir={out}", "vllm_gpu_memory_utilization=0.25"], 1, tmp_path / "calls", tmp_path)
     warnings = [line for line in done.stderr.splitlines() if "warning" in line.lower()]
     assert warnings == ["grpo-edu: warning: engine = 'vllm' without a GPU: vLLM samples on the CPU (vLLM's CPU "
                         "build, or a stand-in); the GPU check is `grpo-edu doctor --gpu`"]
-    calls = [c[0] for c in rollout_calls(logged_calls(tmp_path / "calls", 0))]
+    logged = logged_calls(tmp_path / "calls", 0)
+    assert logged[0][1]["gpu_memory_utilization"] == 0.25 and logged[0][1]["seed"] == 0
+    calls = [c[0] for c in rollout_calls(logged)]
     cycle = ["wake_up", "load_weights", "reset_prefix_cache", "wake_up", "generate", "sleep"]
     assert calls == ["LLM", "sleep"] + cycle * 3
     metrics = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
@@ -239,15 +241,19 @@ def test_two_processes_train_through_vllm_what_one_does(tmp_path, parallelism):
     """torchrun, 2 ranks: each builds its engine (seed + rank, external_launcher), loads the
     trainer's weights (under FSDP2 gathered from the shards) every step, samples its own
     prompts; the completions' seeds do not depend on the split, so the 2-process run trains
-    what the 1-process run does (final policies within 1e-5, rewards equal)."""
-    settings = SETTINGS + [f"parallelism={parallelism}", "checkpoint_every=3"]
+    what the 1-process run does (final policies within 1e-5, rewards equal). The ddp run also
+    turns sleep mode off: its engines never sleep or wake."""
+    sleep = parallelism == "fsdp2"
+    settings = SETTINGS + [f"parallelism={parallelism}", "checkpoint_every=3", f"vllm_sleep_mode={str(sleep).lower()}"]
     for processes in (1, 2):
         run(settings + [f"output_dir={tmp_path / str(processes)}"], processes, tmp_path / f"calls{processes}",
             tmp_path)
     for rank in (0, 1):
         calls = logged_calls(tmp_path / "calls2", rank)
         assert calls[0][0] == "LLM" and calls[0][1]["seed"] == rank
-        assert [c[0] for c in rollout_calls(calls)].count("generate") == 3
+        names = [c[0] for c in rollout_calls(calls)]
+        assert names.count("generate") == 3
+        assert names.count("sleep") == (4 if sleep else 0) and names.count("wake_up") == (6 if sleep else 0)
     rewards = [[json.loads(line)["reward/mean"] for line in (tmp_path / str(p) / "metrics.jsonl").read_text().splitlines()]
                for p in (1, 2)]
     assert rewards[0] == rewards[1]
@@ -411,6 +417,25 @@ def test_server_mode_streams_the_weights_then_samples_each_prompt_with_its_seed(
     with torch.no_grad():
         recomputed = completion_logprobs(policy, full, attention, r.completion_mask, temperature=0.7)
     assert float((recomputed - r.sampler_logp)[r.completion_mask].abs().max()) < 1e-4
+
+
+def test_the_trainer_in_server_mode(tmp_path, monkeypatch):
+    """vllm_mode = "server": the trainer builds the server engine for vllm_server_url and trains
+    through it (here against the stand-in client)."""
+    from test_trainer import small_config
+    built = []
+
+    class ServerEngine(vllm_engine.VLLMServerEngine):
+        def __init__(self, url, *args, **kwargs):
+            built.append(url)
+            super().__init__(url, *args, client_class=FakeClient, **kwargs)
+    monkeypatch.setattr(vllm_engine, "VLLMServerEngine", ServerEngine)
+    with fake_vllm():
+        config = small_config(tmp_path, steps=2, engine="vllm", vllm_mode="server", checkpoint_every=0,
+                              vllm_server_url="http://127.0.0.1:8123")
+        result = trainer.train(config, log=lambda _: None)
+    assert built == ["http://127.0.0.1:8123"]
+    assert len(result.history) == 2 and all(m["sampler_gap/mean_abs"] < 1e-5 for m in result.history)
 
 
 def test_serve_command_binds_to_localhost_with_weight_transfer():
