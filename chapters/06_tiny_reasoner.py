@@ -86,7 +86,7 @@ print(inspect.getsource(trainer.optimise))
 # seven small matrix products of each layer, and `model.generate` adds bookkeeping to every
 # token.
 # So for Llama-family policies the trainer uses `grpo_edu.fused_llama` (config key
-# `fused_llama`, on by default), which computes the same function with fewer operations and
+# `engine = "fused"`, the default), which computes the same function with fewer operations and
 # leaves out what need not be computed:
 #
 # - each prompt runs once for its G completions, which attend to it through a block mask,
@@ -125,8 +125,9 @@ print(f"token positions per forward: transformers {padded} (128 rows x {ids.shap
 # The fused forward computes less than half the token positions, and each with fewer
 # operations; tests/test_fused_llama.py holds it equal to transformers' forward in float64,
 # values and gradients, for Llama, grouped-query Llama and Qwen2. With
-# `fused_llama = false` the trainer uses transformers' forward and `generate`, for any causal
-# LM. The README gives the measured speed of both.
+# `engine = "hf"` the trainer uses transformers' forward and `generate`, for any causal
+# LM; `engine = "vllm"` samples with vLLM on GPUs. The README gives the measured speed of the
+# first two.
 
 # %% [markdown]
 # ## A short run

@@ -341,7 +341,8 @@ print(f"largest rank, fsdp2 / ddp: {fsdp2_total / ddp_total:.4f}")
 # - **the precision**: `precision = "auto"` becomes **bf16** autocast on CUDA for the
 #   forward passes, while the master weights and AdamW's moments stay float32;
 # - **the engine**: the fused sampler and forward are the CPU tier's float32 fast path, so
-#   `fused_llama = false` (transformers' forward and `generate`) on GPUs.
+#   on GPUs `engine = "vllm"` (vLLM samples, transformers' forward trains) or `"hf"`
+#   (transformers' forward and `generate`).
 #
 # Here is that checked against the trainer itself, without a GPU:
 
@@ -354,7 +355,7 @@ print(f"precision 'auto' on {gpu}: {trainer.compute_dtype(config, gpu)}; on the 
 try:
     trainer.check_engine_settings(config, gpu)
 except ValueError as error:
-    print(f"fused_llama = true on {gpu}: {error}")
+    print(f"engine = 'fused' on {gpu}: {error}")
 
 # %% [markdown]
 # And the arithmetic of a step. A step's size is set by the config, not by N: B prompts, B x G
@@ -392,14 +393,14 @@ for key in next(iter(tables.values())):
     print(f"{key:<32}" + "".join(f"{table[key]:>21,}" for table in tables.values()))
 h100 = configs["h100-8x"]
 print(f"\nconfigs/h100-8x.toml: device {h100.device!r}, precision {h100.precision!r}, "
-      f"fused_llama {h100.fused_llama}, parallelism {h100.parallelism!r}, model {h100.model!r}")
+      f"engine {h100.engine!r}, parallelism {h100.parallelism!r}, model {h100.model!r}")
 
 # %% [markdown]
 # Read down a column. The chapter's config on 8 ranks gives each GPU 2 prompts, 16
 # completions: far too little work for an H100. The GPU tier's configs keep the policy, the
 # task and the loss, and raise B instead: configs/h100-8x.toml samples 512 prompts a step,
 # 64 per GPU, and sets the three device keys of the list above (`device = "cuda"`,
-# `precision = "bf16"`, `fused_llama = false`) and `parallelism = "fsdp2"`.
+# `precision = "bf16"`, `engine = "vllm"`) and `parallelism = "fsdp2"`.
 #
 # The last row is why the trainer deals a rollout's groups out to its mini-batches in turn
 # (`plan_mini_batches`: mini-batch k holds groups k, k + M, k + 2M, ...) rather than cutting
