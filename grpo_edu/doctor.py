@@ -8,6 +8,7 @@ the device, so the same sequence runs on the CPU against the tests' stand-in vll
 
 from __future__ import annotations
 
+import copy
 import math
 import tempfile
 import time
@@ -111,30 +112,27 @@ def run_checks(device: torch.device, output: Callable[[str], None] = print) -> l
                             add_special_tokens=False).to(device)
         sampling = SamplingParams(num_generations=4, max_new_tokens=16, temperature=1.0)
 
-        def sample_and_compare(reference):
-            engine.sync_weights()
-            rollout = engine.generate(encoded["input_ids"], encoded["attention_mask"], sampling,
-                                      seeds=[1000 + 4 * b for b in range(len(samples))])
+        def gap_to(model, rollout) -> dict[str, float]:
             ids = torch.cat([rollout.prompt_ids, rollout.completion_ids], 1)
             mask = torch.cat([rollout.prompt_mask, rollout.completion_mask.long()], 1)
             with torch.no_grad():
-                recomputed = completion_logprobs(reference, ids, mask, rollout.completion_mask, temperature=1.0)
-            return rollout, sampler_gap(recomputed, rollout.sampler_logp, rollout.completion_mask)
+                recomputed = completion_logprobs(model, ids, mask, rollout.completion_mask, temperature=1.0)
+            return sampler_gap(recomputed, rollout.sampler_logp, rollout.completion_mask)
 
-        _, before = sample_and_compare(policy)
+        def sync_and_sample():
+            engine.sync_weights()
+            return engine.generate(encoded["input_ids"], encoded["attention_mask"], sampling,
+                                   seeds=[1000 + 4 * b for b in range(len(samples))])
+
+        before = gap_to(policy, sync_and_sample())
         if not before["sampler_gap/mean_abs"] < GAP_LIMIT:
             raise RuntimeError(f"vLLM's log-probs differ from the trainer's by {before['sampler_gap/mean_abs']:.4f} "
                                f"on average (limit {GAP_LIMIT})")
-        import copy
         old = copy.deepcopy(policy)
         with torch.no_grad():
             policy.lm_head.weight.mul_(3.0)   # a sharper policy: a clearly different distribution
-        rollout, after = sample_and_compare(policy)
-        ids = torch.cat([rollout.prompt_ids, rollout.completion_ids], 1)
-        mask = torch.cat([rollout.prompt_mask, rollout.completion_mask.long()], 1)
-        with torch.no_grad():
-            stale = sampler_gap(completion_logprobs(old, ids, mask, rollout.completion_mask, temperature=1.0),
-                        rollout.sampler_logp, rollout.completion_mask)["sampler_gap/mean_abs"]
+        rollout = sync_and_sample()
+        after, stale = gap_to(policy, rollout), gap_to(old, rollout)["sampler_gap/mean_abs"]
         if not after["sampler_gap/mean_abs"] < GAP_LIMIT:
             raise RuntimeError(f"after a weight change vLLM's log-probs differ from the new policy's by "
                                f"{after['sampler_gap/mean_abs']:.4f} (limit {GAP_LIMIT}): the sync did not take")
@@ -145,22 +143,29 @@ def run_checks(device: torch.device, output: Callable[[str], None] = print) -> l
                 f"after a weight change: {after['sampler_gap/mean_abs']:.2e} to the new policy, {stale:.3f} to the old")
 
     def training() -> str:
-        from grpo_edu import trainer
-        from grpo_edu.config import TrainConfig
-        state.pop("engine", None)   # one engine per process: the trainer builds its own
+        # In a process of its own, as a reader runs it: one vLLM engine per process.
+        import json
+        import subprocess
+        import sys
+        state.pop("engine", None)
+        settings = ["engine=vllm", f"device={device.type}", "steps=2", "prompts_per_step=8", "num_generations=4",
+                    "eval_size=16", "eval_every=1000", "checkpoint_every=0", "progress=false",
+                    "vllm_gpu_memory_utilization=0.2"]
         with tempfile.TemporaryDirectory() as directory:
-            config = TrainConfig(engine="vllm", device=device.type, steps=2, prompts_per_step=8, num_generations=4,
-                                 eval_size=16, eval_every=1000, checkpoint_every=0, progress=False,
-                                 vllm_gpu_memory_utilization=0.2, output_dir=directory)
-            result = trainer.train(config, log=lambda _: None)
-        history = result.history
+            command = [sys.executable, "-m", "grpo_edu", "train", *[f"--set={s}" for s in settings],
+                       f"--set=output_dir={directory}/run"]
+            done = subprocess.run(command, capture_output=True, text=True, timeout=1800)
+            if done.returncode != 0:
+                raise RuntimeError(f"grpo-edu train exited {done.returncode}: "
+                                   f"{(done.stderr.strip().splitlines() or ['(no output)'])[-1]}")
+            history = [json.loads(line) for line in open(f"{directory}/run/metrics.jsonl")]
         if len(history) != 2 or not all(math.isfinite(m["loss"]) for m in history):
             raise RuntimeError(f"expected 2 steps with finite losses, got {[m.get('loss') for m in history]}")
         if not all("sampler_gap/mean_abs" in m for m in history):
             raise RuntimeError("sampler_gap/mean_abs missing from the steps' metrics")
         seconds = [sum(m[f"time/{k}"] for k in ("rollout", "scoring", "update")) for m in history]
-        return (f"losses {history[0]['loss']:.4f}, {history[1]['loss']:.4f}; step {seconds[-1]:.2f} s; "
-                f"gap mean {history[-1]['sampler_gap/mean_abs']:.2e}")
+        return (f"grpo-edu train --set engine=vllm, 2 steps: losses {history[0]['loss']:.2e}, "
+                f"{history[1]['loss']:.2e}; step {seconds[-1]:.2f} s; gap mean {history[-1]['sampler_gap/mean_abs']:.2e}")
 
     output(f"{'check':<13} {'':<5} detail")
     check("CUDA", [], cuda)

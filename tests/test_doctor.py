@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from grpo_edu import doctor, vllm_engine
-from vllm_fake import fake_vllm
+from vllm_fake import environment_with_fake, fake_vllm
 
 
 def cli(*arguments):
@@ -43,6 +43,7 @@ def run(monkeypatch=None):
 
 def test_every_check_passes_on_the_cpu_against_the_stand_in(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("PYTHONPATH", environment_with_fake()["PYTHONPATH"])   # the training check's subprocess
     with fake_vllm():
         rows, printed = run()
     assert [r.status for r in rows.values()] == ["PASS"] * len(doctor.CHECKS), printed
