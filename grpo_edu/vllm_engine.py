@@ -75,7 +75,8 @@ VLLM_VERSION = "0.31.0"
 VLLM_API: dict[str, list[str]] = {
     "vllm.__version__": [],
     "vllm.LLM": ["model", "tensor_parallel_size", "distributed_executor_backend", "seed", "dtype",
-                 "gpu_memory_utilization", "enable_sleep_mode", "enable_prefix_caching", "logprobs_mode"],
+                 "gpu_memory_utilization", "enable_sleep_mode", "enable_prefix_caching", "logprobs_mode",
+                 "max_num_batched_tokens"],
     "vllm.LLM.generate": ["prompts", "sampling_params", "use_tqdm"],
     "vllm.LLM.sleep": ["level"],
     "vllm.LLM.wake_up": ["tags"],
@@ -213,7 +214,10 @@ class VLLMEngine:
         self.llm = vllm.LLM(
             model=model_path, tensor_parallel_size=1, distributed_executor_backend="external_launcher",
             seed=seed + world.rank, dtype=dtype, gpu_memory_utilization=gpu_memory_utilization,
-            enable_sleep_mode=sleep_mode, enable_prefix_caching=True, logprobs_mode="processed_logprobs")
+            enable_sleep_mode=sleep_mode, enable_prefix_caching=True, logprobs_mode="processed_logprobs",
+            # As TRL's colocate mode: vLLM's memory profiler, run with the default (far larger) token
+            # budget beside a trainer, finds too little memory for the KV cache.
+            max_num_batched_tokens=4096)
         _set_rng_states(saved)   # vLLM seeded the process; the trainer's draws go on as before
         if sleep_mode:
             self.llm.sleep(level=2)

@@ -105,7 +105,7 @@ class LLM:
     def __init__(self, model: str, *, tensor_parallel_size: int = 1, distributed_executor_backend: str | None = None,
                  seed: int = 0, dtype: str = "auto", gpu_memory_utilization: float = 0.92,
                  enable_sleep_mode: bool = False, enable_prefix_caching: bool | None = None,
-                 logprobs_mode: str = "raw_logprobs"):
+                 logprobs_mode: str = "raw_logprobs", max_num_batched_tokens: int | None = None):
         from transformers import AutoModelForCausalLM
         from transformers.utils import logging as transformers_logging
 
