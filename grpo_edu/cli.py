@@ -226,6 +226,10 @@ def _train(args) -> int:
     from grpo_edu import checkpoint, distributed, trainer  # torch and transformers: seconds, after the quick checks
 
     _check_model_and_device(config)
+    try:   # the reader's own functions (by import path): imported and probed before the run starts
+        trainer.functions_from_config(config)
+    except ValueError as error:
+        raise UsageError(str(error)) from error
 
     if main_rank:
         world = f"; {processes} processes ({config.parallelism})" if processes > 1 else ""

@@ -35,7 +35,8 @@ class TrainConfig:
     # --- what to train
     model: str = _doc("starting policy: a local model directory or a hub id ('start' = the committed tiny policy)", "start")
     task: str = _doc("task generator: 'arithmetic' or 'countdown'", "arithmetic")
-    rewards: dict = _doc("reward functions and their weights, e.g. {accuracy = 1.0, format = 0.5}",
+    rewards: dict = _doc("reward functions and their weights, e.g. {accuracy = 1.0, format = 0.5}; a name "
+                         "'module:function' (quoted in TOML) is your own function, TRL's signature",
                          {"accuracy": 1.0, "format": 0.5})
     seed: int = _doc("seed for prompts, sampling and initialisation (same seed + threads = same weights)", 0)
     threads: int = _doc("torch CPU threads (part of what makes a run bitwise reproducible)", 2)
@@ -95,6 +96,9 @@ class TrainConfig:
     epsilon: float = _doc("clip range below: ratio >= 1 - epsilon", 0.2)
     epsilon_high: float = _doc("clip range above: ratio <= 1 + epsilon_high (DAPO clip-higher: 0.28)", 0.2)
     importance_sampling_level: str = _doc("'token' (GRPO) or 'sequence' (GSPO)", "token")
+    advantage_fn: str = _doc("your own advantage function, 'module:function' or 'path/file.py:function' (rewards "
+                             "(B, G) -> advantages (B, G); checked at start-up on a probe batch); '' = the built-in "
+                             "group_advantages with advantage_scale and advantage_std", "")
     advantage_scale: str = _doc("advantage std: 'group', 'batch' or 'none' (Dr. GRPO)", "group")
     advantage_std: str = _doc("'population' (divide by G) or 'sample' (by G - 1, as TRL)", "population")
     filter_zero_std_groups: bool = _doc("drop groups whose rewards are all equal (dynamic sampling)", False)
@@ -149,6 +153,10 @@ class TrainConfig:
             raise ValueError("config key 'tis_cap' needs old_logprobs = 'recomputed': with old_logprobs = 'sampler' "
                              "pi_old is the sampler and every weight would be 1 (the clipped ratio already "
                              "carries the mismatch)")
+        if self.advantage_fn and (self.advantage_scale, self.advantage_std) != ("group", "population"):
+            raise ValueError(f"config key 'advantage_scale' / 'advantage_std' ({self.advantage_scale!r}, "
+                             f"{self.advantage_std!r}) set with advantage_fn = {self.advantage_fn!r}: they configure "
+                             f"the built-in function, which advantage_fn replaces; leave them at their defaults")
         if not self.rewards:
             raise ValueError("config key 'rewards' must name at least one reward function")
 

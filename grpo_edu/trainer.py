@@ -64,7 +64,7 @@ from typing import Callable, Sequence
 
 import torch
 
-from grpo_edu import checkpoint, distributed, fused_llama, rewards, tasks
+from grpo_edu import checkpoint, distributed, fused_llama, rewards, tasks, user_functions
 from grpo_edu.advantages import group_advantages, zero_std_groups
 from grpo_edu.batch import RolloutBatch
 from grpo_edu.config import TrainConfig
@@ -93,11 +93,32 @@ class TrainState:
 # --------------------------------------------------------------------------- set-up
 
 def reward_functions_from_config(weights: dict[str, float]) -> dict[str, tuple[RewardFn, float]]:
+    """{name: weight} -> {name: (function, weight)}: grpo_edu.rewards' functions by name, and
+    the reader's own by import path ("module:function", grpo_edu.user_functions)."""
     known = rewards.REWARD_FUNCTIONS
-    unknown = sorted(set(weights) - set(known))
+    unknown = sorted(name for name in weights if name not in known and not user_functions.is_import_path(name))
     if unknown:
-        raise ValueError(f"config key 'rewards' names unknown reward functions {unknown}; known: {sorted(known)}")
-    return {name: (known[name], float(weight)) for name, weight in weights.items()}
+        raise ValueError(f"config key 'rewards' names unknown reward functions {unknown}; known: {sorted(known)}, "
+                         f"or 'module:function' for your own")
+    return {name: (known[name] if name in known else user_functions.resolve(name, "rewards"), float(weight))
+            for name, weight in weights.items()}
+
+
+def functions_from_config(config: TrainConfig) -> tuple[AdvantageFn, dict[str, tuple[RewardFn, float]]]:
+    """The run's advantage and reward functions, as the config names them, each checked on a
+    probe batch (a one-line error naming a function that fails)."""
+    if config.advantage_fn:
+        advantage_fn = user_functions.resolve(config.advantage_fn, "advantage_fn")
+        user_functions.check_advantage_fn(advantage_fn, config.advantage_fn, config.prompts_per_step,
+                                          config.num_generations)
+    else:
+        advantage_fn = lambda r: group_advantages(r, scale=config.advantage_scale, std=config.advantage_std)
+    reward_functions = reward_functions_from_config(config.rewards)
+    samples = tasks.make_dataset(config.task, n=3, split="train", seed=0)
+    for name, (function, _) in reward_functions.items():
+        if user_functions.is_import_path(name):
+            user_functions.check_reward_fn(function, name, samples)
+    return advantage_fn, reward_functions
 
 
 def make_reference(policy: torch.nn.Module) -> torch.nn.Module:
@@ -739,8 +760,8 @@ def train(config: TrainConfig, *, advantage_fn: AdvantageFn | None = None,
     Under torchrun every rank calls this with the same arguments (see grpo_edu.distributed);
     rank 0 writes the run directory and logs.
 
-    advantage_fn: rewards (B, G) -> advantages (B, G); default group_advantages
-        with config.advantage_scale / advantage_std.
+    advantage_fn: rewards (B, G) -> advantages (B, G); default the config's (its
+        advantage_fn by import path, else group_advantages with advantage_scale / advantage_std).
     reward_functions: {name: (fn, weight)} with TRL's signature; default the
         config's `rewards` weights over grpo_edu.rewards.
     policy, tokenizer: a model to train instead of loading config.model.
@@ -756,10 +777,12 @@ def train(config: TrainConfig, *, advantage_fn: AdvantageFn | None = None,
     torch.set_num_threads(config.threads)
     torch.manual_seed(config.seed)
     say = log if world.is_main else (lambda message: None)
-    if advantage_fn is None:
-        advantage_fn = lambda r: group_advantages(r, scale=config.advantage_scale, std=config.advantage_std)
-    if reward_functions is None:
-        reward_functions = reward_functions_from_config(config.rewards)
+    if advantage_fn is not None and config.advantage_fn:
+        raise ValueError(f"train(advantage_fn=...) and config key 'advantage_fn' ({config.advantage_fn!r}) both "
+                         f"given; pass one")
+    configured_advantage_fn, configured_rewards = functions_from_config(config)
+    advantage_fn = configured_advantage_fn if advantage_fn is None else advantage_fn
+    reward_functions = configured_rewards if reward_functions is None else reward_functions
     if policy is None:
         policy, tokenizer = load_policy(STARTING_POLICY if config.model == "start" else config.model)
     state = TrainState(prompt_rng=random.Random(config.seed))
