@@ -34,7 +34,11 @@ def _doc(text: str, default, **kwargs):
 class TrainConfig:
     # --- what to train
     model: str = _doc("starting policy: a local model directory or a hub id ('start' = the committed tiny policy)", "start")
-    task: str = _doc("task generator: 'arithmetic' or 'countdown'", "arithmetic")
+    task: str = _doc("task: 'arithmetic' or 'countdown' (generated), or 'gsm8k' (read from `dataset`)", "arithmetic")
+    dataset: str = _doc("task = 'gsm8k': a hub id (downloads) or a local folder holding train.jsonl and test.jsonl "
+                        "(GSM8K's own layout); unused by the generated tasks", "openai/gsm8k")
+    chat_template: bool = _doc("wrap each prompt in the tokenizer's chat template as a user message (instruct "
+                               "models); false: the prompt text as it is (the committed tiny policy)", False)
     rewards: dict = _doc("reward functions and their weights, e.g. {accuracy = 1.0, format = 0.5}; a name "
                          "'module:function' (quoted in TOML) is your own function, TRL's signature",
                          {"accuracy": 1.0, "format": 0.5})
@@ -116,7 +120,7 @@ class TrainConfig:
         self.validate()
 
     def validate(self) -> None:
-        choices = {"task": ("arithmetic", "countdown"), "lr_schedule": ("constant", "linear", "cosine"),
+        choices = {"task": ("arithmetic", "countdown", "gsm8k"), "lr_schedule": ("constant", "linear", "cosine"),
                    "loss_type": ("grpo", "bnpo", "dr_grpo", "dapo"), "kl_estimator": ("k1", "k2", "k3"),
                    "importance_sampling_level": ("token", "sequence"),
                    "advantage_scale": ("group", "batch", "none"), "advantage_std": ("population", "sample"),

@@ -26,10 +26,12 @@ generator and every machine, and a train sampler can never draw a test problem.
 from __future__ import annotations
 
 import functools
+import json
 import random
 import re
 import zlib
 from fractions import Fraction
+from pathlib import Path
 from typing import Iterator
 
 from grpo_edu.models import BOXED_OPEN, THINK_CLOSE, THINK_OPEN
@@ -294,10 +296,21 @@ def gsm8k_sample(question: str, solution: str) -> dict:
 
 
 def load_gsm8k(split: str = "train", dataset: str = "openai/gsm8k") -> list[dict]:
-    """GSM8K through the `datasets` library (downloads on first use; GPU tiers only)."""
+    """GSM8K's rows of one split as samples, in the dataset's order.
+
+    dataset: a local folder holding train.jsonl and test.jsonl (one {"question", "answer"}
+    object a line: the layout of GSM8K's own repository, grade_school_math/data/), read with
+    no download; else a hub id read through the `datasets` library (downloads on first use)."""
     if split not in SPLITS:
         raise ValueError(f"split must be one of {SPLITS}, got {split!r}")
-    from datasets import load_dataset
-
-    rows = load_dataset(dataset, "main", split=split)
+    folder = Path(dataset).expanduser()
+    if folder.is_dir():
+        path = folder / f"{split}.jsonl"
+        if not path.is_file():
+            raise ValueError(f"dataset {dataset!r} is a folder without {split}.jsonl (GSM8K's layout: train.jsonl, "
+                             f"test.jsonl)")
+        rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    else:
+        from datasets import load_dataset
+        rows = load_dataset(dataset, "main", split=split)
     return [gsm8k_sample(row["question"], row["answer"]) for row in rows]

@@ -114,11 +114,34 @@ def functions_from_config(config: TrainConfig) -> tuple[AdvantageFn, dict[str, t
     else:
         advantage_fn = lambda r: group_advantages(r, scale=config.advantage_scale, std=config.advantage_std)
     reward_functions = reward_functions_from_config(config.rewards)
-    samples = tasks.make_dataset(config.task, n=3, split="train", seed=0)
+    samples = (tasks.make_dataset(config.task, n=3, split="train", seed=0) if config.task != "gsm8k" else
+               [tasks.gsm8k_sample("How many legs do 3 cats have?", "3 * 4 = 12\n#### 12")])
     for name, (function, _) in reward_functions.items():
         if user_functions.is_import_path(name):
             user_functions.check_reward_fn(function, name, samples)
     return advantage_fn, reward_functions
+
+
+def task_pools(config: TrainConfig, tokenizer) -> tuple[list[dict], list[dict]]:
+    """The problems prompts are drawn from, and the held-out problems (the first eval_size of
+    the test split), with their prompts as the policy reads them (config.chat_template)."""
+    if config.task == "gsm8k":
+        train_pool = tasks.load_gsm8k("train", config.dataset)
+        held_out = tasks.load_gsm8k("test", config.dataset)[:config.eval_size]
+    else:
+        train_pool = tasks.make_dataset(config.task, n=TRAIN_POOL, split="train", seed=0)
+        held_out = tasks.make_dataset(config.task, n=config.eval_size, split="test", seed=0)
+    if config.chat_template:
+        if getattr(tokenizer, "chat_template", None) is None:
+            raise ValueError("config key 'chat_template' is true, but the tokenizer has no chat template "
+                             "(not an instruct model?); set chat_template = false")
+
+        def as_chat(sample: dict) -> dict:
+            text = tokenizer.apply_chat_template([{"role": "user", "content": sample["prompt"]}],
+                                                 add_generation_prompt=True, tokenize=False)
+            return {**sample, "prompt": text}
+        train_pool, held_out = [as_chat(s) for s in train_pool], [as_chat(s) for s in held_out]
+    return train_pool, held_out
 
 
 def make_reference(policy: torch.nn.Module) -> torch.nn.Module:
@@ -799,8 +822,7 @@ def train(config: TrainConfig, *, advantage_fn: AdvantageFn | None = None,
                                   betas=tuple(config.adam_betas), weight_decay=config.weight_decay, fused=True)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, learning_rate_factor(config))
     engine = make_engine(config, models, tokenizer, world)
-    train_pool = tasks.make_dataset(config.task, n=TRAIN_POOL, split="train", seed=0)
-    held_out = tasks.make_dataset(config.task, n=config.eval_size, split="test", seed=0)
+    train_pool, held_out = task_pools(config, tokenizer)
     history: list[dict] = []
 
     def held_out_accuracy() -> float:
