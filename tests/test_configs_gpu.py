@@ -19,8 +19,11 @@ from grpo_edu.config import TrainConfig, _flatten_file, tomllib
 from grpo_edu.trainer import plan_mini_batches
 
 ROOT = Path(__file__).resolve().parents[1]
-# Each file and the number of processes it is written for.
-WORLD_SIZE = {"gpu-1x.toml": 1, "h100-8x.toml": 8}
+# Each file and the number of processes it is written for: the GPU tier's configs (the committed
+# tiny policy), and the hub recipes (Qwen2.5-0.5B-Instruct on GSM8K and Countdown).
+GPU_TIER = {"gpu-1x.toml": 1, "h100-8x.toml": 8}
+RECIPES = {f"qwen2.5-0.5b-{task}-{n}x.toml": n for task in ("gsm8k", "countdown") for n in (1, 8)}
+WORLD_SIZE = {**GPU_TIER, **RECIPES}
 
 
 def load(name: str) -> tuple[TrainConfig, str]:
@@ -70,7 +73,7 @@ def test_every_key_is_in_the_file(name):
     assert keys - fields == set(), f"configs/{name} has unknown keys {sorted(keys - fields)}"
 
 
-@pytest.mark.parametrize("name", sorted(WORLD_SIZE))
+@pytest.mark.parametrize("name", sorted(GPU_TIER))
 def test_gpu_settings(name):
     config, text = load(name)
     N = WORLD_SIZE[name]
@@ -82,6 +85,21 @@ def test_gpu_settings(name):
               f"torchrun --standalone --nproc-per-node {N} -m grpo_edu train --config configs/{name}")
     assert launch in text
     assert 'model = "/path/to/local/model"' in text
+
+
+@pytest.mark.parametrize("name", sorted(RECIPES))
+def test_recipe_settings(name):
+    """A hub recipe: the instruct model, its chat template, the task its name says, vLLM on CUDA in
+    bf16, the launch command, and figures not measured here said to be so."""
+    config, text = load(name)
+    N = RECIPES[name]
+    assert (config.model, config.chat_template) == ("Qwen/Qwen2.5-0.5B-Instruct", True)
+    assert config.task == name.split("-")[2]
+    assert (config.device, config.engine, config.precision) == ("cuda", "vllm", "bf16")
+    assert config.output_dir == f"runs/{name.removesuffix('.toml')}"
+    launch = (f"grpo-edu train --config configs/{name}" if N == 1 else
+              f"torchrun --standalone --nproc-per-node {N} -m grpo_edu train --config configs/{name}")
+    assert launch in text and "not measured here" in text
 
 
 @pytest.mark.parametrize("name", sorted(WORLD_SIZE))
