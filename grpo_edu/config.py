@@ -42,6 +42,8 @@ class TrainConfig:
     rewards: dict = _doc("reward functions and their weights, e.g. {accuracy = 1.0, format = 0.5}; a name "
                          "'module:function' (quoted in TOML) is your own function, TRL's signature",
                          {"accuracy": 1.0, "format": 0.5})
+    unboxed_answers: bool = _doc("the accuracy reward also reads an answer given as a sentence, 'The answer is 18.' "
+                                 "(off: R1's rule asks for \\boxed{} or an 'Answer:' line)", False)
     seed: int = _doc("seed for prompts, sampling and initialisation (same seed + threads = same weights)", 0)
     threads: int = _doc("torch CPU threads (part of what makes a run bitwise reproducible)", 2)
     device: str = _doc("'auto' (CUDA where torch sees a GPU, else the CPU), 'cpu' or 'cuda' (under torchrun: "

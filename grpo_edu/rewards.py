@@ -91,6 +91,7 @@ def last_boxed(text: str) -> str | None:
 _ANSWER_LINE = re.compile(r"(?:^|</think>)[ \t]*(?:final[ \t]+)?answer[ \t]*[:：]",
                           re.IGNORECASE | re.MULTILINE)
 _GSM8K_LINE = re.compile(r"^[ \t]*####", re.MULTILINE)
+_ANSWER_SENTENCE = re.compile(r"\bthe[ \t]+(?:final[ \t]+)?answer[ \t]+is[ \t]*:?", re.IGNORECASE)
 
 
 def _rest_of_line(text: str, start: int) -> str:
@@ -98,18 +99,21 @@ def _rest_of_line(text: str, start: int) -> str:
     return text[start:] if end < 0 else text[start:end]
 
 
-def extract_answer(text: str) -> str | None:
+def extract_answer(text: str, unboxed: bool = False) -> str | None:
     """The final answer of a completion, or None.
 
     In order: the last \\boxed{...}; else the last line starting with
     "Answer:" (or "Final answer:", any case; right after </think> counts as a
     line start); else the last GSM8K-style
-    "#### ..." line. The answer is stripped of surrounding whitespace.
+    "#### ..." line; else, only with unboxed=True, the rest of the line after the last
+    "the answer is" (any case; "The answer is 18." gives "18."). Off by default: R1's rule
+    asks for a marked answer, and a sentence is easy to write by accident. The answer is
+    stripped of surrounding whitespace.
     """
     boxed = last_boxed(text)
     if boxed is not None:
         return boxed.strip()
-    for pattern in (_ANSWER_LINE, _GSM8K_LINE):
+    for pattern in (_ANSWER_LINE, _GSM8K_LINE) + ((_ANSWER_SENTENCE,) if unboxed else ()):
         last = None
         for last in pattern.finditer(text):
             pass
@@ -122,27 +126,71 @@ def extract_answer(text: str) -> str | None:
 _DECIMAL = re.compile(r"[+-]?(?:\d+(?:\.\d*)?|\.\d+)", re.ASCII)
 _GROUPED = re.compile(r"[+-]?\d{1,3}(?:,\d{3})+(?:\.\d+)?", re.ASCII)
 _FRACTION = re.compile(r"([+-]?\d+)/(\d+)", re.ASCII)
-_LATEX_FRACTION = re.compile(r"([+-]?)\\d?frac\{(\d+)\}\{(\d+)\}", re.ASCII)
+_LATEX_FRACTION = re.compile(r"([+-]?)\\[dt]?frac\{(\d+)\}\{(\d+)\}", re.ASCII)
+# m x 10^e, m \times 10^{e}, m \cdot 10^e, and 10^e alone (e: at most 3 digits, a sign allowed).
+_POWER_OF_TEN = re.compile(r"(?:([+-]?(?:\d+(?:\.\d*)?|\.\d+))\s*(?:\\times|\\cdot|\*|x|×)\s*)?10\^\{?([+-]?\d{1,3})\}?",
+                           re.ASCII)
+_WRAPPER = re.compile(r"\\(?:text|textbf|textrm|mathrm|mathbf|mbox)\s*\{([^{}]*)\}")
+_VARIABLE = re.compile(r"(?:[A-Za-z]\s*=\s*)+")
+MAX_EXPONENT = 100   # 10^e with |e| above this is not read as a number (no huge integers built)
+
+
+def normalise_answer(text: str) -> str:
+    """The LaTeX and typography a model wraps a number in, removed: \\text{...} and its
+    kin (their content kept), "$" and "\\$", "%" and "\\%" (25% is read as 25, the form
+    GSM8K's answers take), thin spaces and "{,}" in 1{,}000, \\left / \\right, a leading
+    "x =", a trailing period. Repeated until nothing changes, at most 4 times: linear in
+    the length."""
+    for _ in range(4):
+        normalised = _normalise_once(text)
+        if normalised == text:
+            break
+        text = normalised
+    return text
+
+
+def _normalise_once(text: str) -> str:
+    text = text.replace("\u2212", "-")
+    for _ in range(3):   # nested wrappers: \text{\textbf{18}}
+        text = _WRAPPER.sub(r"\1", text)
+    for old, new in (("\\$", ""), ("$", ""), ("\\%", ""), ("%", ""), ("{,}", ","), ("\\,", ""), ("\\!", ""),
+                     ("\\left", ""), ("\\right", ""), ("\\ ", " ")):
+        text = text.replace(old, new)
+    text = text.strip()
+    variable = _VARIABLE.match(text)
+    if variable and len(text) > variable.end():
+        text = text[variable.end():]
+    if text.endswith(".") and not text.endswith(".."):
+        text = text[:-1]
+    return text.strip()
 
 
 def parse_number(text: str) -> Fraction | None:
     """An answer string as an exact number, or None if it is not one.
 
-    Accepted: "3", "03", "3.0", "+3", "-3", "1,000" (thousands separators),
-    "3/4", "\\frac{3}{4}", with optional "$" signs, a trailing period and the
-    unicode minus sign. Only ASCII digits count: "٣" (Arabic-Indic three) and
-    "３" (full-width) are not numbers here, although Python's int() accepts them,
-    so a policy cannot be paid for an answer a reader would not read as 3.
+    Accepted, after `normalise_answer`: "3", "03", "3.0", "+3", "-3", "1,000" (thousands
+    separators), "3/4", "\\frac{3}{4}" (\\dfrac, \\tfrac), powers of ten ("10^6",
+    "2 \\times 10^{3}", exponents up to MAX_EXPONENT), with the currency, percent and
+    \\text{} wrappers removed. A unit word ("18 apples") is not a number here: R1's rule
+    asks for the number. Only ASCII digits count: "٣" (Arabic-Indic three) and "３"
+    (full-width) are not numbers here, although Python's int() accepts them, so a policy
+    cannot be paid for an answer a reader would not read as 3.
     """
-    text = text.replace("\u2212", "-").replace("$", "").strip()
+    if len(text) > 2 * MAX_ANSWER_CHARS:
+        return None
+    text = normalise_answer(text)
     if not text or len(text) > 64:
         return None
-    if text.endswith(".") and not text.endswith(".."):
-        text = text[:-1]
     if _GROUPED.fullmatch(text):
         text = text.replace(",", "")
     if _DECIMAL.fullmatch(text):
         return Fraction(text)
+    power = _POWER_OF_TEN.fullmatch(text)
+    if power:
+        mantissa, exponent = power.groups()
+        if abs(int(exponent)) > MAX_EXPONENT:
+            return None
+        return Fraction(mantissa or 1) * Fraction(10) ** int(exponent)
     for pattern in (_FRACTION, _LATEX_FRACTION):
         match = pattern.fullmatch(text)
         if match:
@@ -180,7 +228,7 @@ def countdown_correct(predicted: str | None, numbers: Sequence[int], target: Any
 
 
 def accuracy_reward(completions: Sequence, answer: Any = None, task: Any = None,
-                    numbers: Any = None, **kwargs) -> list[float]:
+                    numbers: Any = None, unboxed: bool = False, **kwargs) -> list[float]:
     """1.0 when the completion's final answer (`extract_answer`) is right, else 0.0.
 
     answer: the reference answer per completion (a dataset column; a scalar is
@@ -188,6 +236,8 @@ def accuracy_reward(completions: Sequence, answer: Any = None, task: Any = None,
         an expression over `numbers` (each used once) that reaches it.
     task: per-completion task name (optional; anything but "countdown" compares
         answers with `answers_match`).
+    unboxed: also read an answer given as a sentence, "The answer is 18." (extract_answer;
+        off by default, as R1's rule; config key unboxed_answers).
     """
     if answer is None:
         raise ValueError("accuracy_reward needs `answer`: the reference answer per completion "
@@ -198,7 +248,7 @@ def accuracy_reward(completions: Sequence, answer: Any = None, task: Any = None,
     numbers_per = _per_completion(numbers, n, "numbers")
     scores = []
     for index, (completion, reference, kind, pool) in enumerate(zip(completions, answers, tasks, numbers_per)):
-        predicted = extract_answer(completion_text(completion))
+        predicted = extract_answer(completion_text(completion), unboxed=unboxed)
         if kind == "countdown":
             if pool is None:
                 raise ValueError(f"completion {index} is a countdown problem but has no `numbers`")

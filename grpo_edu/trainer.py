@@ -51,6 +51,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import functools
 import json
 import math
 import random
@@ -92,10 +93,14 @@ class TrainState:
 
 # --------------------------------------------------------------------------- set-up
 
-def reward_functions_from_config(weights: dict[str, float]) -> dict[str, tuple[RewardFn, float]]:
+def reward_functions_from_config(weights: dict[str, float], unboxed_answers: bool = False
+                                 ) -> dict[str, tuple[RewardFn, float]]:
     """{name: weight} -> {name: (function, weight)}: grpo_edu.rewards' functions by name, and
-    the reader's own by import path ("module:function", grpo_edu.user_functions)."""
-    known = rewards.REWARD_FUNCTIONS
+    the reader's own by import path ("module:function", grpo_edu.user_functions).
+    unboxed_answers: the accuracy reward also reads "The answer is 18." (config key)."""
+    known = dict(rewards.REWARD_FUNCTIONS)
+    if unboxed_answers:
+        known["accuracy"] = functools.partial(rewards.accuracy_reward, unboxed=True)
     unknown = sorted(name for name in weights if name not in known and not user_functions.is_import_path(name))
     if unknown:
         raise ValueError(f"config key 'rewards' names unknown reward functions {unknown}; known: {sorted(known)}, "
@@ -113,7 +118,7 @@ def functions_from_config(config: TrainConfig) -> tuple[AdvantageFn, dict[str, t
                                           config.num_generations)
     else:
         advantage_fn = lambda r: group_advantages(r, scale=config.advantage_scale, std=config.advantage_std)
-    reward_functions = reward_functions_from_config(config.rewards)
+    reward_functions = reward_functions_from_config(config.rewards, config.unboxed_answers)
     samples = (tasks.make_dataset(config.task, n=3, split="train", seed=0) if config.task != "gsm8k" else
                [tasks.gsm8k_sample("How many legs do 3 cats have?", "3 * 4 = 12\n#### 12")])
     for name, (function, _) in reward_functions.items():
