@@ -3,11 +3,13 @@
 The modules, in the order the data goes through one GRPO step (B prompts, G completions
 per prompt, S completion tokens):
 
-    tasks.py        prompts with answers a program can check (arithmetic, countdown; GSM8K loader)
+    tasks.py        prompts with answers a program can check (arithmetic, countdown, GSM8K)
     rollout.py      G sampled completions per prompt with the sampler's log-probs: the
                     engine protocol, Rollout, and the transformers-generate engine
     fused_llama.py  the fast engine: the same Llama maths fused (KV-cache sampler,
                     group-packed log-probs)
+    vllm_engine.py  the GPU tier's engine: vLLM 0.31.0, colocated or a server (every
+                    line that calls vLLM)
     rewards.py      one scalar per completion from rules: accuracy, format, language
     advantages.py   group-relative advantages, rewards (B, G) -> advantages (B, G)
     batch.py        RolloutBatch: the step's data in the (B, G, S) layout, checked once
@@ -18,6 +20,8 @@ per prompt, S completion tokens):
 
 Beside the step:
 
+    user_functions.py  the reader's own advantage and reward functions by import path,
+                    probed at start-up
     distributed.py  one run on N processes: process groups, a step's prompts sharded
                     across ranks (a group never split), DDP/FSDP2 wrapping, whole weights
     evaluation.py   held-out greedy accuracy and format (per problem, so ranks can share
@@ -26,7 +30,10 @@ Beside the step:
     runlog.py       metrics.jsonl, one line per step: the only code that touches it
     durable.py      fsync and atomic replacement of small files (checkpoint and runlog share them)
     config.py       TrainConfig: every training setting, documented once, from TOML
-    cli.py          the `grpo-edu` command (train, book); __main__.py: `python -m grpo_edu`
+    cli.py          the `grpo-edu` command (train, book, doctor, vllm-serve); __main__.py:
+                    `python -m grpo_edu`
+    doctor.py       `grpo-edu doctor --gpu`: the GPU machine's pass/fail check of the vLLM engine
+    trl_bridge.py   the same run as TRL's GRPOConfig and GRPOTrainer (its production features)
     models.py       the character tokenizer, the tiny Llama, load_policy, generate_completions
     pretrain.py     the supervised run that made the committed starting policy (assets/)
     reference.py    one GRPO update in pure NumPy, a loop per response: the test oracle
