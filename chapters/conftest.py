@@ -1,7 +1,8 @@
 """nbval runs each chapter in a fresh kernel with the settings `grpo-edu book run` uses
 (grpo_edu.book.KERNEL_ENV) and, on x86-64 with AVX2, the pinned floating-point kernels
 (grpo_edu.numerics): that is what makes every committed output reproducible on any such
-machine. Chapters of a tier this machine lacks are skipped with the reason.
+machine. Chapters of a tier this machine lacks are skipped with the reason, and so are
+cells tagged `gpu` where there is no CUDA GPU (their committed output says so).
 
 Where the pin is unavailable (Apple silicon, ARM Linux), or with `--book-unpinned`, the
 kernels are the machine's own: cells tagged `platform-numerics` (a training run's digits)
@@ -16,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from grpo_edu import book, numerics
+from grpo_edu.book import notebooks
 
 os.environ.update(book.KERNEL_ENV)
 
@@ -44,9 +46,13 @@ def pytest_collection_modifyitems(config, items):
         chapter = manifest.get(Path(str(item.fspath)).name)
         if chapter is None:
             continue
+        tags = getattr(item, "cell", {}).get("metadata", {}).get("tags", [])
         if tiers[chapter.tier]:
             item.add_marker(pytest.mark.skip(reason=f"tier {chapter.tier!r}: {tiers[chapter.tier]}"))
-        elif unpinned and numerics.PLATFORM_TAG in getattr(item, "cell", {}).get("metadata", {}).get("tags", []):
+        elif tiers["gpu"] and notebooks.GPU_TAG in tags:
+            item.add_marker(pytest.mark.skip(reason=f"a cell tagged {notebooks.GPU_TAG!r}: needs a CUDA GPU "
+                                                    f"({tiers['gpu']})"))
+        elif unpinned and numerics.PLATFORM_TAG in tags:
             _record_instead_of_compare(item, config._platform_cells)
 
 

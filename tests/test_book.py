@@ -190,3 +190,20 @@ def test_nbval_catches_a_changed_number(tmp_path):
                             cwd=ROOT, capture_output=True, text=True, env=book.kernel_env())
     assert result.returncode == 1, result.stdout[-2000:]
     assert "+0.1049" in result.stdout and "+0.1048" in result.stdout
+
+
+def test_a_gpu_cell_is_not_run_without_a_gpu_and_says_so(tmp_path, monkeypatch):
+    """A cell tagged `gpu` on a machine without CUDA: not executed (it would raise), one line of
+    output saying why and where the chapter was built; the cells around it run."""
+    import torch
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    source = tmp_path / "gpu.py"
+    source.write_text('# %%\nx = 21\n\n# %% tags=["gpu"]\nraise RuntimeError("needs a GPU")\n\n# %%\nprint(2 * x)\n')
+    target = tmp_path / "gpu.ipynb"
+    notebooks.build(source, target, env=dict(book.KERNEL_ENV, PATH="/usr/bin:/bin"))
+    import nbformat
+    cells = [c for c in nbformat.read(target, as_version=4).cells if c.cell_type == "code"]
+    assert [c.execution_count for c in cells] == [1, 2, 3]
+    assert cells[1].outputs[0]["text"].startswith("Not run here: this cell needs a CUDA GPU (built on ")
+    assert cells[2].outputs[0]["text"] == "42\n"
+    assert notebooks.gpu_cells(nbformat.read(target, as_version=4)) == [1]

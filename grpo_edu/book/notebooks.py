@@ -13,6 +13,8 @@ from pathlib import Path
 
 import nbformat
 
+GPU_TAG = "gpu"   # a cell that needs a CUDA GPU: `# %% tags=["gpu"]`
+
 NBVAL_SKIP_KERNEL = {"display_name": "Python 3 (ipykernel)", "language": "python", "name": "python3"}
 
 
@@ -74,16 +76,43 @@ def _has_widget_outputs(notebook: nbformat.NotebookNode) -> bool:
                for c in notebook.cells if c.cell_type == "code" for o in c.get("outputs", []))
 
 
+def gpu_cells(notebook: nbformat.NotebookNode) -> list[int]:
+    """Indices of the code cells tagged `gpu`."""
+    return [i for i, c in enumerate(notebook.cells)
+            if c.cell_type == "code" and GPU_TAG in c.metadata.get("tags", [])]
+
+
+def not_run_output(machine: str) -> nbformat.NotebookNode:
+    return nbformat.v4.new_output("stream", name="stdout",
+                                  text=f"Not run here: this cell needs a CUDA GPU (built on {machine}).\n")
+
+
+def _machine() -> str:
+    import platform
+    return f"{platform.machine()} {platform.system()}, no CUDA GPU"
+
+
 def execute(notebook: nbformat.NotebookNode, cwd: Path, env: dict[str, str], timeout: int
             ) -> nbformat.NotebookNode:
-    """Run every cell in a fresh kernel (the current Python environment)."""
+    """Run every cell in a fresh kernel (the current Python environment). Where torch sees no
+    CUDA GPU, the cells tagged `gpu` are not run: each gets one line saying so, and on what
+    machine the chapter was built (nbval skips them there too, chapters/conftest.py)."""
     from nbclient import NotebookClient
+    import torch
+
+    set_aside = [] if torch.cuda.is_available() else gpu_cells(notebook)
+    for index in set_aside:   # raw cells are not executed
+        notebook.cells[index].cell_type = "raw"
 
     client = NotebookClient(notebook, timeout=timeout, kernel_name="python3",
                             resources={"metadata": {"path": str(cwd)}},
                             coalesce_streams=True, store_widget_state=True,
                             record_timing=False, allow_errors=False)
     client.execute(env=env)  # the kernel gets exactly the book's environment
+    for index in set_aside:
+        cell = notebook.cells[index]
+        cell.cell_type = "code"
+        cell.outputs, cell.execution_count = [not_run_output(_machine())], None
     return notebook
 
 
