@@ -61,6 +61,11 @@ class PretrainConfig:
     eval_problems: int = _doc("held-out problems in each evaluation that decides when to stop", 256)
     target_accuracy: float = _doc("stop at the first evaluation with at least this greedy accuracy", 0.35)
     pass_k: int = _doc("samples per problem for pass@k in the model card", 8)
+    task: str = _doc("what to pretrain on: 'arithmetic' (the committed policy) or 'countdown' (the GPU tier's "
+                     "download-free recipe)", "arithmetic")
+    device: str = _doc("'cpu' or 'cuda'", "cpu")
+    max_position_embeddings: int = _doc("positions the model has: prompt + completion must fit "
+                                        "(arithmetic: 64; countdown: 128)", 64)
     hidden_size: int = _doc("model width", 128)
     num_layers: int = _doc("transformer layers", 2)
     num_heads: int = _doc("attention heads", 4)
@@ -109,24 +114,30 @@ def pretrain(config: PretrainConfig, log=print) -> PretrainResult:
     for name in ("batch_size", "max_steps", "eval_every", "eval_problems", "threads"):
         if getattr(config, name) <= 0:
             raise ValueError(f"{name} must be positive, got {getattr(config, name)}")
+    if config.task not in tasks.GENERATED_TASKS:
+        raise ValueError(f"task must be one of {tasks.GENERATED_TASKS}, got {config.task!r}")
+    if config.device not in ("cpu", "cuda") or (config.device == "cuda" and not torch.cuda.is_available()):
+        raise ValueError(f"device must be 'cpu' or a 'cuda' torch can see, got {config.device!r}")
     torch.set_num_threads(config.threads)
     torch.manual_seed(config.seed)
     start = time.perf_counter()
     tokenizer = char_tokenizer()
     model = tiny_llama(tokenizer, seed=config.seed, hidden_size=config.hidden_size,
                        num_layers=config.num_layers, num_heads=config.num_heads,
-                       intermediate_size=config.intermediate_size)
+                       intermediate_size=config.intermediate_size,
+                       max_position_embeddings=config.max_position_embeddings).to(config.device)
     optimizer = torch.optim.AdamW(model.parameters(), lr=config.learning_rate,
                                   weight_decay=config.weight_decay, betas=(0.9, 0.99))
     schedule = torch.optim.lr_scheduler.LambdaLR(
         optimizer, lambda step: min(1.0, (step + 1) / max(1, config.warmup_steps)))
-    stream = tasks.iterate_samples("arithmetic", "train", seed=config.seed)
-    held_out = tasks.make_dataset("arithmetic", config.eval_problems, "test", seed=EVAL_SEED)
+    stream = tasks.iterate_samples(config.task, "train", seed=config.seed)
+    held_out = tasks.make_dataset(config.task, config.eval_problems, "test", seed=EVAL_SEED)
 
     history, step, reached, losses = [], 0, False, []
     while step < config.max_steps and not reached:
         model.train()
-        batch = sft_batch(tokenizer, [next(stream) for _ in range(config.batch_size)])
+        batch = {k: v.to(config.device) for k, v in
+                 sft_batch(tokenizer, [next(stream) for _ in range(config.batch_size)]).items()}
         loss = model(**batch).loss
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
@@ -144,25 +155,43 @@ def pretrain(config: PretrainConfig, log=print) -> PretrainResult:
             log(f"step {step:5d}  loss {record['loss']:.4f}  held-out greedy accuracy "
                 f"{metrics['greedy_accuracy']:.4f}  format {metrics['greedy_format']:.4f}")
             reached = metrics["greedy_accuracy"] >= config.target_accuracy
-    model.eval()
+    model.eval().to("cpu")   # written and evaluated for the card on the CPU, as it is loaded
     return PretrainResult(model, tokenizer, step, reached, history, time.perf_counter() - start)
 
 
 # --------------------------------------------------------------------------- the model card
+
+TASK_CARDS = {
+    "arithmetic": """# tiny-arithmetic-start: grpo-edu's starting policy
+
+A {layers}-layer, {width}-wide Llama ({parameters:,} parameters, float32)
+with a character-level tokenizer (`grpo_edu.models.char_tokenizer`), trained by
+supervised fine-tuning on two-digit addition and subtraction (`grpo_edu.tasks`,
+e.g. `47+85=` -> `<think>12</think>\\boxed{{132}}`, the reasoning being the units
+column) and stopped on purpose while it is still often wrong: it is the policy
+GRPO starts from in chapters 5 and 6.""",
+    "countdown": """# {name}: a Countdown starting policy
+
+A {layers}-layer, {width}-wide Llama ({parameters:,} parameters, float32)
+with a character-level tokenizer (`grpo_edu.models.char_tokenizer`), trained by
+supervised fine-tuning on Countdown (`grpo_edu.tasks`: reach a target from three numbers,
+e.g. `Use 15 10 9 to make 34:` -> `<think>10+9=19 19+15=34</think>\\boxed{{10+9+15}}`) and
+stopped while it is still often wrong: the starting policy of the GPU tier's download-free
+recipe (configs/gpu-countdown-from-scratch.toml).""",
+}
+REPORT_SETS = {
+    "arithmetic": ('`grpo_edu.tasks.arithmetic_problems("test")`', lambda: tasks.arithmetic_problems("test")),
+    "countdown": ('`grpo_edu.tasks.make_dataset("countdown", 1000, "test", seed=0)`',
+                  lambda: tasks.make_dataset("countdown", 1000, "test", seed=0)),
+}
 
 def model_card(config: PretrainConfig, result: PretrainResult, report: dict, seconds: float,
                cpu_seconds: float, command: str) -> str:
     parameters = sum(p.numel() for p in result.model.parameters())
     k = config.pass_k
     jump = ", ".join(f"{r['step']}: {r['greedy_accuracy']:.3f}" for r in result.history[-6:])
-    return f"""# tiny-arithmetic-start: grpo-edu's starting policy
-
-A {config.num_layers}-layer, {config.hidden_size}-wide Llama ({parameters:,} parameters, float32)
-with a character-level tokenizer (`grpo_edu.models.char_tokenizer`), trained by
-supervised fine-tuning on two-digit addition and subtraction (`grpo_edu.tasks`,
-e.g. `47+85=` -> `<think>12</think>\\boxed{{132}}`, the reasoning being the units
-column) and stopped on purpose while it is still often wrong: it is the policy
-GRPO starts from in chapters 5 and 6.
+    return f"""{TASK_CARDS[config.task].format(name=Path(config.output_dir).name, layers=config.num_layers,
+                                          width=config.hidden_size, parameters=parameters)}
 
 ## How it was made
 
@@ -182,7 +211,7 @@ two differ, other processes shared the CPU.
 
 ## Held-out figures
 
-All {report['problems']:,} held-out problems (`grpo_edu.tasks.arithmetic_problems("test")`;
+All {report['problems']:,} held-out problems ({REPORT_SETS[config.task][0]};
 train and held-out problems never overlap), at most {config.max_new_tokens} new tokens,
 {k} samples per problem at temperature 1 (seed {SAMPLE_SEED}):
 
@@ -213,7 +242,7 @@ def write_policy(config: PretrainConfig, result: PretrainResult, command: str,
     (README.md) and pretrain.json (config, evaluation history, figures) to
     config.output_dir. `started` is (time.perf_counter(), time.process_time())
     at launch, so the card's run time covers training and this evaluation."""
-    report_set = tasks.arithmetic_problems("test")
+    report_set = REPORT_SETS[config.task][1]()
     report = evaluate(result.model, result.tokenizer, report_set, pass_k=config.pass_k,
                       max_new_tokens=config.max_new_tokens)
     seconds, cpu_seconds = time.perf_counter() - started[0], time.process_time() - started[1]

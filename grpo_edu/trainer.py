@@ -953,7 +953,8 @@ def _samples_table(policy, tokenizer, samples: list[dict], max_new_tokens: int) 
     policy.train()
     lines = []
     for sample, (completion,) in zip(samples, completions):
-        correct = rewards.accuracy_reward([completion], answer=[sample["answer"]], task=[sample.get("task")])[0]
+        correct = rewards.accuracy_reward([completion], answer=[sample["answer"]], task=[sample.get("task")],
+                                          numbers=[sample.get("numbers")])[0]
         lines.append(f"{sample['prompt']}{completion}   ({'right' if correct else 'wrong'}, answer {sample['answer']})")
     return "\n".join(lines) + "\n"
 

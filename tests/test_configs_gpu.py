@@ -23,7 +23,8 @@ ROOT = Path(__file__).resolve().parents[1]
 # tiny policy), and the hub recipes (Qwen2.5-0.5B-Instruct on GSM8K and Countdown).
 GPU_TIER = {"gpu-1x.toml": 1, "h100-8x.toml": 8}
 RECIPES = {f"qwen2.5-0.5b-{task}-{n}x.toml": n for task in ("gsm8k", "countdown") for n in (1, 8)}
-WORLD_SIZE = {**GPU_TIER, **RECIPES}
+FROM_SCRATCH = {"gpu-countdown-from-scratch.toml": 1}   # the download-free recipe
+WORLD_SIZE = {**GPU_TIER, **RECIPES, **FROM_SCRATCH}
 
 
 def load(name: str) -> tuple[TrainConfig, str]:
@@ -132,3 +133,27 @@ def test_numbers_in_other_comments(name):
         assert f"{config.steps:,} x {config.prompts_per_step:,} = {config.steps * config.prompts_per_step:,}" \
             f" prompts drawn" in comments
     assert re.search(rf"decays to 0 over all {config.steps * K:,} optimizer steps", comments)
+
+
+def test_the_download_free_recipe_pretrains_a_model_of_tens_of_millions_that_fits_its_task():
+    """Step 1's command (in the file's comments) parses as python -m grpo_edu.pretrain's flags,
+    builds a model of tens of millions of parameters whose positions hold a prompt and L
+    tokens, on the task and to the folder that step 2's config trains."""
+    import shlex
+
+    from grpo_edu import tasks
+    from grpo_edu.models import char_tokenizer, tiny_llama
+    from grpo_edu.pretrain import parse_args
+    config, text = load("gpu-countdown-from-scratch.toml")
+    line = next(line for line in text.splitlines() if "python -m grpo_edu.pretrain" in line)
+    pretrain = parse_args(shlex.split(line.split("python -m grpo_edu.pretrain", 1)[1]))
+    assert (pretrain.task, pretrain.device, pretrain.output_dir) == (config.task, "cuda", config.model)
+    tokenizer = char_tokenizer()
+    with torch.device("meta"):
+        model = tiny_llama(tokenizer, hidden_size=pretrain.hidden_size, num_layers=pretrain.num_layers,
+                           num_heads=pretrain.num_heads, intermediate_size=pretrain.intermediate_size,
+                           max_position_embeddings=pretrain.max_position_embeddings)
+    assert 10e6 <= sum(p.numel() for p in model.parameters()) < 100e6
+    longest_prompt = max(len(tokenizer(s["prompt"])["input_ids"]) for s in tasks.make_dataset("countdown", 500))
+    assert longest_prompt + config.max_completion_length <= pretrain.max_position_embeddings
+    assert pretrain.max_new_tokens == config.max_completion_length

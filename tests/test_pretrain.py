@@ -139,3 +139,26 @@ def test_committed_policy_leaves_room_for_grpo(starting_policy):
     assert held_out["greedy_format"] >= 0.95 and held_out["sample_format"] >= 0.9
     assert held_out["pass_at_8"] >= held_out["greedy_accuracy"] + 0.15
     assert held_out["mixed_groups"] >= 0.5
+
+
+def test_the_download_free_recipe_runs_end_to_end_at_toy_size_on_the_cpu(tmp_path):
+    """configs/gpu-countdown-from-scratch.toml's two steps, shrunk to run here: pretraining on
+    Countdown (a toy model, a few steps) writes a policy that step 2's config, moved to the CPU,
+    trains with GRPO. (Whether the recipe learns, and how fast on an H100, needs a GPU.)"""
+    from grpo_edu import trainer
+    from grpo_edu.config import TrainConfig
+    from grpo_edu.models import save_policy
+    config = PretrainConfig(task="countdown", max_position_embeddings=128, hidden_size=32, num_layers=1,
+                            num_heads=2, intermediate_size=64, batch_size=8, max_steps=4, eval_every=2,
+                            eval_problems=4, max_new_tokens=48, target_accuracy=1.0,
+                            output_dir=str(tmp_path / "countdown-start"))
+    result = pretrain.pretrain(config, log=lambda _: None)
+    assert result.steps == 4 and not result.reached and [r["step"] for r in result.history] == [2, 4]
+    save_policy(result.model, result.tokenizer, config.output_dir)
+    root = Path(__file__).resolve().parents[1]
+    recipe = TrainConfig.from_toml(root / "configs" / "gpu-countdown-from-scratch.toml", [
+        f"model={config.output_dir}", "device=cpu", "engine=fused", "precision=fp32", "tis_cap=0", "steps=2",
+        "prompts_per_step=4", "num_generations=4", "micro_batch_size=16", "eval_size=4", "eval_every=100",
+        "checkpoint_every=0", "progress=false", "threads=1", f"output_dir={tmp_path / 'grpo'}"])
+    history = trainer.train(recipe, log=lambda _: None).history
+    assert [m["step"] for m in history] == [1, 2] and all(m["loss"] == m["loss"] for m in history)
