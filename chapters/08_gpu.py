@@ -265,6 +265,26 @@ for name, size in sizes.items():
 # copy (30.5 GB), which every GPU keeps: the next memory to cut. The KV-cache column is how
 # many tokens of completions vLLM can hold at once; a rollout with more is sampled in waves.
 #
+# ## The batch arithmetic of the recipes
+#
+# Chapter 7 worked out what a step is on N ranks. With vLLM colocated, each rank's engine
+# samples that rank's share of the rollout; the completions and tokens per engine and per
+# optimizer step of the GPU configs and recipes:
+
+# %%
+recipes = ["gpu-1x", "h100-8x", "gpu-countdown-from-scratch", "qwen2.5-0.5b-gsm8k-1x", "qwen2.5-0.5b-gsm8k-8x",
+           "qwen2.5-0.5b-countdown-8x"]
+print(f"{'config':<28}{'GPUs':>5}{'prompts/engine':>16}{'completions/engine':>20}{'tokens/engine, max':>20}"
+      f"{'optimizer steps':>17}{'completions/step':>18}")
+for name in recipes:
+    c = TrainConfig.from_toml(f"../configs/{name}.toml")
+    gpus = 8 if name.endswith("8x") else 1
+    per_engine = c.prompts_per_step // gpus * c.num_generations
+    print(f"{name:<28}{gpus:>5}{c.prompts_per_step // gpus:>16,}{per_engine:>20,}"
+          f"{per_engine * c.max_completion_length:>20,}{trainer.optimizer_steps_per_rollout(c):>17}"
+          f"{c.prompts_per_step * c.num_generations // c.num_mini_batches:>18,}")
+
+# %% [markdown]
 # ## Your exercise solution, in a GPU run
 #
 # Chapter 6 trained with your advantage function from Python. On a GPU you launch with a
