@@ -174,9 +174,10 @@ def _launcher_environment(world: distributed.World) -> None:
 
 
 def named_weights(model: torch.nn.Module):
-    """(name, whole tensor) for every parameter and buffer vLLM loads, one at a time, under the
-    names transformers saves them with (what vLLM's load_weights reads). Under FSDP2 each is
-    gathered from its shards here (a collective: every rank iterates)."""
+    """(name, whole tensor) for every parameter, one at a time, under the names transformers
+    saves them with (what vLLM's load_weights reads; buffers such as the rotary tables vLLM
+    computes itself). Under FSDP2 each is gathered from its shards here (a collective: every
+    rank iterates)."""
     for name, parameter in model.named_parameters():   # tied weights come once
         yield name, distributed.full_tensor(parameter.detach())
 
