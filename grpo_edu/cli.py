@@ -258,8 +258,12 @@ def _train(args) -> int:
     if not main_rank:
         return 0
     summary = result.summary
-    print(f"\n{'':<28}{'before':>10}{'after':>10}")
-    print(f"{'held-out greedy accuracy':<28}{summary['start_accuracy']:>10.4f}{summary['final_accuracy']:>10.4f}")
+    print(f"\n{'':<28}{'before':>12}{'after':>12}")
+    print(f"{'held-out greedy accuracy':<28}{summary['start_accuracy']:>12.4f}{summary['final_accuracy']:>12.4f}")
+    spans = [f"{a:.3f}-{b:.3f}" for a, b in (summary["start_accuracy_interval_95"],
+                                             summary["final_accuracy_interval_95"])]
+    label = f"95% interval ({summary['eval_problems']} problems)"
+    print(f"{label:<28}{spans[0]:>12}{spans[1]:>12}")
     print(f"steps {summary['steps']}, {summary['seconds']:.0f} s, "
           f"median {summary['median_steps_per_second']:.1f} steps/s")
     run = Path(config.output_dir)

@@ -70,7 +70,7 @@ from grpo_edu.advantages import group_advantages, zero_std_groups
 from grpo_edu.batch import RolloutBatch
 from grpo_edu.config import TrainConfig
 from grpo_edu.distributed import World
-from grpo_edu.evaluation import greedy_scores
+from grpo_edu.evaluation import greedy_scores, wilson_interval
 from grpo_edu.logprobs import completion_logprobs
 from grpo_edu.loss import grpo_loss
 from grpo_edu.models import STARTING_POLICY, load_policy
@@ -897,7 +897,8 @@ def train(config: TrainConfig, *, advantage_fn: AdvantageFn | None = None,
         progress.close()
 
     seconds = elapsed + time.perf_counter() - started
-    summary = _summary(config, history, start_accuracy, seconds, finished=state.step >= config.steps)
+    summary = _summary(config, history, start_accuracy, seconds, finished=state.step >= config.steps,
+                       eval_problems=len(held_out))
     summary["world_size"] = world.size
     summary["parallelism"] = config.parallelism if world.distributed else "none"
     # What each rank holds of the policy's parameters, gradients and AdamW state (FSDP2: ~1/N each).
@@ -925,12 +926,20 @@ def _save_checkpoint(output_dir: Path, models: Models, optimizer, scheduler, sta
 
 
 def _summary(config: TrainConfig, history: list[dict], start_accuracy: float, seconds: float,
-             finished: bool) -> dict:
+             finished: bool, eval_problems: int) -> dict:
     evals = [(m["step"], m["eval/greedy_accuracy"]) for m in history if "eval/greedy_accuracy" in m]
     step_times = [sum(m[f"time/{key}"] for key in TIME_SPLIT) for m in history]
+    final_accuracy = evals[-1][1] if evals else start_accuracy
+
+    def interval(accuracy: float) -> list[float]:
+        """95% Wilson interval of a held-out accuracy over eval_problems problems."""
+        return list(wilson_interval(round(accuracy * eval_problems), eval_problems))
     return {
         "start_accuracy": start_accuracy,
-        "final_accuracy": evals[-1][1] if evals else start_accuracy,
+        "final_accuracy": final_accuracy,
+        "eval_problems": eval_problems,
+        "start_accuracy_interval_95": interval(start_accuracy),
+        "final_accuracy_interval_95": interval(final_accuracy),
         "best_accuracy": max([a for _, a in evals], default=start_accuracy),
         "steps": history[-1]["step"] if history else 0,
         "finished": finished,
