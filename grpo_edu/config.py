@@ -114,6 +114,8 @@ class TrainConfig:
     # --- evaluation, logging, checkpoints
     eval_every: int = _doc("held-out greedy accuracy every N steps (and at the start and end)", 100)
     eval_size: int = _doc("held-out problems per evaluation", 256)
+    eval_samples: int = _doc("k: at each evaluation also sample k completions per held-out problem (temperature "
+                             "1, seeded) and log pass@1, pass@k and maj@k with 95% intervals; 0 = greedy only", 0)
     checkpoint_every: int = _doc("checkpoint every N steps (0 = only at the end)", 500)
     output_dir: str = _doc("run directory: metrics.jsonl, summary.json, plot, checkpoints", "runs/cpu-tiny")
     progress: bool = _doc("show a tqdm progress bar", True)
@@ -137,6 +139,8 @@ class TrainConfig:
         for key in positive:
             if getattr(self, key) < 1:
                 raise ValueError(f"config key {key!r} must be >= 1, got {getattr(self, key)}")
+        if self.eval_samples < 0:
+            raise ValueError(f"config key 'eval_samples' must be >= 0, got {self.eval_samples}")
         if self.warmup_steps < 0:
             raise ValueError(f"config key 'warmup_steps' must be >= 0, got {self.warmup_steps}")
         if self.num_generations < 2:

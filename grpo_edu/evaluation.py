@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 import random
+from collections import Counter
 from statistics import NormalDist
 
 from grpo_edu import rewards
@@ -27,6 +28,50 @@ def greedy_scores(model, tokenizer, samples: list[dict], *, max_new_tokens: int 
     columns = {key: [s.get(key) for s in samples] for key in ("answer", "task", "numbers")}
     greedy = [group[0] for group in generate_completions(model, tokenizer, prompts, max_new_tokens=max_new_tokens)]
     return list(zip(rewards.accuracy_reward(greedy, **columns), rewards.format_reward(greedy)))
+
+
+def sampled_scores(model, tokenizer, samples: list[dict], *, k: int, max_new_tokens: int = 16,
+                   seed: int = SAMPLE_SEED) -> list[tuple[int, bool]]:
+    """For each problem, from k samples at temperature 1 (seeded: the same draws at every
+    evaluation of the same policy): how many are right, and whether the majority answer is
+    (maj@k: the answer given most often, as numbers where they parse, ties to the first
+    given; no answer at all is wrong). Per problem, so processes can share the problems."""
+    if not samples:
+        return []
+    prompts = [s["prompt"] for s in samples]
+    groups = generate_completions(model, tokenizer, prompts, num_samples=k, temperature=1.0,
+                                  max_new_tokens=max_new_tokens, seed=seed)
+    out = []
+    for sample, group in zip(samples, groups):
+        columns = {key: [sample.get(key)] * k for key in ("answer", "task", "numbers")}
+        correct = rewards.accuracy_reward(group, **columns)
+        keys = [_answer_key(rewards.extract_answer(rewards.completion_text(c))) for c in group]
+        votes = Counter(key for key in keys if key is not None)
+        majority = votes.most_common(1)[0][0] if votes else None
+        out.append((int(sum(correct)), majority is not None and bool(correct[keys.index(majority)])))
+    return out
+
+
+def _answer_key(answer: str | None) -> str | None:
+    if answer is None:
+        return None
+    number = rewards.parse_number(answer)
+    return str(number) if number is not None else " ".join(answer.split())
+
+
+def sampled_metrics(scores: list[tuple[int, bool]], k: int) -> dict[str, object]:
+    """pass@1 (mean share right, bootstrap interval), pass@k (unbiased; with k samples of k it
+    is the share of problems with one right, Wilson interval) and maj@k (Wilson interval)."""
+    n = len(scores)
+    per_problem = [c / k for c, _ in scores]
+    any_right = sum(c > 0 for c, _ in scores)
+    majority = sum(m for _, m in scores)
+    return {
+        "pass_at_1": sum(per_problem) / n, "pass_at_1_interval_95": list(bootstrap_interval(per_problem)),
+        f"pass_at_{k}": sum(pass_at_k(k, c, k) for c, _ in scores) / n,
+        f"pass_at_{k}_interval_95": list(wilson_interval(any_right, n)),
+        f"maj_at_{k}": majority / n, f"maj_at_{k}_interval_95": list(wilson_interval(majority, n)),
+    }
 
 
 def evaluate(model, tokenizer, samples: list[dict], *, pass_k: int = 0, max_new_tokens: int = 16,

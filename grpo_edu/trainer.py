@@ -70,7 +70,7 @@ from grpo_edu.advantages import group_advantages, zero_std_groups
 from grpo_edu.batch import RolloutBatch
 from grpo_edu.config import TrainConfig
 from grpo_edu.distributed import World
-from grpo_edu.evaluation import greedy_scores, wilson_interval
+from grpo_edu.evaluation import greedy_scores, sampled_metrics, sampled_scores, wilson_interval
 from grpo_edu.logprobs import completion_logprobs
 from grpo_edu.loss import grpo_loss
 from grpo_edu.models import STARTING_POLICY, load_policy
@@ -841,6 +841,17 @@ def train(config: TrainConfig, *, advantage_fn: AdvantageFn | None = None,
         correct = world.gather_objects([accuracy for accuracy, _ in scores])
         return sum(correct) / len(correct)
 
+    def held_out_samples() -> dict:
+        """config.eval_samples samples per held-out problem: pass@1, pass@k, maj@k, intervals."""
+        model = models.full_policy
+        model.eval()
+        with autocast(config, world.device):
+            scores = sampled_scores(model, tokenizer, held_out[world.split(len(held_out))], k=config.eval_samples,
+                                    max_new_tokens=config.max_completion_length)
+        model.train()
+        return {f"eval/{key}": value
+                for key, value in sampled_metrics(world.gather_objects(scores), config.eval_samples).items()}
+
     if saved is not None:
         distributed.load_full_optimizer_state(optimizer, saved["optimizer"])
         scheduler.load_state_dict(saved["scheduler"])
@@ -881,6 +892,8 @@ def train(config: TrainConfig, *, advantage_fn: AdvantageFn | None = None,
         if state.step % config.eval_every == 0 or state.step == config.steps:
             accuracy = held_out_accuracy()
             metrics["eval/greedy_accuracy"] = accuracy
+            if config.eval_samples:
+                metrics.update(held_out_samples())
         history.append(metrics)
         if world.is_main:
             metrics_log.append(metrics)
@@ -940,6 +953,10 @@ def _summary(config: TrainConfig, history: list[dict], start_accuracy: float, se
         "eval_problems": eval_problems,
         "start_accuracy_interval_95": interval(start_accuracy),
         "final_accuracy_interval_95": interval(final_accuracy),
+        # The last evaluation's sampled metrics (config.eval_samples), with their intervals.
+        "final_sampled": next(({k.removeprefix("eval/"): v for k, v in m.items()
+                                if k.startswith("eval/") and k != "eval/greedy_accuracy"}
+                               for m in reversed(history) if "eval/greedy_accuracy" in m), {}),
         "best_accuracy": max([a for _, a in evals], default=start_accuracy),
         "steps": history[-1]["step"] if history else 0,
         "finished": finished,

@@ -42,6 +42,7 @@ NOT_CARRIED = {
     "threads": "torch's CPU thread count: set it in the launching process (torch.set_num_threads)",
     "eval_every": "grpo_edu's held-out greedy accuracy; TRL evaluates an eval_dataset (eval_strategy)",
     "eval_size": "as eval_every",
+    "eval_samples": "as eval_every (pass@k and maj@k on the held-out problems)",
     "engine": "'fused' and 'hf' become TRL's transformers generate; 'vllm' becomes use_vllm",
     "parallelism": "ddp is accelerate's default; fsdp2 is an accelerate config (refused here, see REFUSED)",
     "model": "loaded by grpo_trainer (load_policy), passed to GRPOTrainer",

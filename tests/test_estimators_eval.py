@@ -66,3 +66,36 @@ def test_the_summary_carries_the_accuracy_intervals(tmp_path):
         assert summary[f"{key}_accuracy_interval_95"] == list(wilson_interval(round(accuracy * n), n))
     written = json.loads((tmp_path / "run" / "summary.json").read_text())
     assert written["final_accuracy_interval_95"] == summary["final_accuracy_interval_95"]
+
+
+def test_sampled_scores_count_right_samples_and_the_majority():
+    """A stand-in generate: three answers per problem; maj@3 follows the most frequent one."""
+    from grpo_edu import evaluation
+    from grpo_edu.evaluation import sampled_metrics, sampled_scores
+    groups = [["\\boxed{7}", "\\boxed{7.0}", "\\boxed{8}"],      # 2 right; the majority (7 = 7.0) is right
+              ["\\boxed{9}", "\\boxed{9}", "\\boxed{7}"],        # 1 right; the majority (9) is wrong
+              ["no answer", "", "\\boxed{1}"]]                   # 0 right
+    original = evaluation.generate_completions
+    evaluation.generate_completions = lambda *args, **kwargs: groups
+    try:
+        scores = sampled_scores(None, None, [{"prompt": "p", "answer": "7"}] * 3, k=3)
+    finally:
+        evaluation.generate_completions = original
+    assert scores == [(2, True), (1, False), (0, False)]
+    metrics = sampled_metrics(scores, 3)
+    assert metrics["pass_at_1"] == pytest.approx(1 / 3) and metrics["pass_at_3"] == pytest.approx(2 / 3)
+    assert metrics["maj_at_3"] == pytest.approx(1 / 3)
+    assert metrics["maj_at_3_interval_95"] == list(wilson_interval(1, 3))
+
+
+def test_eval_samples_logs_sampled_metrics_at_each_evaluation(tmp_path):
+    from grpo_edu import trainer
+    from test_trainer import small_config
+    result = trainer.train(small_config(tmp_path, steps=2, eval_every=1, checkpoint_every=0, eval_samples=4),
+                           log=lambda _: None)
+    for metrics in result.history:
+        assert {"eval/pass_at_1", "eval/pass_at_4", "eval/maj_at_4", "eval/pass_at_4_interval_95"} <= set(metrics)
+        assert 0 <= metrics["eval/pass_at_1"] <= metrics["eval/pass_at_4"] <= 1
+    assert set(result.summary["final_sampled"]) >= {"pass_at_1", "pass_at_4", "maj_at_4"}
+    plain = trainer.train(small_config(tmp_path / "plain", steps=1, checkpoint_every=0), log=lambda _: None)
+    assert "eval/pass_at_1" not in plain.history[0] and plain.summary["final_sampled"] == {}
