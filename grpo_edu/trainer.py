@@ -236,7 +236,8 @@ def make_engine(config: TrainConfig, models: "Models", tokenizer, world: World =
     if config.vllm_mode == "server":
         return vllm_engine.VLLMServerEngine(config.vllm_server_url, models.policy, tokenizer, world)
     dtype = "bfloat16" if compute_dtype(config, world.device) == torch.bfloat16 else "float32"
-    path = vllm_engine.sampler_model_path(models.full_policy, tokenizer, config.output_dir, world)
+    with models.whole() as whole:
+        path = vllm_engine.sampler_model_path(whole, tokenizer, config.output_dir, world)
     return vllm_engine.VLLMEngine(path, models.policy, tokenizer, world, seed=config.seed, dtype=dtype,
                                   gpu_memory_utilization=config.vllm_gpu_memory_utilization,
                                   sleep_mode=config.vllm_sleep_mode)
@@ -261,18 +262,43 @@ def sequence_logprobs(config: TrainConfig, model, input_ids, attention_mask, com
 class Models:
     """What a rank trains with. `policy` holds the trained parameters (under FSDP2 its
     shards); `train_logprobs` / `reference_logprobs` are the (wrapped) log-prob modules the
-    loss calls; `full_policy` holds whole weights for sampling, evaluation and checkpoints
-    (the policy itself, except under FSDP2: a plain copy synced after every update)."""
+    loss calls; `full_policy` holds whole weights for sampling and evaluation (the policy
+    itself, except under FSDP2: a plain copy synced after every update). With a vLLM engine
+    under FSDP2 nothing samples from it, so it is `lazy`: on the meta device (no memory)
+    except inside `whole()`, which materialises it from the shards for an evaluation."""
 
     policy: torch.nn.Module
     reference: torch.nn.Module | None
     full_policy: torch.nn.Module
     train_logprobs: torch.nn.Module
     reference_logprobs: torch.nn.Module | None
+    lazy: bool = False
 
     @property
     def sharded(self) -> bool:
         return self.full_policy is not self.policy
+
+    @contextlib.contextmanager
+    def whole(self, keep: bool = False):
+        """The policy with whole, current weights. Lazy: gathered from the shards into the
+        copy (a collective: every rank enters), released again on leaving unless `keep`."""
+        if not self.lazy:
+            yield self.full_policy
+            return
+        device = next(self.policy.parameters()).device
+        self.full_policy.to_empty(device=device)
+        if hasattr(self.full_policy, "tie_weights"):   # tied embeddings share one tensor again
+            self.full_policy.tie_weights()
+        distributed.copy_full_weights(self.policy, self.full_policy)
+        with torch.no_grad():   # buffers (the rotary tables) are not sharded: copied as they are
+            buffers = dict(self.full_policy.named_buffers())
+            for name, buffer in self.policy.named_buffers():
+                buffers[name].copy_(buffer)
+        try:
+            yield self.full_policy
+        finally:
+            if not keep:
+                self.full_policy.to("meta")
 
 
 def build_models(config: TrainConfig, world: World, policy: torch.nn.Module,
@@ -288,7 +314,13 @@ def build_models(config: TrainConfig, world: World, policy: torch.nn.Module,
         reference.to(world.device)
     policy.train()
     sharded = world.distributed and config.parallelism == "fsdp2"
-    full_policy = make_reference(policy) if sharded else policy   # a plain copy, never trained
+    lazy = sharded and config.engine == "vllm"   # vLLM samples from its own copy: this one only evaluates
+    if lazy:
+        with torch.device("meta"):
+            full_policy = type(policy)(policy.config).eval().requires_grad_(False)
+        full_policy.generation_config = policy.generation_config
+    else:
+        full_policy = make_reference(policy) if sharded else policy   # a plain copy, never trained
 
     def logprob_fn(model, input_ids, attention_mask, completion_mask):
         with autocast(config, world.device):
@@ -298,7 +330,7 @@ def build_models(config: TrainConfig, world: World, policy: torch.nn.Module,
                                       per_layer=per_layer)
     reference_logprobs = None if reference is None else distributed.wrap(
         reference, logprob_fn, world, config.parallelism, trainable=False, per_layer=per_layer)
-    return Models(policy, reference, full_policy, train_logprobs, reference_logprobs)
+    return Models(policy, reference, full_policy, train_logprobs, reference_logprobs, lazy=lazy)
 
 
 # --------------------------------------------------------------------------- steps 1-2
@@ -683,7 +715,7 @@ def optimise(config: TrainConfig, models: Models, optimizer, scheduler, batch: R
             if _last_nonempty(plan, iteration, k, config):
                 metrics = sums.reduce(world)
                 metrics["grad_norm"] = float(distributed.full_tensor(norm))
-    if models.sharded:
+    if models.sharded and not models.lazy:
         distributed.copy_full_weights(models.policy, models.full_policy)   # the sampler's weights
     if steps_taken == 0:
         metrics["skipped_update"] = 1.0
@@ -832,23 +864,23 @@ def train(config: TrainConfig, *, advantage_fn: AdvantageFn | None = None,
 
     def held_out_accuracy() -> float:
         """Greedy accuracy on the held-out set, each rank scoring its share of the problems."""
-        model = models.full_policy
-        model.eval()
-        with autocast(config, world.device):
-            scores = greedy_scores(model, tokenizer, held_out[world.split(len(held_out))],
-                                   max_new_tokens=config.max_completion_length)
-        model.train()
+        with models.whole() as model:
+            model.eval()
+            with autocast(config, world.device):
+                scores = greedy_scores(model, tokenizer, held_out[world.split(len(held_out))],
+                                       max_new_tokens=config.max_completion_length)
+            model.train()
         correct = world.gather_objects([accuracy for accuracy, _ in scores])
         return sum(correct) / len(correct)
 
     def held_out_samples() -> dict:
         """config.eval_samples samples per held-out problem: pass@1, pass@k, maj@k, intervals."""
-        model = models.full_policy
-        model.eval()
-        with autocast(config, world.device):
-            scores = sampled_scores(model, tokenizer, held_out[world.split(len(held_out))], k=config.eval_samples,
-                                    max_new_tokens=config.max_completion_length)
-        model.train()
+        with models.whole() as model:
+            model.eval()
+            with autocast(config, world.device):
+                scores = sampled_scores(model, tokenizer, held_out[world.split(len(held_out))],
+                                        k=config.eval_samples, max_new_tokens=config.max_completion_length)
+            model.train()
         return {f"eval/{key}": value
                 for key, value in sampled_metrics(world.gather_objects(scores), config.eval_samples).items()}
 
@@ -861,12 +893,13 @@ def train(config: TrainConfig, *, advantage_fn: AdvantageFn | None = None,
         history = metrics_log.restore(up_to_step=state.step, log=say) if world.is_main else []
     else:
         start_accuracy, elapsed = held_out_accuracy(), 0.0
-        if world.is_main:
-            output_dir.mkdir(parents=True, exist_ok=True)
-            metrics_log.start()
-            (output_dir / "config.json").write_text(json.dumps(config.to_dict(), indent=2) + "\n")
-            before = _samples_table(models.full_policy, tokenizer, held_out[:4], config.max_completion_length)
-            (output_dir / "samples_before.txt").write_text(before)
+        with models.whole() as model:   # every rank enters: under FSDP2 a lazy copy is gathered
+            if world.is_main:
+                output_dir.mkdir(parents=True, exist_ok=True)
+                metrics_log.start()
+                (output_dir / "config.json").write_text(json.dumps(config.to_dict(), indent=2) + "\n")
+                before = _samples_table(model, tokenizer, held_out[:4], config.max_completion_length)
+                (output_dir / "samples_before.txt").write_text(before)
         say(f"start: held-out greedy accuracy {start_accuracy:.4f}")
     world.barrier()
 
@@ -916,13 +949,14 @@ def train(config: TrainConfig, *, advantage_fn: AdvantageFn | None = None,
     summary["parallelism"] = config.parallelism if world.distributed else "none"
     # What each rank holds of the policy's parameters, gradients and AdamW state (FSDP2: ~1/N each).
     summary["memory_bytes_per_rank"] = world.gather_objects([distributed.memory_bytes(models.policy, optimizer)])
-    if world.is_main:
-        (output_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
-        if state.step >= config.steps:
-            after = _samples_table(models.full_policy, tokenizer, held_out[:4], config.max_completion_length)
-            (output_dir / "samples_after.txt").write_text(after)
+    with models.whole(keep=True) as model:   # the run's result: whole weights (every rank enters)
+        if world.is_main:
+            (output_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+            if state.step >= config.steps:
+                after = _samples_table(model, tokenizer, held_out[:4], config.max_completion_length)
+                (output_dir / "samples_after.txt").write_text(after)
     world.barrier()
-    return RunResult(models.full_policy, tokenizer, summary, history)
+    return RunResult(model, tokenizer, summary, history)
 
 
 def _save_checkpoint(output_dir: Path, models: Models, optimizer, scheduler, state: TrainState, world: World,

@@ -278,3 +278,19 @@ def test_the_transformers_path_trains(tmp_path):
                            tokenizer=tokenizer, reward_functions={"digits": (count_digits, 1.0)}, log=lambda _: None)
     assert result.summary["steps"] == 2
     assert not all(torch.equal(before[k], v) for k, v in policy.state_dict().items())
+
+
+def test_a_lazy_whole_copy_holds_no_memory_outside_whole():
+    """Models.whole on a lazy copy (FSDP2 with vLLM): on the meta device, materialised with the
+    policy's weights inside the block, released after (kept with keep=True)."""
+    policy, _ = tiny()
+    with torch.device("meta"):
+        copy = type(policy)(policy.config)
+    models = trainer.Models(policy, None, copy, policy, None, lazy=True)
+    assert all(p.is_meta for p in copy.parameters())
+    with models.whole() as whole:
+        assert all(torch.equal(a, b) for a, b in zip(whole.state_dict().values(), policy.state_dict().values()))
+    assert all(p.is_meta for p in copy.parameters())
+    with models.whole(keep=True) as whole:
+        pass
+    assert not any(p.is_meta for p in whole.parameters())

@@ -258,6 +258,13 @@ def test_two_processes_train_through_vllm_what_one_does(tmp_path, parallelism):
                for p in (1, 2)]
     assert rewards[0] == rewards[1]
     assert largest_difference(tmp_path / "1", tmp_path / "2") < 1e-5
+    # Under fsdp2 the whole-weights copy evaluation reads exists only while it evaluates
+    # (Models.whole, gathered from the shards): its accuracies are the 1-process run's.
+    summaries = [json.loads((tmp_path / str(p) / "summary.json").read_text()) for p in (1, 2)]
+    assert summaries[0]["eval_curve"] == summaries[1]["eval_curve"]
+    assert summaries[0]["start_accuracy"] == summaries[1]["start_accuracy"]
+    samples = [(tmp_path / str(p) / "samples_after.txt").read_text() for p in (1, 2)]
+    assert samples[0] == samples[1]
 
 
 # ------------------------------------------------------------------ the API check
