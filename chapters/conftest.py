@@ -2,7 +2,9 @@
 (grpo_edu.book.KERNEL_ENV) and, on x86-64 with AVX2, the pinned floating-point kernels
 (grpo_edu.numerics): that is what makes every committed output reproducible on any such
 machine. Chapters of a tier this machine lacks are skipped with the reason, and so are
-cells tagged `gpu` where there is no CUDA GPU (their committed output says so).
+cells tagged `gpu` where there is no CUDA GPU (their committed output says so); where
+there is one, they run and must not raise, but their output (a GPU's step times and
+memory) is not compared.
 
 Where the pin is unavailable (Apple silicon, ARM Linux), or with `--book-unpinned`, the
 kernels are the machine's own: cells tagged `platform-numerics` (a training run's digits)
@@ -36,6 +38,7 @@ def _unpinned_reason(config) -> str | None:
 
 def pytest_configure(config):
     config._platform_cells = []   # (nodeid, matched the committed output or not)
+    config._gpu_cells = []        # likewise, for the cells tagged gpu run on a GPU
 
 
 def pytest_collection_modifyitems(config, items):
@@ -43,16 +46,19 @@ def pytest_collection_modifyitems(config, items):
     manifest = {c.path.name: c for c in book.load_book().chapters}
     unpinned = _unpinned_reason(config)
     for item in items:
-        chapter = manifest.get(Path(str(item.fspath)).name)
-        if chapter is None:
+        if item.fspath.ext != ".ipynb":
             continue
+        chapter = manifest.get(Path(str(item.fspath)).name)
         tags = getattr(item, "cell", {}).get("metadata", {}).get("tags", [])
-        if tiers[chapter.tier]:
+        if chapter is not None and tiers[chapter.tier]:
             item.add_marker(pytest.mark.skip(reason=f"tier {chapter.tier!r}: {tiers[chapter.tier]}"))
-        elif tiers["gpu"] and notebooks.GPU_TAG in tags:
-            item.add_marker(pytest.mark.skip(reason=f"a cell tagged {notebooks.GPU_TAG!r}: needs a CUDA GPU "
-                                                    f"({tiers['gpu']})"))
-        elif unpinned and numerics.PLATFORM_TAG in tags:
+        elif notebooks.GPU_TAG in tags:   # in any notebook, listed in book.toml or not
+            if tiers["gpu"]:
+                item.add_marker(pytest.mark.skip(reason=f"a cell tagged {notebooks.GPU_TAG!r}: needs a CUDA GPU "
+                                                        f"({tiers['gpu']})"))
+            else:   # its output is the hardware's (timings, memory): run, and must not raise
+                _record_instead_of_compare(item, config._gpu_cells)
+        elif chapter is not None and unpinned and numerics.PLATFORM_TAG in tags:
             _record_instead_of_compare(item, config._platform_cells)
 
 
@@ -84,11 +90,17 @@ def pytest_runtest_setup(item):
 
 
 def pytest_terminal_summary(terminalreporter, config):
+    write = terminalreporter.write_line
+    if config._gpu_cells:
+        terminalreporter.section("cells tagged gpu")
+        write(f"These {len(config._gpu_cells)} cells ran on this machine's GPU without raising; their output "
+              f"(step times, memory) is the hardware's, so it was not compared with the committed one:")
+        for nodeid, matched in config._gpu_cells:
+            write(f"  {nodeid}: {'same as committed' if matched else 'differs from committed'}")
     cells = config._platform_cells
     if not cells:
         return
     reason = _unpinned_reason(config)
-    write = terminalreporter.write_line
     terminalreporter.section("platform-dependent cells")
     write(f"The pinned floating-point kernels are not in use ({reason}). These {len(cells)} cells print "
           f"numbers that depend on the machine's kernels; they ran, and the claims cells after them "

@@ -207,3 +207,78 @@ def test_a_gpu_cell_is_not_run_without_a_gpu_and_says_so(tmp_path, monkeypatch):
     assert cells[1].outputs[0]["text"].startswith("Not run here: this cell needs a CUDA GPU (built on ")
     assert cells[2].outputs[0]["text"] == "42\n"
     assert notebooks.gpu_cells(nbformat.read(target, as_version=4)) == [1]
+
+
+def test_a_gpu_cell_runs_on_a_gpu_and_names_it(tmp_path, monkeypatch):
+    """Where torch sees a CUDA GPU, a cell tagged `gpu` runs like any other, and its output
+    starts with a line naming the GPU it ran on (here a pretend one: the cell itself needs none)."""
+    import nbformat
+    import torch
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 8)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "Pretend H100")
+    monkeypatch.setattr(torch.version, "cuda", "12.8")
+    source = tmp_path / "gpu.py"
+    source.write_text('# %%\nx = 21\n\n# %% tags=["gpu"]\nprint(2 * x)\n\n# %% tags=["gpu"]\nx + 1\n')
+    target = tmp_path / "gpu.ipynb"
+    notebooks.build(source, target, env=dict(book.KERNEL_ENV, PATH="/usr/bin:/bin"))
+    cells = [c for c in nbformat.read(target, as_version=4).cells if c.cell_type == "code"]
+    assert [c.execution_count for c in cells] == [1, 2, 3]
+    assert cells[0].outputs == []
+    assert [o["text"] for o in cells[1].outputs] == ["Run on Pretend H100 (1 of 8 GPUs, CUDA 12.8).\n42\n"]
+    first, result = cells[2].outputs   # a cell without stdout: the line comes before its result
+    assert first["text"] == "Run on Pretend H100 (1 of 8 GPUs, CUDA 12.8).\n"
+    assert result["data"]["text/plain"] == "22"
+
+
+def _build_without_gpu(source: Path, text: str, env: dict) -> Path:
+    """Build `text` (py:percent) into a notebook in a process of its own that sees no GPU."""
+    source.write_text(text)
+    target = source.with_suffix(".ipynb")
+    done = subprocess.run([sys.executable, "-c", "import os, sys; from pathlib import Path; "
+                           "from grpo_edu.book import notebooks; "
+                           "notebooks.build(Path(sys.argv[1]), Path(sys.argv[2]), env=dict(os.environ))",
+                           str(source), str(target)], env=env, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-2000:]
+    return target
+
+
+def _nbval(notebook: Path, env: dict, *options: str) -> subprocess.CompletedProcess:
+    """Strict nbval over `notebook` with chapters/conftest.py beside it, as over a chapter."""
+    shutil.copy(ROOT / "chapters" / "conftest.py", notebook.parent / "conftest.py")
+    return subprocess.run([sys.executable, "-m", "pytest", "-q", "-rs", "-p", "no:cacheprovider", *options,
+                           "--rootdir", str(ROOT), "-c", str(ROOT / "pyproject.toml"), str(notebook)],
+                          cwd=ROOT, capture_output=True, text=True, env=env)
+
+
+@pytest.mark.slow
+def test_nbval_skips_a_gpu_cell_without_a_gpu(tmp_path):
+    """nbval over a notebook built without a GPU: the cell tagged `gpu` (which would raise if
+    run) is skipped with the reason "needs a CUDA GPU", the cells around it pass."""
+    env = dict(book.kernel_env(), CUDA_VISIBLE_DEVICES="")   # no GPU, even on a machine with one
+    notebook = _build_without_gpu(tmp_path / "gpu.py", '# %%\nx = 21\n\n# %% tags=["gpu"]\n'
+                                  'raise RuntimeError("needs a GPU")\n\n# %%\nprint(2 * x)\n', env)
+    result = _nbval(notebook, env)
+    assert result.returncode == 0, result.stdout[-2000:]
+    assert "2 passed, 1 skipped" in result.stdout, result.stdout[-2000:]
+    skipped = [line for line in result.stdout.splitlines() if line.startswith("SKIPPED")]
+    assert len(skipped) == 1 and "needs a CUDA GPU" in skipped[0], result.stdout[-2000:]
+
+
+@pytest.mark.slow
+def test_nbval_runs_a_gpu_cell_on_a_gpu_without_comparing(tmp_path):
+    """On a machine with a GPU (pretended in pytest's process: the cells need none), nbval runs
+    the cells tagged gpu: one that prints other output than the committed one passes and is
+    reported as not compared; one that raises fails."""
+    env = dict(book.kernel_env(), CUDA_VISIBLE_DEVICES="")
+    (tmp_path / "pretend_gpu.py").write_text("import torch\ntorch.cuda.is_available = lambda: True\n"
+                                             "torch.cuda.device_count = lambda: 1\n")
+    notebook = _build_without_gpu(tmp_path / "gpu.py", '# %% tags=["gpu"]\nprint("on a GPU")\n', env)
+    pretend = dict(env, PYTHONPATH=str(tmp_path))
+    result = _nbval(notebook, pretend, "-p", "pretend_gpu")
+    assert result.returncode == 0 and "1 passed" in result.stdout, result.stdout[-2000:]
+    assert "cells tagged gpu" in result.stdout and "differs from committed" in result.stdout, result.stdout[-2000:]
+
+    raising = _build_without_gpu(tmp_path / "raising.py", '# %% tags=["gpu"]\nraise RuntimeError("broken")\n', env)
+    result = _nbval(raising, pretend, "-p", "pretend_gpu")
+    assert result.returncode == 1 and "1 failed" in result.stdout, result.stdout[-2000:]

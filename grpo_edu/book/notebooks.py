@@ -88,19 +88,43 @@ def not_run_output(machine: str) -> nbformat.NotebookNode:
 
 
 def _machine() -> str:
+    """Where a chapter without CUDA was built, in a few words: "x86_64 Linux, no CUDA GPU"."""
     import platform
     return f"{platform.machine()} {platform.system()}, no CUDA GPU"
+
+
+def _gpu() -> str:
+    """The GPU a gpu cell ran on: "NVIDIA H100 80GB HBM3 (1 of 8 GPUs, CUDA 12.8)"."""
+    import torch
+    return (f"{torch.cuda.get_device_name(0)} (1 of {torch.cuda.device_count()} GPUs, "
+            f"CUDA {torch.version.cuda})")
+
+
+def ran_on_output(gpu: str) -> nbformat.NotebookNode:
+    return nbformat.v4.new_output("stream", name="stdout", text=f"Run on {gpu}.\n")
+
+
+def _prepend(cell: nbformat.NotebookNode, line: nbformat.NotebookNode) -> None:
+    """Put `line` (a stdout stream) first in the cell's outputs, merged with a stdout stream
+    that already comes first (as coalesce_streams would have)."""
+    outputs = cell.get("outputs", [])
+    if outputs and outputs[0].get("output_type") == "stream" and outputs[0].get("name") == "stdout":
+        outputs[0]["text"] = line["text"] + outputs[0]["text"]
+    else:
+        cell.outputs = [line, *outputs]
 
 
 def execute(notebook: nbformat.NotebookNode, cwd: Path, env: dict[str, str], timeout: int
             ) -> nbformat.NotebookNode:
     """Run every cell in a fresh kernel (the current Python environment). Where torch sees no
     CUDA GPU, the cells tagged `gpu` are not run: each gets one line saying so, and on what
-    machine the chapter was built (nbval skips them there too, chapters/conftest.py)."""
+    machine the chapter was built (nbval skips them there too, chapters/conftest.py). Where it
+    sees one, they run, and their output starts with a line naming the GPU."""
     from nbclient import NotebookClient
     import torch
 
-    set_aside = [] if torch.cuda.is_available() else gpu_cells(notebook)
+    has_gpu = torch.cuda.is_available()
+    set_aside = [] if has_gpu else gpu_cells(notebook)
     for index in set_aside:   # raw cells are not executed
         notebook.cells[index].cell_type = "raw"
 
@@ -113,6 +137,9 @@ def execute(notebook: nbformat.NotebookNode, cwd: Path, env: dict[str, str], tim
         cell = notebook.cells[index]
         cell.cell_type = "code"
         cell.outputs, cell.execution_count = [not_run_output(_machine())], None
+    if has_gpu:
+        for index in gpu_cells(notebook):
+            _prepend(notebook.cells[index], ran_on_output(_gpu()))
     return notebook
 
 
