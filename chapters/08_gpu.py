@@ -25,7 +25,9 @@
 
 # %%
 import contextlib
+import dataclasses
 import inspect
+import json
 import subprocess
 import sys
 import tempfile
@@ -45,24 +47,48 @@ from grpo_edu.models import STARTING_POLICY, load_policy
 from grpo_edu.rollout import SamplingParams
 
 torch.set_num_threads(1)
+torch.set_printoptions(precision=4, sci_mode=False)
 configs = {name: TrainConfig.from_toml(f"../configs/{name}.toml")
            for name in ("cpu-tiny", "gpu-1x", "h100-8x", "qwen2.5-0.5b-gsm8k-8x")}
+
+
+def show_claims(claims):
+    for claim, holds in claims.items():
+        print(f"{'holds' if holds else 'FAILS'}: {claim}")
 
 # %% [markdown]
 # ## What changes, key by key
 #
-# The CPU tier's config and the GPU tier's differ in a handful of keys; the rest (the task,
-# the loss, the rewards) carry over unchanged. Here they are, read from the files:
+# The CPU tier's config (configs/cpu-tiny.toml), the GPU tier's for one GPU
+# (configs/gpu-1x.toml) and for eight H100s (configs/h100-8x.toml), and one of the recipes
+# for a real model beside them: every key on which they differ, read from the files (less
+# the bookkeeping: run length, evaluation and checkpoint intervals, output folder, CPU
+# threads), with the vLLM keys, G and beta, which they share:
 
 # %%
-keys = ["device", "engine", "precision", "parallelism", "vllm_mode", "vllm_gpu_memory_utilization",
-        "vllm_sleep_mode", "tis_cap", "prompts_per_step", "num_mini_batches", "model", "task", "chat_template",
-        "max_completion_length", "learning_rate"]
-print(f"{'key':<29}" + "".join(f"{name:>28}" for name in configs))
+BOOKKEEPING = {"steps", "eval_every", "eval_size", "checkpoint_every", "output_dir", "threads"}
+SHOWN_ALWAYS = {"num_generations", "beta", "vllm_mode", "vllm_gpu_memory_utilization", "vllm_sleep_mode", "vllm_server_url"}
+keys = [f.name for f in dataclasses.fields(TrainConfig) if f.name in SHOWN_ALWAYS or (
+    f.name not in BOOKKEEPING and len({repr(getattr(c, f.name)) for c in configs.values()}) > 1)]
+widths = [2 + max(len(name), *(len(str(getattr(c, key))) for key in keys)) for name, c in configs.items()]
+print(f"{'key':<29}" + "".join(f"{name:>{width}}" for name, width in zip(configs, widths)))
 for key in keys:
-    print(f"{key:<29}" + "".join(f"{str(getattr(c, key)):>28}" for c in configs.values()))
+    print(f"{key:<29}" + "".join(f"{str(getattr(c, key)):>{width}}" for c, width in zip(configs.values(), widths)))
 different = [k for k in keys if getattr(configs["cpu-tiny"], k) != getattr(configs["gpu-1x"], k)]
 print(f"\ncpu-tiny -> gpu-1x changes: {', '.join(different)}")
+print(f"gpu-1x -> h100-8x changes: "
+      f"{', '.join(k for k in keys if getattr(configs['gpu-1x'], k) != getattr(configs['h100-8x'], k))}")
+
+# %% [markdown]
+# From the CPU tier to one GPU, the policy, the task, the loss and G stay; the device, the
+# engine and the precision change, `tis_cap` turns on (the mismatch below), and B goes from
+# 16 prompts to 64, cut into 4 mini-batches so that each optimizer step still sees what a
+# CPU-tier step sees. From one GPU to eight, B goes to 512, 64 per GPU, in one mini-batch,
+# and the sharding becomes FSDP2's. The `vllm_*` keys are in every config, the CPU's too, and
+# read only where `engine = "vllm"`. A real model changes the rest: the model, the task, the
+# prompt format (`chat_template`), room to reason (`max_completion_length`), a learning rate
+# fit for a pretrained model (1e-6), a smaller `micro_batch_size`, and here DAPO's loss with
+# clip-higher (chapter 4).
 
 # %% [markdown]
 # ## The engine, and why it sleeps
@@ -82,12 +108,22 @@ print(inspect.getsource(vllm_engine.named_weights))
 # One parameter at a time, so that under FSDP2 only one whole tensor is gathered at once
 # (`full_tensor` is the all-gather of its shards). The prefix cache is reset after the load:
 # vLLM caches the KV of prompt prefixes it has seen, and those were computed with the old
-# weights. The order of one rollout's calls, recorded by the test suite's stand-in for vLLM
+# weights; a rollout that reused them would attend to keys and values of a policy that no
+# longer exists. Then the rollout itself, which wakes the KV cache, samples, and puts the
+# engine back to sleep at level 2 (weights and KV cache released, nothing kept: the next
+# rollout loads the weights again anyway):
+
+# %%
+print(inspect.getsource(vllm_engine.VLLMEngine.generate))
+
+# %% [markdown]
+# The order of one rollout's calls, recorded by the test suite's stand-in for vLLM
 # (`tests/fake_vllm`: exactly the API the engine uses, sampling with the policy itself on the
 # CPU, and refusing any call out of order):
 
 # %%
-sys.path.insert(0, str(Path("../tests/fake_vllm").resolve()))
+STAND_IN = str(Path("../tests/fake_vllm").resolve())
+sys.path.insert(0, STAND_IN)
 import vllm as stand_in  # noqa: E402  (the stand-in: vLLM itself needs a GPU)
 
 policy, tokenizer = load_policy(STARTING_POLICY)
@@ -109,31 +145,60 @@ for name, *details in stand_in.CALLS:
         steps.append(f"{name}({details[0]})" if name in ("wake_up", "sleep") else name)
 print(" -> ".join(steps))
 print(f"sampled {rollout.completion_ids.shape[0]} completions of {len(samples)} prompts")
+sys.path.remove(STAND_IN)   # the stand-in stops here: a later `import vllm` finds the real one, if any
+for module in [m for m in sys.modules if m == "vllm" or m.startswith("vllm.")]:
+    del sys.modules[module]
 
 # %% [markdown]
-# Each completion is sampled with its own seed, the step's seed plus its index in the whole
-# batch, so the rollout does not depend on how the prompts are split over GPUs (chapter 7's
-# promise, kept on the GPU path up to vLLM's kernels).
+# (The warning is the engine's: vLLM on a machine without a GPU, here the stand-in.) Each
+# completion is sampled with its own seed: one number drawn for the step on every rank alike,
+# plus the completion's index in the whole batch. These are the lines of `trainer.roll_out`
+# that do it:
+
+# %%
+print("\n".join(line for line in inspect.getsource(trainer.roll_out).splitlines()
+                if "seed = int(" in line or "seeds = [" in line or "sampling, seeds=seeds" in line))
+
+# %% [markdown]
+# Prompt b of a rank's share is prompt `share.start + b` of the batch; vLLM gives its G
+# completions the seeds seed + (share.start + b) G, ..., + G - 1. So completion i of the
+# batch has the seed seed + i on 1 GPU or on 8, and the rollout does not depend on how the
+# prompts are split over GPUs: chapter 7's promise, kept on the GPU path up to vLLM's
+# kernels (which are not bitwise the same for every batch shape).
 #
 # ## bf16: why the master weights stay float32
 #
 # On a GPU the forward passes run in bf16 (`precision = "bf16"`, autocast). bf16 keeps 8
-# bits of mantissa: around 1.0 its spacing is 2^-7, so adding to a weight anything smaller
-# than half of that, 1/256 of it, changes nothing. An AdamW update is lr-sized, 1e-6 for the
-# hub recipes:
+# bits of mantissa (7 stored): around 1.0 its spacing is 2^-7 = 1/128, so adding to a weight
+# half of that, 1/256 of the weight, or less, changes nothing (1/256 itself is a tie, and
+# rounds to the even neighbour: 1). An AdamW update is about lr in size, 1e-6 for the hub
+# recipes:
 
 # %%
 weight = torch.tensor(1.0)
-for update in (1e-2, 1 / 256, 1e-3, 1e-6):
+for update in (1e-2, 1 / 128, 1 / 256, 1e-3, 1e-6):
     in_bf16 = (weight.bfloat16() + torch.tensor(update).bfloat16()).float().item()
     in_fp32 = (weight + update).item()
-    print(f"1 + {update:<9.3g} bf16 -> {in_bf16:.8f}   float32 -> {in_fp32:.8f}")
-print(f"\ncompute dtype on cuda with precision 'auto': {trainer.compute_dtype(configs['gpu-1x'], torch.device('cuda'))}")
+    print(f"1 + {update:<10.4g} bf16 -> {in_bf16:.8f}   float32 -> {in_fp32:.8f}")
+w_bf16, w_fp32 = torch.tensor(1.0, dtype=torch.bfloat16), torch.tensor(1.0)
+for _ in range(1000):                           # 1,000 optimizer steps of 1e-4 each
+    w_bf16, w_fp32 = w_bf16 + torch.tensor(1e-4, dtype=torch.bfloat16), w_fp32 + 1e-4
+print(f"\n1,000 updates of 1e-4: a bf16 weight {w_bf16.item():.4f}, a float32 weight {w_fp32.item():.4f}")
+
+print("\nthe forward passes' dtype (trainer.compute_dtype):")
+for precision in ("auto", "fp32", "bf16"):
+    config = TrainConfig.from_toml("../configs/gpu-1x.toml", [f"precision={precision}"])
+    print(f"  precision = {precision!r:<7} on cuda: {str(trainer.compute_dtype(config, torch.device('cuda'))):<15}"
+          f"on the CPU: {trainer.compute_dtype(config, torch.device('cpu'))}")
 
 # %% [markdown]
-# In bf16 the 1e-6 update disappears, and so would every update of a run. So the trainer
-# keeps its master weights and AdamW's moments in float32 and only the forward passes use
-# bf16; vLLM holds its own bf16 copy for sampling.
+# In bf16 the 1e-6 update disappears, and so does a thousand times a 1e-4 one: a weight of
+# 1 stored in bf16 never moves. So the trainer keeps its master weights in float32, and
+# AdamW's moments too (the second moment holds squared gradients, which bf16's 8 bits of
+# mantissa would round as coarsely); only the forward passes run in bf16, under autocast,
+# which casts each matmul's inputs as it goes and leaves the stored weights alone. vLLM keeps
+# its own bf16 copy for sampling. (The fused engine is the CPU's float32 fast path: on a GPU
+# the trainer refuses it, chapter 7.)
 #
 # ## The mismatch, measured with the CPU's engines
 #
@@ -161,16 +226,27 @@ with torch.no_grad():
 for label, gap in gaps.items():
     print(f"{label:<20} mean |gap| {gap['sampler_gap/mean_abs']:.2e}   max ratio {gap['sampler_gap/max_ratio']:.4f}")
 
+# %% [markdown]
+# The digits depend on the CPU's kernels; the orders of magnitude the prose states are
+# checked on every machine:
+
 # %%
-# Claims (compared on every machine): the orders of magnitude the prose below states.
-print("float32 gap below 1e-5:", gaps["float32"]["sampler_gap/mean_abs"] < 1e-5)
-print("bf16 gap above 1e-3:", gaps["bf16 autocast"]["sampler_gap/mean_abs"] > 1e-3)
-print("bf16 gap at least 1000 x the float32 gap:",
-      gaps["bf16 autocast"]["sampler_gap/mean_abs"] > 1000 * gaps["float32"]["sampler_gap/mean_abs"])
+gap = {label: g["sampler_gap/mean_abs"] for label, g in gaps.items()}
+show_claims({
+    "float32: the recomputation agrees with the sampler to rounding (mean gap below 1e-6)": gap["float32"] < 1e-6,
+    "bf16: the mean gap is above 1e-3": gap["bf16 autocast"] > 1e-3,
+    "bf16: the mean gap is more than 1000 times float32's": gap["bf16 autocast"] > 1000 * gap["float32"],
+    "another temperature: the mean gap is more than 10 times bf16's": gap["float32 at T = 0.7"] > 10 * gap["bf16 autocast"],
+    "another temperature: some token's importance weight is above 2 (tis_cap would truncate it)":
+        gaps["float32 at T = 0.7"]["sampler_gap/max_ratio"] > 2,
+})
 
 # %% [markdown]
-# In float32 the two computations agree to rounding; in bf16 the gap is thousands of times
-# larger. That is the gap a vLLM run lives with. It biases the gradient: the tokens were drawn
+# In float32 the two computations agree to rounding; in bf16 the gap is more than a thousand
+# times larger. That is the kind of gap a vLLM run lives with (on a GPU, vLLM's bf16 kernels against
+# the trainer's). A sampler at another temperature than the trainer assumes is a mistake, not
+# rounding, and it shows: a gap more than ten times bf16's, and tokens whose importance weight
+# is far above 1. Either way the gradient is biased: the tokens were drawn
 # by the sampler, but the loss treats them as drawn by pi_old. **Truncated importance
 # sampling** (`tis_cap`, 2 in the GPU configs) weighs each token's loss by
 # min(pi_old / pi_sampler, tis_cap), which makes the expected gradient pi_old's again (up to
@@ -196,16 +272,20 @@ for label, cap in (("without correction", 0.0), ("tis_cap = 1e6", 1e6), ("tis_ca
     per_sample = -(weight * advantage[y])[:, None] * (torch.nn.functional.one_hot(y, 6) - pi)
     errors[label] = ((gradient - exact).abs() / (per_sample.std(0) / n ** 0.5)).max().item()
     print(f"{label:<20} largest error {errors[label]:6.1f} standard errors")
+print(f"largest importance weight pi / q over the {n:,} samples: {(pi[y] / q[y]).max().item():.4f}")
 
 # %%
-# Claims (compared on every machine).
-print("without the correction, more than 20 standard errors off:", errors["without correction"] > 20)
-print("with it, within 3 standard errors:", errors["tis_cap = 1e6"] < 3 and errors["tis_cap = 2"] < 3)
+show_claims({
+    "without the correction, the gradient is more than 20 standard errors off": errors["without correction"] > 20,
+    "with it (either cap), within 3 standard errors": errors["tis_cap = 1e6"] < 3 and errors["tis_cap = 2"] < 3,
+})
 
 # %% [markdown]
 # Without the correction the gradient is far outside its Monte-Carlo noise; with it, inside.
-# A finite cap trades a little bias for bounded variance (a token the sampler found much less
-# likely than pi_old would otherwise weigh without limit).
+# Here the two caps give the same gradient, because no sample's weight pi / q reaches 2 (the
+# largest is printed above). Where one does, a finite cap trades a little bias for bounded
+# variance: a token the sampler found much less likely than pi_old would otherwise weigh
+# without limit.
 #
 # ## The memory budget of one H100
 #
@@ -224,65 +304,118 @@ ARCHITECTURES = {
 }
 sizes = {}
 for name, dims in ARCHITECTURES.items():
-    config = Qwen2Config(**dims)
     with torch.device("meta"):
-        model = Qwen2ForCausalLM(config)
+        model = Qwen2ForCausalLM(Qwen2Config(**dims))
     head_dim = dims["hidden_size"] // dims["num_attention_heads"]
-    sizes[name] = dict(parameters=sum(p.numel() for p in model.parameters()),
+    sizes[name] = dict(parameters=sum(p.numel() for p in model.parameters()),   # a tied embedding counts once
                        kv_bytes_per_token=2 * dims["num_hidden_layers"] * dims["num_key_value_heads"] * head_dim * 2)
-    print(f"{name:<14} {sizes[name]['parameters']:>14,} parameters   "
-          f"KV cache {sizes[name]['kv_bytes_per_token']:,} bytes per token (bf16)")
+    print(f"{name:<13}{sizes[name]['parameters']:>14,} parameters ({sizes[name]['parameters'] / 1e9:.2f} billion); "
+          f"KV cache 2 (K, V) x {dims['num_hidden_layers']} layers x {dims['num_key_value_heads']} KV heads x "
+          f"{head_dim} x 2 bytes = {sizes[name]['kv_bytes_per_token']:,} bytes per token")
 
 # %% [markdown]
 # Per parameter, the trainer holds float32 weights (4 bytes), gradients (4) and AdamW's two
-# moments (8): 16 bytes, 1/N of them per GPU under FSDP2. Beside them, a whole float32 copy of
-# the policy that evaluation reads (4, on every GPU), and with beta > 0 the frozen reference
-# (4; 1/N under FSDP2). vLLM, while awake, takes `vllm_gpu_memory_utilization` of the GPU:
-# its bf16 weights (2 bytes per parameter) and, in the rest of that share, the KV cache. The
-# table leaves out activations, which grow with micro_batch_size and the completion length,
-# and must fit in what is left.
+# moments (8): 16 bytes, 1/N of them per GPU under FSDP2. With beta > 0 (0.04 in every GPU
+# config) it also holds the frozen reference, and under FSDP2 a whole copy of the policy for
+# sampling and evaluation. In what precision? Both are made by `trainer.make_reference`, a
+# deep copy of the float32 policy, in `build_models`:
+
+# %%
+print("\n".join(line.strip() for line in inspect.getsource(trainer.build_models).splitlines()
+                if "make_reference(policy)" in line))
+reference_dtype = next(trainer.make_reference(policy).parameters()).dtype
+print(f"a copy of the float32 policy holds {reference_dtype}: {torch.finfo(reference_dtype).bits // 8} bytes per parameter")
+
+# %% [markdown]
+# So the reference is float32 (4 bytes per parameter, sharded 1/N under FSDP2 like the
+# policy), and so is the whole copy (4 bytes, on every GPU, and only under FSDP2: with one
+# process, or DDP, the policy itself is whole). vLLM, while awake, takes
+# `vllm_gpu_memory_utilization` of the GPU: its bf16 weights (2 bytes per parameter) and, in
+# the rest of that share, the KV cache. It is built after the trainer and checks that its
+# share is free, and while it samples the trainer's state stays where it is (the gradients
+# too: they are freed at the next optimizer step, not before), so the trainer's state and
+# vLLM's share must fit side by side. The table leaves out activations, which grow with
+# micro_batch_size and the sequence length: the last column is what is left for them.
 
 # %%
 GPU_BYTES, SHARE = 80e9, configs["gpu-1x"].vllm_gpu_memory_utilization
-print(f"one H100: {GPU_BYTES / 1e9:.0f} GB; vLLM's share while awake: {SHARE} = {SHARE * GPU_BYTES / 1e9:.0f} GB\n")
-print(f"{'policy':<14}{'GPUs':>5}{'training state':>16}{'eval copy':>11}{'reference':>11}{'vLLM weights':>14}"
-      f"{'KV tokens':>11}{'left':>11}")
+print(f"one H100: {GPU_BYTES / 1e9:.0f} GB (GB = 1e9 bytes); vLLM's share while awake: {SHARE} = "
+      f"{SHARE * GPU_BYTES / 1e9:.0f} GB. Per GPU, in GB:\n")
+print(f"{'policy':<13}{'GPUs':>5}  {'sharding':<9}{'w+g+AdamW':>10}{'reference':>10}{'whole copy':>11}"
+      f"{'trainer':>9}{'vLLM weights':>13}{'KV tokens':>11}{'left':>8}  fits")
+budget = {}
 for name, size in sizes.items():
     P = size["parameters"]
-    for gpus in (1, 8):
-        training, evaluation, reference = 16 * P / gpus, 4 * P, 4 * P / gpus
+    for gpus, sharding in ((1, "none"), (8, "fsdp2")):
+        training, reference = 16 * P / gpus, 4 * P / gpus           # float32, 1/N of each under FSDP2
+        whole_copy = 4 * P if sharding == "fsdp2" else 0.0          # Models.full_policy
+        trainer_total = training + reference + whole_copy
         vllm_weights = 2 * P
-        kv_tokens = max(0, SHARE * GPU_BYTES - vllm_weights) // size["kv_bytes_per_token"]
-        left = GPU_BYTES * (1 - SHARE) - training - evaluation - reference
-        print(f"{name:<14}{gpus:>5}{training / 1e9:>13.1f} GB{evaluation / 1e9:>8.1f} GB{reference / 1e9:>8.1f} GB"
-              f"{vllm_weights / 1e9:>11.1f} GB{int(kv_tokens):>11,}{left / 1e9:>8.1f} GB")
+        kv_tokens = int(max(0, SHARE * GPU_BYTES - vllm_weights) // size["kv_bytes_per_token"])
+        left = GPU_BYTES * (1 - SHARE) - trainer_total
+        budget[name, gpus] = dict(training=training, reference=reference, whole_copy=whole_copy, left=left,
+                                  kv_tokens=kv_tokens)
+        print(f"{name:<13}{gpus:>5}  {sharding:<9}{training / 1e9:>10.1f}{reference / 1e9:>10.1f}"
+              f"{whole_copy / 1e9:>11.1f}{trainer_total / 1e9:>9.1f}{vllm_weights / 1e9:>13.1f}{kv_tokens:>11,}"
+              f"{left / 1e9:>8.1f}  {'yes' if left > 0 else 'no'}")
 
 # %% [markdown]
-# Read the last column: what is left for activations once vLLM's share is set aside. The
-# `Qwen2.5-0.5B` and `Qwen2.5-1.5B` fit on one GPU with room to spare. `Qwen2.5-7B` does not fit on one
-# H100 at all (the column goes negative); on 8 it fits with 6.5 GB left, and the largest item
-# on each GPU is then no longer the sharded training state but the whole float32 evaluation
-# copy (30.5 GB), which every GPU keeps: the next memory to cut. The KV-cache column is how
-# many tokens of completions vLLM can hold at once; a rollout with more is sampled in waves.
-#
+# `Qwen2.5-0.5B` and `Qwen2.5-1.5B` fit on one GPU with room to spare. `Qwen2.5-7B` does not
+# fit on one H100 at all: its float32 training state alone is 121.8 GB. On 8 GPUs with FSDP2
+# it fits, with 6.5 GB left for activations, and the largest item on each GPU is then no
+# longer the sharded training state (15.2 GB) but the whole float32 copy (30.5 GB) that every
+# GPU keeps: the next memory to cut, now that vLLM samples (in bf16 it would be half that;
+# evaluating with vLLM would remove it). The KV-cache column is how many tokens of prompts
+# and completions vLLM can hold at once, at most (its share also holds its own activations);
+# a rollout with more is sampled in waves.
+
+# %%
+show_claims({
+    "the parameter counts are 0.49, 1.54 and 7.62 billion":
+        [round(s["parameters"] / 1e9, 2) for s in sizes.values()] == [0.49, 1.54, 7.62],
+    "Qwen2.5-0.5B and -1.5B fit on one H100 beside vLLM's share, with more than 20 GB left":
+        min(budget["Qwen2.5-0.5B", 1]["left"], budget["Qwen2.5-1.5B", 1]["left"]) > 20e9,
+    "Qwen2.5-7B's training state alone is more than an H100's memory": budget["Qwen2.5-7B", 1]["training"] > GPU_BYTES,
+    "on 8 GPUs with FSDP2 it fits": budget["Qwen2.5-7B", 8]["left"] > 0,
+    "and there the whole copy is the largest item of the trainer's":
+        budget["Qwen2.5-7B", 8]["whole_copy"] > max(budget["Qwen2.5-7B", 8]["training"],
+                                                    budget["Qwen2.5-7B", 8]["reference"]),
+})
+
+# %% [markdown]
 # ## The batch arithmetic of the recipes
 #
-# Chapter 7 worked out what a step is on N ranks. With vLLM colocated, each rank's engine
-# samples that rank's share of the rollout; the completions and tokens per engine and per
-# optimizer step of the GPU configs and recipes:
+# Chapter 7 worked out what a step is on N ranks (its last table has gpu-1x and h100-8x).
+# What vLLM adds is one engine per rank: each rank's engine samples that rank's share of the
+# rollout, B / N prompts and their G completions each, in one `generate` call, and then
+# sleeps through the rollout's optimizer steps. Per engine and per optimizer step, for the
+# GPU configs and the recipes:
 
 # %%
 recipes = ["gpu-1x", "h100-8x", "gpu-countdown-from-scratch", "qwen2.5-0.5b-gsm8k-1x", "qwen2.5-0.5b-gsm8k-8x",
            "qwen2.5-0.5b-countdown-8x"]
-print(f"{'config':<28}{'GPUs':>5}{'prompts/engine':>16}{'completions/engine':>20}{'tokens/engine, max':>20}"
+print(f"{'config':<28}{'GPUs':>5}{'prompts/engine':>16}{'completions/engine':>20}{'completion tokens, max':>24}"
       f"{'optimizer steps':>17}{'completions/step':>18}")
+per_engine_tokens = {}
 for name in recipes:
     c = TrainConfig.from_toml(f"../configs/{name}.toml")
     gpus = 8 if name.endswith("8x") else 1
     per_engine = c.prompts_per_step // gpus * c.num_generations
+    per_engine_tokens[name] = per_engine * c.max_completion_length
     print(f"{name:<28}{gpus:>5}{c.prompts_per_step // gpus:>16,}{per_engine:>20,}"
-          f"{per_engine * c.max_completion_length:>20,}{trainer.optimizer_steps_per_rollout(c):>17}"
+          f"{per_engine_tokens[name]:>24,}{trainer.optimizer_steps_per_rollout(c):>17}"
           f"{c.prompts_per_step * c.num_generations // c.num_mini_batches:>18,}")
+capacity = budget["Qwen2.5-0.5B", 1]["kv_tokens"]
+largest = max(per_engine_tokens[n] for n in recipes if n.startswith("qwen2.5-0.5b"))
+print(f"\nthe Qwen2.5-0.5B recipes' largest rollout per engine: {largest:,} completion tokens at most, "
+      f"{largest / capacity:.3f} of the {capacity:,} tokens of KV cache vLLM has for that model")
+
+# %% [markdown]
+# Between two syncs an engine samples once: with more optimizer steps per rollout (gpu-1x's
+# 4), it sleeps through more updates, and the later ones train on samples of a policy a few
+# updates old (the clipped ratio's job, chapter 4). The Qwen2.5-0.5B recipes' rollouts are
+# far from filling the KV cache (prompt tokens come on top, a few hundred per prompt at most
+# for GSM8K): one wave each.
 
 # %% [markdown]
 # ## Your exercise solution, in a GPU run
@@ -308,43 +441,72 @@ folder = Path(tempfile.mkdtemp())
 
     def forgot_the_epsilon(rewards):
         return (rewards - rewards.mean(dim=1, keepdim=True)) / rewards.std(dim=1, keepdim=True)
+
+
+    def brevity(completions, **columns):
+        """A reward in TRL's signature: the dataset's columns arrive as keyword arguments."""
+        return [-0.01 * len(completion) for completion in completions]
+
+
+    def brevity_without_columns(completions):
+        return [-0.01 * len(completion) for completion in completions]
 '''))
-sys.path.insert(0, str(folder))
-for function in ("group_advantages", "forgot_the_epsilon"):
-    config = TrainConfig.from_toml("../configs/gpu-1x.toml", [f"advantage_fn=my_solutions:{function}"])
+sys.path.insert(0, str(folder))   # as running from that folder would
+for setting in ("advantage_fn=my_solutions:group_advantages", "rewards.my_solutions:brevity=0.1",
+                "advantage_fn=my_solutions:forgot_the_epsilon", "rewards.my_solutions:brevity_without_columns=0.1"):
+    config = TrainConfig.from_toml("../configs/gpu-1x.toml", [setting])
     try:
         trainer.functions_from_config(config)
-        print(f"my_solutions:{function}: passes the probe")
+        print(f"--set {setting}: passes the probe")
     except ValueError as error:
-        print(error)
+        print(f"--set {setting}:\n  {error}")
 
 # %% [markdown]
 # The probe includes a group whose rewards are all equal, which is where a missing epsilon
-# divides by zero. The commands that train with the solution, from the folder that holds
-# `my_solutions.py`, on one GPU and on eight:
+# divides by zero; a reward is called as TRL calls it, with the dataset's columns as keyword
+# arguments. The commands that train with the solutions, run from the repository's root with
+# `my_solutions.py` in it (or its folder on PYTHONPATH), on one GPU and on eight (every rank
+# imports the functions itself):
 
 # %%
-for name in ("gpu-1x", "h100-8x"):
-    launch = "grpo-edu train" if name == "gpu-1x" else "torchrun --standalone --nproc-per-node 8 -m grpo_edu train"
-    print(f"{launch} --config configs/{name}.toml --set advantage_fn=my_solutions:group_advantages")
+own = "--set advantage_fn=my_solutions:group_advantages --set rewards.my_solutions:brevity=0.1"
+for name, launch in (("gpu-1x", "grpo-edu train"),
+                     ("h100-8x", "torchrun --standalone --nproc-per-node 8 -m grpo_edu train")):
+    print(f"{launch} --config configs/{name}.toml {own}")
 
 # %% [markdown]
 # ## On a GPU
 #
-# The cells below need a CUDA GPU and vLLM (`pip install -e '.[gpu]'`). First the machine's
-# check, then a short run of the one-GPU config with its step time and peak memory.
+# The cells below need a CUDA GPU and vLLM (`pip install -e '.[gpu]'`); where torch sees no
+# GPU they are not run, and their output says so. First the machine's check (`grpo-edu
+# doctor --gpu`: CUDA, the versions, vLLM's weight sync and its log-prob gap on this GPU, two
+# training steps), then 20 steps of the one-GPU config, in a process of their own (one vLLM
+# engine per process), with their step rate, the peak memory torch allocated, and the
+# held-out accuracy before and after.
 
 # %% tags=["gpu"]
-print(subprocess.run([sys.executable, "-m", "grpo_edu", "doctor", "--gpu"], capture_output=True, text=True).stdout)
+doctor = subprocess.run([sys.executable, "-m", "grpo_edu", "doctor", "--gpu"], capture_output=True, text=True)
+print(doctor.stdout)
+print(f"exit code {doctor.returncode}")
 
 # %% tags=["gpu"]
-gpu_run = Path(tempfile.mkdtemp()) / "run"
-torch.cuda.reset_peak_memory_stats()
-result = trainer.train(TrainConfig.from_toml("../configs/gpu-1x.toml", ["steps=20", "eval_every=20",
-                                                                         f"output_dir={gpu_run}", "progress=false"]))
-print(f"{torch.cuda.get_device_name(0)}: {result.summary['median_steps_per_second']:.2f} steps/s, "
-      f"peak {torch.cuda.max_memory_allocated() / 1e9:.1f} GB, held-out accuracy "
-      f"{result.summary['start_accuracy']:.3f} -> {result.summary['final_accuracy']:.3f}")
+GPU_RUN = """
+import json, sys, torch
+from grpo_edu import trainer
+from grpo_edu.config import TrainConfig
+config = TrainConfig.from_toml("../configs/gpu-1x.toml", ["steps=20", "eval_every=20", "checkpoint_every=0",
+                                                         "progress=false", "output_dir=" + sys.argv[1]])
+summary = trainer.train(config).summary
+print(json.dumps({"steps_per_second": summary["median_steps_per_second"], "start": summary["start_accuracy"],
+                  "final": summary["final_accuracy"], "peak_bytes": torch.cuda.max_memory_allocated()}))
+"""
+done = subprocess.run([sys.executable, "-c", GPU_RUN, str(Path(tempfile.mkdtemp()) / "run")],
+                      capture_output=True, text=True)
+if done.returncode != 0:
+    raise RuntimeError(f"the gpu-1x run failed:\n{done.stderr[-3000:]}")
+run = json.loads(done.stdout.strip().splitlines()[-1])
+print(f"configs/gpu-1x.toml, 20 steps: {run['steps_per_second']:.2f} steps/s (median), peak memory allocated by "
+      f"torch {run['peak_bytes'] / 1e9:.1f} GB, held-out greedy accuracy {run['start']:.3f} -> {run['final']:.3f}")
 
 # %% [markdown]
 # From here the recipes take over: `configs/qwen2.5-0.5b-gsm8k-1x.toml` and its siblings
