@@ -316,58 +316,69 @@ for name, dims in ARCHITECTURES.items():
 # %% [markdown]
 # Per parameter, the trainer holds float32 weights (4 bytes), gradients (4) and AdamW's two
 # moments (8): 16 bytes, 1/N of them per GPU under FSDP2. With beta > 0 (0.04 in every GPU
-# config) it also holds the frozen reference, and under FSDP2 a whole copy of the policy for
-# sampling and evaluation. In what precision? Both are made by `trainer.make_reference`, a
-# deep copy of the float32 policy, in `build_models`:
+# config) it also holds the frozen reference. And evaluation needs the policy's whole
+# weights, which under FSDP2 no GPU has. In what precision, and when? `build_models` decides:
 
 # %%
 print("\n".join(line.strip() for line in inspect.getsource(trainer.build_models).splitlines()
-                if "make_reference(policy)" in line))
+                if any(part in line for part in ("make_reference(policy)", "lazy = ", 'torch.device("meta")',
+                                                 "type(policy)(policy.config)"))))
+print("\nModels.whole: " + inspect.getdoc(trainer.Models.whole))
 reference_dtype = next(trainer.make_reference(policy).parameters()).dtype
-print(f"a copy of the float32 policy holds {reference_dtype}: {torch.finfo(reference_dtype).bits // 8} bytes per parameter")
+print(f"\na copy of the float32 policy holds {reference_dtype}: {torch.finfo(reference_dtype).bits // 8} bytes per parameter")
 
 # %% [markdown]
-# So the reference is float32 (4 bytes per parameter, sharded 1/N under FSDP2 like the
-# policy), and so is the whole copy (4 bytes, on every GPU, and only under FSDP2: with one
-# process, or DDP, the policy itself is whole). vLLM, while awake, takes
-# `vllm_gpu_memory_utilization` of the GPU: its bf16 weights (2 bytes per parameter) and, in
-# the rest of that share, the KV cache. It is built after the trainer and checks that its
-# share is free, and while it samples the trainer's state stays where it is (the gradients
-# too: they are freed at the next optimizer step, not before), so the trainer's state and
-# vLLM's share must fit side by side. The table leaves out activations, which grow with
-# micro_batch_size and the sequence length: the last column is what is left for them.
+# So the reference is a float32 copy (4 bytes per parameter, sharded 1/N under FSDP2 like the
+# policy). With one process the policy itself is whole, and evaluation reads it. Under FSDP2
+# with vLLM sampling, the whole float32 copy (4 bytes per parameter) is `lazy`: it lives on
+# the meta device, without memory, and `Models.whole()` gathers it from the shards only while
+# the trainer evaluates, when vLLM sleeps. (With `engine = "hf"` it is kept all the time:
+# transformers' `generate` samples from it.)
+#
+# vLLM, while awake, takes `vllm_gpu_memory_utilization` of the GPU: its bf16 weights (2 bytes
+# per parameter) and, in the rest of that share, the KV cache. It is built after the trainer
+# and checks that its share is free, and while it samples the trainer's state stays where it
+# is (the gradients too: they are freed at the next optimizer step, not before), so the
+# trainer's state and vLLM's share must fit side by side. The table leaves out activations,
+# which grow with micro_batch_size and the sequence length; the column "left" is what remains
+# for them with vLLM's share counted as taken (vLLM sleeps during the update, but what torch's
+# allocator caches for activations it keeps, and vLLM needs its share back at the next
+# rollout). An evaluation needs the trainer's state and the whole copy, with vLLM asleep.
 
 # %%
 GPU_BYTES, SHARE = 80e9, configs["gpu-1x"].vllm_gpu_memory_utilization
 print(f"one H100: {GPU_BYTES / 1e9:.0f} GB (GB = 1e9 bytes); vLLM's share while awake: {SHARE} = "
       f"{SHARE * GPU_BYTES / 1e9:.0f} GB. Per GPU, in GB:\n")
-print(f"{'policy':<13}{'GPUs':>5}  {'sharding':<9}{'w+g+AdamW':>10}{'reference':>10}{'whole copy':>11}"
-      f"{'trainer':>9}{'vLLM weights':>13}{'KV tokens':>11}{'left':>8}  fits")
+print(f"{'':<28}{'trainer':-^29}{'':<2}{'vLLM, awake':-^24}{'':<10}{'evaluating':-^23}")
+print(f"{'policy':<13}{'GPUs':>5}  {'sharding':<8}{'w+g+AdamW':>10}{'reference':>10}{'total':>9}"
+      f"{'weights':>10}{'KV tokens':>14}{'left':>10}{'whole copy':>13}{'left':>10}  fits")
 budget = {}
 for name, size in sizes.items():
     P = size["parameters"]
     for gpus, sharding in ((1, "none"), (8, "fsdp2")):
         training, reference = 16 * P / gpus, 4 * P / gpus           # float32, 1/N of each under FSDP2
-        whole_copy = 4 * P if sharding == "fsdp2" else 0.0          # Models.full_policy
-        trainer_total = training + reference + whole_copy
+        trainer_total = training + reference
         vllm_weights = 2 * P
         kv_tokens = int(max(0, SHARE * GPU_BYTES - vllm_weights) // size["kv_bytes_per_token"])
-        left = GPU_BYTES * (1 - SHARE) - trainer_total
+        left = GPU_BYTES * (1 - SHARE) - trainer_total              # beside vLLM's share: for activations
+        whole_copy = 4 * P if sharding == "fsdp2" else 0.0          # Models.whole(), vLLM asleep
+        left_evaluating = GPU_BYTES - trainer_total - whole_copy
         budget[name, gpus] = dict(training=training, reference=reference, whole_copy=whole_copy, left=left,
-                                  kv_tokens=kv_tokens)
-        print(f"{name:<13}{gpus:>5}  {sharding:<9}{training / 1e9:>10.1f}{reference / 1e9:>10.1f}"
-              f"{whole_copy / 1e9:>11.1f}{trainer_total / 1e9:>9.1f}{vllm_weights / 1e9:>13.1f}{kv_tokens:>11,}"
-              f"{left / 1e9:>8.1f}  {'yes' if left > 0 else 'no'}")
+                                  left_evaluating=left_evaluating, kv_tokens=kv_tokens)
+        print(f"{name:<13}{gpus:>5}  {sharding:<8}{training / 1e9:>10.1f}{reference / 1e9:>10.1f}"
+              f"{trainer_total / 1e9:>9.1f}{vllm_weights / 1e9:>10.1f}{kv_tokens:>14,}{left / 1e9:>10.1f}"
+              f"{whole_copy / 1e9:>13.1f}{left_evaluating / 1e9:>10.1f}  {'yes' if min(left, left_evaluating) > 0 else 'no'}")
+kept = budget["Qwen2.5-7B", 8]["left"] - budget["Qwen2.5-7B", 8]["whole_copy"]
+print(f"\nQwen2.5-7B on 8 GPUs with the whole copy kept all the time (engine = 'hf'): {kept / 1e9:.1f} GB left")
 
 # %% [markdown]
 # `Qwen2.5-0.5B` and `Qwen2.5-1.5B` fit on one GPU with room to spare. `Qwen2.5-7B` does not
 # fit on one H100 at all: its float32 training state alone is 121.8 GB. On 8 GPUs with FSDP2
-# it fits, with 6.5 GB left for activations, and the largest item on each GPU is then no
-# longer the sharded training state (15.2 GB) but the whole float32 copy (30.5 GB) that every
-# GPU keeps: the next memory to cut, now that vLLM samples (in bf16 it would be half that;
-# evaluating with vLLM would remove it). The KV-cache column is how many tokens of prompts
-# and completions vLLM can hold at once, at most (its share also holds its own activations);
-# a rollout with more is sampled in waves.
+# it fits, with 37.0 GB left for activations beside vLLM's share, and its evaluations fit
+# too: the whole float32 copy, 30.5 GB, is larger than the sharded training state (15.2 GB),
+# and exists only while the trainer evaluates. Kept all the time, it would leave 6.5 GB. The
+# KV-cache column is how many tokens of prompts and completions vLLM can hold at once, at
+# most (its share also holds its own activations); a rollout with more is sampled in waves.
 
 # %%
 show_claims({
@@ -376,10 +387,12 @@ show_claims({
     "Qwen2.5-0.5B and -1.5B fit on one H100 beside vLLM's share, with more than 20 GB left":
         min(budget["Qwen2.5-0.5B", 1]["left"], budget["Qwen2.5-1.5B", 1]["left"]) > 20e9,
     "Qwen2.5-7B's training state alone is more than an H100's memory": budget["Qwen2.5-7B", 1]["training"] > GPU_BYTES,
-    "on 8 GPUs with FSDP2 it fits": budget["Qwen2.5-7B", 8]["left"] > 0,
-    "and there the whole copy is the largest item of the trainer's":
+    "on 8 GPUs with FSDP2 it fits, beside vLLM's share and while evaluating":
+        min(budget["Qwen2.5-7B", 8]["left"], budget["Qwen2.5-7B", 8]["left_evaluating"]) > 0,
+    "there the whole copy is larger than the sharded training state and the reference's shard":
         budget["Qwen2.5-7B", 8]["whole_copy"] > max(budget["Qwen2.5-7B", 8]["training"],
                                                     budget["Qwen2.5-7B", 8]["reference"]),
+    "kept all the time, it would leave less than 10 GB": 0 < kept < 10e9,
 })
 
 # %% [markdown]
