@@ -325,7 +325,8 @@ print(f"largest rank, fsdp2 / ddp: {fsdp2_total / ddp_total:.4f}")
 # counted once). What the table does not show is the one whole copy every rank keeps under
 # FSDP2 besides: the sampler's weights (`trainer.Models.full_policy`: a plain copy, synced
 # after every update, that sampling and evaluation run on without gathering shards), 4 bytes
-# per parameter. The frozen reference model is sharded like
+# per parameter. (With `engine = "vllm"` nothing samples from it, and the trainer gathers it
+# only while it evaluates: chapter 8.) The frozen reference model is sharded like
 # the policy. Activations depend on the micro-batch, not on the sharding, and are not
 # counted. So on N ranks FSDP2 holds about 4 + (16 + 4) / N bytes per parameter, DDP
 # 16 + 4 = 20.
@@ -428,8 +429,8 @@ for P in (1.5e9, 7e9):
 # %% [markdown]
 # At 1.5 billion parameters both fit an 80 GB GPU, with room for activations; at 7 billion
 # DDP's 112 GB per rank does not, and FSDP2's 14 GB do (45.5 GB with the reference's shard
-# and the sampler's whole copy, which is then the largest item: a sampler that gathers
-# shards, or a separate one such as vLLM, would remove it). That is the case for FSDP2:
+# and the sampler's whole copy, which is then the largest item: with vLLM, which samples from
+# a copy of its own, the trainer keeps it only while evaluating). That is the case for FSDP2:
 # memory per rank, paid for with a parameter all-gather in every forward.
 
 # %% [markdown]

@@ -229,6 +229,8 @@ class VLLMEngine:
     def sync_weights(self) -> None:
         """The trainer's current weights into the engine (all ranks at once: FSDP2 gathers)."""
         if self.sleep_mode:
+            if self.world.device.type == "cuda":   # memory torch cached for the update: vLLM needs it back
+                torch.cuda.empty_cache()
             self.llm.wake_up(tags=["weights"])
         model = self._model()
         for name, tensor in named_weights(self.policy):
