@@ -332,8 +332,8 @@ def test_killed_at_random_moments_resumes_to_the_uninterrupted_weights(tmp_path)
 
 
 def _kill_and_resume(tmp_path):
-    """Start the run, SIGKILL it KILLS times (every other kill at a random moment of a
-    checkpoint write), each time resuming it, then let it finish."""
+    """Start the run, SIGKILL it KILLS times or more (every other kill at a random moment of a
+    checkpoint write, until 5 have landed inside one), each time resuming it, then let it finish."""
     server = ForkServer(tmp_path)
     run_dir, log = tmp_path / "killed", tmp_path / "killed.log"
     folder = run_dir / "checkpoints"
@@ -344,7 +344,9 @@ def _kill_and_resume(tmp_path):
             steps = checkpoint.checkpoint_folders(folder) if folder.is_dir() else []
             before = _listing(folder)
             pid = server.start(["train", "--resume", str(run_dir)] if steps else _train_argv(run_dir), log)
-            if len(kills) == KILLS:
+            # KILLS kills, and more (up to twice as many) until 5 have landed inside a checkpoint
+            # write: where a kill lands depends on how fast this machine's disk syncs.
+            if len(kills) >= KILLS and (sum(map(bool, kills)) >= 5 or len(kills) >= 2 * KILLS):
                 assert server.exit_code(timeout=300) == 0, log.read_text()[-3000:]
                 break
             if len(kills) % 2 == 0:  # at a random moment of the next checkpoint write
