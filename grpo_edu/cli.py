@@ -288,12 +288,17 @@ def _doctor(args) -> int:
 
 def _vllm_serve(args) -> int:
     import shlex
+    import shutil
 
     path = Path(args.model).expanduser()
     if (path.exists() or args.model.startswith((".", "/", "~"))) and not (path / "config.json").is_file():
-        raise UsageError(f"MODEL: expected a saved model folder (holding config.json) or a hub id, got {args.model!r}")
+        given = "holds no config.json" if path.is_dir() else "not a folder" if path.exists() else "no such folder"
+        raise UsageError(f"MODEL: expected a saved model folder (holding config.json) or a hub id, "
+                         f"got {args.model!r} ({given})")
     if not 0.0 < args.gpu_memory_utilization <= 1.0:
         raise UsageError(f"--gpu-memory-utilization: expected a fraction in (0, 1], got {args.gpu_memory_utilization}")
+    if not 0 < args.port < 65536:
+        raise UsageError(f"--port: expected a port number in 1..65535, got {args.port}")
     from grpo_edu.vllm_engine import serve_command
     try:
         command = serve_command(str(path) if path.exists() else args.model, host=args.host, port=args.port,
@@ -304,7 +309,12 @@ def _vllm_serve(args) -> int:
     if args.dry_run:
         print(f"VLLM_SERVER_DEV_MODE=1 {shlex.join(command)}")
         return 0
-    os.execvpe(command[0], command, environment)
+    # On PATH, else beside this Python (a virtual environment that is not activated).
+    executable = shutil.which(command[0]) or shutil.which(command[0], path=str(Path(sys.executable).parent))
+    if executable is None:
+        raise UsageError(f"expected the {command[0]!r} command on PATH or beside {sys.executable} "
+                         f"(pip install -e '.[gpu]'), found none")
+    os.execve(executable, command, environment)   # the server replaces this process
 
 
 def _debug_flag(parser, top: bool = False) -> None:

@@ -2,16 +2,17 @@
 
 No GPU here: the command lists its checks and says so; the checks themselves run on the CPU
 against the stand-in vllm (tests/fake_vllm), pass, and fail when they should (a wrong vLLM
-version, a weight sync that does not load).
+version, a weight sync that does not load, raw instead of processed log-probs).
 """
 
+import os
 import subprocess
 import sys
 
 import pytest
 import torch
 
-from grpo_edu import doctor, vllm_engine
+from grpo_edu import cli as cli_module, doctor, vllm_engine
 from vllm_fake import environment_with_fake, fake_vllm
 
 
@@ -35,9 +36,10 @@ def test_doctor_needs_gpu():
                                    "got no option")
 
 
-def run(monkeypatch=None):
+def run(engine_dtype="float32"):
+    """The checks on the CPU; the stand-in samples bf16 slowly here, so float32 where bf16 is not the point."""
     printed = []
-    rows = doctor.run_checks(torch.device("cpu"), output=printed.append)
+    rows = doctor.run_checks(torch.device("cpu"), output=printed.append, engine_dtype=engine_dtype)
     return {r.name: r for r in rows}, "\n".join(printed)
 
 
@@ -45,9 +47,11 @@ def test_every_check_passes_on_the_cpu_against_the_stand_in(tmp_path, monkeypatc
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("PYTHONPATH", environment_with_fake()["PYTHONPATH"])   # the training check's subprocess
     with fake_vllm():
-        rows, printed = run()
+        rows, printed = run("bfloat16")   # as on a GPU: bf16 vLLM against the float32 trainer
     assert [r.status for r in rows.values()] == ["PASS"] * len(doctor.CHECKS), printed
-    assert "gap mean" in rows["weight sync"].detail and "to the old" in rows["weight sync"].detail
+    detail = rows["weight sync"].detail   # bf16 vLLM vs the float32 trainer: a gap, small; the old policy: far
+    assert "gap mean" in detail and "to the new policy" in detail and "to the old" in detail, detail
+    assert rows["engine"].detail.startswith("built in") and "bfloat16" in rows["engine"].detail
     assert "losses" in rows["training"].detail
     assert printed.splitlines()[-1] == f"{len(doctor.CHECKS)} of {len(doctor.CHECKS)} checks passed"
 
@@ -62,18 +66,57 @@ def test_a_wrong_vllm_version_fails_naming_both(monkeypatch):
 
 
 def test_a_weight_sync_that_does_not_load_fails(monkeypatch):
-    """The engine's model ignores load_weights: vLLM keeps sampling the old policy."""
-    def no_load(self):
+    """The engine loads the weights once and then no more (the stand-in is told it did):
+    vLLM keeps sampling the old policy after the weight change."""
+    syncs = []
+    load = vllm_engine.VLLMEngine.sync_weights
+
+    def first_only(self):
+        syncs.append(1)
+        if len(syncs) == 1:
+            return load(self)
         self.llm.wake_up(tags=["weights"])
         model = self._model()
-        model.loaded = set(model.names)   # the stand-in thinks it was loaded; nothing was
+        model.loaded = set(model.names)   # nothing was loaded: the stand-in's NaN weights of sleep ...
+        for name, tensor in model.module.named_parameters():   # ... become the old weights again
+            tensor.data.copy_(kept[name])
         self.llm.reset_prefix_cache()
-    monkeypatch.setattr(vllm_engine.VLLMEngine, "sync_weights", no_load)
-    with fake_vllm():
+
+    def keep_and_sleep(self, level=1):
+        kept.update({n: t.detach().clone() for n, t in self._model.module.named_parameters()})
+        sleep(self, level)
+
+    kept = {}
+    monkeypatch.setattr(vllm_engine.VLLMEngine, "sync_weights", first_only)
+    with fake_vllm() as vllm:
+        sleep = vllm.LLM.sleep
+        monkeypatch.setattr(vllm.LLM, "sleep", keep_and_sleep)
         rows, _ = run()
+    assert len(syncs) == 2
     assert rows["weight sync"].status == "FAIL", rows["weight sync"].detail
-    assert "the sync did not take" in rows["weight sync"].detail or "differ from the trainer's" in rows["weight sync"].detail
+    assert "the sync did not take" in rows["weight sync"].detail
     assert rows["training"].status == "SKIP"
+
+
+def test_raw_log_probs_fail_the_gap(monkeypatch):
+    """vLLM's default logprobs_mode (log softmax(logits), not / T): the check's T != 1 catches it."""
+    with fake_vllm() as vllm:
+        build = vllm.LLM.__init__
+        monkeypatch.setattr(vllm.LLM, "__init__",
+                            lambda self, *a, **k: build(self, *a, **{**k, "logprobs_mode": "raw_logprobs"}))
+        rows, _ = run()
+    assert rows["weight sync"].status == "FAIL"
+    assert "differ from the trainer's" in rows["weight sync"].detail
+
+
+def test_the_training_check_runs_without_the_engines_launcher_variables(monkeypatch):
+    """The engine set MASTER_PORT etc. for its world of one (vLLM bound that port): the training
+    process must choose its own."""
+    for name in doctor.LAUNCHER_VARIABLES:
+        monkeypatch.setenv(name, "1")
+    environment = doctor.training_environment()
+    assert not set(doctor.LAUNCHER_VARIABLES) & set(environment)
+    assert environment["PATH"] == os.environ["PATH"]
 
 
 def test_vllm_serve_dry_run_binds_to_localhost(tmp_path):
@@ -88,8 +131,18 @@ def test_vllm_serve_dry_run_binds_to_localhost(tmp_path):
     assert "--host 0.0.0.0" in wide and "--port 8100" in wide
 
 
+def test_vllm_serve_without_trl_says_how_to_install(tmp_path, monkeypatch, capsys):
+    (tmp_path / "config.json").write_text("{}")
+    for name in [n for n in sys.modules if n == "trl" or n.startswith("trl.")]:
+        monkeypatch.delitem(sys.modules, name)
+    monkeypatch.setitem(sys.modules, "trl", None)   # import trl raises ImportError
+    assert cli_module.main(["vllm-serve", str(tmp_path), "--dry-run"]) == 2
+    error = capsys.readouterr().err
+    assert error.count("\n") == 1 and "pip install -e '.[gpu]'" in error, error
+
+
 def test_vllm_serve_needs_a_model_folder(tmp_path):
     done = cli("vllm-serve", str(tmp_path / "missing"))
     assert done.returncode == 2
     assert done.stderr.strip() == (f"grpo-edu vllm-serve: MODEL: expected a saved model folder (holding config.json) "
-                                   f"or a hub id, got {str(tmp_path / 'missing')!r}")
+                                   f"or a hub id, got {str(tmp_path / 'missing')!r} (no such folder)")
