@@ -4,6 +4,7 @@
     grpo-edu book list                 the chapter table
     grpo-edu book run [CHAPTER ...]    rebuild chapters (fresh kernel) and write their outputs
     grpo-edu book check [CHAPTER ...]  re-execute and compare outputs (nbval), check prose numbers
+    grpo-edu doctor RUN_DIR            diagnose a run: each failure symptom in its metrics, with evidence
     grpo-edu doctor --gpu              check a GPU machine for the vLLM engine (pass/fail table)
     grpo-edu vllm-serve MODEL          start the vLLM server of vllm_mode = "server" (127.0.0.1)
 
@@ -280,8 +281,20 @@ def _train(args) -> int:
 
 
 def _doctor(args) -> int:
+    if args.run_dir is not None and args.gpu:
+        raise UsageError(f"expected RUN_DIR or --gpu, got both ({args.run_dir!r} and --gpu)")
+    if args.run_dir is not None:
+        from grpo_edu import diagnose
+        try:
+            findings = diagnose.diagnose_run(args.run_dir)
+        except ValueError as error:
+            raise UsageError(str(error)) from None
+        steps = len(diagnose.MetricsLog(args.run_dir).read())
+        print(diagnose.report(findings, steps))
+        return 1 if findings else 0
     if not args.gpu:
-        raise UsageError("expected --gpu (the GPU machine's check of the vLLM engine), got no option")
+        raise UsageError("expected RUN_DIR (diagnose a run from its metrics) or --gpu (the GPU machine's check "
+                         "of the vLLM engine), got neither")
     from grpo_edu import doctor
     return doctor.gpu()
 
@@ -354,8 +367,11 @@ def build_parser() -> argparse.ArgumentParser:
                        "complete checkpoint (a damaged one is named and skipped)")
     train.set_defaults(func=_train)
 
-    doctor = commands.add_parser("doctor", help="check this machine for the GPU tier (--gpu)")
+    doctor = commands.add_parser("doctor", help="diagnose a run from its metrics (RUN_DIR), or check this machine "
+                                 "for the GPU tier (--gpu)")
     _debug_flag(doctor)
+    doctor.add_argument("run_dir", nargs="?", metavar="RUN_DIR", help="a run directory: report each failure "
+                        "symptom in its metrics.jsonl, with the evidence and advice (exit status 1 if any)")
     doctor.add_argument("--gpu", action="store_true", help="CUDA, vLLM, the engine's weight sync and log-probs, "
                         "two training steps: a pass/fail table (without a GPU: what it would check)")
     doctor.set_defaults(func=_doctor)

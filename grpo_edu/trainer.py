@@ -69,8 +69,10 @@ from grpo_edu import checkpoint, distributed, fused_llama, rewards, tasks, user_
 from grpo_edu.advantages import group_advantages, zero_std_groups
 from grpo_edu.batch import RolloutBatch
 from grpo_edu.config import TrainConfig
+from grpo_edu.diagnose import LiveDoctor, diagnose
 from grpo_edu.distributed import World
 from grpo_edu.evaluation import greedy_scores, sampled_metrics, sampled_scores, wilson_interval
+from grpo_edu.faults import NONE as NO_FAULTS, Faults
 from grpo_edu.logprobs import completion_logprobs
 from grpo_edu.loss import grpo_loss
 from grpo_edu.models import STARTING_POLICY, load_policy
@@ -302,15 +304,19 @@ class Models:
 
 
 def build_models(config: TrainConfig, world: World, policy: torch.nn.Module,
-                 reference: torch.nn.Module | None = None) -> Models:
+                 reference: torch.nn.Module | None = None, *, allow_alias: bool = False) -> Models:
     """Place the policy and the reference (beta > 0; default a copy of the policy) on the
-    world's device and wrap them for `config.parallelism`."""
+    world's device and wrap them for `config.parallelism`. A reference that shares storage
+    with the policy is refused (its KL would stay 0), unless `allow_alias` (the failure lab's
+    injected fault, grpo_edu.faults)."""
     policy.to(world.device)
     if config.beta == 0.0:
         reference = None
     elif reference is None:
         reference = make_reference(policy)
     else:
+        if not allow_alias:
+            check_not_aliased(policy, reference)
         reference.to(world.device)
     policy.train()
     sharded = world.distributed and config.parallelism == "fsdp2"
@@ -547,14 +553,7 @@ def add_logprobs(config: TrainConfig, models: Models, batch: RolloutBatch, plan:
     if config.old_logprobs == "sampler":
         old_logp = batch.sampler_logp
     elif optimizer_steps_per_rollout(config) > 1:
-        old_logp = torch.zeros_like(batch.sampler_logp)   # rows in no mini-batch stay 0, never read
-        for k in range(config.num_mini_batches):
-            parts = micro_batches(config, plan, batch, k, world)
-            pieces = [_logprobs_of(models.train_logprobs, part, batch) for part in parts]
-            real = [piece for piece in pieces if piece is not None]
-            if real:
-                groups = plan.local_groups(k).nonzero()[:, 0].to(old_logp.device)
-                old_logp.index_copy_(0, groups, torch.cat(real).view(-1, batch.group_size, batch.completion_length))
+        old_logp = policy_logprobs(config, models, batch, plan, world)
     ref_logp = None
     if models.reference_logprobs is not None:
         flat = batch.flat()
@@ -568,6 +567,23 @@ def add_logprobs(config: TrainConfig, models: Models, batch: RolloutBatch, plan:
             # backward that usually follows); the reference has none: back to 1/N shards.
             models.reference_logprobs.reshard()
     return replace(batch, old_logp=old_logp, ref_logp=ref_logp)
+
+
+@torch.no_grad()
+def policy_logprobs(config: TrainConfig, models: Models, batch: RolloutBatch, plan: Plan,
+                    world: World = World()) -> torch.Tensor:
+    """The current policy's log-probs of the trained rows, (b, G, S), computed in the
+    micro-batches the update will use (so the first mini-batch's ratio is exactly 1);
+    rows in no mini-batch stay 0 and are never read."""
+    old_logp = torch.zeros_like(batch.sampler_logp)
+    for k in range(config.num_mini_batches):
+        parts = micro_batches(config, plan, batch, k, world)
+        pieces = [_logprobs_of(models.train_logprobs, part, batch) for part in parts]
+        real = [piece for piece in pieces if piece is not None]
+        if real:
+            groups = plan.local_groups(k).nonzero()[:, 0].to(old_logp.device)
+            old_logp.index_copy_(0, groups, torch.cat(real).view(-1, batch.group_size, batch.completion_length))
+    return old_logp
 
 
 # --------------------------------------------------------------------------- step 6
@@ -726,6 +742,25 @@ def optimise(config: TrainConfig, models: Models, optimizer, scheduler, batch: R
     return metrics
 
 
+def _optimise_refreshing_old(config: TrainConfig, models: Models, optimizer, scheduler, batch: RolloutBatch,
+                             plan: Plan, world: World) -> dict[str, float]:
+    """The failure lab's refresh_old_logprobs fault: num_iterations passes, pi_old recomputed
+    from the current policy at the start of each (one pass of optimise each), instead of
+    fixed to the policy that sampled. Metrics as optimise's: the last step's, the first
+    step's learning rate and sampler gap, the optimizer steps of all passes."""
+    one_pass = replace(config, num_iterations=1)
+    passes = []
+    for _ in range(config.num_iterations):
+        old_logp = policy_logprobs(one_pass, models, batch, plan, world)
+        passes.append(optimise(one_pass, models, optimizer, scheduler, replace(batch, old_logp=old_logp),
+                               plan, world))
+    merged = dict(passes[-1])
+    merged["learning_rate"] = passes[0]["learning_rate"]
+    merged["optimizer_steps"] = sum(p["optimizer_steps"] for p in passes)
+    merged.update({k: v for k, v in passes[0].items() if k.startswith("sampler_gap/")})
+    return merged
+
+
 def _last_nonempty(plan: Plan, iteration: int, k: int, config: TrainConfig) -> bool:
     """Whether (iteration, k) is the rollout's last optimizer step that is taken."""
     if iteration != config.num_iterations - 1:
@@ -800,7 +835,17 @@ def step_metrics(plan: Plan, batch: RolloutBatch, update: dict[str, float], seco
     }
     if len(trained):
         metrics["advantage/std"] = plan.advantages[trained].double().std(correction=0).item()
+    metrics["advantage/tie_spread"] = tie_spread(plan.rewards, plan.advantages)
     return metrics
+
+
+def tie_spread(rewards: torch.Tensor, advantages: torch.Tensor) -> float:
+    """The largest gap between the advantages of two completions of one group that have the
+    same reward: (B, G) x 2 -> float. 0 for any advantage function of the group's rewards
+    (equal rewards, equal advantages); > 0 when a group's baseline was computed in pieces."""
+    same = rewards[:, :, None] == rewards[:, None, :]
+    gaps = (advantages[:, :, None].double() - advantages[:, None, :].double()).abs()
+    return float(gaps[same].max()) if same.any() else 0.0
 
 
 @dataclass
@@ -814,7 +859,7 @@ class RunResult:
 def train(config: TrainConfig, *, advantage_fn: AdvantageFn | None = None,
           reward_functions: dict[str, tuple[RewardFn, float]] | None = None,
           policy=None, tokenizer=None, resume: str | Path | None = None, stop_after: int | None = None,
-          log: Callable[[str], None] = print) -> RunResult:
+          log: Callable[[str], None] = print, faults: Faults | None = None) -> RunResult:
     """Train a policy with GRPO as `config` says; write the run to config.output_dir.
 
     Under torchrun every rank calls this with the same arguments (see grpo_edu.distributed);
@@ -828,6 +873,7 @@ def train(config: TrainConfig, *, advantage_fn: AdvantageFn | None = None,
     resume: a run directory whose latest checkpoint to continue from.
     stop_after: stop (checkpointed) after this many steps in total: a test's
         stand-in for an interrupted run.
+    faults: deliberate bugs for the failure lab (grpo_edu.faults.Faults); never a config key.
 
     Returns the trained policy with whole weights (under FSDP2 a plain copy).
     """
@@ -842,6 +888,14 @@ def train(config: TrainConfig, *, advantage_fn: AdvantageFn | None = None,
                          f"given; pass one")
     configured_advantage_fn, configured_rewards = functions_from_config(config)
     advantage_fn = configured_advantage_fn if advantage_fn is None else advantage_fn
+    faults = NO_FAULTS if faults is None else faults
+    if not isinstance(faults, Faults):
+        raise ValueError(f"faults: expected a grpo_edu.faults.Faults, got {type(faults).__name__}")
+    faults.check(config)
+    if faults.active():
+        say(f"FAULTS INJECTED (the failure lab): {faults.active()}")
+    if faults.split_groups > 1:
+        advantage_fn = functools.partial(faults.split_advantages, advantage_fn)
     reward_functions = configured_rewards if reward_functions is None else reward_functions
     if policy is None:
         policy, tokenizer = load_policy(STARTING_POLICY if config.model == "start" else config.model)
@@ -853,7 +907,17 @@ def train(config: TrainConfig, *, advantage_fn: AdvantageFn | None = None,
         # Whole weights into the plain models, before they are placed and sharded.
         reference = make_reference(policy) if config.beta != 0.0 else None
         saved = checkpoint.load_weights(Path(resume), policy, reference, log=say)
-    models = build_models(config, world, policy, reference)
+    if faults.alias_reference:
+        reference = policy
+    # faults.trainer_temperature: the trainer's log-probs at another temperature than the sampler's
+    logprob_config = config if faults.trainer_temperature is None else replace(
+        config, temperature=faults.trainer_temperature)
+    models = build_models(logprob_config, world, policy, reference, allow_alias=faults.alias_reference)
+    if faults.active() and world.distributed:
+        raise ValueError(f"faults: the failure lab injects faults in one process, got {world.size} processes")
+    for module in (models.train_logprobs, models.reference_logprobs):
+        if module is not None:   # faults.off_by_one: policy, pi_old and reference alike
+            module.logprob_fn = faults.logprob_fn(module.logprob_fn)
     # fused: one kernel for all parameters (the same algorithm; 0.35 ms a step instead of 1.2 on the CPU tier)
     optimizer = torch.optim.AdamW(models.policy.parameters(), lr=config.learning_rate,
                                   betas=tuple(config.adam_betas), weight_decay=config.weight_decay, fused=True)
@@ -904,6 +968,9 @@ def train(config: TrainConfig, *, advantage_fn: AdvantageFn | None = None,
     world.barrier()
 
     progress = _progress_bar(config, state.step) if world.is_main else None
+    live_doctor = LiveDoctor(config.to_dict())
+    if saved is not None:   # a resumed run: what was reported before is not reported again
+        live_doctor.reported |= {f.detector for f in diagnose(history, config.to_dict())}
     accuracy, started = start_accuracy, time.perf_counter()
     last = min(config.steps, stop_after) if stop_after is not None else config.steps
     while state.step < last:
@@ -914,7 +981,10 @@ def train(config: TrainConfig, *, advantage_fn: AdvantageFn | None = None,
         batch, plan = score(config, samples, rollout, tokenizer, reward_functions, advantage_fn, world)
         batch = add_logprobs(config, models, batch, plan, world)
         t2 = time.perf_counter()
-        update = optimise(config, models, optimizer, scheduler, batch, plan, world)
+        if faults.refresh_old_logprobs:
+            update = _optimise_refreshing_old(config, models, optimizer, scheduler, batch, plan, world)
+        else:
+            update = optimise(config, models, optimizer, scheduler, batch, plan, world)
         t3 = time.perf_counter()
         state.step += 1
         seconds = {"rollout": t1 - t0, "scoring": t2 - t1, "update": t3 - t2}
@@ -930,6 +1000,9 @@ def train(config: TrainConfig, *, advantage_fn: AdvantageFn | None = None,
         history.append(metrics)
         if world.is_main:
             metrics_log.append(metrics)
+            for finding in live_doctor.check(history):   # each symptom once, the step it appears
+                say(f"warning at step {state.step}: {finding.failure}: {finding.evidence}. "
+                    f"Advice: {finding.advice} (grpo-edu doctor {output_dir})")
         if progress is not None:
             progress.set_postfix_str(f"reward {metrics['reward/mean']:.3f} held-out acc {accuracy:.3f}",
                                      refresh=False)
@@ -945,6 +1018,8 @@ def train(config: TrainConfig, *, advantage_fn: AdvantageFn | None = None,
     seconds = elapsed + time.perf_counter() - started
     summary = _summary(config, history, start_accuracy, seconds, finished=state.step >= config.steps,
                        eval_problems=len(held_out))
+    if faults.active():
+        summary["faults"] = faults.active()
     summary["world_size"] = world.size
     summary["parallelism"] = config.parallelism if world.distributed else "none"
     # What each rank holds of the policy's parameters, gradients and AdamW state (FSDP2: ~1/N each).

@@ -29,11 +29,11 @@ def test_without_a_gpu_it_lists_the_checks_and_exits_0():
         assert any(line.strip().startswith(name) for line in lines), name
 
 
-def test_doctor_needs_gpu():
+def test_doctor_needs_a_run_or_gpu():
     done = cli("doctor")
     assert done.returncode == 2
-    assert done.stderr.strip() == ("grpo-edu doctor: expected --gpu (the GPU machine's check of the vLLM engine), "
-                                   "got no option")
+    assert done.stderr.strip() == ("grpo-edu doctor: expected RUN_DIR (diagnose a run from its metrics) or --gpu "
+                                   "(the GPU machine's check of the vLLM engine), got neither")
 
 
 def run(engine_dtype="float32"):
