@@ -67,7 +67,7 @@ for sample, (completion,) in zip(held_out[:4], generate_completions(policy, toke
 # reference's log-probs (and pi_old's when a rollout feeds several optimizer steps);
 # `optimise` does the update (mini-batches of whole groups, gradient accumulation,
 # clipping, AdamW). The `world` they take is the process's place in a multi-process run
-# (chapter 7); here there is one process, and every gather and reduce is the identity.
+# (chapter 8); here there is one process, and every gather and reduce is the identity.
 
 # %%
 print(inspect.getsource(trainer.roll_out))

@@ -80,9 +80,13 @@ def reference_aliased(history, config):
     kl = [(s, v) for s, v in _values(history, "kl") if s > 1]
     if len(kl) < MIN_STEPS or any(v != KL_ZERO for _, v in kl):
         return None
+    moving = [v for s, v in _values(history, "grad_norm") if v > 0]
+    if not moving:   # no gradient at all: the policy did not move (all-equal groups), the KL stays 0
+        return None
     return Finding("reference_aliased", "the reference is the policy (aliased): the KL term does nothing",
                    f"kl = 0 exactly at all {len(kl)} steps from {kl[0][0]} to {kl[-1][0]}, with beta = "
-                   f"{config['beta']} (a separate reference gives kl > 0 from step 2)",
+                   f"{config['beta']}, while the policy moves (grad_norm > 0 at {len(moving)} steps); a "
+                   f"separate reference gives kl > 0 from step 2",
                    "build the reference as a separate frozen copy (grpo_edu.trainer.make_reference) and keep "
                    "the start-up check that refuses shared storage")
 

@@ -1,117 +1,52 @@
-"""The chapter-7 checkers accept the worked solutions and name what a wrong answer got wrong."""
+"""The chapter-7 checkers."""
 
-from grpo_edu.distributed import World
+import pytest
+
+from grpo_edu import trainer
 from grpo_edu.exercises import ch07
-from grpo_edu.loss import grpo_loss
-
-# ----------------------------------------------------------------- 7.1
 
 
-def rank_rows(B, G, world_size, rank):
-    """The worked solution: whole prompts, rank r's contiguous B / N of them, all G rows of each."""
-    if B % world_size:
-        raise ValueError(f"{B} prompts do not split into whole prompts over {world_size} ranks")
-    per_rank = B // world_size
-    return list(range(rank * per_rank * G, (rank + 1) * per_rank * G))
+def test_the_answer_key_passes_and_a_wrong_name_is_explained():
+    key = ch07._answer_key()
+    right = {run: ch07.MYSTERY_RUNS[name][0] for run, name in key.items()}
+    assert ch07.check_mystery_runs(right)
+    run, name = next(iter(key.items()))
+    wrong = dict(right, **{run: "length bias"})
+    assert ch07.check_mystery_runs(wrong).failures == [
+        f"{run}: expected {ch07.MYSTERY_RUNS[name][0]!r}, got 'length bias' ({ch07.MYSTERY_RUNS[name][1]})"]
+    assert "no diagnoses yet" in ch07.check_mystery_runs({}).failures[0]
+    assert "expected names from FAILURES, got ['bug']" in ch07.check_mystery_runs({"run A": "bug"}).failures[0]
 
 
-def test_rank_rows_solution_passes_and_is_the_trainers_share():
-    result = ch07.check_rank_rows(rank_rows)
-    assert result and result.passed == len(ch07.RANK_ROW_CASES) + len(ch07.INDIVISIBLE_CASES)
-    share = World(rank=1, size=2).shard(16)
-    assert rank_rows(16, 8, 2, 1) == list(range(share.start * 8, share.stop * 8))
+def test_the_mystery_runs_show_what_the_key_says():
+    """The data is what benchmarks/failure_lab.py --mystery wrote from real lab runs: each run's
+    giveaway holds in it, and the doctor names the same failure."""
+    from grpo_edu.diagnose import diagnose
+    from grpo_edu.lab import RUNS
+    runs, key = ch07.mystery_runs(), ch07._answer_key()
+    assert sorted(runs) == sorted(key)
+    for run, name in key.items():
+        history = runs[run]
+        config = RUNS[name].config("unused", seed=1).to_dict()
+        assert len(history) == RUNS[name].steps
+        assert {f.detector for f in diagnose(history, config)} == set(RUNS[name].expected), run
+    by_name = {name: runs[run] for run, name in key.items()}
+    assert all(m["kl"] == 0 and m["grad_norm"] > 0 for m in by_name["alias"][1:])
+    assert all(m["ratio/min"] == 1 == m["ratio/max"] and m["optimizer_steps"] == 4 for m in by_name["old_refreshed"])
+    assert by_name["temperature"][0]["sampler_gap/mean_abs"] > 0.03 > by_name["healthy"][0]["sampler_gap/mean_abs"]
 
 
-def test_an_even_split_of_the_rows_is_caught_where_it_cuts_a_group():
-    def even_rows(B, G, world_size, rank):
-        n = B * G // world_size
-        return list(range(rank * n, (rank + 1) * n))
-    result = ch07.check_rank_rows(even_rows)
-    assert result.passed == len(ch07.RANK_ROW_CASES)
-    assert len(result.failures) == 2
-    assert result.failures[1] == (
-        "B=3, G=4, 2 ranks: expected a ValueError (3 prompts do not split into whole prompts over 2 ranks; "
-        "the trainer refuses such a config), got rank 0: rows 0..5, rank 1: rows 6..11 (prompt 1's 4 "
-        "completions are split across ranks [0, 1]: its group advantages (mean and std over all 4) would "
-        "need rewards from more than one rank)")
+def test_the_trainers_tie_spread_passes_and_wrong_ones_fail():
+    assert ch07.check_tie_spread(trainer.tie_spread)
+    over_all_pairs = ch07.check_tie_spread(lambda r, a: float((a[:, :, None] - a[:, None, :]).abs().max()))
+    assert over_all_pairs.failures and "the chapter's group, whole" in over_all_pairs.failures[0]
+    first_group_only = ch07.check_tie_spread(lambda r, a: trainer.tie_spread(r[:1], a[:1]))
+    assert any("split in halves" in f for f in first_group_only.failures)
+    assert all("raised ZeroDivisionError" in f for f in ch07.check_tie_spread(lambda r, a: 1 / 0).failures)
 
 
-def test_other_wrong_rows_are_named():
-    def interleaved(B, G, world_size, rank):   # whole prompts, but not the trainer's share
-        if B % world_size:
-            raise ValueError("indivisible")
-        return [i * G + j for i in range(rank, B, world_size) for j in range(G)]
-    result = ch07.check_rank_rows(interleaved)
-    assert "rank 0: expected rows 0..63 (prompts 0..7, the trainer's contiguous share)" in result.failures[0]
-
-    def prompt_indices(B, G, world_size, rank):  # prompts, not rows
-        if B % world_size:
-            raise ValueError("indivisible")
-        return rank_rows(B, 1, world_size, rank)
-    result = ch07.check_rank_rows(prompt_indices)
-    assert any("no rank owns" in failure for failure in result.failures)
-    assert any("split across ranks" in failure for failure in result.failures)
-
-    raises = ch07.check_rank_rows(lambda *args: 1 / 0)
-    assert "rank 0 raised ZeroDivisionError" in raises.failures[0]
-    assert "expected a ValueError" in raises.failures[-1] and "got ZeroDivisionError" in raises.failures[-1]
-
-
-# ----------------------------------------------------------------- 7.2
-
-def rank_loss(logp, old_logp, advantages, completion_mask, token_counts, completion_counts, loss_type,
-              max_completion_length):
-    """The worked solution: the whole batch's counts, times N (DDP averages the gradients)."""
-    out = grpo_loss(logp, old_logp, advantages, completion_mask, loss_type=loss_type,
-                    max_completion_length=max_completion_length,
-                    num_items=sum(token_counts), num_completions=sum(completion_counts))
-    return out.loss * len(token_counts)
-
-
-def test_rank_loss_solution_passes():
-    result = ch07.check_rank_loss(rank_loss)
-    assert result and result.passed == 2 * 4
-
-
-def test_the_per_rank_mean_is_named():
-    def own_counts(logp, old_logp, advantages, mask, token_counts, completion_counts, loss_type, L):
-        return grpo_loss(logp, old_logp, advantages, mask, loss_type=loss_type, max_completion_length=L).loss
-    result = ch07.check_rank_loss(own_counts)
-    # grpo and dr_grpo with equal completions per rank hide the mistake; token counts or
-    # uneven completions reveal it.
-    assert result.passed == 2 and len(result.failures) == 6
-    assert result.failures[0].startswith("bnpo, 2 ranks, 2 prompts each, rank 1's completions longer "
-                                         "(token_counts [30, 81], completion_counts [8, 8])")
-    assert all("each rank divided by its own counts (the per-rank mean" in f for f in result.failures)
-
-
-def test_a_missing_world_size_factor_is_named():
-    def without_factor(*args):
-        return rank_loss(*args) / len(args[4])
-    result = ch07.check_rank_loss(without_factor)
-    assert len(result.failures) == 8
-    assert "the result is 1/2 of the 1-process gradient; multiply each rank's loss by the world size" in result.failures[0]
-    assert "1/3 of the 1-process gradient" in result.failures[-1]
-
-
-def test_rank_loss_reports_wrong_types():
-    constant = ch07.check_rank_loss(lambda *args: args[0].detach().sum())
-    assert "does not depend on logp" in constant.failures[0]
-    number = ch07.check_rank_loss(lambda *args: 0.5)
-    assert "expected a scalar tensor" in number.failures[0]
-
-
-# ----------------------------------------------------------------- 7.3
-
-def test_scale_answers():
-    answers = ch07.scale_answers()
-    assert answers == {"prompts_per_rank": 32, "completions_per_rank": 512, "completions_per_step": 4096,
-                       "max_tokens_per_step": 4_194_304, "optimizer_steps_per_rollout": 4,
-                       "fsdp2_bytes_per_rank": 3_000_000_000}
-    assert ch07.check_scale_answers(answers)
-    wrong = dict(answers, fsdp2_bytes_per_rank=24_000_000_000)   # DDP's bytes: a whole replica
-    assert ch07.check_scale_answers(wrong).failures == [
-        "fsdp2_bytes_per_rank: expected 3,000,000,000, got 24000000000 (parameters x (4 weights + 4 gradients "
-        "+ 8 AdamW moments) bytes in float32, divided by world_size)"]
-    assert "no answers yet" in ch07.check_scale_answers({}).failures[0]
-    assert "unknown keys ['tokens']" in ch07.check_scale_answers(dict(answers, tokens=1)).failures[-1]
+def test_the_split_case_by_hand():
+    """[1.5, 0.5, 0.5, 0.5 | 1.5, 1.5, 0.5, 0.5]: the right answer gets sqrt(3) in the first half
+    (mean 0.75, std sqrt(3)/4) and 1 in the second (mean 1, std 0.5): a spread of sqrt(3) - 1."""
+    name, rewards, advantages = ch07.tie_spread_cases()[1]
+    assert trainer.tie_spread(rewards, advantages) == pytest.approx(3 ** 0.5 - 1, abs=1e-7)

@@ -8,7 +8,7 @@
 # ---
 
 # %% [markdown]
-# # Chapter 7. Scaling out
+# # Chapter 8. Scaling out
 #
 # Chapter 6 trained in one process. The same command with `torchrun` in front trains in N
 # processes (ranks), each with its own share of every step's work:
@@ -93,7 +93,7 @@ except ValueError as error:
 # %% [markdown]
 # A split of the B x G rows into N equal runs would be the same split whenever B divides by
 # N, and would cut a group in two when only B x G does (B = 3, G = 4 on 2 ranks: prompt 1's
-# completions on both). Such a config is refused rather than split: exercise 7.1.
+# completions on both). Such a config is refused rather than split: exercise 8.1.
 #
 # Ownership is half of it; the other half is sampling. If each rank drew its own random
 # numbers, 2 ranks would sample other completions than 1 process, and the runs would part at
@@ -216,7 +216,7 @@ print("\n".join(line for line in optimise_source.splitlines() if "world.size).ba
 # torch.distributed.run`) in front of it; on the CPU the ranks talk through gloo.
 
 # %%
-RUNS = Path(tempfile.mkdtemp(prefix="grpo-edu-chapter-7-"))   # print(RUNS) to look inside
+RUNS = Path(tempfile.mkdtemp(prefix="grpo-edu-chapter-8-"))   # print(RUNS) to look inside
 SETTINGS = ["steps=5", "eval_size=32", "threads=1", "progress=false", "checkpoint_every=0"]
 
 
@@ -326,7 +326,7 @@ print(f"largest rank, fsdp2 / ddp: {fsdp2_total / ddp_total:.4f}")
 # FSDP2 besides: the sampler's weights (`trainer.Models.full_policy`: a plain copy, synced
 # after every update, that sampling and evaluation run on without gathering shards), 4 bytes
 # per parameter. (With `engine = "vllm"` nothing samples from it, and the trainer gathers it
-# only while it evaluates: chapter 8.) The frozen reference model is sharded like
+# only while it evaluates: chapter 9.) The frozen reference model is sharded like
 # the policy. Activations depend on the micro-batch, not on the sharding, and are not
 # counted. So on N ranks FSDP2 holds about 4 + (16 + 4) / N bytes per parameter, DDP
 # 16 + 4 = 20.
@@ -436,16 +436,16 @@ for P in (1.5e9, 7e9):
 # %% [markdown]
 # ## Exercises
 #
-# Each checker in `grpo_edu.exercises.ch07` runs your answer on several cases and names each
+# Each checker in `grpo_edu.exercises.ch08` runs your answer on several cases and names each
 # case that fails, with what it expected and what it got.
 #
-# **7.1 Which rows a rank owns.** Write `my_rank_rows(B, G, world_size, rank)`: the rows of
+# **8.1 Which rows a rank owns.** Write `my_rank_rows(B, G, world_size, rank)`: the rows of
 # the prompt-major (B x G)-row batch that rank `rank` owns (completion j of prompt i is row
 # i G + j). The first attempt below splits the rows evenly; run the checker and read which
 # cases it gets wrong, and why a group must not be split.
 
 # %%
-from grpo_edu.exercises import ch07
+from grpo_edu.exercises import ch08
 
 
 def my_rank_rows(B, G, world_size, rank):
@@ -453,10 +453,10 @@ def my_rank_rows(B, G, world_size, rank):
     return list(range(rank * rows, (rank + 1) * rows))
 
 
-ch07.check_rank_rows(my_rank_rows)
+ch08.check_rank_rows(my_rank_rows)
 
 # %% [markdown]
-# **7.2 A rank's loss.** Write `my_rank_loss(logp, old_logp, advantages, completion_mask,
+# **8.2 A rank's loss.** Write `my_rank_loss(logp, old_logp, advantages, completion_mask,
 # token_counts, completion_counts, loss_type, max_completion_length)`: the loss one rank
 # backpropagates under DDP, given its share of a mini-batch ((b, G, S) tensors) and every
 # rank's token and completion counts (gathered: one number per rank). The checker averages
@@ -471,15 +471,15 @@ def my_rank_loss(logp, old_logp, advantages, completion_mask, token_counts, comp
                      max_completion_length=max_completion_length).loss    # this rank's own counts: fix me
 
 
-ch07.check_rank_loss(my_rank_loss)
+ch08.check_rank_loss(my_rank_loss)
 
 # %% [markdown]
-# **7.3 A step on 8 GPUs.** For the config in `ch07.SCALE_QUIZ`, work out the numbers below
+# **8.3 A step on 8 GPUs.** For the config in `ch08.SCALE_QUIZ`, work out the numbers below
 # by hand (or in code), then check them. Bonus: with this config's 4 mini-batches dealt out,
 # how many of each rank's prompts does each optimizer step train?
 
 # %%
-print(ch07.SCALE_QUIZ)
+print(ch08.SCALE_QUIZ)
 my_answers = {}  # one number for each of: prompts_per_rank, completions_per_rank, completions_per_step,
 #                  max_tokens_per_step, optimizer_steps_per_rollout, fsdp2_bytes_per_rank
-ch07.check_scale_answers(my_answers)
+ch08.check_scale_answers(my_answers)

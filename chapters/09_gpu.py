@@ -8,7 +8,7 @@
 # ---
 
 # %% [markdown]
-# # Chapter 8. Graduating to a GPU
+# # Chapter 9. Graduating to a GPU
 #
 # Everything so far ran on a laptop CPU. This chapter is about what changes when the same
 # trainer runs on GPUs, and it runs on a CPU too: the parts a CPU can compute are computed
@@ -163,7 +163,7 @@ print("\n".join(line for line in inspect.getsource(trainer.roll_out).splitlines(
 # Prompt b of a rank's share is prompt `share.start + b` of the batch; vLLM gives its G
 # completions the seeds seed + (share.start + b) G, ..., + G - 1. So completion i of the
 # batch has the seed seed + i on 1 GPU or on 8, and the rollout does not depend on how the
-# prompts are split over GPUs: chapter 7's promise, kept on the GPU path up to vLLM's
+# prompts are split over GPUs: chapter 8's promise, kept on the GPU path up to vLLM's
 # kernels (which are not bitwise the same for every batch shape).
 #
 # ## bf16: why the master weights stay float32
@@ -198,7 +198,7 @@ for precision in ("auto", "fp32", "bf16"):
 # mantissa would round as coarsely); only the forward passes run in bf16, under autocast,
 # which casts each matmul's inputs as it goes and leaves the stored weights alone. vLLM keeps
 # its own bf16 copy for sampling. (The fused engine is the CPU's float32 fast path: on a GPU
-# the trainer refuses it, chapter 7.)
+# the trainer refuses it, chapter 8.)
 #
 # ## The mismatch, measured with the CPU's engines
 #
@@ -398,7 +398,7 @@ show_claims({
 # %% [markdown]
 # ## The batch arithmetic of the recipes
 #
-# Chapter 7 worked out what a step is on N ranks (its last table has gpu-1x and h100-8x).
+# Chapter 8 worked out what a step is on N ranks (its last table has gpu-1x and h100-8x).
 # What vLLM adds is one engine per rank: each rank's engine samples that rank's share of the
 # rollout, B / N prompts and their G completions each, in one `generate` call, and then
 # sleeps through the rollout's optimizer steps. Per engine and per optimizer step, for the

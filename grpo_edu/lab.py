@@ -1,0 +1,141 @@
+"""The failure lab's runs (chapter 7, "When GRPO goes wrong"): each GRPO failure mode caused
+on purpose by one knob on the CPU tier's policy and task, next to the healthy default run.
+
+A run is the default config (configs/cpu-tiny.toml) with fewer steps, evaluated every 25 steps
+on 128 held-out problems, plus its knob: config overrides (a learning rate, beta, a task) or
+an injected fault (grpo_edu.faults, for the bugs no config can express). `expected` names
+the doctor's detectors (grpo_edu.diagnose) that the run must trigger; `also` those it may
+trigger as a measured consequence of the same knob (each one explained where it is set);
+the tests and the chapter check that it triggers the first, and none outside the two.
+
+    from grpo_edu import lab
+    result = lab.run("alias", "runs/lab")      # a RunResult; runs/lab/alias holds its metrics
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+from grpo_edu.config import DEFAULT_CONFIG, TrainConfig
+from grpo_edu.faults import Faults
+
+SETTINGS = {"eval_every": 25, "eval_size": 128, "checkpoint_every": 0, "progress": False}
+
+
+@dataclass(frozen=True)
+class LabRun:
+    failure: int                      # seed 000's failure mode, 1..9 (0: the healthy run)
+    knob: str                         # the one thing changed, in words
+    steps: int
+    overrides: dict = field(default_factory=dict)
+    faults: Faults | None = None
+    expected: frozenset = frozenset()  # the detectors it must trigger
+    also: frozenset = frozenset()      # those it may trigger as a consequence of its knob; no other
+
+    def diagnosed_as_expected(self, found: set[str]) -> bool:
+        """`found` (the detectors that fired) holds every expected one, and nothing beyond `also`."""
+        return self.expected <= found <= self.expected | self.also
+
+    def config(self, output_dir: str | Path, seed: int = 0) -> TrainConfig:
+        return TrainConfig.from_dict({**TrainConfig.from_toml(DEFAULT_CONFIG).to_dict(), **SETTINGS,
+                                      "steps": self.steps, "seed": seed, "output_dir": str(output_dir),
+                                      **self.overrides})
+
+
+RUNS: dict[str, LabRun] = {
+    "healthy": LabRun(0, "none: configs/cpu-tiny.toml", 100),
+    # 1. all-equal groups: countdown is beyond the arithmetic policy (accuracy 0): its groups are
+    # all wrong on accuracy; only the format reward differs within some of them. Chasing that
+    # format signal alone moves the policy far from the reference in 40 steps (KL ~1.2 nats per
+    # token against the healthy run's 0.06, pinned kernels): kl_runaway, rightly, near its threshold.
+    "countdown": LabRun(1, "task = 'countdown' (no problem the policy can solve)", 40, {"task": "countdown"},
+                        expected=frozenset({"zero_std_groups"}), also=frozenset({"kl_runaway"})),
+    "countdown_sparse": LabRun(1, "task = 'countdown', reward accuracy only", 20,
+                               {"task": "countdown", "rewards": {"accuracy": 1.0}},
+                               expected=frozenset({"zero_std_groups"})),
+    "countdown_filter": LabRun(1, "countdown, filter_zero_std_groups = true", 40,
+                               {"task": "countdown", "filter_zero_std_groups": True},
+                               expected=frozenset({"zero_std_groups"}), also=frozenset({"kl_runaway"})),
+    "countdown_hot": LabRun(1, "countdown, temperature = 1.5", 40, {"task": "countdown", "temperature": 1.5},
+                            also=frozenset({"kl_runaway"})),
+    # 2. a group normalised in two pieces, as when its completions sit on two ranks
+    "split": LabRun(2, "Faults(split_groups=2)", 100, faults=Faults(split_groups=2),
+                    expected=frozenset({"split_groups"})),
+    # 4. beta: none, 25x the default
+    "beta_0": LabRun(4, "beta = 0", 100, {"beta": 0.0}),
+    "beta_1": LabRun(4, "beta = 1.0", 100, {"beta": 1.0}),
+    # 5. the trainer's log-probs at T = 1 for a sampler at T = 0.7 (pi_old from the sampler, so
+    # that the ratio shows the mismatch)
+    "temperature": LabRun(5, "sampler T = 0.7, Faults(trainer_temperature=1.0)", 40,
+                          {"temperature": 0.7, "old_logprobs": "sampler"}, Faults(trainer_temperature=1.0),
+                          expected=frozenset({"sampler_mismatch"})),
+    # 6. the log-probs one column off
+    "off_by_one": LabRun(6, "Faults(off_by_one=True)", 100, faults=Faults(off_by_one=True),
+                         expected=frozenset({"misaligned_tokens"})),
+    # 7. four passes over each rollout, pi_old fixed (correct) or refreshed every pass
+    "old_fixed": LabRun(7, "num_iterations = 4", 40, {"num_iterations": 4}),
+    "old_refreshed": LabRun(7, "num_iterations = 4, Faults(refresh_old_logprobs=True)", 40, {"num_iterations": 4},
+                            Faults(refresh_old_logprobs=True), expected=frozenset({"old_logprobs_refreshed"})),
+    # 8. a learning rate 33x the default, clipped at 1.0 (the default) and not. The policy is
+    # wrecked within 2 steps: the KL jumps past 4 nats per token and every group is all wrong;
+    # the gradient norm falls with it (all-equal groups give none), so grad_explosion, which
+    # reads a climbing norm or a non-finite loss, does not fire on this tier (chapter 7 says why).
+    "lr_clipped": LabRun(8, "learning_rate = 1e-2", 50, {"learning_rate": 1e-2},
+                         expected=frozenset({"kl_runaway", "zero_std_groups"})),
+    "lr_unclipped": LabRun(8, "learning_rate = 1e-2, max_grad_norm = 0", 50,
+                           {"learning_rate": 1e-2, "max_grad_norm": 0.0},
+                           expected=frozenset({"kl_runaway", "zero_std_groups"})),
+    # 8, the other cause seed 000 names: rewards 100x larger, with no std to divide them back
+    # (advantage_scale = 'none'), so that the gradient is 100x larger too; clipped and not
+    "reward_x100": LabRun(8, "rewards x100, advantage_scale = 'none'", 100,
+                          {"rewards": {"accuracy": 100.0, "format": 50.0}, "advantage_scale": "none"}),
+    "reward_x100_unclipped": LabRun(8, "rewards x100, advantage_scale = 'none', max_grad_norm = 0", 100,
+                                    {"rewards": {"accuracy": 100.0, "format": 50.0}, "advantage_scale": "none",
+                                     "max_grad_norm": 0.0}),
+    # 9. the reference is the policy
+    "alias": LabRun(9, "Faults(alias_reference=True)", 100, faults=Faults(alias_reference=True),
+                    expected=frozenset({"reference_aliased"})),
+}
+
+
+def run(name: str, root: str | Path, seed: int = 0, log: Callable[[str], None] = lambda line: None):
+    """Train lab run `name` into root/name; returns the trainer's RunResult."""
+    from grpo_edu.trainer import train
+    if name not in RUNS:
+        raise ValueError(f"name: expected one of {sorted(RUNS)}, got {name!r}")
+    spec = RUNS[name]
+    return train(spec.config(Path(root) / name, seed=seed), faults=spec.faults, log=log)
+
+
+def early_late(history: list[dict], key: str, window: int = 10) -> tuple[float, float]:
+    """The median of `key` over a run's first and last `window` steps that logged it (nan if none)."""
+    import statistics
+    values = [m[key] for m in history if key in m]
+    if not values:
+        return math.nan, math.nan
+    return statistics.median(values[:window]), statistics.median(values[-window:])
+
+
+def table(results: dict, keys: list[str], window: int = 10) -> str:
+    """One line per run: held-out greedy accuracy (start -> end), then each key's median over
+    the first and the last `window` steps."""
+    width = max(len("run"), *(len(name) for name in results)) + 1
+    lines = [f"{'run':<{width}} {'accuracy':>13}" + "".join(f" {key:>24}" for key in keys)]
+    for name, result in results.items():
+        summary = result.summary
+        cells = []
+        for key in keys:
+            first, last = early_late(result.history, key, window)
+            cells.append(f" {_g(first):>11} -> {_g(last):<9}")
+        lines.append(f"{name:<{width}} {summary['start_accuracy']:.3f} -> {summary['final_accuracy']:.3f}"
+                     + "".join(cells))
+    return "\n".join(lines)
+
+
+def _g(value: float) -> str:
+    if math.isnan(value):
+        return "-"
+    return f"{value:.3g}" if abs(value) >= 1e-3 or value == 0 else f"{value:.1e}"

@@ -1,0 +1,117 @@
+"""The chapter-7 checkers accept the worked solutions and name what a wrong answer got wrong."""
+
+from grpo_edu.distributed import World
+from grpo_edu.exercises import ch08
+from grpo_edu.loss import grpo_loss
+
+# ----------------------------------------------------------------- 8.1
+
+
+def rank_rows(B, G, world_size, rank):
+    """The worked solution: whole prompts, rank r's contiguous B / N of them, all G rows of each."""
+    if B % world_size:
+        raise ValueError(f"{B} prompts do not split into whole prompts over {world_size} ranks")
+    per_rank = B // world_size
+    return list(range(rank * per_rank * G, (rank + 1) * per_rank * G))
+
+
+def test_rank_rows_solution_passes_and_is_the_trainers_share():
+    result = ch08.check_rank_rows(rank_rows)
+    assert result and result.passed == len(ch08.RANK_ROW_CASES) + len(ch08.INDIVISIBLE_CASES)
+    share = World(rank=1, size=2).shard(16)
+    assert rank_rows(16, 8, 2, 1) == list(range(share.start * 8, share.stop * 8))
+
+
+def test_an_even_split_of_the_rows_is_caught_where_it_cuts_a_group():
+    def even_rows(B, G, world_size, rank):
+        n = B * G // world_size
+        return list(range(rank * n, (rank + 1) * n))
+    result = ch08.check_rank_rows(even_rows)
+    assert result.passed == len(ch08.RANK_ROW_CASES)
+    assert len(result.failures) == 2
+    assert result.failures[1] == (
+        "B=3, G=4, 2 ranks: expected a ValueError (3 prompts do not split into whole prompts over 2 ranks; "
+        "the trainer refuses such a config), got rank 0: rows 0..5, rank 1: rows 6..11 (prompt 1's 4 "
+        "completions are split across ranks [0, 1]: its group advantages (mean and std over all 4) would "
+        "need rewards from more than one rank)")
+
+
+def test_other_wrong_rows_are_named():
+    def interleaved(B, G, world_size, rank):   # whole prompts, but not the trainer's share
+        if B % world_size:
+            raise ValueError("indivisible")
+        return [i * G + j for i in range(rank, B, world_size) for j in range(G)]
+    result = ch08.check_rank_rows(interleaved)
+    assert "rank 0: expected rows 0..63 (prompts 0..7, the trainer's contiguous share)" in result.failures[0]
+
+    def prompt_indices(B, G, world_size, rank):  # prompts, not rows
+        if B % world_size:
+            raise ValueError("indivisible")
+        return rank_rows(B, 1, world_size, rank)
+    result = ch08.check_rank_rows(prompt_indices)
+    assert any("no rank owns" in failure for failure in result.failures)
+    assert any("split across ranks" in failure for failure in result.failures)
+
+    raises = ch08.check_rank_rows(lambda *args: 1 / 0)
+    assert "rank 0 raised ZeroDivisionError" in raises.failures[0]
+    assert "expected a ValueError" in raises.failures[-1] and "got ZeroDivisionError" in raises.failures[-1]
+
+
+# ----------------------------------------------------------------- 8.2
+
+def rank_loss(logp, old_logp, advantages, completion_mask, token_counts, completion_counts, loss_type,
+              max_completion_length):
+    """The worked solution: the whole batch's counts, times N (DDP averages the gradients)."""
+    out = grpo_loss(logp, old_logp, advantages, completion_mask, loss_type=loss_type,
+                    max_completion_length=max_completion_length,
+                    num_items=sum(token_counts), num_completions=sum(completion_counts))
+    return out.loss * len(token_counts)
+
+
+def test_rank_loss_solution_passes():
+    result = ch08.check_rank_loss(rank_loss)
+    assert result and result.passed == 2 * 4
+
+
+def test_the_per_rank_mean_is_named():
+    def own_counts(logp, old_logp, advantages, mask, token_counts, completion_counts, loss_type, L):
+        return grpo_loss(logp, old_logp, advantages, mask, loss_type=loss_type, max_completion_length=L).loss
+    result = ch08.check_rank_loss(own_counts)
+    # grpo and dr_grpo with equal completions per rank hide the mistake; token counts or
+    # uneven completions reveal it.
+    assert result.passed == 2 and len(result.failures) == 6
+    assert result.failures[0].startswith("bnpo, 2 ranks, 2 prompts each, rank 1's completions longer "
+                                         "(token_counts [30, 81], completion_counts [8, 8])")
+    assert all("each rank divided by its own counts (the per-rank mean" in f for f in result.failures)
+
+
+def test_a_missing_world_size_factor_is_named():
+    def without_factor(*args):
+        return rank_loss(*args) / len(args[4])
+    result = ch08.check_rank_loss(without_factor)
+    assert len(result.failures) == 8
+    assert "the result is 1/2 of the 1-process gradient; multiply each rank's loss by the world size" in result.failures[0]
+    assert "1/3 of the 1-process gradient" in result.failures[-1]
+
+
+def test_rank_loss_reports_wrong_types():
+    constant = ch08.check_rank_loss(lambda *args: args[0].detach().sum())
+    assert "does not depend on logp" in constant.failures[0]
+    number = ch08.check_rank_loss(lambda *args: 0.5)
+    assert "expected a scalar tensor" in number.failures[0]
+
+
+# ----------------------------------------------------------------- 8.3
+
+def test_scale_answers():
+    answers = ch08.scale_answers()
+    assert answers == {"prompts_per_rank": 32, "completions_per_rank": 512, "completions_per_step": 4096,
+                       "max_tokens_per_step": 4_194_304, "optimizer_steps_per_rollout": 4,
+                       "fsdp2_bytes_per_rank": 3_000_000_000}
+    assert ch08.check_scale_answers(answers)
+    wrong = dict(answers, fsdp2_bytes_per_rank=24_000_000_000)   # DDP's bytes: a whole replica
+    assert ch08.check_scale_answers(wrong).failures == [
+        "fsdp2_bytes_per_rank: expected 3,000,000,000, got 24000000000 (parameters x (4 weights + 4 gradients "
+        "+ 8 AdamW moments) bytes in float32, divided by world_size)"]
+    assert "no answers yet" in ch08.check_scale_answers({}).failures[0]
+    assert "unknown keys ['tokens']" in ch08.check_scale_answers(dict(answers, tokens=1)).failures[-1]
