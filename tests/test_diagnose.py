@@ -213,3 +213,12 @@ def test_every_lab_run_names_real_detectors_and_the_also_set_only_widens():
     assert not countdown.diagnosed_as_expected({"zero_std_groups", "split_groups"})   # an unrelated one
     assert lab.RUNS["healthy"].diagnosed_as_expected(set()) and not lab.RUNS["healthy"].diagnosed_as_expected(
         {"kl_runaway"})
+
+
+def test_the_readme_lists_every_detector_with_its_threshold():
+    readme = (Path(__file__).parents[1] / "README.md").read_text()
+    rows = {line.split("|")[1].strip(" `"): line for line in readme.splitlines() if line.startswith("| `")}
+    assert set(dx.DETECTORS) <= set(rows)
+    assert f"{dx.LENGTH_GROWTH}x" in rows["length_drift"] and f"{dx.GAP_MISMATCH} to {dx.GAP_MISALIGNED}" in rows[
+        "sampler_mismatch"] and f"{dx.GRAD_GROWTH:g}x" in rows["grad_explosion"] and f"{dx.TIE_SPREAD:.0e}".replace("e-0", "e-") in rows[
+        "split_groups"]

@@ -99,3 +99,16 @@ def test_eval_samples_logs_sampled_metrics_at_each_evaluation(tmp_path):
     assert set(result.summary["final_sampled"]) >= {"pass_at_1", "pass_at_4", "maj_at_4"}
     plain = trainer.train(small_config(tmp_path / "plain", steps=1, checkpoint_every=0), log=lambda _: None)
     assert "eval/pass_at_1" not in plain.history[0] and plain.summary["final_sampled"] == {}
+
+
+def test_the_readme_training_tables_intervals_are_wilsons():
+    """README's training table: every 'accuracy [low, high]' cell is the 95% Wilson interval of
+    that accuracy over the 256 held-out problems."""
+    import re
+    from pathlib import Path
+    readme = (Path(__file__).parents[1] / "README.md").read_text()
+    cells = re.findall(r"(\d\.\d{3}) \[(\d\.\d{3}), (\d\.\d{3})\]", readme)
+    assert len(cells) >= 6
+    for accuracy, low, high in cells:
+        expected = wilson_interval(round(float(accuracy) * 256), 256)
+        assert (low, high) == (f"{expected[0]:.3f}", f"{expected[1]:.3f}"), (accuracy, low, high)
