@@ -22,9 +22,11 @@
 # numbers that its own listing does not produce; at the end of the chapter we put them side
 # by side, so a reader with the textbook open can see exactly where.
 #
-# Every number below is computed by `grpo_edu.reference`, the loop-per-response NumPy
-# implementation that the PyTorch code of later chapters is tested against, and every
-# number in the prose is one that a cell prints (the book's CI checks both).
+# Each step is a few lines of NumPy in a loop over the responses, printed as it goes. At the
+# end of step 6, `grpo_edu.reference.grpo_update`, the loop-per-response implementation that
+# the PyTorch code of later chapters is tested against, repeats the whole update and gives
+# the same numbers, bit for bit. Every number in the prose is one that a cell prints (the
+# book's CI checks both).
 
 # %%
 import inspect
@@ -93,9 +95,6 @@ new_logits = [
 rewards = np.array([0.9, 0.3, -0.1, 0.7])
 epsilon, beta = 0.2, 0.04
 G = len(rewards)
-
-update = reference.grpo_update(token_ids, new_logits, old_logp, ref_logp, rewards,
-                               epsilon=epsilon, beta=beta)
 print(f"G = {G}, response lengths = {[len(t) for t in token_ids]}, "
       f"tokens in the group = {sum(len(t) for t in token_ids)}")
 
@@ -199,11 +198,14 @@ print(f"\nSGD with the sample std = SGD with the population std, lr / {factor:.4
 print(inspect.getsource(reference.log_softmax))
 
 # %%
-for i, terms in enumerate(update.responses):
-    print(f"o_{i + 1}: token ids {token_ids[i]}")
-    for t, (logits_row, logp_row) in enumerate(zip(new_logits[i], terms.log_probs)):
-        print(f"   t={t + 1}  logits [{row(logits_row, 6)}]  ->  log-softmax [{row(logp_row)}]"
-              f"  ->  log pi(token {token_ids[i][t]}) = {terms.new_logp[t]:+.4f}")
+log_probs, new_logp = [], []   # per response: (T_i, V) log-softmax, (T_i,) the sampled tokens' log-probs
+for i, (logits, ids) in enumerate(zip(new_logits, token_ids)):
+    log_probs.append(reference.log_softmax(logits))
+    new_logp.append(log_probs[i][np.arange(len(ids)), ids])
+    print(f"o_{i + 1}: token ids {ids}")
+    for t in range(len(ids)):
+        print(f"   t={t + 1}  logits [{row(logits[t], 6)}]  ->  log-softmax [{row(log_probs[i][t])}]"
+              f"  ->  log pi(token {ids[t]}) = {new_logp[i][t]:+.4f}")
 
 # %% [markdown]
 # The first row, logits (1.10, -0.20, 0.30), has log-softmax (-0.5434, -1.8434, -1.3434):
@@ -217,12 +219,13 @@ for i, terms in enumerate(update.responses):
 # $\rho_{i,t} = \exp(\log\pi_\theta - \log\pi_{\theta_\text{old}})$.
 
 # %%
+ratio = [np.exp(new - np.asarray(old)) for new, old in zip(new_logp, old_logp)]
 print("response  token   log pi_new   log pi_old   log ratio    ratio")
-for i, terms in enumerate(update.responses):
+for i in range(G):
     for t in range(len(token_ids[i])):
-        print(f"o_{i + 1}       t={t + 1}     {terms.new_logp[t]:+.4f}      {terms.old_logp[t]:+.4f}"
-              f"      {terms.new_logp[t] - terms.old_logp[t]:+.4f}     {terms.ratio[t]:.4f}")
-all_ratios = np.concatenate([terms.ratio for terms in update.responses])
+        print(f"o_{i + 1}       t={t + 1}     {new_logp[i][t]:+.4f}      {old_logp[i][t]:+.4f}"
+              f"      {new_logp[i][t] - old_logp[i][t]:+.4f}     {ratio[i][t]:.4f}")
+all_ratios = np.concatenate(ratio)
 outside = (all_ratios < 1 - epsilon) | (all_ratios > 1 + epsilon)
 print(f"\n{outside.sum()} of {len(all_ratios)} ratios lie outside [{1 - epsilon:.1f}, {1 + epsilon:.1f}]; "
       f"range {all_ratios.min():.4f} to {all_ratios.max():.4f}")
@@ -239,22 +242,27 @@ print(f"\n{outside.sum()} of {len(all_ratios)} ratios lie outside [{1 - epsilon:
 # token contributes no gradient: we call that token *clipped*.
 
 # %%
+A = adv_population
+surrogate = [rho * A[i] for i, rho in enumerate(ratio)]
+clipped_surrogate = [np.clip(rho, 1.0 - epsilon, 1.0 + epsilon) * A[i] for i, rho in enumerate(ratio)]
+objective = [np.minimum(s, c) for s, c in zip(surrogate, clipped_surrogate)]
+clipped = [c < s for s, c in zip(surrogate, clipped_surrogate)]   # the min strictly picks the constant
 print("response  A        token  ratio    rho*A     clip(rho)*A   min       clipped  why")
-for i, terms in enumerate(update.responses):
+for i in range(G):
     for t in range(len(token_ids[i])):
-        rho, A = terms.ratio[t], terms.advantage
-        if terms.clipped[t]:
-            why = "A > 0 and rho > 1 + eps: gain capped" if A > 0 else "A < 0 and rho < 1 - eps: penalty capped"
+        rho = ratio[i][t]
+        if clipped[i][t]:
+            why = "A > 0 and rho > 1 + eps: gain capped" if A[i] > 0 else "A < 0 and rho < 1 - eps: penalty capped"
         elif rho > 1 + epsilon:
             why = "A < 0 and rho > 1 + eps: full penalty, keeps its gradient"
         elif rho < 1 - epsilon:
             why = "A > 0 and rho < 1 - eps: full loss, keeps its gradient"
         else:
             why = "inside [1 - eps, 1 + eps]"
-        print(f"o_{i + 1}       {A:+.4f}  t={t + 1}    {rho:.4f}   {terms.surrogate[t]:+.4f}   "
-              f"{terms.clipped_surrogate[t]:+.4f}       {terms.objective[t]:+.4f}   "
-              f"{'yes' if terms.clipped[t] else 'no ':<7}  {why}")
-print(f"\nclipped tokens: {sum(int(terms.clipped.sum()) for terms in update.responses)} of {len(all_ratios)}")
+        print(f"o_{i + 1}       {A[i]:+.4f}  t={t + 1}    {rho:.4f}   {surrogate[i][t]:+.4f}   "
+              f"{clipped_surrogate[i][t]:+.4f}       {objective[i][t]:+.4f}   "
+              f"{'yes' if clipped[i][t] else 'no ':<7}  {why}")
+print(f"\nclipped tokens: {sum(int(c.sum()) for c in clipped)} of {len(all_ratios)}")
 
 # %% [markdown]
 # Two tokens clip, both in responses with $A > 0$ whose ratio already exceeds 1.2: token 3
@@ -276,14 +284,14 @@ print(f"\nclipped tokens: {sum(int(terms.clipped.sum()) for terms in update.resp
 # %%
 A3 = adv_population[2]
 illustration_ratio = np.exp(np.array([0.25, -0.30]))
-surrogate = illustration_ratio * A3
-clipped_surrogate = np.clip(illustration_ratio, 1 - epsilon, 1 + epsilon) * A3
-objective = np.minimum(surrogate, clipped_surrogate)
+illustration_surrogate = illustration_ratio * A3
+illustration_clipped = np.clip(illustration_ratio, 1 - epsilon, 1 + epsilon) * A3
+illustration_objective = np.minimum(illustration_surrogate, illustration_clipped)
 print(f"A_3 = {A3:+.4f}, log ratios (+0.25, -0.30) -> ratios [{row(illustration_ratio)}]")
-print(f"rho*A       = [{row(surrogate)}]")
-print(f"clip(rho)*A = [{row(clipped_surrogate)}]")
-print(f"min         = [{row(objective)}]   clipped: {clipped_surrogate < surrogate}")
-print(f"mean objective = {objective.mean():+.4f}")
+print(f"rho*A       = [{row(illustration_surrogate)}]")
+print(f"clip(rho)*A = [{row(illustration_clipped)}]")
+print(f"min         = [{row(illustration_objective)}]   clipped: {illustration_clipped < illustration_surrogate}")
+print(f"mean objective = {illustration_objective.mean():+.4f}")
 
 # %% [markdown]
 # ## Step 5. KL to the reference, per token (k3)
@@ -296,12 +304,13 @@ print(f"mean objective = {objective.mean():+.4f}")
 
 # %%
 print(inspect.getsource(reference.k3))
+kl = [reference.k3(np.asarray(ref), new) for ref, new in zip(ref_logp, new_logp)]
 print("response  token   log pi_ref   log pi_new   d = ref - new    k3")
-for i, terms in enumerate(update.responses):
+for i in range(G):
     for t in range(len(token_ids[i])):
-        d = terms.ref_logp[t] - terms.new_logp[t]
-        print(f"o_{i + 1}       t={t + 1}     {terms.ref_logp[t]:+.4f}      {terms.new_logp[t]:+.4f}"
-              f"      {d:+.4f}        {terms.kl[t]:.5f}")
+        d = ref_logp[i][t] - new_logp[i][t]
+        print(f"o_{i + 1}       t={t + 1}     {ref_logp[i][t]:+.4f}      {new_logp[i][t]:+.4f}"
+              f"      {d:+.4f}        {kl[i][t]:.5f}")
 
 # %% [markdown]
 # The first token has $d$ = -0.0566 and k3 = 0.00157; the largest, token 2 of $o_4$, has
@@ -361,19 +370,30 @@ print(f"mean gradient of k1 = -d, tokens from pi: [{row(np.round(k1_gradient, 12
 # (chapter 4 shows what that does to long responses).
 
 # %%
+response_loss = [float(-objective[i].mean() + beta * kl[i].mean()) for i in range(G)]
+loss = float(np.mean(response_loss))
 print("response  mean objective   mean k3    loss = -objective + beta * k3")
-for i, terms in enumerate(update.responses):
-    print(f"o_{i + 1}       {terms.objective_mean:+.4f}          {terms.kl_mean:.5f}    {terms.loss:+.4f}")
-print(f"\ngroup loss = mean over {G} responses = {update.loss:+.4f}")
+for i in range(G):
+    print(f"o_{i + 1}       {objective[i].mean():+.4f}          {kl[i].mean():.5f}    {response_loss[i]:+.4f}")
+print(f"\ngroup loss = mean over {G} responses = {loss:+.4f}")
 
 # %% [markdown]
 # The group loss is +0.1048. It is positive because the new logits moved two of the bad
 # responses' tokens up ($o_3$'s objective is -1.9152) while the clip capped what the good
 # responses could earn.
 #
-# The reference implementation, a loop over responses that reads top to bottom:
+# Steps 1 to 6 are the whole update. `grpo_edu.reference.grpo_update` is the same loop over
+# responses, written once with its input checks and the gradient step 7 needs; the library
+# call repeats the cells above, number for number:
 
 # %%
+update = reference.grpo_update(token_ids, new_logits, old_logp, ref_logp, rewards, epsilon=epsilon, beta=beta)
+same = update.loss == loss and all(
+    np.array_equal(terms.new_logp, new_logp[i]) and np.array_equal(terms.ratio, ratio[i])
+    and np.array_equal(terms.objective, objective[i]) and np.array_equal(terms.clipped, clipped[i])
+    and np.array_equal(terms.kl, kl[i]) and terms.loss == response_loss[i]
+    for i, terms in enumerate(update.responses))
+print(f"reference.grpo_update gives every number of steps 2 to 6, bit for bit: {same}\n")
 print(inspect.getsource(reference.grpo_update))
 
 # %% [markdown]
@@ -427,64 +447,6 @@ h = 1e-6
 numeric = np.array([(group_loss(flat + h * e) - group_loss(flat - h * e)) / (2 * h) for e in np.eye(len(flat))])
 analytic = np.concatenate([t.grad_logits.ravel() for t in fresh.responses])
 print(f"max |analytic - finite difference| = {np.abs(analytic - numeric).max():.1e}")
-
-# %% [markdown]
-# ## Where the textbook and its own listing disagree
-#
-# The textbook section prints numbers next to its listing. Running the listing (here:
-# `grpo_edu.reference` on the same inputs, which gives the same values as the listing's own
-# code) shows which printed numbers it does not produce. Each row: what the text prints,
-# what the computation gives at the same precision.
-
-# %%
-kl_example = reference.k3(-0.600, -0.476)[()]
-textbook_claims = [
-    # (what, printed by the textbook, computed, decimals)
-    ("mean(r)", 0.45, mean, 2),
-    ("population std", 0.384, std_population, 3),
-    ("A_1..A_4", [1.172, -0.391, -1.432, 0.651], adv_population, 3),
-    ("log-softmax of o_1 token 1 row", [-0.476, -1.776, -1.276], update.responses[0].log_probs[0], 3),
-    ("log pi_new of o_1 tokens", [-0.476, -0.176, -0.376], update.responses[0].new_logp, 3),
-    ("ratios of o_1", [1.024, 1.105, 1.052], update.responses[0].ratio, 3),
-    ("rho*A of o_1", [1.200, 1.295, 1.232], update.responses[0].surrogate, 3),
-    ("mean objective of o_1", 1.242, update.responses[0].objective_mean, 3),
-    ("k3 for d = -0.124 (step 5)", 0.0074, kl_example, 4),
-    ("k3 for d = -0.124 (listing note)", 0.0078, kl_example, 4),
-    ("k3 for d = -0.124 (PyTorch note)", 0.0073, kl_example, 4),
-    ("rho*A for invented log ratio +0.25", -1.838, surrogate[0], 3),
-    ("mean objective, invented o_3", -1.492, objective.mean(), 3),
-    ("per-response losses", [-1.242, 0.402, 1.492, -0.651], [t.loss for t in update.responses], 3),
-    ("group loss", 0.000, update.loss, 3),
-]
-print(f"{'quantity':<36} {'textbook prints':<31} {'computed':<31} agree")
-for what, claimed, computed, decimals in textbook_claims:
-    claimed, computed = np.atleast_1d(claimed), np.round(np.atleast_1d(computed), decimals)
-    agree = np.allclose(claimed, computed, atol=0.5 * 10 ** -decimals)
-    show = lambda v: ", ".join(f"{x:.{decimals}f}" for x in v)
-    print(f"{what:<36} {show(claimed):<31} {show(computed):<31} {'yes' if agree else 'NO'}")
-
-# %% [markdown]
-# What the table shows:
-#
-# - The group statistics and advantages agree: the text's arithmetic for step 1 is right.
-# - Everything downstream of the logits disagrees. The text's log-softmax row
-#   (-0.476, -1.776, -1.276) is the logits minus 1.576, but the log-sum-exp of that row is
-#   1.6434, so the printed row is not a distribution (its probabilities sum to 1.0697, see
-#   below). The printed ratios and the printed per-response losses describe logits that are
-#   not the ones in the listing.
-# - The text prints three values for the same k3 term (0.0074, 0.0078, 0.0073); only the
-#   first is right at four decimals.
-# - With its invented log-ratio of +0.25 for $o_3$, the text prints -1.838 where
-#   1.2840 times -1.4321 gives -1.839 (its mean, -1.492, survives the rounding).
-# - The text's group loss of about 0.000 is true only for a fresh rollout (step 7); on the
-#   listing's drifted logits the loss is +0.1048.
-# - Its two listings also disagree with each other on the std (step 1).
-
-# %%
-printed_row = np.array([-0.476, -1.776, -1.276])
-print(f"sum of exp(printed row) = {np.exp(printed_row).sum():.4f}; "
-      f"logits minus printed row = {new_logits[0][0] - printed_row}; "
-      f"log-sum-exp of the logits = {np.log(np.exp(new_logits[0][0]).sum()):.4f}")
 
 # %% [markdown]
 # ## What DeepSeek-R1 trained with
@@ -593,16 +555,99 @@ print(f"steps: {tiny_r1.steps} rollouts = {tiny_r1.steps * tiny_r1.num_mini_batc
 # problems the trainer samples from (`grpo_edu.trainer.TRAIN_POOL`).
 #
 # %% [markdown]
+# ## Where the textbook and its own listing disagree
+#
+# The textbook section prints numbers next to its listing. Running the listing (here:
+# `grpo_edu.reference` on the same inputs, which gives the same values as the listing's own
+# code) shows which printed numbers it does not produce. Each row: what the text prints,
+# what the computation gives at the same precision.
+
+# %%
+kl_example = reference.k3(-0.600, -0.476)[()]
+textbook_claims = [
+    # (what, printed by the textbook, computed, decimals)
+    ("mean(r)", 0.45, mean, 2),
+    ("population std", 0.384, std_population, 3),
+    ("A_1..A_4", [1.172, -0.391, -1.432, 0.651], adv_population, 3),
+    ("log-softmax of o_1 token 1 row", [-0.476, -1.776, -1.276], update.responses[0].log_probs[0], 3),
+    ("log pi_new of o_1 tokens", [-0.476, -0.176, -0.376], update.responses[0].new_logp, 3),
+    ("ratios of o_1", [1.024, 1.105, 1.052], update.responses[0].ratio, 3),
+    ("rho*A of o_1", [1.200, 1.295, 1.232], update.responses[0].surrogate, 3),
+    ("mean objective of o_1", 1.242, update.responses[0].objective_mean, 3),
+    ("k3 for d = -0.124 (step 5)", 0.0074, kl_example, 4),
+    ("k3 for d = -0.124 (listing note)", 0.0078, kl_example, 4),
+    ("k3 for d = -0.124 (PyTorch note)", 0.0073, kl_example, 4),
+    ("rho*A for invented log ratio +0.25", -1.838, illustration_surrogate[0], 3),
+    ("mean objective, invented o_3", -1.492, illustration_objective.mean(), 3),
+    ("per-response losses", [-1.242, 0.402, 1.492, -0.651], [t.loss for t in update.responses], 3),
+    ("group loss", 0.000, update.loss, 3),
+]
+print(f"{'quantity':<36} {'textbook prints':<31} {'computed':<31} agree")
+for what, claimed, computed, decimals in textbook_claims:
+    claimed, computed = np.atleast_1d(claimed), np.round(np.atleast_1d(computed), decimals)
+    agree = np.allclose(claimed, computed, atol=0.5 * 10 ** -decimals)
+    show = lambda v: ", ".join(f"{x:.{decimals}f}" for x in v)
+    print(f"{what:<36} {show(claimed):<31} {show(computed):<31} {'yes' if agree else 'NO'}")
+
+# %% [markdown]
+# What the table shows:
+#
+# - The group statistics and advantages agree: the text's arithmetic for step 1 is right.
+# - Everything downstream of the logits disagrees. The text's log-softmax row
+#   (-0.476, -1.776, -1.276) is the logits minus 1.576, but the log-sum-exp of that row is
+#   1.6434, so the printed row is not a distribution (its probabilities sum to 1.0697, see
+#   below). The printed ratios and the printed per-response losses describe logits that are
+#   not the ones in the listing.
+# - The text prints three values for the same k3 term (0.0074, 0.0078, 0.0073); only the
+#   first is right at four decimals.
+# - With its invented log-ratio of +0.25 for $o_3$, the text prints -1.838 where
+#   1.2840 times -1.4321 gives -1.839 (its mean, -1.492, survives the rounding).
+# - The text's group loss of about 0.000 is true only for a fresh rollout (step 7); on the
+#   listing's drifted logits the loss is +0.1048.
+# - Its two listings also disagree with each other on the std (step 1).
+
+# %%
+printed_row = np.array([-0.476, -1.776, -1.276])
+print(f"sum of exp(printed row) = {np.exp(printed_row).sum():.4f}; "
+      f"logits minus printed row = {new_logits[0][0] - printed_row}; "
+      f"log-sum-exp of the logits = {np.log(np.exp(new_logits[0][0]).sum()):.4f}")
+
+# %% [markdown]
 # ## Exercises
 #
 # Each exercise has a checker in `grpo_edu.exercises.ch01` that runs your answer on several
-# cases and names each case that fails, with the expected and the actual value.
+# cases and names each case that fails, with the expected and the actual value. Each has a
+# hint and a worked solution (an open question, a written answer), folded: open them when
+# you want them.
 #
 # **1.1 Group advantages.** Write `my_group_advantages(rewards, std)` for one group:
 # `(r - mean) / (std + 1e-8)`, with `std` either `"population"` or `"sample"`. The first
 # attempt below has a bug that the textbook's two listings share between them; run the
 # checker, read which cases fail, and fix it. Then make sure an all-equal group returns
 # zeros, not NaN.
+#
+# <details><summary>Hint</summary>
+#
+# NumPy's `std` divides by G unless told otherwise; `ddof=1` makes it divide by G - 1. The
+# `+ 1e-8` is what keeps an all-equal group at zeros.
+#
+# </details>
+#
+# <details><summary>Solution</summary>
+#
+# ```python
+# import numpy as np
+#
+#
+# def my_group_advantages(rewards, std):
+#     spread = rewards.std(ddof=0 if std == "population" else 1)
+#     return (rewards - rewards.mean()) / (spread + 1e-8)
+#
+#
+# ch01.check_group_advantages(my_group_advantages)
+# ```
+#
+# </details>
 
 # %%
 from grpo_edu.exercises import ch01
@@ -619,6 +664,23 @@ ch01.check_group_advantages(my_group_advantages)
 # $\varepsilon$ = 0.2, predict whether the token is clipped (the minimum strictly picks the
 # clipped term, so the token gets no gradient). Write your answers as a list of 8 booleans,
 # then check them.
+#
+# <details><summary>Hint</summary>
+#
+# Step 4's table: a token clips only when it has already moved past the range *in the
+# direction its advantage wants*. On the boundary itself the two terms are equal, and the
+# minimum does not strictly pick the clipped one.
+#
+# </details>
+#
+# <details><summary>Solution</summary>
+#
+# ```python
+# my_predictions = [(A > 0 and rho > 1.2) or (A < 0 and rho < 0.8) for rho, A in ch01.CLIP_QUIZ]
+# ch01.check_clip_predictions(my_predictions)
+# ```
+#
+# </details>
 
 # %%
 print(ch01.CLIP_QUIZ)
@@ -631,6 +693,28 @@ ch01.check_clip_predictions(my_predictions)
 # mean of k3 over samples approaches the exact KL, while k1 = $-d$ takes negative values on
 # single samples; then sample from its $\pi_{\theta_\text{old}}$ instead and watch the mean
 # settle somewhere else.
+#
+# <details><summary>Hint</summary>
+#
+# With $d = \log\pi_\text{ref} - \log\pi_\theta$, k3 is $e^{d} - d - 1$ (step 5).
+#
+# </details>
+#
+# <details><summary>Solution</summary>
+#
+# ```python
+# import numpy as np
+#
+#
+# def my_k3(log_ref, log_new):
+#     d = np.asarray(log_ref) - np.asarray(log_new)
+#     return np.exp(d) - d - 1
+#
+#
+# ch01.check_k3(my_k3)
+# ```
+#
+# </details>
 
 # %%
 def my_k3(log_ref, log_new):
@@ -642,4 +726,24 @@ ch01.check_k3(my_k3)
 # %% [markdown]
 # **1.4 Predict, then compute.** Before running anything: if every reward of the example is
 # multiplied by 10, which numbers of steps 1 to 7 change? Check your answer with
-# `reference.grpo_update` (hint: only the advantages' scale could change, and it does not).
+# `reference.grpo_update`.
+#
+# <details><summary>Hint</summary>
+#
+# Follow the rewards: they enter the update only through the advantages (step 1). What do
+# the group's mean and std do when every reward is multiplied by 10?
+#
+# </details>
+#
+# <details><summary>Answer</summary>
+#
+# Step 1's mean, std and centred rewards are 10 times larger, and nothing else changes: the
+# advantages $(r - \bar r)/\sigma$ are the same, because the numerator and the denominator
+# both scale by 10 (up to the $10^{-8}$ in the denominator, far below the printed digits).
+# Steps 2 to 7 read the rewards only through the advantages, so every ratio, clip, k3, loss
+# and gradient is unchanged. `reference.grpo_update(..., rewards * 10, ...)` gives the same
+# loss and gradients. Without the std (`scale_by_std=False`, Dr. GRPO's advantage) the
+# policy-gradient term would be 10 times larger and the KL term's relative weight 10 times
+# smaller.
+#
+# </details>

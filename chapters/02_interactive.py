@@ -264,12 +264,36 @@ for loss_type in ("grpo", "dr_grpo", "dapo"):
 #
 # Each checker in `grpo_edu.exercises.ch02` runs your function on several cases, computes
 # the expected values with the functions the explorers use, and names each case that fails
-# with the expected and the actual value.
+# with the expected and the actual value. Each exercise has a hint and a worked solution,
+# folded: open them when you want them.
 #
 # **2.1 Three ways to scale.** Write `my_advantages(rewards, scale)` for a batch of B prompts
 # of G rewards each, population std, `eps = 1e-8`: `scale="group"` divides by each prompt's
 # std, `"batch"` by one std over all B x G rewards (the mean stays per prompt), `"none"` not
 # at all. The attempt below gets one of the three wrong.
+#
+# <details><summary>Hint</summary>
+#
+# "batch" keeps each prompt's own mean but divides by a single number for the whole batch:
+# the std of all B x G rewards, not a std per row.
+#
+# </details>
+#
+# <details><summary>Solution</summary>
+#
+# ```python
+# def my_advantages(rewards, scale):
+#     centred = rewards - rewards.mean(axis=1, keepdims=True)
+#     if scale == "none":
+#         return centred
+#     std = rewards.std(axis=1, keepdims=True) if scale == "group" else rewards.std()
+#     return centred / (std + 1e-8)
+#
+#
+# ch02.check_batch_advantages(my_advantages)
+# ```
+#
+# </details>
 
 # %%
 from grpo_edu.exercises import ch02
@@ -290,6 +314,30 @@ ch02.check_batch_advantages(my_advantages)
 # eps_high)` returning $\partial\,\text{objective}/\partial\rho$ per token. The attempt below
 # zeroes the gradient everywhere outside the clip range, whatever the sign of $A$: use the
 # clipping explorer to see which half of that is wrong.
+#
+# <details><summary>Hint</summary>
+#
+# Outside the range, the clip takes the gradient away only on the side the advantage pushes
+# towards: above $1 + \varepsilon_\text{high}$ when $A > 0$, below $1 - \varepsilon_\text{low}$
+# when $A < 0$. On the other side the unclipped term is the minimum, and its slope is $A$.
+#
+# </details>
+#
+# <details><summary>Solution</summary>
+#
+# ```python
+# import numpy as np
+#
+#
+# def my_clip_gradient(ratio, advantage, eps_low, eps_high):
+#     capped = ((advantage > 0) & (ratio > 1 + eps_high)) | ((advantage < 0) & (ratio < 1 - eps_low))
+#     return np.where(capped, 0.0, advantage * np.ones_like(ratio))
+#
+#
+# ch02.check_clip_gradient(my_clip_gradient)
+# ```
+#
+# </details>
 
 # %%
 def my_clip_gradient(ratio, advantage, eps_low, eps_high):
@@ -304,6 +352,38 @@ ch02.check_clip_gradient(my_clip_gradient)
 # returning $[\mathbb{E}_\pi k_1, \mathbb{E}_\pi k_2, \mathbb{E}_\pi k_3]$ exactly, as a sum
 # over the vocabulary weighted by $\pi$ (no sampling). Which two equal the exact KL in every
 # case, and why can the third not?
+#
+# <details><summary>Hint</summary>
+#
+# With $d = \log\pi_\text{ref}(x) - \log\pi(x)$: $k_1 = -d$, $k_2 = d^2 / 2$,
+# $k_3 = e^{d} - d - 1$. Compute both log-softmaxes stably (subtract the maximum), then
+# $\mathbb{E}_\pi f = \sum_x \pi(x) f(x)$.
+#
+# </details>
+#
+# <details><summary>Solution</summary>
+#
+# ```python
+# import numpy as np
+#
+#
+# def my_expected_estimates(logits, ref_logits):
+#     log_pi = logits - logits.max() - np.log(np.exp(logits - logits.max()).sum())
+#     log_ref = ref_logits - ref_logits.max() - np.log(np.exp(ref_logits - ref_logits.max()).sum())
+#     pi, d = np.exp(log_pi), log_ref - log_pi
+#     return [pi @ -d, pi @ (d ** 2 / 2), pi @ (np.exp(d) - d - 1)]
+#
+#
+# ch02.check_expected_estimates(my_expected_estimates)
+# ```
+#
+# k1 and k3 have the exact KL as their mean: $\mathbb{E}_\pi[-d]$ is the KL's definition,
+# and k3 adds $e^{d} - 1$, whose mean $\sum_x \pi_\text{ref}(x) - 1$ is 0. k2's mean is half
+# the second moment of the log-ratio, which matches the KL only to second order, as the two
+# distributions approach each other; the checker's cases with distant distributions show
+# the gap.
+#
+# </details>
 
 # %%
 def my_expected_estimates(logits, ref_logits):
@@ -318,6 +398,35 @@ ch02.check_expected_estimates(my_expected_estimates)
 # length times the weight of one of its tokens, the right-hand plot of the length-bias
 # explorer) under `"grpo"`, `"dr_grpo"` and `"dapo"` (with `num_items` the group's token
 # count).
+#
+# <details><summary>Hint</summary>
+#
+# A token's weight is one over the loss's denominator for it: `grpo` divides by G and by
+# the response's own length, `dr_grpo` by G and by `max_completion_length`, `dapo` by the
+# group's token count. Multiply by the response's length.
+#
+# </details>
+#
+# <details><summary>Solution</summary>
+#
+# ```python
+# import numpy as np
+#
+#
+# def my_response_weights(lengths, loss_type, max_completion_length):
+#     lengths = np.asarray(lengths, dtype=np.float64)
+#     G = len(lengths)
+#     if loss_type == "grpo":
+#         return np.full(G, 1 / G)                          # every response the same, whatever its length
+#     if loss_type == "dr_grpo":
+#         return lengths / (G * max_completion_length)      # proportional to length
+#     return lengths / lengths.sum()                        # dapo: proportional to length, summing to 1
+#
+#
+# ch02.check_response_weights(my_response_weights)
+# ```
+#
+# </details>
 
 # %%
 def my_response_weights(lengths, loss_type, max_completion_length):

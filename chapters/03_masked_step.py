@@ -590,12 +590,38 @@ print(inspect.getsource(token_logprobs).split('    if not isinstance')[0].rstrip
 # ## Exercises
 #
 # Each exercise has a checker in `grpo_edu.exercises.ch03` that runs your function on
-# several cases and names each failing case with the expected and the actual value.
+# several cases and names each failing case with the expected and the actual value. Each has
+# a hint and a worked solution (the open question, a written answer), folded: open them when
+# you want them.
 #
 # **3.1 Align logits with tokens.** Write `my_completion_logprobs(logits, input_ids, S)`:
 # given the logits of a whole batch, (N, T, V), and its ids, (N, T), return the log-probs
 # of the last S tokens of each row, (N, S). The attempt below is the classic off-by-one;
 # the checker recognises it.
+#
+# <details><summary>Hint</summary>
+#
+# The logits at column j are the model's prediction for the token at column j + 1. The last S
+# tokens sit in columns T - S to T - 1, so the logits that score them are columns T - S - 1
+# to T - 2.
+#
+# </details>
+#
+# <details><summary>Solution</summary>
+#
+# ```python
+# import torch
+#
+#
+# def my_completion_logprobs(logits, input_ids, S):
+#     log_probs = torch.log_softmax(logits[:, -S - 1:-1], dim=-1)      # column j - 1 scores token j
+#     return log_probs.gather(-1, input_ids[:, -S:, None]).squeeze(-1)
+#
+#
+# ch03.check_completion_logprobs(my_completion_logprobs)
+# ```
+#
+# </details>
 
 # %%
 from grpo_edu.exercises import ch03
@@ -613,6 +639,34 @@ ch03.check_completion_logprobs(my_completion_logprobs)
 # for (N, S) tensors and (N,) advantages: the clipped surrogate without KL, token mean per
 # completion, then mean over completions. The checker puts NaN and huge values in the
 # padding: a loss that multiplies by the mask *after* computing on padding fails it.
+#
+# <details><summary>Hint</summary>
+#
+# NaN times 0 is NaN, and `exp` of a huge log-ratio is inf. Replace the padding's values
+# with `torch.where(mask, ..., 0)` *before* any arithmetic that could blow up, and again
+# on the objective before summing.
+#
+# </details>
+#
+# <details><summary>Solution</summary>
+#
+# ```python
+# import torch
+#
+#
+# def my_masked_grpo_loss(logp, old_logp, advantages, mask, epsilon):
+#     log_ratio = torch.where(mask, logp - old_logp, torch.zeros_like(logp))   # padding never reaches exp
+#     ratio = torch.exp(log_ratio)
+#     A = advantages[:, None]
+#     objective = torch.minimum(ratio * A, ratio.clamp(1 - epsilon, 1 + epsilon) * A)
+#     objective = torch.where(mask, objective, torch.zeros_like(objective))
+#     return -(objective.sum(-1) / mask.sum(-1)).mean()
+#
+#
+# ch03.check_masked_grpo_loss(my_masked_grpo_loss)
+# ```
+#
+# </details>
 
 # %%
 def my_masked_grpo_loss(logp, old_logp, advantages, mask, epsilon):
@@ -630,6 +684,38 @@ ch03.check_masked_grpo_loss(my_masked_grpo_loss)
 # $\rho$ = 1 for `loss_type="grpo"` with no KL. Then predict, and check with the function:
 # which token of this chapter's batch is pushed hardest, and why is it in the shortest
 # completion?
+#
+# <details><summary>Hint</summary>
+#
+# At $\rho$ = 1 no token clips, and the derivative of $\rho A$ in $\log\pi$ is $\rho A = A$.
+# The loss is minus the mean over N completions of each completion's token mean, so each
+# real token of completion i gets $-A_i / (N\,|o_i|)$.
+#
+# </details>
+#
+# <details><summary>Solution</summary>
+#
+# ```python
+# import torch
+#
+#
+# def my_first_step_gradient(advantages, mask):
+#     N = mask.shape[0]
+#     lengths = mask.sum(-1, keepdim=True).to(advantages.dtype)
+#     gradient = -advantages[:, None] / (N * lengths)
+#     return torch.where(mask, gradient, torch.zeros_like(gradient))
+#
+#
+# ch03.check_first_step_gradient(my_first_step_gradient)
+# ```
+#
+# The hardest-pushed tokens are those with the largest $|A_i| / |o_i|$: a large advantage
+# shared by few tokens. In this chapter's batch that is the shortest completion, 2 tokens
+# long with one of the two largest advantages in size: each of its tokens gets 7 times the
+# push of a token of the 14-token completion with the same $|A|$. That is the `grpo` loss's
+# length bias (chapter 4).
+#
+# </details>
 
 # %%
 def my_first_step_gradient(advantages, mask):
@@ -643,3 +729,27 @@ ch03.check_first_step_gradient(my_first_step_gradient)
 # the diagnostics change, and by how much? Why does `token_logprobs` return float32 for
 # bf16 logits, and what would go wrong in the ratio $\exp(\log\pi - \log\pi_\text{old})$
 # if the two log-probabilities were rounded to bf16's 8 bits of mantissa?
+#
+# <details><summary>Hint</summary>
+#
+# bf16 keeps 8 significant bits: between 2 and 4, its numbers are 1/64 apart. Compare that
+# spacing with the differences between log-probabilities that the ratio exists to measure,
+# and with the clip range.
+#
+# </details>
+#
+# <details><summary>Answer</summary>
+#
+# In bf16 every logit is rounded to about 3 significant digits, so the log-probs, the KL
+# and the loss move in their third digit, and the diagnostics that compare two computations
+# of the same numbers (the ratio at the first step, the sampler/trainer gap) stop being
+# exactly 1 and 0. `token_logprobs` upcasts the logits to float32 before the log-softmax
+# because the quantities downstream are *differences* of log-probs: a log-prob near -3
+# rounded to bf16 can be off by up to 1/128 (half its spacing of 1/64), so the ratio of two
+# such numbers can be off by nearly 2% (a spacing of 1/64 in the log-ratio) before the policy
+# has moved at all. That is close to a tenth of a clip range of 0.2 spent on rounding; in the
+# other direction it can hide a real change of the same size. Rounded log-probs would also
+# make the first step's ratio differ from 1, the symptom the book uses to detect a sampler
+# and a trainer that disagree (chapter 9 measures it for a bf16 sampler).
+#
+# </details>

@@ -318,12 +318,41 @@ plt.show()
 # %% [markdown]
 # ## Exercises
 #
-# Checkers are in `grpo_edu.exercises.ch04`.
+# Checkers are in `grpo_edu.exercises.ch04`. Each exercise has a hint and a worked solution
+# (an open question, a written answer), folded: open them when you want them.
 #
 # **4.1 Token weights.** Write `my_token_weights(lengths, loss_type, max_completion_length)`:
 # given the lengths $|o_i|$ of N completions, return the weight (N,) of one token of each
 # completion in the loss, for `loss_type` in grpo, bnpo, dr_grpo (dapo with the local
 # token count is bnpo). The first attempt below forgets something about one loss type.
+#
+# <details><summary>Hint</summary>
+#
+# `dr_grpo` replaces each completion's own length by the constant `max_completion_length`,
+# but it still averages over the N completions.
+#
+# </details>
+#
+# <details><summary>Solution</summary>
+#
+# ```python
+# import torch
+#
+#
+# def my_token_weights(lengths, loss_type, max_completion_length):
+#     lengths = torch.as_tensor(lengths, dtype=torch.float64)
+#     N = len(lengths)
+#     if loss_type == "grpo":
+#         return 1 / (N * lengths)
+#     if loss_type == "bnpo":
+#         return torch.full_like(lengths, 1 / lengths.sum().item())
+#     return torch.full_like(lengths, 1 / (N * max_completion_length))      # dr_grpo
+#
+#
+# ch04.check_token_weights(my_token_weights)
+# ```
+#
+# </details>
 
 # %%
 from grpo_edu.exercises import ch04
@@ -346,6 +375,25 @@ ch04.check_token_weights(my_token_weights)
 # (B,) bool mask of the groups to keep. The checker includes equal rewards whose mean
 # rounds (so r - mean is not exactly 0) and a partial-credit reward with a small spread:
 # a tolerance that is too loose or too tight fails one of them.
+#
+# <details><summary>Hint</summary>
+#
+# The question is not "is the spread small" but "are the rewards equal". Compare each
+# reward with the group's first, exactly: no mean, no std, no tolerance.
+#
+# </details>
+#
+# <details><summary>Solution</summary>
+#
+# ```python
+# def my_informative_groups(rewards):
+#     return (rewards != rewards[:, :1]).any(dim=1)
+#
+#
+# ch04.check_informative_groups(my_informative_groups)
+# ```
+#
+# </details>
 
 # %%
 def my_informative_groups(rewards):
@@ -360,6 +408,35 @@ ch04.check_informative_groups(my_informative_groups)
 # that GSPO clips. Then explain, with the numbers of the side-by-side table, why GSPO's
 # clip range is hundreds of times narrower than GRPO's (667 times below 1 and 500 times
 # above, from the side-by-side cell).
+#
+# <details><summary>Hint</summary>
+#
+# Mask the log-ratio before summing (padding must not count), divide by each completion's
+# number of real tokens, then exponentiate once.
+#
+# </details>
+#
+# <details><summary>Solution</summary>
+#
+# ```python
+# import torch
+#
+#
+# def my_sequence_ratio(logp, old_logp, mask):
+#     log_ratio = torch.where(mask, logp - old_logp, torch.zeros_like(logp))
+#     return torch.exp(log_ratio.sum(-1) / mask.sum(-1))
+#
+#
+# ch04.check_sequence_ratio(my_sequence_ratio)
+# ```
+#
+# The sequence ratio is the geometric mean of the token ratios. Token log-ratios scatter
+# around 0 in both directions, and a mean over a completion's tokens cancels most of that
+# scatter, so the sequence ratio stays far closer to 1 than the token ratios do. A clip
+# range as wide as GRPO's would then never bind; to bound the update, GSPO must clip the
+# mean's much smaller deviations, hence a range hundreds of times narrower.
+#
+# </details>
 
 # %%
 def my_sequence_ratio(logp, old_logp, mask):
@@ -373,3 +450,24 @@ ch04.check_sequence_ratio(my_sequence_ratio)
 # reasoner twice, with `loss_type="grpo"` and `loss_type="dr_grpo"`, and plot the mean
 # length of *wrong* completions against the step. Which way does the prediction of this
 # chapter say they should diverge, and do they?
+#
+# <details><summary>Hint</summary>
+#
+# Under `grpo` a wrong completion's penalty is spread over its own tokens: what does a
+# longer wrong answer cost per token? Then look at chapter 7's failure 3, which ran this
+# experiment.
+#
+# </details>
+#
+# <details><summary>Answer</summary>
+#
+# The prediction: under `grpo` a token of a long wrong completion is penalised less than a
+# token of a short one, so wrong completions should drift longer than under `dr_grpo`,
+# whose per-token weight does not depend on length. Measured on the tiny reasoner, they do
+# not: chapter 7 (failure 3, `benchmarks/failure_lab.py --length`) trains both for 200
+# steps with a longer length limit and a hotter sampler, and the mean completion length
+# moves by less than a token under either loss. The tiny policy's completions have one
+# shape whose length the problem sets, so there is no reasoning to pad; the bias is real
+# arithmetic (this chapter) that this policy has no way to exploit.
+#
+# </details>

@@ -363,6 +363,34 @@ else:
 # digits, no leading zero, no spaces, nothing before or after) and 0.0 otherwise, never
 # raising, fast on a megabyte. The attempt below looks right; the checker says where it
 # is not.
+#
+# <details><summary>Hint</summary>
+#
+# `re.match` anchors only the start; `\d` matches every Unicode digit; and "no leading
+# zero" means 0 itself or a digit 1-9 followed by any digits. A pattern without nested
+# repetition stays linear on a megabyte.
+#
+# </details>
+#
+# <details><summary>Solution</summary>
+#
+# ```python
+# import re
+#
+# from grpo_edu import rewards
+#
+# INTEGER = r"-?(?:0|[1-9][0-9]*)"          # ASCII digits, no leading zero
+# PATTERN = re.compile(rf"<think>{INTEGER}</think>\\boxed\{{{INTEGER}\}}")
+#
+#
+# def strict_format_reward(completions, **kwargs):
+#     return [1.0 if PATTERN.fullmatch(rewards.completion_text(c)) else 0.0 for c in completions]
+#
+#
+# ch05.check_strict_format(strict_format_reward)
+# ```
+#
+# </details>
 
 # %%
 import re
@@ -379,8 +407,15 @@ ch05.check_strict_format(strict_format_reward)
 # **5.2 Hack the learned reward.** The string of nines above is not something the policy
 # could be paid for in a real run: it is malformed, and 40 tokens long. Find a completion
 # for the problem below that has at most 16 tokens, passes `format_reward`, is wrong, and
-# still scores above every correct completion under `reward_model`. (Hint: read its
-# weights.)
+# still scores above every correct completion under `reward_model`.
+#
+# <details><summary>Hint</summary>
+#
+# `reward_model.named_weights()` prints what each character is worth. The score is linear
+# and has no ceiling: within 16 tokens and the `<think>N</think>\boxed{M}` shape, spend
+# every character you can on the best-paid digit, and make M wrong for the problem.
+#
+# </details>
 
 # %%
 target_problem = held_out[0]
@@ -393,6 +428,45 @@ ch05.check_reward_model_hack(my_hack, reward_model, target_problem, best_correct
 # `numbers` exactly once and equals `target`, else 0.0. Use
 # `grpo_edu.tasks.evaluate_expression` and `expression_numbers` (never `eval`), and make
 # sure a malicious or enormous completion scores 0.0 instead of raising.
+#
+# <details><summary>Hint</summary>
+#
+# Take the text between the last `\boxed{` and the last `}`. `evaluate_expression` raises
+# on anything that is not plain integer arithmetic (and on division by zero): catch that
+# and score 0. Compare the numbers used with the pool as sorted lists, so that a pool with
+# a repeated number needs it twice.
+#
+# </details>
+#
+# <details><summary>Solution</summary>
+#
+# ```python
+# from grpo_edu import rewards, tasks
+#
+#
+# def countdown_reward(completions, numbers, target, **kwargs):
+#     scores = []
+#     for completion, pool, goal in zip(completions, numbers, target):
+#         text = rewards.completion_text(completion)
+#         start, end = text.rfind("\\boxed{"), text.rfind("}")
+#         if start < 0 or end < start:
+#             scores.append(0.0)
+#             continue
+#         expression = text[start + len("\\boxed{"):end]
+#         try:
+#             value = tasks.evaluate_expression(expression)
+#         except Exception:       # not arithmetic, too long, too deep, division by zero
+#             scores.append(0.0)
+#             continue
+#         right = sorted(tasks.expression_numbers(expression)) == sorted(pool) and value == goal
+#         scores.append(1.0 if right else 0.0)
+#     return scores
+#
+#
+# ch05.check_countdown_reward(countdown_reward)
+# ```
+#
+# </details>
 
 # %%
 def countdown_reward(completions, numbers, target, **kwargs):

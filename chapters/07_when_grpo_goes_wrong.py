@@ -460,12 +460,40 @@ for claim, holds in claims.items():
 # ## Exercises
 #
 # Each checker in `grpo_edu.exercises.ch07` runs your answer and names each case that fails,
-# with what it expected and what it got.
+# with what it expected and what it got. Each exercise has a hint and a worked solution,
+# folded: open them when you want them.
 #
 # **7.1 Name the failure.** `ch07.mystery_runs()` holds the metrics of four lab runs at
 # another seed (1) than this chapter's, under letters: one healthy, three broken by one knob
 # each. Read them as you would a run of your own (`plot_compare` draws any of their keys),
 # and name each with one of `ch07.FAILURES`. Then check your reading against the doctor's.
+#
+# <details><summary>Hint</summary>
+#
+# Look first at the numbers that a healthy run holds still: the KL (0 only at step 1), the
+# sampler/trainer gap (a float32 rounding error, under a millionth), and the ratio's
+# extremes beside `optimizer_steps` (exactly 1 is right for one optimizer step per rollout,
+# and suspicious for four). Each broken run here moves exactly one of them.
+#
+# </details>
+#
+# <details><summary>Solution</summary>
+#
+# ```python
+# my_diagnoses = {}
+# for run, history in ch07.mystery_runs().items():
+#     if all(m["kl"] == 0 for m in history[1:]) and any(m["grad_norm"] > 0 for m in history):
+#         my_diagnoses[run] = "aliased reference"        # the policy moves, the KL never does
+#     elif history[0]["sampler_gap/mean_abs"] > 0.03:
+#         my_diagnoses[run] = "temperature mismatch"     # the trainer disagrees with the sampler at step 1
+#     elif all(m["optimizer_steps"] > 1 and m["ratio/min"] == 1 == m["ratio/max"] for m in history):
+#         my_diagnoses[run] = "pi_old refreshed"         # 4 steps per rollout, and the clip never sees a ratio
+#     else:
+#         my_diagnoses[run] = "healthy"
+# ch07.check_mystery_runs(my_diagnoses)
+# ```
+#
+# </details>
 
 # %%
 from grpo_edu.exercises import ch07
@@ -484,6 +512,31 @@ ch07.check_mystery_runs(my_diagnoses)
 # same reward (0 when there are none). The trainer logs it as `advantage/tie_spread`; the
 # checker compares yours with a slow reference on whole and split groups, including the
 # group of failure 2.
+#
+# <details><summary>Hint</summary>
+#
+# Within one group, completions with the same reward form a set; the widest gap inside a set
+# is its largest advantage minus its smallest. `r.unique()` lists a group's reward values,
+# and `a[r == value]` picks the advantages of one set.
+#
+# </details>
+#
+# <details><summary>Solution</summary>
+#
+# ```python
+# def my_tie_spread(rewards, advantages):
+#     worst = 0.0
+#     for r, a in zip(rewards, advantages):         # one group at a time
+#         for value in r.unique():
+#             tied = a[r == value]
+#             worst = max(worst, float(tied.max() - tied.min()))
+#     return worst
+#
+#
+# ch07.check_tie_spread(my_tie_spread)
+# ```
+#
+# </details>
 
 # %%
 def my_tie_spread(rewards, advantages):

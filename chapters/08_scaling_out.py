@@ -437,12 +437,36 @@ for P in (1.5e9, 7e9):
 # ## Exercises
 #
 # Each checker in `grpo_edu.exercises.ch08` runs your answer on several cases and names each
-# case that fails, with what it expected and what it got.
+# case that fails, with what it expected and what it got. Each exercise has a hint and a
+# worked solution, folded: open them when you want them.
 #
 # **8.1 Which rows a rank owns.** Write `my_rank_rows(B, G, world_size, rank)`: the rows of
 # the prompt-major (B x G)-row batch that rank `rank` owns (completion j of prompt i is row
 # i G + j). The first attempt below splits the rows evenly; run the checker and read which
 # cases it gets wrong, and why a group must not be split.
+#
+# <details><summary>Hint</summary>
+#
+# Deal out *prompts*, not rows: each rank owns B / world_size consecutive prompts and all G
+# rows of each. A B that does not divide cannot be dealt without splitting a group, so
+# refuse it.
+#
+# </details>
+#
+# <details><summary>Solution</summary>
+#
+# ```python
+# def my_rank_rows(B, G, world_size, rank):
+#     if B % world_size:
+#         raise ValueError(f"B = {B} prompts do not divide over {world_size} ranks")
+#     prompts = B // world_size
+#     return list(range(rank * prompts * G, (rank + 1) * prompts * G))
+#
+#
+# ch08.check_rank_rows(my_rank_rows)
+# ```
+#
+# </details>
 
 # %%
 from grpo_edu.exercises import ch08
@@ -463,6 +487,34 @@ ch08.check_rank_rows(my_rank_rows)
 # the ranks' gradients, as DDP does, and compares with the 1-process gradient for every
 # loss type, on ranks with equal and with unequal shares. The first attempt is the per-rank
 # mean of this chapter.
+#
+# <details><summary>Hint</summary>
+#
+# Two things: each rank must divide by the *whole* mini-batch's counts (`grpo_loss` takes
+# them as `num_items` and `num_completions`), so that the ranks' losses add up to the
+# 1-process loss; and DDP *averages* the ranks' gradients, so each rank's part must be
+# multiplied by the number of ranks to make that average a sum.
+#
+# </details>
+#
+# <details><summary>Solution</summary>
+#
+# ```python
+# from grpo_edu.loss import grpo_loss
+#
+#
+# def my_rank_loss(logp, old_logp, advantages, completion_mask, token_counts, completion_counts, loss_type,
+#                  max_completion_length):
+#     part = grpo_loss(logp, old_logp, advantages, completion_mask, loss_type=loss_type,
+#                      max_completion_length=max_completion_length,
+#                      num_items=sum(token_counts), num_completions=sum(completion_counts)).loss
+#     return part * len(token_counts)          # DDP divides the summed gradients by the world size
+#
+#
+# ch08.check_rank_loss(my_rank_loss)
+# ```
+#
+# </details>
 
 # %%
 def my_rank_loss(logp, old_logp, advantages, completion_mask, token_counts, completion_counts, loss_type,
@@ -477,6 +529,34 @@ ch08.check_rank_loss(my_rank_loss)
 # **8.3 A step on 8 GPUs.** For the config in `ch08.SCALE_QUIZ`, work out the numbers below
 # by hand (or in code), then check them. Bonus: with this config's 4 mini-batches dealt out,
 # how many of each rank's prompts does each optimizer step train?
+#
+# <details><summary>Hint</summary>
+#
+# The formulas are in `ch08.FORMULAS`, one per key; FSDP2 shards the weights, the gradients
+# and AdamW's two moments, 16 bytes per parameter in float32, over the ranks.
+#
+# </details>
+#
+# <details><summary>Solution</summary>
+#
+# ```python
+# quiz = ch08.SCALE_QUIZ
+# N, B, G = quiz["world_size"], quiz["prompts_per_step"], quiz["num_generations"]
+# my_answers = {
+#     "prompts_per_rank": B // N,                                        # 32
+#     "completions_per_rank": B // N * G,                                # 512
+#     "completions_per_step": B * G,                                     # 4,096
+#     "max_tokens_per_step": B * G * quiz["max_completion_length"],     # 4,194,304
+#     "optimizer_steps_per_rollout": quiz["num_iterations"] * quiz["num_mini_batches"],   # 4
+#     "fsdp2_bytes_per_rank": quiz["parameters"] * (4 + 4 + 8) // N,    # 3,000,000,000: 3 GB
+# }
+# ch08.check_scale_answers(my_answers)
+# ```
+#
+# Bonus: each mini-batch holds a quarter of the step's prompts, dealt so that every rank
+# keeps its share, so each optimizer step trains 8 of each rank's 32 prompts.
+#
+# </details>
 
 # %%
 print(ch08.SCALE_QUIZ)
