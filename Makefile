@@ -38,7 +38,7 @@ gpu-resolves: $(VENV)/.gpu-resolves
 # The book's pinned floating-point kernels (grpo_edu/numerics.py), so that a chapter
 # re-run in JupyterLab prints the numbers committed in it.
 book: setup
-	env $$($(BIN)/python -m grpo_edu.numerics) $(BIN)/jupyter lab chapters/01_grpo_by_hand.ipynb
+	env $$($(BIN)/python -m grpo_edu.numerics) $(BIN)/jupyter lab chapters/00_from_reinforce_to_grpo.ipynb
 
 train: setup
 	$(BIN)/grpo-edu train

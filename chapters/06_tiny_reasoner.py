@@ -195,6 +195,55 @@ for claim, holds in claims.items():
 # `grpo-edu train`, 1,500 steps of this same config, goes on past 90% on every seed we ran
 # (the README has the table).
 #
+# ## How sure is that number?
+#
+# A held-out accuracy is an estimate from 256 problems, so it comes with an interval: the
+# trainer's `summary.json` gives each accuracy's 95% Wilson interval. And greedy decoding
+# is one view of a policy that samples. From k = 8 samples per problem at temperature 1
+# (`grpo_edu.evaluation`, seeded): pass@1, the share of samples that are right (a mean of
+# per-problem shares, so its interval is a bootstrap over the problems); pass@8, the share
+# of problems with at least one right sample among the 8 (the unbiased estimator of Chen et
+# al., 2021; with exactly k samples it is that share, and its interval is Wilson's); and
+# maj@8, the share whose most frequent answer is right (Wilson). The trainer logs the same
+# at every evaluation with `eval_samples = 8`.
+
+# %% tags=["platform-numerics"]
+from grpo_edu.evaluation import sampled_metrics, sampled_scores
+
+
+def shown(value, interval):
+    return f"{value:.3f} [{interval[0]:.3f}, {interval[1]:.3f}]"
+
+
+print(f"greedy accuracy, start: {shown(summary['start_accuracy'], summary['start_accuracy_interval_95'])}")
+print(f"greedy accuracy, final: {shown(summary['final_accuracy'], summary['final_accuracy_interval_95'])}")
+sampled = {"start": sampled_metrics(sampled_scores(policy, tokenizer, held_out, k=8), 8),
+           "final": sampled_metrics(sampled_scores(result.policy, tokenizer, held_out, k=8), 8)}
+for key in ("pass_at_1", "pass_at_8", "maj_at_8"):
+    print(f"{key:<9} start {shown(sampled['start'][key], sampled['start'][key + '_interval_95'])}   "
+          f"final {shown(sampled['final'][key], sampled['final'][key + '_interval_95'])}")
+
+# %%
+separated = {key: sampled["start"][f"{key}_interval_95"][1] < sampled["final"][f"{key}_interval_95"][0]
+             for key in ("pass_at_1", "pass_at_8", "maj_at_8")}
+claims = {
+    "the greedy accuracy's 95% intervals at the start and the end do not overlap":
+        summary["start_accuracy_interval_95"][1] < summary["final_accuracy_interval_95"][0],
+    "so do pass@1's and maj@8's": separated["pass_at_1"] and separated["maj_at_8"],
+    "pass@1 is below the greedy accuracy and pass@8 above it, at the start and the end": all(
+        sampled[when]["pass_at_1"] < summary[f"{when}_accuracy"] < sampled[when]["pass_at_8"] for when in sampled),
+}
+for claim, holds in claims.items():
+    print(f"{'holds' if holds else 'FAILS'}: {claim}")
+
+# %% [markdown]
+# The intervals at the start and at the end are far apart: the climb is not an accident of
+# which 256 problems were drawn. Sampling tells the rest: pass@1 is below the greedy
+# accuracy (at temperature 1 the policy's samples spread over several answers), while pass@8
+# is above it: the right answer is often among 8 samples, which is what a group of G = 8
+# needs for GRPO to have something to reinforce. Two runs differ when their intervals do,
+# not when their third digits do.
+#
 # ## What the metrics mean
 #
 # Every step appends one line of metrics to `metrics.jsonl` in the run directory. Here is
@@ -271,11 +320,38 @@ print(f"the same final weights, bit for bit: {same_weights}")
 # %% [markdown]
 # ## Exercises
 #
+# Each exercise has a hint and a worked solution, folded: open them when you want them.
+#
 # **6.1 Rank advantages.** Write `rank_advantages(rewards)` for (B, G) rewards: replace
 # each reward by its rank within its group (ties share the mean rank), then centre and scale
 # like GRPO. The checker verifies the properties an advantage function needs before you
 # train with it (shape, zero mean per group, exactly zero for all-equal groups, invariance to
 # shifting a group's rewards, order-preserving). Then train with it, as above.
+#
+# <details><summary>Hint</summary>
+#
+# A completion's mean rank (from 0) is the number of rewards in its group strictly below its
+# own, plus half the number of *other* rewards equal to it. Comparing every pair,
+# `rewards[:, :, None] > rewards[:, None, :]`, gives both counts without a loop. Centre and
+# divide by the population std plus `1e-8`, so that an all-equal group stays at zeros.
+#
+# </details>
+#
+# <details><summary>Solution</summary>
+#
+# ```python
+# def rank_advantages(rewards):
+#     below = (rewards[:, :, None] > rewards[:, None, :]).sum(-1)
+#     tied = (rewards[:, :, None] == rewards[:, None, :]).sum(-1) - 1      # the others with its reward
+#     ranks = (below + tied / 2).to(rewards.dtype)
+#     centred = ranks - ranks.mean(dim=1, keepdim=True)
+#     return centred / (ranks.std(dim=1, unbiased=False, keepdim=True) + 1e-8)
+#
+#
+# ch06.check_advantage_function(rank_advantages)
+# ```
+#
+# </details>
 
 # %%
 from grpo_edu.exercises import ch06
@@ -291,6 +367,32 @@ ch06.check_advantage_function(rank_advantages)
 # **6.2 Read a run.** `ch06.RUNS` holds the last-step metrics of four runs; for each, say
 # whether it is healthy or name what went wrong (`"healthy"`, `"format collapse"`,
 # `"no signal"` or `"runaway kl"`), then check.
+#
+# <details><summary>Hint</summary>
+#
+# Each failure moves one metric far from the healthy values in the table above: the share of
+# all-equal groups, the format reward, the KL to the reference. Look for the one that is
+# out of range, not for the accuracy.
+#
+# </details>
+#
+# <details><summary>Solution</summary>
+#
+# ```python
+# my_diagnoses = {}
+# for run, metrics in ch06.RUNS.items():
+#     if metrics["zero_std_groups"] == 1.0:
+#         my_diagnoses[run] = "no signal"          # every group all-equal: no advantage, no gradient
+#     elif metrics["reward/format"] < 0.5:
+#         my_diagnoses[run] = "format collapse"    # the output format is gone (and most are truncated)
+#     elif metrics["kl"] > 1.0:
+#         my_diagnoses[run] = "runaway kl"         # far from the reference, entropy near 0
+#     else:
+#         my_diagnoses[run] = "healthy"
+# ch06.check_diagnoses(my_diagnoses)
+# ```
+#
+# </details>
 
 # %%
 for name, metrics in ch06.RUNS.items():

@@ -35,9 +35,22 @@ def _entry(path, tier="cpu", budget=10):
 
 
 def test_manifest_loads_and_numbers_chapters():
-    assert BOOK.chapters[0].number == 1
-    assert BOOK.chapters[0].path == Path("chapters/01_grpo_by_hand.ipynb")
-    assert [c.number for c in BOOK.chapters] == list(range(1, len(BOOK.chapters) + 1))
+    """Chapter 0 is the on-ramp ([book] first_chapter = 0); each file's prefix is its number."""
+    assert BOOK.chapters[0].number == 0
+    assert BOOK.chapters[1].path == Path("chapters/01_grpo_by_hand.ipynb")
+    assert [c.number for c in BOOK.chapters] == list(range(len(BOOK.chapters)))
+    assert all(c.name.startswith(f"{c.number:02d}_") for c in BOOK.chapters)
+
+
+def test_first_chapter_numbers_from_0_or_1(tmp_path):
+    root = _make_book(tmp_path, _entry("chapters/a.ipynb") + _entry("chapters/b.ipynb"), ["a.ipynb", "b.ipynb"])
+    assert [c.number for c in book.load_book(root).chapters] == [1, 2]
+    toml = (root / "book.toml").read_text()
+    (root / "book.toml").write_text(toml.replace('description = "D"', 'description = "D"\nfirst_chapter = 0'))
+    assert [c.number for c in book.load_book(root).chapters] == [0, 1]
+    (root / "book.toml").write_text(toml.replace('description = "D"', 'description = "D"\nfirst_chapter = 2'))
+    with pytest.raises(book.ManifestError, match=r"\[book\] first_chapter: expected 0 or 1, got 2"):
+        book.load_book(root)
 
 
 @pytest.mark.parametrize("toml, on_disk, message", [
@@ -64,8 +77,9 @@ def test_building_accepts_a_notebook_not_yet_run(tmp_path):
 
 
 def test_select_by_number_and_name():
-    assert BOOK.select(["1"]) == [BOOK.chapters[0]]
-    assert BOOK.select(["01_grpo_by_hand"]) == [BOOK.chapters[0]]
+    assert BOOK.select(["1"]) == [BOOK.chapters[1]]
+    assert BOOK.select(["01_grpo_by_hand"]) == [BOOK.chapters[1]]
+    assert BOOK.select(["0"]) == [BOOK.chapters[0]]
     with pytest.raises(book.ManifestError, match="chapter '99' is not in book.toml"):
         BOOK.select(["99"])
 
@@ -174,7 +188,7 @@ def test_nbval_catches_a_changed_number(tmp_path):
     """Guard against a vacuous check: change one printed number in a copy of
     chapter 1 and the strict nbval run over it must fail."""
     shutil.copy(ROOT / "chapters" / "conftest.py", tmp_path / "conftest.py")
-    notebook = json.loads((ROOT / BOOK.chapters[0].path).read_text())
+    notebook = json.loads((ROOT / "chapters" / "01_grpo_by_hand.ipynb").read_text())
     changed = False
     for cell in notebook["cells"]:
         for output in cell.get("outputs", []):

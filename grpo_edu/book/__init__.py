@@ -110,8 +110,11 @@ def load_book(root: Path | str = ROOT, *, building: bool = False) -> Book:
     if not isinstance(entries, list) or not entries:
         raise ManifestError("book.toml needs at least one [[chapters]] entry")
 
+    first = meta.get("first_chapter", 1)
+    if first not in (0, 1) or isinstance(first, bool):
+        raise ManifestError(f"book.toml [book] first_chapter: expected 0 or 1, got {first!r}")
     chapters, seen = [], set()
-    for number, entry in enumerate(entries, start=1):
+    for number, entry in enumerate(entries, start=first):
         label = f"book.toml chapter {number} ({entry.get('path', '<no path>')})"
         missing = {"path", "title", "summary", "tier", "budget_seconds"} - set(entry)
         if missing:

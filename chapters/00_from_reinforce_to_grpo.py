@@ -1,0 +1,409 @@
+# ---
+# jupyter:
+#   jupytext:
+#     formats: py:percent,ipynb
+#     text_representation:
+#       extension: .py
+#       format_name: percent
+# ---
+
+# %% [markdown]
+# # Chapter 0. From REINFORCE to GRPO
+#
+# GRPO did not come from nowhere. It is the policy gradient of 1992 (REINFORCE) with three
+# ideas added, each of which fixes a measurable problem: a *baseline* that cuts the
+# estimator's variance without biasing it, PPO's *ratio and clip* that let one batch of
+# samples feed several updates safely, and a *group* of samples per prompt whose mean
+# replaces PPO's learned critic. This chapter builds each idea on a policy small enough that
+# every expectation is a finite sum, so each claim is a number computed exactly rather than
+# an inequality to trust. Then it compares six advantage estimators where it counts: the
+# real tiny model trained with each, three seeds apiece.
+#
+# The names are those of the rest of the book: $\pi$ the policy, $r$ a reward, $G$ the
+# samples per prompt, $A$ an advantage, $\rho$ the ratio $\pi / \pi_\text{old}$; in code,
+# `rewards` and `advantages` are (B, G) tensors, B prompts by G completions.
+
+# %%
+import json
+from pathlib import Path
+
+import matplotlib.pyplot as plt
+import numpy as np
+
+from grpo_edu import baselines
+from grpo_edu.bandit import Bandit, moments, sampled_moments
+from grpo_edu.estimators import clipped_objective
+from grpo_edu.evaluation import wilson_interval
+
+np.set_printoptions(precision=4, suppress=True, floatmode="fixed")
+
+# %% [markdown]
+# ## A policy small enough to enumerate
+#
+# One prompt, one token to choose out of K = 4, a softmax policy over four logits
+# $\theta$, and a fixed reward for each token: token 0 is the right answer (reward 1), token
+# 3 is half right (0.5), tokens 1 and 2 are wrong. The policy prefers a wrong token. Its
+# objective is the expected reward, and its gradient has a closed form:
+#
+# $$
+# J(\theta) = \sum_k \pi_k r_k, \qquad
+# \frac{\partial J}{\partial \theta_k} = \pi_k \,(r_k - J).
+# $$
+
+# %%
+bandit = Bandit(logits=[0.0, 0.5, 1.0, -0.5], rewards=[1.0, 0.0, 0.0, 0.5])
+gradient = bandit.gradient()
+print(f"pi      = {bandit.probs}")
+print(f"r       = {bandit.rewards}")
+print(f"J       = {bandit.value:.4f}")
+print(f"grad J  = {gradient}")
+
+# %% [markdown]
+# The gradient raises the right token's logit, lowers the two wrong ones, and raises the
+# half-right token a little (its reward is above the average J). A language model's
+# gradient has the same form, over a vocabulary and a sequence of choices, and there is no
+# way to sum over every completion: it must be *estimated* from samples.
+#
+# ## REINFORCE: the gradient from samples
+#
+# Since $\nabla \pi = \pi \nabla \log \pi$, the gradient is an expectation under the policy,
+# which samples can estimate:
+#
+# $$
+# \nabla J = \mathbb{E}_{a \sim \pi}\big[r(a)\, \nabla \log \pi(a)\big], \qquad
+# \hat g = \frac{1}{G} \sum_{i=1}^{G} r(a_i)\, \nabla \log \pi(a_i), \qquad
+# \nabla_\theta \log \pi(a) = \mathrm{onehot}(a) - \pi .
+# $$
+#
+# $\hat g$ is REINFORCE's estimator (Williams, 1992). With K = 4 and G = 4 there are
+# $4^4$ = 256 possible groups, each with its probability, so $\hat g$'s mean and variance
+# are finite sums: `grpo_edu.bandit.moments` computes them. A sampler sees only some groups;
+# its estimate of the same two numbers from 100,000 sampled groups is beside them.
+
+# %%
+exact = moments(bandit, 4)
+sampled = sampled_moments(bandit, 4)
+print(f"E[g_hat], exact over {exact.groups} groups: {exact.mean}")
+print(f"E[g_hat], from {sampled.groups:,} samples:   {sampled.mean}")
+print(f"grad J:                              {gradient}")
+print(f"variance E||g_hat - grad J||^2: exact {exact.variance:.5f}, sampled {sampled.variance:.5f}")
+print(f"signal ||grad J||^2: {gradient @ gradient:.5f}")
+
+# %% [markdown]
+# Unbiased: the mean is the gradient, and 100,000 sampled groups agree with the exact sum to
+# two or three digits. But the noise is as large as the signal: the variance is 1.3 times
+# the squared length of the gradient, so one group's estimate can point well away from
+# $\nabla J$. And it depends on something it should not: where zero is on the reward scale.
+# Add a constant c to every reward (a reward of 1 for "right" and 0 for "wrong" becomes 11
+# and 10) and neither the best policy nor the gradient changes, but REINFORCE's variance
+# grows with $c^2$:
+
+# %%
+print(f"{'shift c':>8} {'E[g_hat] = grad J':>19} {'variance':>10} {'variance / ||grad J||^2':>25}")
+for c in (0.0, 1.0, 10.0):
+    shifted = Bandit(bandit.logits, bandit.rewards + c)
+    m = moments(shifted, 4)
+    print(f"{c:>8.1f} {str(np.allclose(m.mean, gradient, atol=1e-12)):>19} {m.variance:>10.4f} "
+          f"{m.variance / (gradient @ gradient):>25.1f}")
+
+# %% [markdown]
+# ## A baseline
+#
+# Subtract from each reward a number b that does not depend on the sampled token. The mean
+# does not move, because the score has mean zero under the policy:
+#
+# $$
+# \mathbb{E}_{a \sim \pi}\big[b\, \nabla \log \pi(a)\big] = b \sum_a \pi(a) \nabla \log \pi(a)
+# = b\, \nabla \sum_a \pi(a) = b\, \nabla 1 = 0 .
+# $$
+#
+# The best constant is close to the average reward J. The advantage $A = r - b$ then says
+# how much better than usual a sample was, and the shift c above cancels. But J is unknown:
+# it is what we are estimating. The estimators below differ in where their b comes from.
+# Each is a function from rewards (B, G) to advantages (B, G) in `grpo_edu.baselines`, the
+# signature the trainer's `advantage_fn` takes:
+#
+# | name | advantage $A_i$ | the baseline |
+# |---|---|---|
+# | `reinforce` | $r_i$ | none |
+# | `batch_mean` | $r_i - \bar r_\text{batch}$ | the mean of all B x G rewards |
+# | `rloo` | $r_i - \frac{1}{G-1}\sum_{j \ne i} r_j$ | the other G - 1 samples of the group |
+# | `group_mean` | $r_i - \bar r$ | the group's mean, $r_i$ included (Dr. GRPO) |
+# | `grpo` | $(r_i - \bar r) / \sigma$ | the group's mean, over its population std |
+# | `grpo_sample_std` | $(r_i - \bar r) / s$ | the same, over the sample std (as TRL) |
+#
+# RLOO's baseline (Kool et al., 2019) leaves the sample's own reward out, so it is
+# independent of $a_i$ and the gradient stays unbiased. The group mean includes $r_i$:
+# $r_i - \bar r = \frac{G-1}{G}\,(r_i - \frac{1}{G-1}\sum_{j \ne i} r_j)$, RLOO scaled by
+# $(G-1)/G$, so its mean is $\frac{G-1}{G}\nabla J$: biased in length only, not in
+# direction. GRPO then divides by the group's std, a number that depends on every sample
+# of the group, so nothing guarantees even the direction. On the bandit, for G = 2, 4
+# and 8 (up to $4^8$ = 65,536 groups), with `batch_mean` left out (one prompt: it is the
+# group mean):
+
+# %%
+print(f"{'G':>2} {'estimator':<16} {'E[g_hat] / grad J, per logit':<36} {'cosine':>8} {'noise / signal':>15}")
+for G in (2, 4, 8):
+    for name, (function, _) in baselines.ESTIMATORS.items():
+        if name == "batch_mean":
+            continue
+        m = moments(bandit, G, None if name == "reinforce" else function)
+        cosine = m.mean @ gradient / np.linalg.norm(m.mean) / np.linalg.norm(gradient)
+        # noise against signal: the variance over the squared length of the mean, blind to a constant scale
+        print(f"{G:>2} {name:<16} {np.array2string(m.mean / gradient, precision=4):<36} {cosine:>8.6f} "
+              f"{m.variance / (m.mean @ m.mean):>15.3f}")
+shifted = Bandit(bandit.logits, bandit.rewards + 10.0)
+unmoved = [name for name, (function, _) in baselines.ESTIMATORS.items() if name not in ("reinforce", "batch_mean")
+           and np.allclose(moments(shifted, 4, function).mean, moments(bandit, 4, function).mean, atol=1e-12)
+           and np.isclose(moments(shifted, 4, function).variance, moments(bandit, 4, function).variance)]
+print(f"\nevery reward + 10, G = 4: mean and variance unchanged for {', '.join(unmoved)}")
+
+# %% [markdown]
+# Read it column by column. *Bias:* `reinforce` and `rloo` give exactly $\nabla J$ (a ratio
+# of 1 on every logit); the group mean gives exactly $(G-1)/G$ of it (0.5, 0.75, 0.875),
+# the same direction (cosine 1); GRPO's std gives a different ratio on each logit, a
+# direction a few degrees off (cosine below 1), and the population and sample std give the
+# same direction (they differ by the constant $\sqrt{G/(G-1)}$). *Noise:* the last column
+# divides the variance by the squared length of the mean, so that a constant scale (the
+# group mean's $(G-1)/G$, the std's division) does not count. At G = 2 no baseline is the
+# least noisy: the rewards as given put 0 close to J = 0.2182, so "no baseline" is already
+# a fair one, while RLOO's baseline is a single other sample. From G = 4 on, the group's
+# baselines are less noisy than none, and the std's division moves the ratio a little
+# either way (above RLOO's at G = 4, below it at G = 8). Shift the rewards as above and
+# only `reinforce`'s column changes: every baseline from the group cancels the shift.
+#
+# An optimiser that normalises the step's scale (Adam, which every run in this book uses)
+# ignores a constant factor on the gradient, so the group mean's bias costs nothing there.
+# The std's reweighting is not a constant: it gives more weight to prompts whose groups
+# agree (a small std), which Dr. GRPO argues is a bias towards too-easy and too-hard
+# prompts. The measured comparison at the end of the chapter asks whether any of this shows
+# in a real run.
+#
+# ## PPO: reusing samples, and the clip
+#
+# A rollout is expensive; an update is cheap. PPO (Schulman et al., 2017) takes several
+# gradient steps on one batch sampled by $\pi_\text{old}$. The gradient at $\theta$ is then
+# an expectation under the *old* policy, reweighted by the ratio
+# $\rho = \pi_\theta(a) / \pi_\text{old}(a)$:
+#
+# $$
+# \nabla J(\theta) = \mathbb{E}_{a \sim \pi_\text{old}}\big[\rho\, A\, \nabla \log \pi_\theta(a)\big]
+# = \nabla_\theta\, \mathbb{E}_{a \sim \pi_\text{old}}\big[\rho\, A\big] .
+# $$
+#
+# Maximising $\rho A$ without limit would chase the few samples whose ratio has grown, so
+# PPO takes the pessimistic minimum of it and of a clipped copy:
+# $\min(\rho A,\ \operatorname{clip}(\rho, 1-\varepsilon, 1+\varepsilon) A)$. Its slope in
+# $\rho$, computed by `grpo_edu.estimators.clipped_objective` from the trainer's own loss
+# (chapter 2 has the interactive version):
+
+# %%
+ratios = np.linspace(0.5, 1.5, 201)
+figure, axes = plt.subplots(1, 2, figsize=(10, 3.4))
+for A, colour in ((1.0, "tab:green"), (-1.0, "tab:red")):
+    clip = clipped_objective(ratios, A, epsilon=0.2)
+    _ = axes[0].plot(ratios, clip.objective, color=colour, label=f"A = {A:+.0f}")
+    _ = axes[1].plot(ratios, clip.gradient, color=colour, label=f"A = {A:+.0f}")
+for axis, title in zip(axes, ("objective min(rho A, clip(rho) A)", "its slope in rho")):
+    axis.axvspan(0.8, 1.2, color="0.92")
+    axis.set_title(title)
+    axis.set_xlabel("rho = pi / pi_old")
+    axis.legend()
+figure.tight_layout()
+for rho in (0.7, 0.9, 1.1, 1.3):
+    up, down = clipped_objective([rho], 1.0), clipped_objective([rho], -1.0)
+    print(f"rho = {rho}: slope {up.gradient[0]:+.0f} with A = +1, {down.gradient[0]:+.0f} with A = -1")
+
+# %% [markdown]
+# The slope is $A$ inside the range (the shaded band) and 0 where the sample has already
+# moved as far as the clip allows in its advantage's direction: above $1+\varepsilon$ for a
+# good sample, below $1-\varepsilon$ for a bad one. Where it moved the wrong way, the slope
+# stays: the clip bounds gains, never corrections.
+#
+# ## GRPO: the group replaces the critic
+#
+# PPO for language models gets $A$ from a learned value network (the critic): a second
+# model as large as the policy, trained beside it, whose estimate of the expected reward is
+# the baseline. GRPO (Shao et al., 2024) drops it. It samples G completions of each prompt
+# and takes their mean (and std) as the baseline: the group's rewards estimate the
+# prompt's value as RLOO's do, at the cost of G samples per prompt, which a rollout wanted
+# anyway. Every token of completion $i$ shares its $A_i$, and the clipped objective above
+# applies per token. Chapter 1 computes one such update by hand.
+#
+# ## Measured: six estimators, one task, three seeds
+#
+# The real trainer, the arithmetic task and the tiny policy of chapter 6, with each
+# estimator as its `advantage_fn` and everything else the default config: 300 steps, held-out
+# greedy accuracy on 256 problems every 20 steps, seeds 0, 1 and 2. Eighteen runs take
+# about ten minutes, so `benchmarks/estimators.py` trains them and writes
+# `benchmarks/results/estimators.json`, which this cell reads; `tests/test_baselines.py`
+# re-trains one of them and checks that its numbers are the file's, exactly.
+
+# %%
+RESULTS = json.loads(Path("../benchmarks/results/estimators.json").read_text())
+TARGET = 0.8
+runs = RESULTS["runs"]
+
+
+def steps_to(curve, target=TARGET):
+    """The first evaluation step with held-out accuracy >= target, or None."""
+    return next((step for step, accuracy in curve if accuracy >= target), None)
+
+
+print(f"{RESULTS['steps']} steps, seeds {RESULTS['seeds']}; held-out greedy accuracy (256 problems), "
+      f"start {runs[0]['start_accuracy']:.3f}\n")
+print(f"{'estimator':<30} {'final accuracy, per seed':<26} {'mean':>6}  {'steps to ' + str(TARGET):<20}")
+table = {}
+for name, (_, label) in baselines.ESTIMATORS.items():
+    mine = [r for r in runs if r["estimator"] == name]
+    finals = [r["final_accuracy"] for r in mine]
+    reached = [steps_to(r["eval"]) for r in mine]
+    table[name] = (finals, reached)
+    shown = " ".join("-" if s is None else str(s) for s in reached)
+    print(f"{label:<30} {' '.join(f'{a:.3f}' for a in finals):<26} {np.mean(finals):>6.3f}  {shown:<20}")
+low, high = wilson_interval(round(0.85 * 256), 256)
+print(f"\none final accuracy near 0.85 on 256 problems has a 95% interval of [{low:.3f}, {high:.3f}], "
+      f"+-{(high - low) / 2:.3f}")
+
+# %%
+figure, axis = plt.subplots(figsize=(8, 4.2))
+for name, (_, label) in baselines.ESTIMATORS.items():
+    curves = np.array([[accuracy for _, accuracy in r["eval"]] for r in runs if r["estimator"] == name])
+    steps = [step for step, _ in runs[0]["eval"]]
+    line, = axis.plot(steps, curves.mean(axis=0), label=label)
+    axis.fill_between(steps, curves.min(axis=0), curves.max(axis=0), color=line.get_color(), alpha=0.15)
+axis.axhline(TARGET, color="0.6", linestyle=":")
+axis.set_xlabel("training step")
+axis.set_ylabel("held-out greedy accuracy")
+axis.set_title("mean of 3 seeds; the band spans the seeds")
+axis.legend(fontsize=8)
+figure.tight_layout()
+
+# %% [markdown]
+# The one difference larger than the noise is the baseline itself. Without one, REINFORCE
+# ends near 0.68 on every seed and reaches 0.8 on none; it even dips below its start at
+# first, when the noise of the unbaselined estimate (every sample of an arithmetic answer is
+# pushed up, the wrong ones less) outweighs the signal. Every estimator with a baseline ends
+# between 0.79 and 0.88 and passes 0.8 around step 200. Among those five the means differ by
+# less than the seeds do, and by less than the 95% interval of one accuracy on 256 problems
+# (about +-0.044): on this task, with AdamW, neither the group mean's $(G-1)/G$ nor the
+# std's reweighting buys or costs anything measurable, and one baseline for the whole batch
+# does as well as one per prompt, because the arithmetic prompts are of a similar
+# difficulty. A task whose prompts differ in difficulty is where the group's baseline earns
+# its keep; that is the case GRPO was made for, and the one Dr. GRPO's argument about the
+# std is about.
+#
+# What this chapter claims, checked:
+
+# %%
+finals = {name: table[name][0] for name in baselines.ESTIMATORS}
+reached = {name: table[name][1] for name in baselines.ESTIMATORS}
+baselined = [name for name in baselines.ESTIMATORS if name != "reinforce"]
+means = [np.mean(finals[name]) for name in baselined]
+claims = {
+    "REINFORCE and RLOO are unbiased, the group mean is exactly (G-1)/G of the gradient (G = 2, 3, 5)": all(
+        np.allclose(moments(bandit, G).mean, gradient, atol=1e-12)
+        and np.allclose(moments(bandit, G, baselines.rloo).mean, gradient, atol=1e-12)
+        and np.allclose(moments(bandit, G, baselines.group_mean).mean, (G - 1) / G * gradient, atol=1e-12)
+        for G in (2, 3, 5)),
+    "every baseline from the group is blind to a shift of the rewards": len(unmoved) == 4,
+    "without a baseline every seed ends below every seed of every estimator with one":
+        max(finals["reinforce"]) < min(min(finals[name]) for name in baselined),
+    "REINFORCE is below its start at step 100 on every seed": all(
+        dict(map(tuple, r["eval"]))[100] < r["start_accuracy"] for r in runs if r["estimator"] == "reinforce"),
+    "REINFORCE reaches 0.8 on no seed; every other estimator on at least 2 of 3":
+        all(step is None for step in reached["reinforce"])
+        and all(sum(step is not None for step in reached[name]) >= 2 for name in baselined),
+    "the five baselined estimators' means lie within one accuracy's 95% half-interval of each other":
+        max(means) - min(means) < (high - low) / 2,
+}
+for claim, holds in claims.items():
+    print(f"{'holds' if holds else 'FAILS'}: {claim}")
+
+# %% [markdown]
+# ## Exercises
+#
+# Each checker in `grpo_edu.exercises.ch00` runs your answer on several cases and names each
+# case that fails, with what it expected and what it got. Each exercise has a hint and a
+# worked solution, folded: open them when you want them.
+#
+# **0.1 RLOO.** Write `my_rloo(rewards)`: for (B, G) rewards, each completion's reward minus
+# the mean of the *other* G - 1 rewards of its group.
+#
+# <details><summary>Hint</summary>
+#
+# The sum of the others is the group's sum minus the completion's own reward; no loop is
+# needed (`rewards.sum(dim=1, keepdim=True)` keeps the shape for broadcasting).
+#
+# </details>
+#
+# <details><summary>Solution</summary>
+#
+# ```python
+# def my_rloo(rewards):
+#     G = rewards.shape[1]
+#     others = (rewards.sum(dim=1, keepdim=True) - rewards) / (G - 1)
+#     return rewards - others
+#
+#
+# ch00.check_rloo(my_rloo)
+# ```
+#
+# </details>
+
+# %%
+from grpo_edu.exercises import ch00
+
+
+def my_rloo(rewards):
+    raise NotImplementedError("your leave-one-out advantages here")
+
+
+ch00.check_rloo(my_rloo)
+
+# %% [markdown]
+# **0.2 The estimator's exact mean.** Write `my_exact_mean(probs, rewards, G, advantage_fn)`:
+# the exact $\mathbb{E}[\hat g]$ of this chapter's estimator for a K-token policy with
+# probabilities `probs` (K,) and rewards `rewards` (K,), from groups of G samples, where
+# `advantage_fn` maps a (N, G) float64 tensor of rewards to advantages (or is None: A = r).
+# Then use it to confirm the group mean's $(G-1)/G$ for G = 5, which the table above did not
+# compute.
+#
+# <details><summary>Hint</summary>
+#
+# `itertools.product(range(K), repeat=G)` lists every group; a group's probability is the
+# product of its tokens' probabilities. Stack all groups' rewards into one (K^G, G) tensor
+# and call `advantage_fn` once. The score of token a is `np.eye(K)[a] - probs`.
+#
+# </details>
+#
+# <details><summary>Solution</summary>
+#
+# ```python
+# import itertools
+#
+# import numpy as np
+# import torch
+#
+#
+# def my_exact_mean(probs, rewards, G, advantage_fn):
+#     K = len(probs)
+#     actions = np.array(list(itertools.product(range(K), repeat=G)))     # (K^G, G)
+#     probability = probs[actions].prod(axis=1)                            # (K^G,)
+#     r = rewards[actions]
+#     A = r if advantage_fn is None else advantage_fn(torch.from_numpy(r)).numpy()
+#     g_hat = (A[..., None] * (np.eye(K)[actions] - probs)).mean(axis=1)   # (K^G, K)
+#     return probability @ g_hat
+#
+#
+# ch00.check_exact_mean(my_exact_mean)
+# ```
+#
+# </details>
+
+# %%
+def my_exact_mean(probs, rewards, G, advantage_fn):
+    raise NotImplementedError("your exact mean here")
+
+
+ch00.check_exact_mean(my_exact_mean)
