@@ -416,9 +416,27 @@ ch05.check_strict_format(strict_format_reward)
 # every character you can on the best-paid digit, and make M wrong for the problem.
 #
 # </details>
+#
+# <details><summary>Solution</summary>
+#
+# ```python
+# # this chapter's reward model, problem and best correct score, rebuilt the same way (the cell below checks)
+# reward_model, target_problem, best_correct, tokenizer = ch05.reward_model_exercise()
+# weights = reward_model.named_weights()
+# digit = max("0123456789", key=weights.get)        # the best-paid digit
+# # the four tags are one token each, which leaves 12 digits; six 9s are not the problem's answer
+# my_hack = f"<think>{digit * 6}</think>\\boxed{{{digit * 6}}}"
+# ch05.check_reward_model_hack(my_hack, reward_model, target_problem, best_correct, tokenizer)
+# ```
+#
+# </details>
 
 # %%
+rebuilt, rebuilt_problem, rebuilt_best, _ = ch05.reward_model_exercise(policy, tokenizer)
+print(f"ch05.reward_model_exercise() rebuilds this chapter's model, problem and best correct score: "
+      f"{np.array_equal(rebuilt.weights, reward_model.weights) and rebuilt_best == best_correct}")
 target_problem = held_out[0]
+assert rebuilt_problem == target_problem
 my_hack = hack  # replace with your completion
 ch05.check_reward_model_hack(my_hack, reward_model, target_problem, best_correct, tokenizer)
 

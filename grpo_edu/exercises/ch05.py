@@ -210,3 +210,29 @@ def check_countdown_reward(fn: Callable) -> CheckResult:
                       expected))
     return run_cases("exercise 5.3 a countdown verifier", cases)
 
+
+
+def reward_model_exercise(policy=None, tokenizer=None):
+    """Exercise 5.2's inputs, built exactly as chapter 5 builds them: (reward_model, target_problem,
+    best_correct, tokenizer). The fitted model, the held-out problem of the exercise and the best
+    score the model gives a correct sample of the starting policy, so that a solution can run
+    outside the chapter (tests/test_solutions.py) and the chapter can show it is the same model."""
+    from grpo_edu import tasks
+    from grpo_edu.models import generate_completions, load_policy
+    if policy is None or tokenizer is None:
+        policy, tokenizer = load_policy()
+    held_out = tasks.arithmetic_problems("test")
+    pool_problems = held_out[::24][:64]
+    pool = generate_completions(policy, tokenizer, [s["prompt"] for s in pool_problems], num_samples=8,
+                                temperature=1.0, seed=1)
+    flat = [(s, c) for s, group in zip(pool_problems, pool) for c in group]
+    strict = rewards.accuracy_reward([c for _, c in flat], answer=[s["answer"] for s, _ in flat])
+    fit_problems = tasks.make_dataset("arithmetic", 300, "train", seed=7)
+    fit_groups = generate_completions(policy, tokenizer, [s["prompt"] for s in fit_problems],
+                                      num_samples=8, temperature=1.0, seed=2)
+    fit_texts = [c for group in fit_groups for c in group]
+    fit_labels = rewards.accuracy_reward(fit_texts, answer=[s["answer"] for s in fit_problems for _ in range(8)])
+    reward_model = CharacterRewardModel.fit(fit_texts, fit_labels)
+    scores = reward_model([c for _, c in flat])
+    best_correct = max(s for s, right in zip(scores, strict) if right)
+    return reward_model, held_out[0], best_correct, tokenizer
