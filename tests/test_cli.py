@@ -198,7 +198,7 @@ def test_argparse_errors_are_one_line(capsys):
 
 def test_book_unknown_chapter(capsys):
     one_line_error(capsys, ["book", "check", "99"], "grpo-edu book: CHAPTER: chapter '99' is not in book.toml",
-                   "known: 1 (")
+                   "known: 0 (00_from_reinforce_to_grpo), 1 (01_grpo_by_hand)")
 
 
 def test_book_root_without_a_manifest(capsys, tmp_path):
