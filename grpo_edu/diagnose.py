@@ -65,11 +65,13 @@ class Finding:
         return f"{self.failure} [{self.detector}]\n  evidence: {self.evidence}\n  advice:   {self.advice}"
 
 
-def _values(history: list[dict], key: str) -> list[tuple[int, float]]:
+def series(history: list[dict], key: str) -> list[tuple[int, float]]:
+    """(step, value) of every step that logged `key`."""
     return [(m["step"], float(m[key])) for m in history if key in m and m[key] is not None]
 
 
-def _window_median(values: list[tuple[int, float]], late: bool) -> tuple[float, int, int]:
+def window_median(values: list[tuple[int, float]], late: bool) -> tuple[float, int, int]:
+    """The median of the first (or last) WINDOW values, with the first and last step it spans."""
     part = values[-WINDOW:] if late else values[:WINDOW]
     return statistics.median(v for _, v in part), part[0][0], part[-1][0]
 
@@ -77,10 +79,10 @@ def _window_median(values: list[tuple[int, float]], late: bool) -> tuple[float, 
 def reference_aliased(history, config):
     if not config.get("beta"):
         return None
-    kl = [(s, v) for s, v in _values(history, "kl") if s > 1]
+    kl = [(s, v) for s, v in series(history, "kl") if s > 1]
     if len(kl) < MIN_STEPS or any(v != KL_ZERO for _, v in kl):
         return None
-    moving = [v for s, v in _values(history, "grad_norm") if v > 0]
+    moving = [v for s, v in series(history, "grad_norm") if v > 0]
     if not moving:   # no gradient at all: the policy did not move (all-equal groups), the KL stays 0
         return None
     return Finding("reference_aliased", "the reference is the policy (aliased): the KL term does nothing",
@@ -92,12 +94,12 @@ def reference_aliased(history, config):
 
 
 def zero_std_groups(history, config):
-    share = _values(history, "zero_std_groups")
+    share = series(history, "zero_std_groups")
     if len(share) < MIN_STEPS:
         return None
-    level, first, last = _window_median(share, late=True)
+    level, first, last = window_median(share, late=True)
     accuracy_key = "reward/accuracy" if any("reward/accuracy" in m for m in history) else "reward/mean"
-    accuracy, _, _ = _window_median(_values(history, accuracy_key), late=True)
+    accuracy, _, _ = window_median(series(history, accuracy_key), late=True)
     if level < ZERO_STD_SHARE or accuracy >= LOW_ACCURACY:
         return None
     skipped = sum(1 for m in history[-WINDOW:] if m.get("skipped_update"))
@@ -110,7 +112,7 @@ def zero_std_groups(history, config):
 
 
 def split_groups(history, config):
-    spread = _values(history, "advantage/tie_spread")
+    spread = series(history, "advantage/tie_spread")
     bad = [(s, v) for s, v in spread if v > TIE_SPREAD]
     if not bad:
         return None
@@ -123,15 +125,15 @@ def split_groups(history, config):
 
 
 def length_drift(history, config):
-    lengths = _values(history, "completion_length/mean")
+    lengths = series(history, "completion_length/mean")
     if len(lengths) < 4 * WINDOW:
         return None
-    early, a, b = _window_median(lengths, late=False)
-    late, c, d = _window_median(lengths, late=True)
+    early, a, b = window_median(lengths, late=False)
+    late, c, d = window_median(lengths, late=True)
     if late < LENGTH_GROWTH * early:
         return None
-    rewards = _values(history, "reward/mean")
-    early_reward, late_reward = _window_median(rewards, False)[0], _window_median(rewards, True)[0]
+    rewards = series(history, "reward/mean")
+    early_reward, late_reward = window_median(rewards, False)[0], window_median(rewards, True)[0]
     loss_type = config.get("loss_type", "grpo")
     advice = ("switch to loss_type = 'dr_grpo' (a constant normaliser: no per-token bonus for length) or "
               "penalise length in the reward" if loss_type in ("grpo", "bnpo") else
@@ -143,10 +145,10 @@ def length_drift(history, config):
 
 
 def kl_runaway(history, config):
-    kl = _values(history, "kl")
+    kl = series(history, "kl")
     if len(kl) < 2 * WINDOW:
         return None
-    late, c, d = _window_median(kl, late=True)
+    late, c, d = window_median(kl, late=True)
     if late < KL_HIGH:
         return None
     return Finding("kl_runaway", "the policy has run far from the reference (KL coefficient too small)",
@@ -157,17 +159,17 @@ def kl_runaway(history, config):
 
 
 def _early_gap(history) -> tuple[float, int, int] | None:
-    gap = _values(history, "sampler_gap/mean_abs")
+    gap = series(history, "sampler_gap/mean_abs")
     if len(gap) < MIN_STEPS:
         return None
-    return _window_median(gap, late=False)
+    return window_median(gap, late=False)
 
 
 def sampler_mismatch(history, config):
     early = _early_gap(history)
     if early is None or not GAP_MISMATCH <= early[0] < GAP_MISALIGNED:
         return None
-    ratio = _values(history, "ratio/max")
+    ratio = series(history, "ratio/max")
     note = ""
     if config.get("old_logprobs") == "sampler" and ratio:
         note = f"; the ratio pi/pi_old reaches {max(v for _, v in ratio[:WINDOW]):.2f} from the first steps"
@@ -210,17 +212,17 @@ def old_logprobs_refreshed(history, config):
 
 
 def grad_explosion(history, config):
-    losses = _values(history, "loss")
+    losses = series(history, "loss")
     broken = [s for s, v in losses if not math.isfinite(v)]
     if broken:
         return Finding("grad_explosion", "the update diverged (non-finite loss)",
                        f"loss is not finite from step {broken[0]} ({len(broken)} steps)",
                        "lower the learning rate, clip the gradient norm (max_grad_norm = 1.0), bound the rewards")
-    norms = _values(history, "grad_norm")
+    norms = series(history, "grad_norm")
     if len(norms) < 4 * WINDOW:
         return None
-    early, a, b = _window_median(norms, late=False)
-    late, c, d = _window_median(norms, late=True)
+    early, a, b = window_median(norms, late=False)
+    late, c, d = window_median(norms, late=True)
     if late < GRAD_GROWTH * early:
         return None
     clip = config.get("max_grad_norm")

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Callable
 
 from grpo_edu.config import DEFAULT_CONFIG, TrainConfig
+from grpo_edu.diagnose import series, window_median
 from grpo_edu.faults import Faults
 
 SETTINGS = {"eval_every": 25, "eval_size": 128, "checkpoint_every": 0, "progress": False}
@@ -110,25 +111,25 @@ def run(name: str, root: str | Path, seed: int = 0, log: Callable[[str], None] =
     return train(spec.config(Path(root) / name, seed=seed), faults=spec.faults, log=log)
 
 
-def early_late(history: list[dict], key: str, window: int = 10) -> tuple[float, float]:
-    """The median of `key` over a run's first and last `window` steps that logged it (nan if none)."""
-    import statistics
-    values = [m[key] for m in history if key in m]
+def early_late(history: list[dict], key: str) -> tuple[float, float]:
+    """The median of `key` over a run's first and last steps that logged it (nan if none): the
+    doctor's windows (grpo_edu.diagnose.WINDOW steps), so the tables show what it reads."""
+    values = series(history, key)
     if not values:
         return math.nan, math.nan
-    return statistics.median(values[:window]), statistics.median(values[-window:])
+    return window_median(values, late=False)[0], window_median(values, late=True)[0]
 
 
-def table(results: dict, keys: list[str], window: int = 10) -> str:
+def table(results: dict, keys: list[str]) -> str:
     """One line per run: held-out greedy accuracy (start -> end), then each key's median over
-    the first and the last `window` steps."""
+    the first and the last steps of the doctor's windows (early_late)."""
     width = max(len("run"), *(len(name) for name in results)) + 1
     lines = [f"{'run':<{width}} {'accuracy':>13}" + "".join(f" {key:>24}" for key in keys)]
     for name, result in results.items():
         summary = result.summary
         cells = []
         for key in keys:
-            first, last = early_late(result.history, key, window)
+            first, last = early_late(result.history, key)
             cells.append(f" {_g(first):>11} -> {_g(last):<9}")
         lines.append(f"{name:<{width}} {summary['start_accuracy']:.3f} -> {summary['final_accuracy']:.3f}"
                      + "".join(cells))

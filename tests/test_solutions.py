@@ -2,8 +2,9 @@
 
 A chapter's exercise is a markdown paragraph that starts `**N.M Title.**`; its hint and its
 solution follow in `<details>` blocks, the solution's code in a python fence whose last line
-calls the checker (an open question, one without a checker, has a written Answer instead). Each solution runs in a fresh namespace holding only the chapter's
-checker module (`chNN`), as the chapter's exercise cell has imported it.
+calls the checker (an open question, one without a checker, has a written Answer instead).
+Each solution runs in a fresh namespace holding only the chapter's checker module (`chNN`),
+as the chapter's exercise cell has imported it.
 """
 
 import ast
@@ -13,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from grpo_edu import book
+from grpo_edu.book import notebooks
 
 ROOT = Path(__file__).resolve().parent.parent
 BOOK = book.load_book(ROOT)
@@ -23,13 +25,9 @@ _FENCE = re.compile(r"```python\n(.*?)```", re.S)
 
 
 def markdown(chapter) -> str:
-    """The chapter's markdown, its '# ' comment prefixes removed (py:percent source)."""
-    text, cells = (ROOT / chapter.source).read_text(), []
-    for cell in re.split(r"^# %%", text, flags=re.M):
-        if cell.startswith(" [markdown]"):
-            cells.append("\n".join(line[2:] if line.startswith("# ") else line.lstrip("#")
-                                   for line in cell.splitlines()[1:]))
-    return "\n".join(cells)
+    """The chapter's markdown cells, read from its py:percent source as `book run` reads it."""
+    cells = notebooks.read_source(ROOT / chapter.source).cells
+    return "\n".join(cell.source for cell in cells if cell.cell_type == "markdown")
 
 
 def exercises(chapter) -> dict[str, dict[str, str]]:
