@@ -2,6 +2,7 @@
 #   make train  set up .venv and train the tiny reasoner with GRPO (the main job)
 #   make test   set up .venv, check the gpu extra resolves, run the whole test suite (what CI runs)
 #   make book   set up .venv and open the book in JupyterLab
+#   make html   build the book as a static website in build/html (open build/html/index.html)
 PYTHON ?= python3
 VENV   ?= .venv
 BIN    := $(VENV)/bin
@@ -9,7 +10,7 @@ BIN    := $(VENV)/bin
 # pin from the package index is the CUDA build (see README, "GPU readers").
 TORCH  ?= torch==2.13.0
 
-.PHONY: book train test setup setup-test gpu-resolves browser check clean
+.PHONY: book html train test setup setup-test gpu-resolves browser check clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -39,6 +40,9 @@ gpu-resolves: $(VENV)/.gpu-resolves
 # re-run in JupyterLab prints the numbers committed in it.
 book: setup
 	env $$($(BIN)/python -m grpo_edu.numerics) $(BIN)/jupyter lab chapters/00_from_reinforce_to_grpo.ipynb
+
+html: setup
+	$(BIN)/grpo-edu book html build/html
 
 train: setup
 	$(BIN)/grpo-edu train

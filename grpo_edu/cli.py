@@ -130,6 +130,25 @@ def _book_check(args) -> int:
     return 1 if failed else 0
 
 
+def _book_html(args) -> int:
+    from grpo_edu.book import html as site
+
+    book = _load_book(args)
+    try:
+        pages = site.build_site(book, args.out_dir)
+    except site.SiteError as error:
+        raise UsageError(str(error)) from error
+    print(f"{'page':<38} {'html':>9} {'figures':>9}  explorers")
+    for page in pages:
+        figures = f"{page.figure_bytes / 1024:.0f} KiB" if page.figures else "-"
+        print(f"{page.path:<38} {page.html_bytes / 1024:>5.0f} KiB {figures:>9}  {page.explorers or '-'}")
+    total = site.site_bytes(args.out_dir)
+    index = Path(args.out_dir).resolve() / "index.html"
+    print(f"\n{len(pages)} pages, {total / 2**20:.1f} MiB in all (KaTeX and the notebooks included); "
+          f"open {index.as_uri()}")
+    return 0
+
+
 # ------------------------------------------------------------------ train
 
 def _train_config(args):
@@ -356,6 +375,12 @@ def build_parser() -> argparse.ArgumentParser:
         action.add_argument("chapters", nargs="*", metavar="CHAPTER",
                             help="chapter number or name (default: all)")
         action.set_defaults(func=func)
+    site = actions.add_parser("html", help="build the static website (every page from the committed "
+                              "notebooks, explorers live in the browser)")
+    _debug_flag(site)
+    site.add_argument("out_dir", nargs="?", default="build/html", metavar="OUT_DIR",
+                      help="where to write it (default build/html; an earlier build there is replaced)")
+    site.set_defaults(func=_book_html)
     from grpo_edu.config import help_text
     train = commands.add_parser("train", help="train a policy with GRPO",
                                 formatter_class=argparse.RawDescriptionHelpFormatter, epilog=help_text())

@@ -1,0 +1,255 @@
+"""The book as a static website: `grpo-edu book html [OUT_DIR]`.
+
+Every page comes from book.toml and the committed notebooks, outputs as committed:
+nothing is re-executed, so the site shows exactly the numbers nbval checks. Markdown
+goes through markdown-it (CommonMark, tables, `$...$` maths), code through Pygments,
+and the maths is typeset in the reader's browser by KaTeX, which ships with the site
+(`_static/katex`, MIT licence): the pages make no request outside their own folder, so
+the site works from a folder (file://) as well as from a web server.
+
+The explorers stay alive without a kernel. In a notebook they are ipywidgets whose
+arithmetic runs in Python; on the site each one is rebuilt by `_static/explorers.js`,
+which repeats that arithmetic in the browser (a handful of formulas: a group mean and
+std, a clip, three KL estimators, the loss's per-token weights). Running the Python
+itself in the browser (Pyodide) would ship tens of megabytes and seconds of start-up
+for those formulas. The Python explorers stay the reference: tests/test_html_explorers.py
+compares the browser's numbers with `grpo_edu.book.explorer_specs.python_state` over
+hundreds of slider settings, and tests/test_site.py drags a slider of each explorer on
+the built site. A page starts each explorer where the notebook's widget was saved; the
+build refuses a notebook whose widget was saved in another state than its defaults.
+"""
+
+from __future__ import annotations
+
+import html
+import json
+import re
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+
+import nbformat
+
+from grpo_edu.book import Book, Chapter
+
+STATIC = Path(__file__).resolve().parent / "static"
+MARKER = ".grpo-edu-site"          # marks a folder this command built (safe to replace)
+WIDGET_VIEW = "application/vnd.jupyter.widget-view+json"
+ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
+EXPLORER_REPR = re.compile(r"^<(\w+Explorer): .*; live in a running kernel>$")
+TAG_NOTES = {
+    "gpu": "runs where a CUDA GPU is available; elsewhere the book reports it as skipped",
+    "platform-numerics": "a training run: its last digits depend on the CPU's floating-point kernels",
+}
+
+
+class SiteError(ValueError):
+    """The site cannot be built as asked (a bad OUT_DIR, an explorer saved mid-drag)."""
+
+
+@dataclass(frozen=True)
+class Page:
+    path: str              # relative to the site's folder
+    title: str
+    html_bytes: int        # the page itself
+    figure_bytes: int      # the PNGs it shows (files of their own)
+    figures: int
+    explorers: int
+
+
+def page_name(chapter: Chapter) -> str:
+    return f"{chapter.name}.html"
+
+
+# ---------------------------------------------------------------------------- markdown
+
+def _markdown():
+    from markdown_it import MarkdownIt
+    from mdit_py_plugins.anchors import anchors_plugin
+    from mdit_py_plugins.dollarmath import dollarmath_plugin
+
+    # html: the chapters fold hints and solutions in <details>; they are our own text.
+    return (MarkdownIt("commonmark", {"html": True}).enable("table")
+            .use(dollarmath_plugin, double_inline=True)
+            .use(anchors_plugin, min_level=2, max_level=3))
+
+
+def _code(source: str) -> str:
+    from pygments import highlight
+    from pygments.formatters import HtmlFormatter
+    from pygments.lexers import PythonLexer
+
+    return highlight(source, PythonLexer(), HtmlFormatter(cssclass="highlight"))
+
+
+def _pygments_css() -> str:
+    from pygments.formatters import HtmlFormatter
+
+    return HtmlFormatter(style="friendly").get_style_defs(".highlight")
+
+
+# ---------------------------------------------------------------------------- outputs
+
+class _Chapter:
+    """Renders one chapter's cells; collects its figures and explorers."""
+
+    def __init__(self, chapter: Chapter, out: Path, markdown):
+        self.chapter, self.out, self.markdown = chapter, out, markdown
+        self.figures: list[Path] = []
+        self.explorers: list[str] = []
+
+    def cells(self, notebook) -> str:
+        parts = []
+        for index, cell in enumerate(notebook.cells):
+            if cell.cell_type == "markdown":
+                parts.append(f'<div class="cell markdown">{self.markdown.render(cell.source)}</div>')
+            elif cell.cell_type == "code":
+                parts.append(self.code_cell(index, cell))
+        return "\n".join(parts)
+
+    def code_cell(self, index: int, cell) -> str:
+        notes = "".join(f'<div class="cell-tag">{html.escape(TAG_NOTES[tag])}</div>'
+                        for tag in cell.metadata.get("tags", []) if tag in TAG_NOTES)
+        outputs = "".join(self.output(index, output) for output in cell.outputs)
+        return (f'<div class="cell code">{notes}<div class="input">{_code(cell.source)}</div>'
+                f'{outputs}</div>')
+
+    def output(self, index: int, output) -> str:
+        kind = output.output_type
+        if kind == "stream":
+            return f'<pre class="output {output.name}">{html.escape(ANSI.sub("", output.text))}</pre>'
+        if kind == "error":
+            trace = ANSI.sub("", "\n".join(output.traceback))
+            return f'<pre class="output error">{html.escape(trace)}</pre>'
+        data = output.get("data", {})
+        if WIDGET_VIEW in data:
+            return self.widget(data.get("text/plain", ""))
+        if "image/png" in data:
+            return self.figure(index, data["image/png"])
+        if "text/html" in data:
+            return f'<div class="output html">{data["text/html"]}</div>'
+        if "text/plain" in data:
+            return f'<pre class="output">{html.escape(ANSI.sub("", data["text/plain"]))}</pre>'
+        raise SiteError(f"chapter {self.chapter.number} cell {index}: no renderer for output "
+                        f"types {sorted(data)}")
+
+    def figure(self, index: int, png_base64: str) -> str:
+        import base64
+
+        name = f"figures/{self.chapter.name}-{len(self.figures) + 1}.png"
+        path = self.out / name
+        path.write_bytes(base64.b64decode(png_base64))
+        self.figures.append(path)
+        label = f"Figure {len(self.figures)} of chapter {self.chapter.number} (cell {index + 1})"
+        return f'<figure class="output"><img src="{name}" alt="{html.escape(label)}"></figure>'
+
+    def widget(self, text: str) -> str:
+        from grpo_edu.book import explorer_specs
+
+        match = EXPLORER_REPR.match(text)
+        if not match or match.group(1) not in explorer_specs.KINDS:
+            # Any other widget is frozen on a static page: show what the notebook printed.
+            return (f'<pre class="output">{html.escape(text)}</pre><p class="widget-note">'
+                    "(a widget: live in a running kernel)</p>")
+        kind = explorer_specs.KINDS[match.group(1)]
+        saved = explorer_specs.describe(kind, explorer_specs.default_config(kind))
+        if saved != text:
+            raise SiteError(f"chapter {self.chapter.number}: its {match.group(1)} was saved as {text!r}, "
+                            f"but the site starts it at its defaults, {saved!r}; rebuild the chapter")
+        self.explorers.append(kind)
+        spec = json.dumps(explorer_specs.spec(kind), separators=(",", ":")).replace("</", "<\\/")
+        return (f'<div class="grpo-live" data-explorer="{kind}">'
+                f'<script type="application/json" class="grpo-explorer-spec">{spec}</script>'
+                f'<noscript><pre class="output">{html.escape(text)}</pre></noscript></div>')
+
+
+# ---------------------------------------------------------------------------- pages
+
+def _page(title: str, body: str, nav: str = "", scripts: tuple[str, ...] = ()) -> str:
+    styles = ["katex/katex.min.css", "pygments.css", "book.css"]
+    if "explorers.js" in scripts:
+        styles.append("explorers.css")
+    links = "".join(f'<link rel="stylesheet" href="_static/{s}">' for s in styles)
+    tags = "".join(f'<script src="_static/{s}"></script>' for s in ("katex/katex.min.js", "book.js", *scripts))
+    return ("<!DOCTYPE html>\n"
+            f'<html lang="en"><head><meta charset="utf-8">'
+            f'<meta name="viewport" content="width=device-width, initial-scale=1">'
+            f"<title>{html.escape(title)}</title>{links}{tags}</head>\n"
+            f'<body>{nav}<main class="book">{body}</main>{nav}</body></html>\n')
+
+
+def _nav(book: Book, index: int) -> str:
+    chapters = book.chapters
+    links = ['<a class="contents" href="index.html">Contents</a>']
+    if index > 0:
+        prev = chapters[index - 1]
+        links.insert(0, f'<a rel="prev" href="{page_name(prev)}">&larr; {prev.number}. '
+                        f"{html.escape(prev.title)}</a>")
+    if index + 1 < len(chapters):
+        after = chapters[index + 1]
+        links.append(f'<a rel="next" href="{page_name(after)}">{after.number}. '
+                     f"{html.escape(after.title)} &rarr;</a>")
+    return f'<nav class="book-nav">{"".join(links)}</nav>'
+
+
+def _contents(book: Book) -> str:
+    rows = "".join(
+        f'<tr><td class="number">{c.number}</td><td><a href="{page_name(c)}">{html.escape(c.title)}</a>'
+        f'<div class="summary">{html.escape(c.summary)}</div></td><td>{c.tier}</td>'
+        f'<td class="number">{c.budget_seconds}&nbsp;s</td>'
+        f'<td><a class="download" href="notebooks/{c.path.name}" download>.ipynb</a></td></tr>'
+        for c in book.chapters)
+    return (f"<h1>{html.escape(book.title)}</h1><p>{html.escape(book.description)}</p>"
+            "<p>Every number on these pages is a committed output of a chapter that CI re-executes "
+            "and compares. The explorers of chapter 2 run in this page; to run the chapters "
+            "themselves, download a notebook or clone the repository and run <code>make book</code>."
+            "</p><table class=\"contents\"><thead><tr><th>#</th><th>chapter</th><th>tier</th>"
+            "<th>budget</th><th>notebook</th></tr></thead>"
+            f"<tbody>{rows}</tbody></table>")
+
+
+def _prepare(out: Path) -> None:
+    """An empty folder, or one this command built before (its contents are replaced)."""
+    if out.exists():
+        if not out.is_dir():
+            raise SiteError(f"OUT_DIR: expected a folder, got the file {out}")
+        if any(out.iterdir()) and not (out / MARKER).is_file():
+            raise SiteError(f"OUT_DIR: expected an empty folder or an earlier build of the site, "
+                            f"got {out}, which holds other files")
+        shutil.rmtree(out)
+    (out / "figures").mkdir(parents=True)
+    (out / "notebooks").mkdir()
+    (out / MARKER).write_text("built by `grpo-edu book html`; the whole folder is replaced on rebuild\n")
+
+
+def build_site(book: Book, out: Path | str) -> list[Page]:
+    """Write the site into `out`; return its pages, contents first."""
+    out = Path(out)
+    _prepare(out)
+    static = out / "_static"
+    shutil.copytree(STATIC, static)
+    (static / "pygments.css").write_text(_pygments_css())
+    markdown = _markdown()
+
+    pages = []
+    index_html = _page(book.title, _contents(book))
+    (out / "index.html").write_text(index_html)
+    pages.append(Page("index.html", book.title, len(index_html.encode()), 0, 0, 0))
+    for position, chapter in enumerate(book.chapters):
+        notebook = nbformat.read(book.root / chapter.path, as_version=4)
+        shutil.copyfile(book.root / chapter.path, out / "notebooks" / chapter.path.name)
+        renderer = _Chapter(chapter, out, markdown)
+        body = renderer.cells(notebook)
+        scripts = ("explorers.js",) if renderer.explorers else ()
+        title = f"{chapter.number}. {chapter.title} - {book.title}"
+        text = _page(title, body, _nav(book, position), scripts)
+        (out / page_name(chapter)).write_text(text)
+        pages.append(Page(page_name(chapter), title, len(text.encode()),
+                          sum(p.stat().st_size for p in renderer.figures), len(renderer.figures),
+                          len(renderer.explorers)))
+    return pages
+
+
+def site_bytes(out: Path | str) -> int:
+    """Everything in the built folder, assets included."""
+    return sum(p.stat().st_size for p in Path(out).rglob("*") if p.is_file())
