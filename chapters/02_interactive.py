@@ -30,9 +30,11 @@
 # `grpo_loss`. The tests drive each explorer's sliders and compare what it shows with those
 # functions, and a browser test drags a slider in a real JupyterLab.
 #
-# The sliders need a running kernel. Read without one (on GitHub, or as static HTML), the
-# widgets are frozen, so after each explorer a normal cell prints the numbers of its default
-# state; that cell is also what CI re-executes and compares.
+# In a notebook the sliders need a running kernel; on GitHub the widgets are frozen. The
+# book's HTML edition (`grpo-edu book html`) keeps them live without a kernel: its pages run
+# the same arithmetic in the browser, and a browser test compares what they show with these
+# functions. After each explorer a normal cell prints the numbers of its default state; that
+# cell is also what CI re-executes and compares.
 
 # %%
 import numpy as np

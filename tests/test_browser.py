@@ -29,6 +29,8 @@ import nbformat
 import numpy as np
 import pytest
 
+from browser_support import CHROMIUM_FLAGS, chromium_or_skip
+
 from grpo_edu import book
 from grpo_edu.advantages import group_advantages
 
@@ -36,31 +38,13 @@ pytestmark = [pytest.mark.browser, pytest.mark.slow]
 
 ROOT = Path(__file__).resolve().parent.parent
 CHAPTER = ROOT / "chapters" / "02_interactive.ipynb"
-CHROMIUM = Path(os.environ.get("GRPO_EDU_CHROMIUM", "/usr/bin/chromium"))
-CHROMIUM_FLAGS = ["--no-sandbox", "--headless", "--disable-gpu", "--disable-dev-shm-usage",
-                  "--disable-background-networking", "--disable-component-update",
-                  "--no-first-run", "--disable-sync", "--disable-quic"]
 SERVER_START_SECONDS = 90
 STEP_MS = 90_000          # the longest any one browser step may take
 
 
-def _unavailable(reason: str):
-    message = (f"BROWSER TEST NOT RUN: {reason}. Install it with `make browser` "
-               f"(apt-get install chromium) or point GRPO_EDU_CHROMIUM at a Chromium binary.")
-    if os.environ.get("CI") or os.environ.get("GRPO_EDU_REQUIRE_BROWSER"):
-        pytest.fail(message + " (CI requires this test to run)")
-    pytest.skip(message)
-
-
 @pytest.fixture(scope="module")
 def chromium_path() -> str:
-    if not (CHROMIUM.is_file() and os.access(CHROMIUM, os.X_OK)):
-        _unavailable(f"no Chromium executable at {CHROMIUM}")
-    try:
-        import playwright.sync_api  # noqa: F401
-    except ImportError:
-        _unavailable("the playwright package is not installed (pip install -e '.[test]')")
-    return str(CHROMIUM)
+    return chromium_or_skip()
 
 
 def _free_port() -> int:

@@ -21,16 +21,19 @@ build refuses a notebook whose widget was saved in another state than its defaul
 
 from __future__ import annotations
 
+import functools
 import html
 import json
 import re
 import shutil
+import subprocess
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
 import nbformat
 
-from grpo_edu.book import Book, Chapter
+from grpo_edu.book import Book, Chapter, kernel_env
 
 STATIC = Path(__file__).resolve().parent / "static"
 MARKER = ".grpo-edu-site"          # marks a folder this command built (safe to replace)
@@ -93,8 +96,9 @@ def _pygments_css() -> str:
 class _Chapter:
     """Renders one chapter's cells; collects its figures and explorers."""
 
-    def __init__(self, chapter: Chapter, out: Path, markdown):
+    def __init__(self, chapter: Chapter, out: Path, markdown, explorers):
         self.chapter, self.out, self.markdown = chapter, out, markdown
+        self.explorer_data = explorers      # () -> {kind: {"spec": ..., "default": repr}}
         self.figures: list[Path] = []
         self.explorers: list[str] = []
 
@@ -144,23 +148,42 @@ class _Chapter:
         return f'<figure class="output"><img src="{name}" alt="{html.escape(label)}"></figure>'
 
     def widget(self, text: str) -> str:
-        from grpo_edu.book import explorer_specs
-
         match = EXPLORER_REPR.match(text)
-        if not match or match.group(1) not in explorer_specs.KINDS:
+        data = self.explorer_data() if match else {}
+        kind = next((k for k, d in data.items() if d["class"] == match.group(1)), None) if match else None
+        if kind is None:
             # Any other widget is frozen on a static page: show what the notebook printed.
             return (f'<pre class="output">{html.escape(text)}</pre><p class="widget-note">'
                     "(a widget: live in a running kernel)</p>")
-        kind = explorer_specs.KINDS[match.group(1)]
-        saved = explorer_specs.describe(kind, explorer_specs.default_config(kind))
-        if saved != text:
+        if data[kind]["default"] != text:
             raise SiteError(f"chapter {self.chapter.number}: its {match.group(1)} was saved as {text!r}, "
-                            f"but the site starts it at its defaults, {saved!r}; rebuild the chapter")
+                            f"but the site starts it at its defaults, {data[kind]['default']!r}; "
+                            "rebuild the chapter")
         self.explorers.append(kind)
-        spec = json.dumps(explorer_specs.spec(kind), separators=(",", ":")).replace("</", "<\\/")
+        spec = json.dumps(data[kind]["spec"], separators=(",", ":")).replace("</", "<\\/")
         return (f'<div class="grpo-live" data-explorer="{kind}">'
                 f'<script type="application/json" class="grpo-explorer-spec">{spec}</script>'
                 f'<noscript><pre class="output">{html.escape(text)}</pre></noscript></div>')
+
+
+_EXPLORER_DATA = """
+import json, sys
+from grpo_edu.book import explorer_specs as e
+json.dump({kind: {"class": name, "spec": e.spec(kind), "default": e.describe(kind)}
+           for name, kind in e.KINDS.items()}, sys.stdout)
+"""
+
+
+def explorer_data() -> dict:
+    """Each explorer's spec and default repr, computed as the chapters are: in a process of
+    its own with the book's pinned floating-point kernels where the machine has them (the
+    clipping explorer ships ratios that went through torch's exp). The site is then the same
+    bytes on every such machine."""
+    result = subprocess.run([sys.executable, "-c", _EXPLORER_DATA], env=kernel_env(),
+                            capture_output=True, text=True)
+    if result.returncode != 0:
+        raise SiteError(f"computing the explorers' specs failed:\n{result.stderr[-2000:]}")
+    return json.loads(result.stdout)
 
 
 # ---------------------------------------------------------------------------- pages
@@ -174,6 +197,7 @@ def _page(title: str, body: str, nav: str = "", scripts: tuple[str, ...] = ()) -
     return ("<!DOCTYPE html>\n"
             f'<html lang="en"><head><meta charset="utf-8">'
             f'<meta name="viewport" content="width=device-width, initial-scale=1">'
+            f'<link rel="icon" type="image/svg+xml" href="_static/favicon.svg">'
             f"<title>{html.escape(title)}</title>{links}{tags}</head>\n"
             f'<body>{nav}<main class="book">{body}</main>{nav}</body></html>\n')
 
@@ -230,6 +254,7 @@ def build_site(book: Book, out: Path | str) -> list[Page]:
     shutil.copytree(STATIC, static)
     (static / "pygments.css").write_text(_pygments_css())
     markdown = _markdown()
+    explorers = functools.cache(explorer_data)      # once, and only if a chapter has one
 
     pages = []
     index_html = _page(book.title, _contents(book))
@@ -238,7 +263,7 @@ def build_site(book: Book, out: Path | str) -> list[Page]:
     for position, chapter in enumerate(book.chapters):
         notebook = nbformat.read(book.root / chapter.path, as_version=4)
         shutil.copyfile(book.root / chapter.path, out / "notebooks" / chapter.path.name)
-        renderer = _Chapter(chapter, out, markdown)
+        renderer = _Chapter(chapter, out, markdown, explorers)
         body = renderer.cells(notebook)
         scripts = ("explorers.js",) if renderer.explorers else ()
         title = f"{chapter.number}. {chapter.title} - {book.title}"

@@ -5,6 +5,7 @@
 "use strict";
 
 function typesetMaths(root) {
+  const start = performance.now();
   let done = 0;
   for (const element of root.querySelectorAll(".math")) {
     const source = element.textContent;
@@ -16,6 +17,7 @@ function typesetMaths(root) {
       console.error(`KaTeX cannot typeset ${JSON.stringify(source)}: ${error.message}`);
     }
   }
+  document.documentElement.dataset.mathsMs = (performance.now() - start).toFixed(1);
   document.documentElement.dataset.mathsTypeset = String(done);
 }
 
