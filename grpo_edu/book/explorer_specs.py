@@ -41,7 +41,9 @@ MODULES = {"advantage": advantages, "clipping": clipping, "kl": kl, "length_bias
 def spec(kind: str) -> dict:
     """Everything explorers.js needs to run the explorer `kind` (JSON-serialisable)."""
     explorer = EXPLORERS[_check_kind(kind)]()
-    return {"kind": kind, "explorer": type(explorer).__name__, "css": explorer.css,
+    image = explorer.plot.image.layout        # the Python figure's size: "675px"
+    figure = [int(image.width.removesuffix("px")), int(image.height.removesuffix("px"))]
+    return {"kind": kind, "explorer": type(explorer).__name__, "css": explorer.css, "figure": figure,
             **_SPECS[kind](explorer)}
 
 

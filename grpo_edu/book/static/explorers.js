@@ -937,8 +937,6 @@
     },
   };
 
-  const FIGURE_SIZES = { advantage: [675, 252], clipping: [720, 270], kl: [720, 270], length_bias: [720, 270] };
-
   // ======================================================================= mounting
 
   /** Build the explorer of a `.grpo-live` element; element.grpoExplorer is its handle. */
@@ -956,7 +954,7 @@
     const explorer = { kind, spec, state: null, updates: 0, lastUpdateMs: null, html: null };
     const memory = {};                                      // the plot's sticky axis limits
     const parts = layouts[kind](root, spec, () => explorer.update());
-    const panels = figure(parts.plot, FIGURE_SIZES[kind]);
+    const panels = figure(parts.plot, spec.figure);      // the Python figure's size in pixels
     explorer.config = parts.config;
     explorer.update = () => {
       const start = performance.now();
