@@ -84,11 +84,17 @@ def test_every_link_and_resource_is_inside_the_site(built):
     """No page refers to anything outside its folder: no CDN, no web font, no absolute path."""
     checked = 0
     for page in sorted(built.glob("*.html")):
+        text = page.read_text()
         for tag, attribute, url in _parse(page).urls:
             assert not re.match(r"^[a-z][a-z0-9+.-]*:|^//|^/", url), f"{page.name}: {tag} {attribute}={url}"
-            target = built / url.split("#")[0]
+            path, _, anchor = url.partition("#")
+            target = built / path if path else page
             assert target.is_file(), f"{page.name}: {tag} {attribute}={url} does not exist"
+            if anchor:
+                assert f'id="{anchor}"' in target.read_text(), f"{page.name}: no #{anchor} in {target.name}"
             checked += 1
+        if page.name != "index.html":     # each chapter lists its sections under its title
+            assert text.count('<nav class="sections"') == 1 and 'href="#' in text
     for css in built.rglob("*.css"):       # the fonts KaTeX's stylesheet names are there, woff2 first
         for url in re.findall(r"url\(([^)]+)\)", css.read_text()):
             assert not re.match(r"^['\"]?([a-z]+:|//|/)", url), f"{css}: url({url})"
@@ -212,3 +218,14 @@ def test_out_dir_is_replaced_only_when_it_is_an_earlier_build(tmp_path, capsys):
     afile.write_text("")
     assert cli.main(["book", "html", str(afile)]) == 2
     assert "OUT_DIR: expected a folder, got the file" in capsys.readouterr().err
+
+
+def test_two_builds_are_the_same_bytes(built, tmp_path):
+    """Nothing in a page depends on the time, the folder or the order files are listed in
+    (the explorers' specs are computed under the pinned kernels: the same on every machine)."""
+    site.build_site(bookmod.load_book(), tmp_path / "again")
+    first = {p.relative_to(built): p.read_bytes() for p in built.rglob("*") if p.is_file()}
+    second = {p.relative_to(tmp_path / "again"): p.read_bytes()
+              for p in (tmp_path / "again").rglob("*") if p.is_file()}
+    assert first.keys() == second.keys()
+    assert [name for name in first if first[name] != second[name]] == []

@@ -202,6 +202,19 @@ def _page(title: str, body: str, nav: str = "", scripts: tuple[str, ...] = ()) -
             f'<body>{nav}<main class="book">{body}</main>{nav}</body></html>\n')
 
 
+HEADING = re.compile(r'<h2 id="([^"]+)">(.*?)</h2>', flags=re.S)
+
+
+def _with_sections(body: str) -> str:
+    """The chapter with a list of its sections under its title (the h2 headings)."""
+    sections = HEADING.findall(body)
+    if not sections or "</h1>" not in body:
+        return body
+    items = "".join(f'<li><a href="#{anchor}">{title}</a></li>' for anchor, title in sections)
+    listing = f'<nav class="sections" aria-label="sections"><ul>{items}</ul></nav>'
+    return body.replace("</h1>", "</h1>" + listing, 1)
+
+
 def _nav(book: Book, index: int) -> str:
     chapters = book.chapters
     links = ['<a class="contents" href="index.html">Contents</a>']
@@ -264,7 +277,7 @@ def build_site(book: Book, out: Path | str) -> list[Page]:
         notebook = nbformat.read(book.root / chapter.path, as_version=4)
         shutil.copyfile(book.root / chapter.path, out / "notebooks" / chapter.path.name)
         renderer = _Chapter(chapter, out, markdown, explorers)
-        body = renderer.cells(notebook)
+        body = _with_sections(renderer.cells(notebook))
         scripts = ("explorers.js",) if renderer.explorers else ()
         title = f"{chapter.number}. {chapter.title} - {book.title}"
         text = _page(title, body, _nav(book, position), scripts)
