@@ -241,7 +241,7 @@ def _contents(book: Book) -> str:
             "and compares. The explorers of chapter 2 run in this page; to run the chapters "
             "themselves, download a notebook or clone the repository and run <code>make book</code>."
             "</p><table class=\"contents\"><thead><tr><th>#</th><th>chapter</th><th>tier</th>"
-            "<th>budget</th><th>notebook</th></tr></thead>"
+            "<th>runs within</th><th>notebook</th></tr></thead>"
             f"<tbody>{rows}</tbody></table>")
 
 
