@@ -171,11 +171,12 @@ def test_each_explorer_page_carries_the_spec_its_script_needs(built):
     blocks = re.findall(r'<div class="grpo-live" data-explorer="(\w+)"><script type="application/json" '
                         r'class="grpo-explorer-spec">(.*?)</script>', text, flags=re.S)
     assert [kind for kind, _ in blocks] == ["advantage", "clipping", "kl", "length_bias"]
+    by_kind = {entry["kind"]: entry for entry in data.values()}
     for kind, spec in blocks:
-        assert json.loads(spec) == data[kind]["spec"]
+        assert json.loads(spec) == by_kind[kind]["spec"]
         here = explorer_specs.spec(kind)       # this process's kernels: the same up to exp's last bit
-        assert set(here) == set(data[kind]["spec"])
-        assert data[kind]["default"] == explorer_specs.describe(kind)
+        assert set(here) == set(by_kind[kind]["spec"])
+        assert by_kind[kind]["default"] == explorer_specs.describe(kind)
     assert '<script src="_static/explorers.js">' in text
     assert "explorers.js" not in (built / "01_grpo_by_hand.html").read_text()
 

@@ -4,25 +4,23 @@ Builds the site with `grpo-edu book html`, then, once from the folder (file://) 
 served over HTTP on localhost: opens the contents page, follows every link on it, and on
 every chapter checks that each formula is typeset by KaTeX, each figure is decoded, the
 console stays free of errors and no request leaves the site. On chapter 2 it drags one
-slider of each explorer with the mouse and compares every number the page shows with
-grpo_edu's own computation for the settings the page reports, and measures how long the
-explorer took to answer. GRPO_EDU_SITE_TIMINGS=<file> appends those timings as JSON lines.
+slider of each explorer with the mouse, compares every number the page shows with grpo_edu's
+own computation for the settings the page reports (tests/explorer_compare.py), and measures
+how long the explorer took to answer. GRPO_EDU_SITE_TIMINGS=<file> appends those timings as JSON lines.
 """
 
 from __future__ import annotations
 
 import functools
-import html as htmllib
 import json
 import os
-import re
 import threading
-from html.parser import HTMLParser
 from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
 from browser_support import CHROMIUM_FLAGS, chromium_or_skip
+from explorer_compare import assert_matches_python
 
 from grpo_edu import book as bookmod
 from grpo_edu import cli
@@ -71,43 +69,6 @@ class _QuietHandler(SimpleHTTPRequestHandler):
         pass
 
 
-class _Cells(HTMLParser):
-    """The <td> cells of an HTML table: (class, data-value, shown text)."""
-
-    def __init__(self):
-        super().__init__()
-        self.cells, self._open = [], None
-
-    def handle_starttag(self, tag, attrs):
-        if tag == "td":
-            attrs = dict(attrs)
-            self._open = [attrs.get("class") or "", attrs.get("data-value"), ""]
-
-    def handle_data(self, data):
-        if self._open is not None:
-            self._open[2] += data
-
-    def handle_endtag(self, tag):
-        if tag == "td" and self._open is not None:
-            self.cells.append(tuple(self._open))
-            self._open = None
-
-
-def _cells(table_html: str) -> list[tuple]:
-    parser = _Cells()
-    parser.feed(table_html)
-    return parser.cells
-
-
-def _assert_same_table(shown: str, expected: str, where: str) -> None:
-    """The page's table against Python's: every shown text exactly, every value to 1e-12."""
-    got, want = _cells(shown), _cells(expected)
-    assert [(c, t.strip()) for c, _, t in got] == [(c, t.strip()) for c, _, t in want], where
-    for (_, a, _), (_, b, _) in zip(got, want):
-        if b is not None:
-            assert float(a) == pytest.approx(float(b), rel=1e-12, abs=1e-12), where
-
-
 def _drag(page, explorer, control: str, pixels: int) -> dict:
     """Drag the range input of `control` by `pixels` with the mouse. Returns the explorer's
     settings and numbers after the drag, and per input event the milliseconds from the event
@@ -141,10 +102,9 @@ def _drag(page, explorer, control: str, pixels: int) -> dict:
     page.mouse.up()
     page.evaluate("() => new Promise(done => requestAnimationFrame(() => requestAnimationFrame(done)))")
     after = page.evaluate(
-        """e => ({config: e.grpoExplorer.config(), updates: e.grpoExplorer.updates,
-                  table: e.querySelector('table.grpo-table').outerHTML,
-                  notes: [...e.querySelectorAll('ul li')].map(li => li.textContent),
-                  latencies: window.latencies})""",
+        """e => ({config: e.grpoExplorer.config(), state: e.grpoExplorer.state, updates: e.grpoExplorer.updates,
+                  table: e.querySelector('.grpo-table-box').innerHTML,
+                  notes: e.querySelector('.grpo-notes-box').innerHTML, latencies: window.latencies})""",
         root.element_handle())
     return {"before": before, "after": after, "updates": after["updates"] - before["updates"]}
 
@@ -184,8 +144,6 @@ def _check_page(page, url: str, base: str, errors: list, requests: list) -> dict
 def test_the_site_reads_and_its_explorers_answer(chromium, built, served, how, request):
     from playwright.sync_api import sync_playwright
 
-    from grpo_edu.book import explorer_specs
-
     base = built.as_uri() + "/" if how == "file" else served + "/"
     book = bookmod.load_book()
     visited, timings = {}, []
@@ -219,10 +177,7 @@ def test_the_site_reads_and_its_explorers_answer(chromium, built, served, how, r
             for kind, control, pixels in DRAGS:
                 moved = _drag(page, kind, control, pixels)
                 assert moved["after"]["config"] != moved["before"]["config"], f"{kind}: the drag moved nothing"
-                expected = explorer_specs.python_state(kind, moved["after"]["config"])
-                _assert_same_table(moved["after"]["table"], expected["table"], kind)
-                assert moved["after"]["notes"] == [htmllib.unescape(n) for n in
-                                                   re.findall(r"<li>(.*?)</li>", expected["notes_html"])]
+                assert_matches_python(kind, moved["after"])     # table, notes and state
                 latencies = moved["after"]["latencies"]
                 assert moved["updates"] >= 2 and len(latencies) >= 2, f"{kind}: {moved['updates']} updates"
                 timings.append({"how": how, "explorer": kind, "control": control, "updates": moved["updates"],

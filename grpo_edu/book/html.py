@@ -98,7 +98,7 @@ class _Chapter:
 
     def __init__(self, chapter: Chapter, out: Path, markdown, explorers):
         self.chapter, self.out, self.markdown = chapter, out, markdown
-        self.explorer_data = explorers      # () -> {kind: {"spec": ..., "default": repr}}
+        self.explorer_data = explorers      # () -> explorer_data()
         self.figures: list[Path] = []
         self.explorers: list[str] = []
 
@@ -149,19 +149,18 @@ class _Chapter:
 
     def widget(self, text: str) -> str:
         match = EXPLORER_REPR.match(text)
-        data = self.explorer_data() if match else {}
-        kind = next((k for k, d in data.items() if d["class"] == match.group(1)), None) if match else None
-        if kind is None:
+        explorer = self.explorer_data().get(match.group(1)) if match else None
+        if explorer is None:
             # Any other widget is frozen on a static page: show what the notebook printed.
             return (f'<pre class="output">{html.escape(text)}</pre><p class="widget-note">'
                     "(a widget: live in a running kernel)</p>")
-        if data[kind]["default"] != text:
+        if explorer["default"] != text:
             raise SiteError(f"chapter {self.chapter.number}: its {match.group(1)} was saved as {text!r}, "
-                            f"but the site starts it at its defaults, {data[kind]['default']!r}; "
+                            f"but the site starts it at its defaults, {explorer['default']!r}; "
                             "rebuild the chapter")
-        self.explorers.append(kind)
-        spec = json.dumps(data[kind]["spec"], separators=(",", ":")).replace("</", "<\\/")
-        return (f'<div class="grpo-live" data-explorer="{kind}">'
+        self.explorers.append(explorer["kind"])
+        spec = json.dumps(explorer["spec"], separators=(",", ":")).replace("</", "<\\/")
+        return (f'<div class="grpo-live" data-explorer="{explorer["kind"]}">'
                 f'<script type="application/json" class="grpo-explorer-spec">{spec}</script>'
                 f'<noscript><pre class="output">{html.escape(text)}</pre></noscript></div>')
 
@@ -169,16 +168,16 @@ class _Chapter:
 _EXPLORER_DATA = """
 import json, sys
 from grpo_edu.book import explorer_specs as e
-json.dump({kind: {"class": name, "spec": e.spec(kind), "default": e.describe(kind)}
+json.dump({name: {"kind": kind, "spec": e.spec(kind), "default": e.describe(kind)}
            for name, kind in e.KINDS.items()}, sys.stdout)
 """
 
 
 def explorer_data() -> dict:
-    """Each explorer's spec and default repr, computed as the chapters are: in a process of
-    its own with the book's pinned floating-point kernels where the machine has them (the
-    clipping explorer ships ratios that went through torch's exp). The site is then the same
-    bytes on every such machine."""
+    """Per explorer class (AdvantageExplorer, ...): its kind, spec and default repr, computed
+    as the chapters are: in a process of its own with the book's pinned floating-point
+    kernels where the machine has them (the clipping explorer ships ratios that went through
+    torch's exp). The site is then the same bytes on every such machine."""
     result = subprocess.run([sys.executable, "-c", _EXPLORER_DATA], env=kernel_env(),
                             capture_output=True, text=True)
     if result.returncode != 0:
@@ -188,12 +187,11 @@ def explorer_data() -> dict:
 
 # ---------------------------------------------------------------------------- pages
 
-def _page(title: str, body: str, nav: str = "", scripts: tuple[str, ...] = ()) -> str:
-    styles = ["katex/katex.min.css", "pygments.css", "book.css"]
-    if "explorers.js" in scripts:
-        styles.append("explorers.css")
+def _page(title: str, body: str, nav: str = "", explorers: bool = False) -> str:
+    styles = ["katex/katex.min.css", "pygments.css", "book.css", *(["explorers.css"] if explorers else [])]
+    scripts = ["katex/katex.min.js", "book.js", *(["explorers.js"] if explorers else [])]
     links = "".join(f'<link rel="stylesheet" href="_static/{s}">' for s in styles)
-    tags = "".join(f'<script src="_static/{s}"></script>' for s in ("katex/katex.min.js", "book.js", *scripts))
+    tags = "".join(f'<script src="_static/{s}"></script>' for s in scripts)
     return ("<!DOCTYPE html>\n"
             f'<html lang="en"><head><meta charset="utf-8">'
             f'<meta name="viewport" content="width=device-width, initial-scale=1">'
@@ -278,9 +276,8 @@ def build_site(book: Book, out: Path | str) -> list[Page]:
         shutil.copyfile(book.root / chapter.path, out / "notebooks" / chapter.path.name)
         renderer = _Chapter(chapter, out, markdown, explorers)
         body = _with_sections(renderer.cells(notebook))
-        scripts = ("explorers.js",) if renderer.explorers else ()
         title = f"{chapter.number}. {chapter.title} - {book.title}"
-        text = _page(title, body, _nav(book, position), scripts)
+        text = _page(title, body, _nav(book, position), explorers=bool(renderer.explorers))
         (out / page_name(chapter)).write_text(text)
         pages.append(Page(page_name(chapter), title, len(text.encode()),
                           sum(p.stat().st_size for p in renderer.figures), len(renderer.figures),
