@@ -243,7 +243,7 @@ def forwards_per_step(config, world_size: int) -> dict[str, int]:
     included), with no groups filtered: the reference's, pi_old's and the update's."""
     import torch
 
-    from grpo_edu.trainer import plan_mini_batches
+    from grpo_edu.scoring import plan_mini_batches
 
     B, G = config.prompts_per_step, config.num_generations
     per_rank = B // world_size

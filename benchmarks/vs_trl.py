@@ -105,7 +105,7 @@ def run_grpo_edu(seed: int, args, held_out, engine: str = "fused") -> Run:
                              progress=False, output_dir=directory, engine=engine)
         result = trainer.train(config, log=lambda _: None)
     step_seconds = intervals(starts, args.steps, "grpo_edu.trainer.train (sample_prompts)")
-    phases = [sum(m[f"time/{key}"] for key in trainer.TIME_SPLIT) for m in result.history]
+    phases = [sum(m[f"time/{key}"] for key in metrics.TIME_SPLIT) for m in result.history]
     accuracy = evaluate(result.policy.eval(), result.tokenizer, held_out)["greedy_accuracy"]
     return Run(step_seconds, phases[:len(step_seconds)], accuracy)
 

@@ -552,7 +552,7 @@ print(f"steps: {tiny_r1.steps} rollouts = {tiny_r1.steps * tiny_r1.num_mini_batc
 # lower bound at 0.001, where it binds only on a token whose probability fell a
 # thousandfold since sampling. Instead of R1-Zero's 650 rollouts, the config keeps its
 # 1.6 epochs: 31 rollouts of 512 prompts draw 15,872 times from the 10,000 training
-# problems the trainer samples from (`grpo_edu.trainer.TRAIN_POOL`).
+# problems the trainer samples from (`grpo_edu.tasks.TRAIN_POOL`).
 #
 # %% [markdown]
 # ## Where the textbook and its own listing disagree

@@ -30,7 +30,7 @@ import json
 import numpy as np
 import torch
 
-from grpo_edu import tasks, trainer
+from grpo_edu import scoring, tasks, trainer, update
 from grpo_edu.config import TrainConfig
 from grpo_edu.models import generate_completions, load_policy
 from grpo_edu.evaluation import evaluate
@@ -61,21 +61,30 @@ for sample, (completion,) in zip(held_out[:4], generate_completions(policy, toke
 # %% [markdown]
 # ## One step, top to bottom
 #
-# The loop body is short enough to read whole. `roll_out` samples G completions of each
-# prompt; `score` turns them into rewards, group advantages and the mini-batch plan, and
-# packs the step into the `RolloutBatch` of chapters 3 and 4; `add_logprobs` adds the
-# reference's log-probs (and pi_old's when a rollout feeds several optimizer steps);
-# `optimise` does the update (mini-batches of whole groups, gradient accumulation,
-# clipping, AdamW). The `world` they take is the process's place in a multi-process run
-# (chapter 8); here there is one process, and every gather and reduce is the identity.
+# The loop is short enough to read whole; here it is, as `train` runs it after its set-up
+# (the models placed, the optimizer, the engine and the problems built: `trainer.set_up`):
+
+# %%
+loop = inspect.getsource(trainer.train)
+print(loop[loop.index("    while state.step < last:"):])
+
+# %% [markdown]
+# Each step of it is a function in the module named for it. `roll_out` (in the loop's own
+# module) samples G completions of each prompt; `scoring.score` turns them into rewards,
+# group advantages and the mini-batch plan, and packs the step into the `RolloutBatch` of
+# chapters 3 and 4; `update.add_logprobs` adds the reference's log-probs (and pi_old's when
+# a rollout feeds several optimizer steps); `update.optimise` does the update (mini-batches
+# of whole groups, gradient accumulation, clipping, AdamW). The `world` they take is the
+# process's place in a multi-process run (chapter 8); here there is one process, and every
+# gather and reduce is the identity.
 
 # %%
 print(inspect.getsource(trainer.roll_out))
-print(inspect.getsource(trainer.score))
-print(inspect.getsource(trainer.add_logprobs))
+print(inspect.getsource(scoring.score))
+print(inspect.getsource(update.add_logprobs))
 
 # %%
-print(inspect.getsource(trainer.optimise))
+print(inspect.getsource(update.optimise))
 
 # %% [markdown]
 # ## The same function, computed faster

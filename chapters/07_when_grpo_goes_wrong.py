@@ -32,9 +32,10 @@ import math
 import numpy as np
 import torch
 
-from grpo_edu import lab, tasks, trainer
+from grpo_edu import lab, placement, tasks, trainer
 from grpo_edu.advantages import group_advantages
 from grpo_edu.diagnose import DETECTORS, diagnose
+from grpo_edu.distributed import World
 from grpo_edu.faults import Faults
 from grpo_edu.models import load_policy
 from grpo_edu.plots import plot_compare
@@ -201,7 +202,7 @@ doctor("split")
 policy, tokenizer = load_policy()
 config = lab.RUNS["healthy"].config(f"{ROOT}/unused")
 config = type(config).from_dict({**config.to_dict(), "max_completion_length": 48, "temperature": 1.5})
-engine = trainer.make_engine(config, trainer.build_models(config, trainer.World(), policy), tokenizer)
+engine = placement.make_engine(config, placement.build_models(config, World(), policy), tokenizer)
 torch.manual_seed(0)
 samples = tasks.make_dataset("arithmetic", n=config.prompts_per_step, split="train", seed=0)
 rollout = trainer.roll_out(config, samples, tokenizer, engine)
@@ -376,7 +377,7 @@ figure = plot_compare({n: results[n] for n in EIGHT},
 
 # %%
 try:
-    trainer.build_models(lab.RUNS["healthy"].config(f"{ROOT}/unused"), trainer.World(), policy, policy)
+    placement.build_models(lab.RUNS["healthy"].config(f"{ROOT}/unused"), World(), policy, policy)
 except ValueError as error:
     print(f"ValueError: {error}")
 

@@ -44,7 +44,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file
 
-from grpo_edu import tasks, trainer
+from grpo_edu import distributed, placement, scoring, tasks, trainer, update
 from grpo_edu.advantages import group_advantages, zero_std_groups
 from grpo_edu.config import TrainConfig
 from grpo_edu.distributed import World
@@ -79,7 +79,7 @@ print(inspect.getsource(World.shard))
 # %%
 config = TrainConfig.from_toml("../configs/cpu-tiny.toml")
 B, G, N = config.prompts_per_step, config.num_generations, 2
-pool = tasks.make_dataset(config.task, n=trainer.TRAIN_POOL, split="train", seed=0)
+pool = tasks.make_dataset(config.task, n=tasks.TRAIN_POOL, split="train", seed=0)
 first_step = trainer.sample_prompts(config, trainer.TrainState(prompt_rng=random.Random(config.seed)), pool)
 for rank in range(N):
     share = World(rank=rank, size=N).shard(B)
@@ -105,7 +105,7 @@ except ValueError as error:
 # After sampling, each rank scores its own completions, and the rewards are gathered, so
 # that every rank holds all B x G of them: the advantages (batch-level std included), the
 # mini-batch plan and dynamic sampling's filter are computed from the whole batch, the same
-# on every rank (`trainer.score`, `trainer.Plan`).
+# on every rank (`scoring.score`, `scoring.Plan`).
 
 # %% [markdown]
 # ## The normaliser pitfall, with numbers
@@ -195,15 +195,15 @@ _ = compare(kept, uneven)
 # %% [markdown]
 # The fix is in the "global" column, and it is the trainer's: every rank divides by the
 # **whole** mini-batch's counts, which it knows because the completion lengths are gathered
-# with the rewards (`trainer.LossTotals`), and multiplies its part by N, because DDP
+# with the rewards (`scoring.LossTotals`), and multiplies its part by N, because DDP
 # averages. `grpo_loss` takes the counts as `num_items` and `num_completions`; with them,
 # the ranks' parts add up to the 1-process loss, and their averaged gradient is the
 # 1-process gradient (the last column). With each rank's own counts, `grpo`'s loss even
 # changed sign. These are the lines of the trainer that do it:
 
 # %%
-print(inspect.getsource(trainer.Plan.totals))
-optimise_source = inspect.getsource(trainer.optimise)
+print(inspect.getsource(scoring.Plan.totals))
+optimise_source = inspect.getsource(update.optimise)
 print("\n".join(line for line in optimise_source.splitlines() if "world.size).backward()" in line))
 
 # %% [markdown]
@@ -323,7 +323,7 @@ print(f"largest rank, fsdp2 / ddp: {fsdp2_total / ddp_total:.4f}")
 # %% [markdown]
 # Each FSDP2 rank holds half of each (the policy's tied embedding is one tensor: it is
 # counted once). What the table does not show is the one whole copy every rank keeps under
-# FSDP2 besides: the sampler's weights (`trainer.Models.full_policy`: a plain copy, synced
+# FSDP2 besides: the sampler's weights (`placement.Models.full_policy`: a plain copy, synced
 # after every update, that sampling and evaluation run on without gathering shards), 4 bytes
 # per parameter. (With `engine = "vllm"` nothing samples from it, and the trainer gathers it
 # only while it evaluates: chapter 9.) The frozen reference model is sharded like
@@ -348,13 +348,13 @@ print(f"largest rank, fsdp2 / ddp: {fsdp2_total / ddp_total:.4f}")
 # Here is that checked against the trainer itself, without a GPU:
 
 # %%
-print("\n".join(line.strip() for line in inspect.getsource(trainer.distributed.init_world).splitlines()
+print("\n".join(line.strip() for line in inspect.getsource(distributed.init_world).splitlines()
                 if "init_process_group" in line or '"nccl"' in line))
 gpu = torch.device("cuda", 0)
-print(f"precision 'auto' on {gpu}: {trainer.compute_dtype(config, gpu)}; on the CPU: "
-      f"{trainer.compute_dtype(config, torch.device('cpu'))}")
+print(f"precision 'auto' on {gpu}: {placement.compute_dtype(config, gpu)}; on the CPU: "
+      f"{placement.compute_dtype(config, torch.device('cpu'))}")
 try:
-    trainer.check_engine_settings(config, gpu)
+    placement.check_engine_settings(config, gpu)
 except ValueError as error:
     print(f"engine = 'fused' on {gpu}: {error}")
 
@@ -371,7 +371,7 @@ def step_arithmetic(config, world_size):
     """What one training step of `config` is, on `world_size` ranks."""
     B, G, L = config.prompts_per_step, config.num_generations, config.max_completion_length
     rank_shares = [World(rank=r, size=world_size).shard(B) for r in range(world_size)]
-    mini_batches = trainer.plan_mini_batches(config, torch.zeros(B, G))
+    mini_batches = scoring.plan_mini_batches(config, torch.zeros(B, G))
 
     def ranks_holding(prompts):
         return {r for r, share in enumerate(rank_shares) for p in prompts.tolist() if share.start <= p < share.stop}
@@ -380,7 +380,7 @@ def step_arithmetic(config, world_size):
         "completions per rank (B G / N)": B // world_size * G,
         "completions per step (B G)": B * G,
         "tokens per step, at most (B G L)": B * G * L,
-        "optimizer steps per rollout": trainer.optimizer_steps_per_rollout(config),
+        "optimizer steps per rollout": update.optimizer_steps_per_rollout(config),
         "prompts per mini-batch": len(mini_batches[0]),
         "ranks holding a mini-batch": max(len(ranks_holding(prompts)) for prompts in mini_batches),
     }

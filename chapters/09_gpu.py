@@ -37,7 +37,7 @@ from pathlib import Path
 import torch
 from transformers import Qwen2Config, Qwen2ForCausalLM
 
-from grpo_edu import tasks, trainer, vllm_engine
+from grpo_edu import metrics, placement, tasks, trainer, user_functions, vllm_engine
 from grpo_edu.config import TrainConfig
 from grpo_edu.distributed import World
 from grpo_edu.fused_llama import FusedEngine
@@ -45,6 +45,7 @@ from grpo_edu.logprobs import completion_logprobs
 from grpo_edu.loss import grpo_loss
 from grpo_edu.models import STARTING_POLICY, load_policy
 from grpo_edu.rollout import SamplingParams
+from grpo_edu.update import optimizer_steps_per_rollout
 
 torch.set_num_threads(1)
 torch.set_printoptions(precision=4, sci_mode=False)
@@ -185,11 +186,11 @@ for _ in range(1000):                           # 1,000 optimizer steps of 1e-4 
     w_bf16, w_fp32 = w_bf16 + torch.tensor(1e-4, dtype=torch.bfloat16), w_fp32 + 1e-4
 print(f"\n1,000 updates of 1e-4: a bf16 weight {w_bf16.item():.4f}, a float32 weight {w_fp32.item():.4f}")
 
-print("\nthe forward passes' dtype (trainer.compute_dtype):")
+print("\nthe forward passes' dtype (placement.compute_dtype):")
 for precision in ("auto", "fp32", "bf16"):
     config = TrainConfig.from_toml("../configs/gpu-1x.toml", [f"precision={precision}"])
-    print(f"  precision = {precision!r:<7} on cuda: {str(trainer.compute_dtype(config, torch.device('cuda'))):<15}"
-          f"on the CPU: {trainer.compute_dtype(config, torch.device('cpu'))}")
+    print(f"  precision = {precision!r:<7} on cuda: {str(placement.compute_dtype(config, torch.device('cuda'))):<15}"
+          f"on the CPU: {placement.compute_dtype(config, torch.device('cpu'))}")
 
 # %% [markdown]
 # In bf16 the 1e-6 update disappears, and so does a thousand times a 1e-4 one: a weight of
@@ -222,7 +223,7 @@ with torch.no_grad():
         context = torch.autocast("cpu", dtype=dtype) if dtype else contextlib.nullcontext()
         with context:
             recomputed = completion_logprobs(policy, ids, mask, batch.completion_mask, temperature=temperature)
-        gaps[label] = trainer.sampler_gap(recomputed.float(), batch.sampler_logp, batch.completion_mask)
+        gaps[label] = metrics.sampler_gap(recomputed.float(), batch.sampler_logp, batch.completion_mask)
 for label, gap in gaps.items():
     print(f"{label:<20} mean |gap| {gap['sampler_gap/mean_abs']:.2e}   max ratio {gap['sampler_gap/max_ratio']:.4f}")
 
@@ -320,11 +321,11 @@ for name, dims in ARCHITECTURES.items():
 # weights, which under FSDP2 no GPU has. In what precision, and when? `build_models` decides:
 
 # %%
-print("\n".join(line.strip() for line in inspect.getsource(trainer.build_models).splitlines()
+print("\n".join(line.strip() for line in inspect.getsource(placement.build_models).splitlines()
                 if any(part in line for part in ("make_reference(policy)", "lazy = ", 'torch.device("meta")',
                                                  "type(policy)(policy.config)"))))
-print("\nModels.whole: " + inspect.getdoc(trainer.Models.whole))
-reference_dtype = next(trainer.make_reference(policy).parameters()).dtype
+print("\nModels.whole: " + inspect.getdoc(placement.Models.whole))
+reference_dtype = next(placement.make_reference(policy).parameters()).dtype
 print(f"\na copy of the float32 policy holds {reference_dtype}: {torch.finfo(reference_dtype).bits // 8} bytes per parameter")
 
 # %% [markdown]
@@ -416,7 +417,7 @@ for name in recipes:
     per_engine = c.prompts_per_step // gpus * c.num_generations
     per_engine_tokens[name] = per_engine * c.max_completion_length
     print(f"{name:<28}{gpus:>5}{c.prompts_per_step // gpus:>16,}{per_engine:>20,}"
-          f"{per_engine_tokens[name]:>24,}{trainer.optimizer_steps_per_rollout(c):>17}"
+          f"{per_engine_tokens[name]:>24,}{optimizer_steps_per_rollout(c):>17}"
           f"{c.prompts_per_step * c.num_generations // c.num_mini_batches:>18,}")
 capacity = budget["Qwen2.5-0.5B", 1]["kv_tokens"]
 largest = max(per_engine_tokens[n] for n in recipes if n.startswith("qwen2.5-0.5b"))
@@ -469,7 +470,7 @@ for setting in ("advantage_fn=my_solutions:group_advantages", "rewards.my_soluti
                 "advantage_fn=my_solutions:forgot_the_epsilon", "rewards.my_solutions:brevity_without_columns=0.1"):
     config = TrainConfig.from_toml("../configs/gpu-1x.toml", [setting])
     try:
-        trainer.functions_from_config(config)
+        user_functions.functions_from_config(config)
         print(f"--set {setting}: passes the probe")
     except ValueError as error:
         print(f"--set {setting}:\n  {error}")

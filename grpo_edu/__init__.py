@@ -15,17 +15,21 @@ per prompt, S completion tokens):
     batch.py        RolloutBatch: the step's data in the (B, G, S) layout, checked once
     logprobs.py     per-token log-probs at the sampled ids, without the full log-softmax
     loss.py         the clipped surrogate + KL, aggregated (grpo, bnpo, dr_grpo, dapo, GSPO)
-    trainer.py      the loop that wires them: mini-batches, accumulation, optimizer, eval,
-                    checkpoints
+    scoring.py      a rollout's rewards gathered, its advantages and the mini-batch plan
+    update.py       reference and pi_old log-probs, micro-batches, the optimizer steps
+    metrics.py      what a step logs (reduced over micro-batches and ranks), the run summary
+    trainer.py      the loop that wires them, step by step; set-up and finishing
 
 Beside the step:
 
+    placement.py    the policy, reference and sampler copy placed and wrapped, the
+                    rollout engine, the forward's precision
     user_functions.py  the reader's own advantage and reward functions by import path,
                     probed at start-up
     distributed.py  one run on N processes: process groups, a step's prompts sharded
                     across ranks (a group never split), DDP/FSDP2 wrapping, whole weights
     evaluation.py   held-out greedy accuracy and format (per problem, so ranks can share
-                    the problems), pass@k from samples
+                    the problems), pass@k from samples, with intervals
     checkpoint.py   checkpoints that resume bit for bit and survive a kill or a power cut
     runlog.py       metrics.jsonl, one line per step: the only code that touches it
     durable.py      fsync and atomic replacement of small files (checkpoint and runlog share them)

@@ -18,9 +18,9 @@ row, and the logits at column P - 1 predict it.
     sampler_logp    (B, G, S)  the rollout engine's log-probs of its samples, or None
                                (the trainer compares them with its own: the sampler gap)
 
-The trainer's step data is this type too (grpo_edu.trainer builds one per rank per
-rollout): its mini-batches are `select`s of whole groups and its micro-batches rows
-of `flat()`.
+The trainer's step data is this type too (grpo_edu.scoring builds one per rank per
+rollout): its mini-batches are `select`s of whole groups and its micro-batches
+`MicroBatch`es, rows of the flat (B * G, ...) layout (`rows`).
 
 Everything the loss and the trainer rely on is checked here, so a wrong batch
 fails at the line that built it, with a message that says what and where.
@@ -133,6 +133,11 @@ class RolloutBatch:
         values = {f.name: getattr(self, f.name) for f in fields(self)}
         return {name: None if value is None else value.reshape(N, *value.shape[2:])
                 for name, value in values.items()}
+
+    def rows(self, rows: slice) -> "MicroBatch":
+        """Rows `rows` of the flat layout (completion b * G + g is row b * G + g): a micro-batch,
+        which need not hold whole groups."""
+        return MicroBatch(**{name: None if value is None else value[rows] for name, value in self.flat().items()})
 
     def select(self, keep: torch.Tensor) -> "RolloutBatch":
         """The groups where keep (B,) is True: e.g. dynamic sampling's
@@ -260,6 +265,39 @@ class RolloutBatch:
             if value is None:
                 continue
             check_logprob_values(name, value, completion, where=_where)
+
+
+@dataclass(frozen=True)
+class MicroBatch:
+    """n rows of a RolloutBatch's flat layout, one completion each (`RolloutBatch.rows`): what
+    one forward and backward of the trainer takes. The fields are RolloutBatch's, flattened:
+
+        input_ids, attention_mask                  (n, T)
+        completion_mask, old_logp, ref_logp,       (n, S)
+        sampler_logp
+        rewards, advantages                        (n,)
+
+    Not re-validated: its rows come from a validated batch.
+    """
+
+    input_ids: torch.Tensor
+    attention_mask: torch.Tensor
+    completion_mask: torch.Tensor
+    old_logp: torch.Tensor | None
+    rewards: torch.Tensor
+    advantages: torch.Tensor
+    ref_logp: torch.Tensor | None = None
+    sampler_logp: torch.Tensor | None = None
+
+    @property
+    def num_completions(self) -> int:
+        """n, the rows."""
+        return self.completion_mask.shape[0]
+
+    @property
+    def num_tokens(self) -> int:
+        """Real completion tokens in the rows."""
+        return int(self.completion_mask.sum())
 
 
 def pad_rollouts(prompt_ids: list[list[int]], completion_ids: list[list[list[int]]], pad_token_id: int

@@ -39,7 +39,7 @@ from typing import Callable
 import torch
 from safetensors.torch import load_model, save_file
 
-from grpo_edu import durable
+from grpo_edu import distributed, durable
 
 KEEP = 2  # newest checkpoints kept
 STATE_KEYS = {"step", "optimizer", "scheduler", "torch_rng", "prompt_rng", "extra", "files"}
@@ -106,6 +106,20 @@ def save(run_dir: Path, policy_weights: dict, reference_weights: dict | None, op
     durable.replace(folder / "latest", name + "\n")
     _prune(folder, state.step)
     return final
+
+
+def save_checkpoint(run_dir: Path, models, optimizer, scheduler, state, world, extra: dict, metrics_log) -> None:
+    """A training run's checkpoint (grpo_edu.trainer): the policy's and the reference's whole
+    weights and the optimizer's state (gathered under FSDP2, on every rank: a collective),
+    written by rank 0 after the metrics it covers (`metrics_log`, a runlog.MetricsLog) reach
+    the disk. `models` is a placement.Models, `world` a distributed.World."""
+    policy_weights = distributed.full_state_dict(models.policy)
+    reference_weights = None if models.reference is None else distributed.full_state_dict(models.reference)
+    optimizer_state = distributed.full_optimizer_state(optimizer)
+    if world.is_main:
+        metrics_log.sync()
+        save(run_dir, policy_weights, reference_weights, optimizer_state, scheduler, state, extra)
+    world.barrier()
 
 
 def _prune(folder: Path, step: int) -> None:

@@ -243,11 +243,12 @@ def _train(args) -> int:
     argument = f"--resume {args.resume}" if args.resume else "output_dir"
     processes, main_rank = _check_world(config)
     _check_writable(config.output_dir, argument)
-    from grpo_edu import checkpoint, distributed, trainer  # torch and transformers: seconds, after the quick checks
+    # torch and transformers: seconds, after the quick checks
+    from grpo_edu import checkpoint, distributed, trainer, user_functions
 
     _check_model_and_device(config)
     try:   # the reader's own functions (by import path): imported and probed before the run starts
-        trainer.functions_from_config(config)
+        user_functions.functions_from_config(config)
     except ValueError as error:
         raise UsageError(str(error)) from error
 

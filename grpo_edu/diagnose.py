@@ -89,7 +89,7 @@ def reference_aliased(history, config):
                    f"kl = 0 exactly at all {len(kl)} steps from {kl[0][0]} to {kl[-1][0]}, with beta = "
                    f"{config['beta']}, while the policy moves (grad_norm > 0 at {len(moving)} steps); a "
                    f"separate reference gives kl > 0 from step 2",
-                   "build the reference as a separate frozen copy (grpo_edu.trainer.make_reference) and keep "
+                   "build the reference as a separate frozen copy (grpo_edu.placement.make_reference) and keep "
                    "the start-up check that refuses shared storage")
 
 

@@ -124,7 +124,7 @@ def run_checks(device: torch.device, output: Callable[[str], None] = print, *,
     def weight_sync() -> str:
         from grpo_edu.logprobs import completion_logprobs
         from grpo_edu.rollout import SamplingParams
-        from grpo_edu.trainer import sampler_gap
+        from grpo_edu.metrics import sampler_gap
         engine, policy, tokenizer = state["engine"], state["policy"], state["tokenizer"]
         samples = tasks.make_dataset("arithmetic", n=PROMPTS, split="test", seed=0)
         encoded = tokenizer([s["prompt"] for s in samples], return_tensors="pt", padding=True,

@@ -1,9 +1,9 @@
 """Held-out evaluation of a policy: greedy accuracy and format, pass@k from samples, and the
 uncertainty of each: a held-out accuracy is an estimate from a finite set of problems.
 
-Used by the trainer (held-out greedy accuracy, each process scoring its share of the
-problems: `greedy_scores` per problem, gathered), by the pretraining script, the
-benchmarks and the chapters.
+Used by the trainer (`held_out_metrics`: held-out greedy accuracy and pass@k, each process
+scoring its share of the problems, gathered; `samples_table`: a run's sample completions),
+by the pretraining script, the benchmarks and the chapters.
 """
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ from collections import Counter
 from statistics import NormalDist
 
 from grpo_edu import rewards
+from grpo_edu.distributed import World
 from grpo_edu.models import generate_completions
 
 SAMPLE_SEED = 2   # the seed of evaluate's pass@k samples
@@ -72,6 +73,45 @@ def sampled_metrics(scores: list[tuple[int, bool]], k: int) -> dict[str, object]
         f"pass_at_{k}_interval_95": list(wilson_interval(any_right, n)),
         f"maj_at_{k}": majority / n, f"maj_at_{k}_interval_95": list(wilson_interval(majority, n)),
     }
+
+
+def held_out_metrics(model, tokenizer, problems: list[dict], world: World = World(), *, max_new_tokens: int,
+                     samples: int = 0) -> dict[str, object]:
+    """A training run's evaluation of `model` (whole weights) on its held-out problems, each
+    rank scoring its share (world.split) and the scores gathered, so every rank returns
+    the same:
+
+      eval/greedy_accuracy        share of problems whose greedy completion is right
+      eval/pass_at_1, ...         with samples = k > 0, from k samples per problem at
+                                  temperature 1: sampled_metrics' pass@1, pass@k and maj@k
+                                  with their 95% intervals (config key eval_samples)
+    """
+    share = problems[world.split(len(problems))]
+    model.eval()
+    greedy = greedy_scores(model, tokenizer, share, max_new_tokens=max_new_tokens)
+    sampled = sampled_scores(model, tokenizer, share, k=samples, max_new_tokens=max_new_tokens) if samples else []
+    model.train()
+    correct = world.gather_objects([accuracy for accuracy, _ in greedy])
+    metrics: dict[str, object] = {"eval/greedy_accuracy": sum(correct) / len(correct)}
+    if samples:
+        metrics.update({f"eval/{key}": value
+                        for key, value in sampled_metrics(world.gather_objects(sampled), samples).items()})
+    return metrics
+
+
+def samples_table(model, tokenizer, samples: list[dict], max_new_tokens: int) -> str:
+    """One line per problem: its prompt, the greedy completion and whether it is right (a run's
+    samples_before.txt and samples_after.txt)."""
+    model.eval()
+    completions = generate_completions(model, tokenizer, [s["prompt"] for s in samples],
+                                       max_new_tokens=max_new_tokens)
+    model.train()
+    lines = []
+    for sample, (completion,) in zip(samples, completions):
+        correct = rewards.accuracy_reward([completion], answer=[sample["answer"]], task=[sample.get("task")],
+                                          numbers=[sample.get("numbers")])[0]
+        lines.append(f"{sample['prompt']}{completion}   ({'right' if correct else 'wrong'}, answer {sample['answer']})")
+    return "\n".join(lines) + "\n"
 
 
 def evaluate(model, tokenizer, samples: list[dict], *, pass_k: int = 0, max_new_tokens: int = 16,

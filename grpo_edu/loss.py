@@ -30,12 +30,12 @@ weight. For the settings they share, the loss equals TRL 1.16's GRPOTrainer
 n (`num_completions`) and num_items default to the batch passed in. A batch split
 into parts (micro-batches, or the shares of several processes) passes the whole
 batch's n and num_items to each part: the parts' losses then add up to the whole
-batch's loss exactly, which is how grpo_edu.trainer accumulates gradients and how
+batch's loss exactly, which is how grpo_edu.update accumulates gradients and how
 N processes minimise the 1-process loss (grpo_edu.distributed). When one
 generation batch feeds several optimizer steps (its mini-batches), TRL 1.16
 divides each step's dapo loss by num_items / (optimizer steps per generation),
 the mean token count of a step, so that every token weighs the same whichever
-mini-batch holds it; grpo_edu.trainer passes that same mean as num_items.
+mini-batch holds it; grpo_edu.scoring passes that same mean as num_items.
 """
 
 from __future__ import annotations

@@ -32,9 +32,12 @@ import re
 import zlib
 from fractions import Fraction
 from pathlib import Path
-from typing import Iterator
+from typing import TYPE_CHECKING, Iterator
 
 from grpo_edu.models import BOXED_OPEN, THINK_CLOSE, THINK_OPEN
+
+if TYPE_CHECKING:
+    from grpo_edu.config import TrainConfig
 
 SPLITS = ("train", "test")
 HELD_OUT_PERCENT = 10  # share of each task's problem space reserved for evaluation
@@ -314,3 +317,32 @@ def load_gsm8k(split: str = "train", dataset: str = "openai/gsm8k") -> list[dict
         from datasets import load_dataset
         rows = load_dataset(dataset, "main", split=split)
     return [gsm8k_sample(row["question"], row["answer"]) for row in rows]
+
+
+# --------------------------------------------------------------------------- a run's problems
+
+TRAIN_POOL = 10_000  # distinct training problems a run's prompts are drawn from (with replacement)
+
+
+def task_pools(config: "TrainConfig", tokenizer) -> tuple[list[dict], list[dict]]:
+    """A training run's problems (its config's task, dataset, eval_size and chat_template): the
+    pool prompts are drawn from, and the held-out problems (the first eval_size of the test
+    split), with their prompts as the policy reads them (inside the tokenizer's chat template
+    when chat_template)."""
+    if config.task == "gsm8k":
+        train_pool = load_gsm8k("train", config.dataset)
+        held_out = load_gsm8k("test", config.dataset)[:config.eval_size]
+    else:
+        train_pool = make_dataset(config.task, n=TRAIN_POOL, split="train", seed=0)
+        held_out = make_dataset(config.task, n=config.eval_size, split="test", seed=0)
+    if config.chat_template:
+        if getattr(tokenizer, "chat_template", None) is None:
+            raise ValueError("config key 'chat_template' is true, but the tokenizer has no chat template "
+                             "(not an instruct model?); set chat_template = false")
+
+        def as_chat(sample: dict) -> dict:
+            text = tokenizer.apply_chat_template([{"role": "user", "content": sample["prompt"]}],
+                                                 add_generation_prompt=True, tokenize=False)
+            return {**sample, "prompt": text}
+        train_pool, held_out = [as_chat(s) for s in train_pool], [as_chat(s) for s in held_out]
+    return train_pool, held_out

@@ -153,7 +153,7 @@ def grpo_config(config: TrainConfig, output_dir: str | None = None, **overrides)
 
 def reward_functions(config: TrainConfig) -> tuple[list, list[float]]:
     """The config's reward functions (built-in by name, the reader's by import path) and weights."""
-    from grpo_edu.trainer import reward_functions_from_config
+    from grpo_edu.user_functions import reward_functions_from_config
     functions, weights = [], []
     for name, (function, weight) in reward_functions_from_config(config.rewards, config.unboxed_answers).items():
         functions.append(_named(function, name))

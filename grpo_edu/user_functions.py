@@ -12,10 +12,14 @@ folder that holds my_solutions.py both find it), or "path/to/file.py:function". 
 imports it itself (the config is all a rank is given), and the trainer checks each one at
 start-up on a probe batch, so that a wrong shape, a NaN or a crash is one line naming the
 function and what it returned, before the first rollout rather than in the middle of a run.
+
+`functions_from_config` gives the run's advantage and reward functions, as a config names
+them: grpo_edu.rewards' by name, the reader's by import path.
 """
 
 from __future__ import annotations
 
+import functools
 import importlib
 import importlib.util
 import inspect
@@ -23,9 +27,16 @@ import math
 import os
 import sys
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Sequence
 
 import torch
+
+from grpo_edu import rewards, tasks
+from grpo_edu.advantages import group_advantages
+from grpo_edu.config import TrainConfig
+
+AdvantageFn = Callable[[torch.Tensor], torch.Tensor]          # rewards (B, G) -> advantages (B, G)
+RewardFn = Callable[..., Sequence[float]]                      # TRL's signature
 
 
 def is_import_path(name: str) -> bool:
@@ -111,3 +122,38 @@ def check_reward_fn(function: Callable, name: str, samples: list[dict]) -> None:
     if len(values) != len(completions) or bad:
         raise ValueError(f"config key 'rewards': {name} must return one finite float per completion, got {values!r} "
                          f"for {len(completions)} completions")
+
+
+# --------------------------------------------------------------------------- a run's functions
+
+def reward_functions_from_config(weights: dict[str, float], unboxed_answers: bool = False
+                                 ) -> dict[str, tuple[RewardFn, float]]:
+    """{name: weight} -> {name: (function, weight)}: grpo_edu.rewards' functions by name, and
+    the reader's own by import path ("module:function").
+    unboxed_answers: the accuracy reward also reads "The answer is 18." (config key)."""
+    known = dict(rewards.REWARD_FUNCTIONS)
+    if unboxed_answers:
+        known["accuracy"] = functools.partial(rewards.accuracy_reward, unboxed=True)
+    unknown = sorted(name for name in weights if name not in known and not is_import_path(name))
+    if unknown:
+        raise ValueError(f"config key 'rewards' names unknown reward functions {unknown}; known: {sorted(known)}, "
+                         f"or 'module:function' for your own")
+    return {name: (known[name] if name in known else resolve(name, "rewards"), float(weight))
+            for name, weight in weights.items()}
+
+
+def functions_from_config(config: TrainConfig) -> tuple[AdvantageFn, dict[str, tuple[RewardFn, float]]]:
+    """The run's advantage and reward functions, as the config names them, each checked on a
+    probe batch (a one-line error naming a function that fails)."""
+    if config.advantage_fn:
+        advantage_fn = resolve(config.advantage_fn, "advantage_fn")
+        check_advantage_fn(advantage_fn, config.advantage_fn, config.prompts_per_step, config.num_generations)
+    else:
+        advantage_fn = lambda r: group_advantages(r, scale=config.advantage_scale, std=config.advantage_std)
+    reward_functions = reward_functions_from_config(config.rewards, config.unboxed_answers)
+    samples = (tasks.make_dataset(config.task, n=3, split="train", seed=0) if config.task != "gsm8k" else
+               [tasks.gsm8k_sample("How many legs do 3 cats have?", "3 * 4 = 12\n#### 12")])
+    for name, (function, _) in reward_functions.items():
+        if is_import_path(name):
+            check_reward_fn(function, name, samples)
+    return advantage_fn, reward_functions

@@ -15,34 +15,31 @@ import sys
 
 import torch
 
-from grpo_edu import distributed, trainer
+from grpo_edu import distributed, scoring, trainer
 from grpo_edu.config import TrainConfig
 
 
-def per_rank_totals(plan, config, k):
+def per_rank_totals(plan, k, loss_type):
     """Each rank's own completions and tokens in mini-batch k, times the world size: with the
     trainer's x N on the loss and the ranks' gradient average, the mean of per-rank losses."""
     width = plan.owned.stop - plan.owned.start
     world_size = len(plan.rewards) // width
     lengths = plan.lengths[plan.owned]
     keep = plan.local_groups(k)
-    if config.loss_type == "dapo":
-        trained = torch.zeros(width, dtype=torch.bool)
-        for j in range(config.num_mini_batches):
-            trained |= plan.local_groups(j)
-        items = int(lengths[trained].sum()) / config.num_mini_batches
+    if loss_type == "dapo":
+        items = int(lengths[plan.trained_groups()].sum()) / len(plan.mini_batches)
     else:
         items = float(lengths[keep].sum())
     # A rank with nothing in the mini-batch runs only zero-weight padding: any positive count does.
-    return trainer.LossTotals(num_completions=max(1, int(keep.sum()) * plan.group_size) * world_size,
+    return scoring.LossTotals(num_completions=max(1, int(keep.sum()) * plan.group_size) * world_size,
                               num_items=max(items, 1.0) * world_size)
 
 
 def main() -> None:
     runs = json.loads(open(sys.argv[1]).read())
-    global_totals = trainer.Plan.totals
+    global_totals = scoring.Plan.totals
     for run in runs:
-        trainer.Plan.totals = per_rank_totals if run.get("per_rank_normaliser") else global_totals
+        scoring.Plan.totals = per_rank_totals if run.get("per_rank_normaliser") else global_totals
         config = TrainConfig.from_toml(None, run["overrides"] + [f"output_dir={json.dumps(run['output_dir'])}"])
         trainer.train(config, resume=run.get("resume"), stop_after=run.get("stop_after"), log=lambda _: None)
     distributed.close_world(distributed.init_world(config.device))

@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from grpo_edu.config import TrainConfig, _flatten_file, tomllib
-from grpo_edu.trainer import plan_mini_batches
+from grpo_edu.scoring import plan_mini_batches
 
 ROOT = Path(__file__).resolve().parents[1]
 # Each file and the number of processes it is written for: the GPU tier's configs (the committed

@@ -15,7 +15,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from grpo_edu import cli, distributed, trainer
+from grpo_edu import cli, distributed, placement, scoring, trainer, update, user_functions
 from grpo_edu.batch import RolloutBatch
 from grpo_edu.config import TrainConfig
 from grpo_edu.distributed import World
@@ -192,8 +192,8 @@ def test_every_tensor_handed_to_the_loss_is_on_the_trainers_device(tmp_path, mon
     samples = trainer.sample_prompts(config, trainer.TrainState(), tasks.make_dataset(n=20))
     rollout = trainer.roll_out(config, samples, tokenizer, HFEngine(policy, tokenizer))
     meta = World(device=torch.device("meta"))
-    batch, plan = trainer.score(config, samples, rollout, tokenizer,
-                                trainer.reward_functions_from_config({"format": 1.0}),
+    batch, plan = scoring.score(config, samples, rollout, tokenizer,
+                                user_functions.reward_functions_from_config({"format": 1.0}),
                                 lambda r: r - r.mean(-1, keepdim=True), meta)
     assert all(getattr(batch, name).device.type == "meta" for name in
                ("input_ids", "attention_mask", "completion_mask", "rewards", "advantages", "sampler_logp"))
@@ -202,8 +202,8 @@ def test_every_tensor_handed_to_the_loss_is_on_the_trainers_device(tmp_path, mon
         def forward(self, input_ids, attention_mask, completion_mask):
             assert input_ids.device.type == attention_mask.device.type == completion_mask.device.type == "meta"
             return torch.zeros(completion_mask.shape, device="meta", requires_grad=True)
-    models = trainer.Models(policy, None, policy, MetaLogprobs(), MetaLogprobs())
-    batch = trainer.add_logprobs(config, models, batch, plan, meta)
+    models = placement.Models(policy, None, policy, MetaLogprobs(), MetaLogprobs())
+    batch = update.add_logprobs(config, models, batch, plan, meta)
     assert batch.old_logp.device.type == batch.ref_logp.device.type == "meta"
     received = []
 
@@ -213,20 +213,21 @@ def test_every_tensor_handed_to_the_loss_is_on_the_trainers_device(tmp_path, mon
     def spy(*args, **kwargs):
         received.extend(value for value in (*args, *kwargs.values()) if isinstance(value, torch.Tensor))
         raise Seen
-    monkeypatch.setattr(trainer, "grpo_loss", spy)
-    part = trainer.micro_batches(config, plan, batch, 0, meta)[0]
+    monkeypatch.setattr(update, "grpo_loss", spy)
+    part = update.micro_batches(plan, batch, 0, config.micro_batch_size, meta)[0]
     with pytest.raises(Seen):
-        trainer.micro_batch_loss(config, models.train_logprobs, part, plan.totals(config, 0))
+        update.micro_batch_loss(update.LossSettings.of(config), models.train_logprobs, part,
+                                plan.totals(0, config.loss_type))
     assert len(received) >= 5 and {t.device.type for t in received} == {"meta"}
 
 
 def test_fused_path_is_refused_off_the_cpu_and_with_bf16():
     config = TrainConfig(progress=False)
     with pytest.raises(ValueError, match="engine = 'hf' .*or 'vllm' on cuda"):
-        trainer.check_engine_settings(config, torch.device("cuda", 0))
+        placement.check_engine_settings(config, torch.device("cuda", 0))
     with pytest.raises(ValueError, match="precision = 'bf16'"):
-        trainer.check_engine_settings(TrainConfig(precision="bf16", progress=False), torch.device("cpu"))
-    trainer.check_engine_settings(TrainConfig(precision="bf16", engine="hf", progress=False), torch.device("cpu"))
+        placement.check_engine_settings(TrainConfig(precision="bf16", progress=False), torch.device("cpu"))
+    placement.check_engine_settings(TrainConfig(precision="bf16", engine="hf", progress=False), torch.device("cpu"))
 
 
 def test_device_auto_is_the_cpu_without_a_gpu_and_cuda_without_one_is_an_error():
@@ -259,7 +260,7 @@ def test_bf16_autocast_changes_the_forward_and_keeps_float32_master_weights(tmp_
     logp = {}
     for precision in ("fp32", "bf16"):
         config = TrainConfig(engine="hf", precision=precision, beta=0.0, progress=False)
-        models = trainer.build_models(config, World(), policy)
+        models = placement.build_models(config, World(), policy)
         logp[precision] = models.train_logprobs(ids["input_ids"], ids["attention_mask"], completion_mask)
         logp[precision].sum().backward()
         assert all(p.grad.dtype == torch.float32 for p in policy.parameters() if p.grad is not None)

@@ -2,7 +2,7 @@
 
 import pytest
 
-from grpo_edu import trainer
+from grpo_edu import metrics
 from grpo_edu.exercises import ch07
 
 
@@ -37,10 +37,10 @@ def test_the_mystery_runs_show_what_the_key_says():
 
 
 def test_the_trainers_tie_spread_passes_and_wrong_ones_fail():
-    assert ch07.check_tie_spread(trainer.tie_spread)
+    assert ch07.check_tie_spread(metrics.tie_spread)
     over_all_pairs = ch07.check_tie_spread(lambda r, a: float((a[:, :, None] - a[:, None, :]).abs().max()))
     assert over_all_pairs.failures and "the chapter's group, whole" in over_all_pairs.failures[0]
-    first_group_only = ch07.check_tie_spread(lambda r, a: trainer.tie_spread(r[:1], a[:1]))
+    first_group_only = ch07.check_tie_spread(lambda r, a: metrics.tie_spread(r[:1], a[:1]))
     assert any("split in halves" in f for f in first_group_only.failures)
     assert all("raised ZeroDivisionError" in f for f in ch07.check_tie_spread(lambda r, a: 1 / 0).failures)
 
@@ -49,4 +49,4 @@ def test_the_split_case_by_hand():
     """[1.5, 0.5, 0.5, 0.5 | 1.5, 1.5, 0.5, 0.5]: the right answer gets sqrt(3) in the first half
     (mean 0.75, std sqrt(3)/4) and 1 in the second (mean 1, std 0.5): a spread of sqrt(3) - 1."""
     name, rewards, advantages = ch07.tie_spread_cases()[1]
-    assert trainer.tie_spread(rewards, advantages) == pytest.approx(3 ** 0.5 - 1, abs=1e-7)
+    assert metrics.tie_spread(rewards, advantages) == pytest.approx(3 ** 0.5 - 1, abs=1e-7)

@@ -6,7 +6,7 @@ import dataclasses
 import pytest
 import torch
 
-from grpo_edu import trainer
+from grpo_edu import metrics, placement, trainer
 from grpo_edu.advantages import group_advantages
 from grpo_edu.config import TrainConfig
 from grpo_edu.distributed import World
@@ -68,12 +68,12 @@ def test_an_aliased_reference_is_refused_unless_injected(tmp_path):
     policy, _ = load_policy(STARTING_POLICY)
     config = lab_config(tmp_path)
     with pytest.raises(ValueError, match=r"reference model is the policy object itself"):
-        trainer.build_models(config, World(), policy, policy)
-    twin = trainer.make_reference(policy)
+        placement.build_models(config, World(), policy, policy)
+    twin = placement.make_reference(policy)
     twin.model.embed_tokens.weight = policy.model.embed_tokens.weight   # one shared tensor is enough
     with pytest.raises(ValueError, match="reference parameter 'model.embed_tokens.weight' shares memory"):
-        trainer.build_models(config, World(), policy, twin)
-    models = trainer.build_models(config, World(), policy, policy, allow_alias=True)
+        placement.build_models(config, World(), policy, twin)
+    models = placement.build_models(config, World(), policy, policy, allow_alias=True)
     assert models.reference is policy
 
 
@@ -123,9 +123,9 @@ def test_split_groups_normalises_each_part_and_breaks_ties():
     split = Faults(split_groups=2).split_advantages(fn, rewards)
     assert torch.allclose(split[:, :4], group_advantages(rewards[:, :4]), rtol=0, atol=1e-12)
     assert torch.allclose(split[:, 4:], group_advantages(rewards[:, 4:]), rtol=0, atol=1e-12)
-    assert trainer.tie_spread(rewards, group_advantages(rewards)) == 0.0
+    assert metrics.tie_spread(rewards, group_advantages(rewards)) == 0.0
     # reward 1: 1.732 in the first half (1 of 4 right), 0.577 in the second (3 of 4)
-    assert trainer.tie_spread(rewards, split) == pytest.approx(3 ** 0.5 - 1 / 3 ** 0.5)
+    assert metrics.tie_spread(rewards, split) == pytest.approx(3 ** 0.5 - 1 / 3 ** 0.5)
 
 
 def test_refreshed_old_logprobs_keep_the_ratio_at_1(tmp_path):

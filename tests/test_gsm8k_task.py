@@ -42,7 +42,7 @@ def test_the_trainer_trains_on_gsm8k_from_the_folder(gsm8k_folder, tmp_path):
     result = trainer.train(config, log=lambda _: None)
     assert [m["step"] for m in result.history] == [1, 2]
     _, tokenizer = load_policy(STARTING_POLICY)
-    pool, held_out = trainer.task_pools(config, tokenizer)
+    pool, held_out = tasks.task_pools(config, tokenizer)
     assert len(pool) == 3 and [s["answer"] for s in held_out] == ["25", "7"]   # eval_size 5, the split has 2
 
 
@@ -50,9 +50,9 @@ def test_chat_template_wraps_each_prompt_as_a_user_message(gsm8k_folder):
     _, tokenizer = load_policy(STARTING_POLICY)
     config = TrainConfig(task="gsm8k", dataset=str(gsm8k_folder), chat_template=True)
     with pytest.raises(ValueError, match="'chat_template' is true, but the tokenizer has no chat template"):
-        trainer.task_pools(config, tokenizer)
+        tasks.task_pools(config, tokenizer)
     tokenizer.chat_template = "{% for m in messages %}<user>{{ m['content'] }}</user>{% endfor %}<assistant>"
-    pool, held_out = trainer.task_pools(config, tokenizer)
-    plain, _ = trainer.task_pools(TrainConfig(task="gsm8k", dataset=str(gsm8k_folder)), tokenizer)
+    pool, held_out = tasks.task_pools(config, tokenizer)
+    plain, _ = tasks.task_pools(TrainConfig(task="gsm8k", dataset=str(gsm8k_folder)), tokenizer)
     assert [s["prompt"] for s in pool] == [f"<user>{s['prompt']}</user><assistant>" for s in plain]
     assert [s["answer"] for s in pool] == [s["answer"] for s in plain]

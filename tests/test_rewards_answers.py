@@ -5,7 +5,7 @@ parser stays bounded and total on anything."""
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from grpo_edu import trainer
+from grpo_edu import user_functions
 from grpo_edu.config import TrainConfig
 from grpo_edu.rewards import MAX_EXPONENT, accuracy_reward, normalise_answer, parse_number
 
@@ -41,7 +41,7 @@ def test_an_unboxed_sentence_counts_only_when_asked(tmp_path):
     assert accuracy_reward(text, answer=["18"], unboxed=True) == [1.0]
     # The config key reaches the trainer's accuracy reward.
     for flag, expected in ((False, 0.0), (True, 1.0)):
-        functions = trainer.reward_functions_from_config({"accuracy": 1.0}, TrainConfig(unboxed_answers=flag).unboxed_answers)
+        functions = user_functions.reward_functions_from_config({"accuracy": 1.0}, TrainConfig(unboxed_answers=flag).unboxed_answers)
         assert functions["accuracy"][0](text, answer=["18"]) == [expected]
 
 

@@ -11,7 +11,7 @@ import math
 import pytest
 import torch
 
-from grpo_edu import trainer
+from grpo_edu import metrics, trainer
 from grpo_edu.config import TrainConfig
 from grpo_edu.loss import LOSS_TYPES, grpo_loss
 
@@ -150,8 +150,8 @@ def test_the_gap_metric_sees_the_mismatched_sampler():
     theta, advantage, q, y = mismatched_rollout()
     logp = torch.log_softmax(theta, 0)[y][:, None]
     mask = torch.ones(SAMPLES, 1, dtype=torch.bool)
-    seen = trainer.sampler_gap(logp, torch.log(q)[y][:, None], mask)
-    same = trainer.sampler_gap(logp, torch.log_softmax(theta / 1.0, 0)[y][:, None], mask)
+    seen = metrics.sampler_gap(logp, torch.log(q)[y][:, None], mask)
+    same = metrics.sampler_gap(logp, torch.log_softmax(theta / 1.0, 0)[y][:, None], mask)
     assert seen["sampler_gap/mean_abs"] > 0.2 and seen["sampler_gap/max_ratio"] > 1.5
     assert same["sampler_gap/mean_abs"] == 0.0 and same["sampler_gap/max_ratio"] == 1.0
 

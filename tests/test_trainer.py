@@ -6,7 +6,7 @@ import json
 import pytest
 import torch
 
-from grpo_edu import checkpoint, trainer
+from grpo_edu import checkpoint, placement, scoring, trainer, update, user_functions
 from grpo_edu.distributed import World
 from grpo_edu.config import DEFAULT_CONFIG, TrainConfig, help_text
 from grpo_edu.logprobs import completion_logprobs
@@ -66,7 +66,7 @@ def test_overrides_are_typed():
 
 def test_unknown_reward_is_named():
     with pytest.raises(ValueError, match=r"unknown reward functions \['speed'\]"):
-        trainer.reward_functions_from_config({"speed": 1.0})
+        user_functions.reward_functions_from_config({"speed": 1.0})
 
 
 # ----------------------------------------------------------------- rollout
@@ -111,20 +111,21 @@ def test_gradient_accumulation_equals_one_big_batch(tmp_path, loss_type):
     torch.manual_seed(0)
     policy, tokenizer = tiny()
     config = small_config(tmp_path, loss_type=loss_type, micro_batch_size=16, beta=0.04)
-    models = trainer.build_models(config, World(), policy)
+    models = placement.build_models(config, World(), policy)
     samples = trainer.sample_prompts(config, trainer.TrainState(), __import__("grpo_edu.tasks").tasks.make_dataset(n=50))
     rollout = trainer.roll_out(config, samples, tokenizer, HFEngine(policy, tokenizer))
-    batch, plan = trainer.score(config, samples, rollout, tokenizer, trainer.reward_functions_from_config({"format": 1.0}),
+    batch, plan = scoring.score(config, samples, rollout, tokenizer, user_functions.reward_functions_from_config({"format": 1.0}),
                                 lambda r: torch.randn(r.shape, generator=torch.Generator().manual_seed(1)))
-    batch = trainer.add_logprobs(config, models, batch, plan)
+    batch = update.add_logprobs(config, models, batch, plan)
     gradients = []
     for micro in (16, 3):
         policy.zero_grad()
         config.micro_batch_size = micro
-        parts = trainer.micro_batches(config, plan, batch, 0, World())
+        parts = update.micro_batches(plan, batch, 0, micro, World())
         assert len(parts) == -(-16 // micro)
         for part in parts:
-            loss, _, _ = trainer.micro_batch_loss(config, models.train_logprobs, part, plan.totals(config, 0))
+            loss, _, _ = update.micro_batch_loss(update.LossSettings.of(config), models.train_logprobs, part,
+                                                 plan.totals(0, config.loss_type))
             loss.backward()
         gradients.append(torch.cat([p.grad.reshape(-1) for p in policy.parameters()]))
     torch.testing.assert_close(gradients[0], gradients[1], atol=1e-6, rtol=1e-5)
@@ -134,11 +135,11 @@ def test_gradient_accumulation_equals_one_big_batch(tmp_path, loss_type):
 def test_reference_must_not_alias_the_policy():
     policy, _ = tiny()
     with pytest.raises(ValueError, match="reference model is the policy object itself"):
-        trainer.check_not_aliased(policy, policy)
+        placement.check_not_aliased(policy, policy)
     shallow = __import__("copy").copy(policy)
     with pytest.raises(ValueError, match="shares memory with the policy"):
-        trainer.check_not_aliased(policy, shallow)
-    trainer.check_not_aliased(policy, trainer.make_reference(policy))
+        placement.check_not_aliased(policy, shallow)
+    placement.check_not_aliased(policy, placement.make_reference(policy))
 
 
 def test_bad_advantage_function_is_named(tmp_path):
@@ -252,15 +253,16 @@ def test_fused_and_transformers_paths_give_the_same_update(tmp_path):
     results = []
     for fused in (True, False):
         config = small_config(tmp_path, beta=0.04, engine="fused" if fused else "hf", micro_batch_size=8)
-        models = trainer.build_models(config, World(), policy)
-        batch, plan = trainer.score(config, samples, rollout, tokenizer,
-                                    trainer.reward_functions_from_config({"format": 1.0}),
+        models = placement.build_models(config, World(), policy)
+        batch, plan = scoring.score(config, samples, rollout, tokenizer,
+                                    user_functions.reward_functions_from_config({"format": 1.0}),
                                     lambda r: torch.linspace(-1, 1, r.numel()).view(r.shape))
-        batch = trainer.add_logprobs(config, models, batch, plan)
+        batch = update.add_logprobs(config, models, batch, plan)
         policy.zero_grad()
         losses = []
-        for part in trainer.micro_batches(config, plan, batch, 0, World()):
-            loss, _, _ = trainer.micro_batch_loss(config, models.train_logprobs, part, plan.totals(config, 0))
+        for part in update.micro_batches(plan, batch, 0, config.micro_batch_size, World()):
+            loss, _, _ = update.micro_batch_loss(update.LossSettings.of(config), models.train_logprobs, part,
+                                                 plan.totals(0, config.loss_type))
             loss.backward()
             losses.append(loss.item())
         assert len(losses) == 2
@@ -286,7 +288,7 @@ def test_a_lazy_whole_copy_holds_no_memory_outside_whole():
     policy, _ = tiny()
     with torch.device("meta"):
         copy = type(policy)(policy.config)
-    models = trainer.Models(policy, None, copy, policy, None, lazy=True)
+    models = placement.Models(policy, None, copy, policy, None, lazy=True)
     assert all(p.is_meta for p in copy.parameters())
     with models.whole() as whole:
         assert all(torch.equal(a, b) for a, b in zip(whole.state_dict().values(), policy.state_dict().values()))

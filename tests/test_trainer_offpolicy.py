@@ -9,7 +9,7 @@ import torch
 from torch.optim.optimizer import register_optimizer_step_pre_hook
 
 from grpo_edu.distributed import World
-from grpo_edu import tasks, trainer
+from grpo_edu import placement, scoring, tasks, trainer, update, user_functions
 from grpo_edu.logprobs import completion_logprobs
 from grpo_edu.loss import grpo_loss
 from grpo_edu.rollout import HFEngine
@@ -34,14 +34,14 @@ def record_loss_calls(monkeypatch) -> list[dict]:
                           metrics=out.metrics))
         return out
 
-    monkeypatch.setattr(trainer, "grpo_loss", recording)
+    monkeypatch.setattr(update, "grpo_loss", recording)
     return calls
 
 
 def engine_that_reports(transform=None, temperature=None):
     """make_engine whose rollouts carry transform(sampler_logp, mask) as their log-probs,
     or are sampled at another temperature than the trainer's."""
-    make_engine = trainer.make_engine
+    make_engine = placement.make_engine
 
     def make(config, models, tokenizer, world):
         engine = make_engine(config, models, tokenizer, world)
@@ -84,13 +84,13 @@ def test_one_step_on_policy_adds_no_forward(tmp_path, monkeypatch):
     """K = 1 keeps the fast path: the policy runs one forward per micro-batch, no pi_old pass;
     K = 2 adds exactly one no-grad pass over the rollout."""
     forwards = []
-    sequence_logprobs = trainer.sequence_logprobs
+    sequence_logprobs = placement.sequence_logprobs
 
     def counting(config, model, *args):
         forwards.append(torch.is_grad_enabled())
         return sequence_logprobs(config, model, *args)
 
-    monkeypatch.setattr(trainer, "sequence_logprobs", counting)
+    monkeypatch.setattr(placement, "sequence_logprobs", counting)
     quiet_run(small_config(tmp_path, steps=1, beta=0.0, micro_batch_size=8))
     assert forwards == [True, True]                        # 16 completions in 2 micro-batches
     forwards.clear()
@@ -224,18 +224,18 @@ def test_plan_mini_batches_splits_the_surviving_groups_evenly(tmp_path):
     config = small_config(tmp_path, prompts_per_step=8, num_generations=2, num_mini_batches=2,
                           filter_zero_std_groups=True)
     rewards = torch.tensor([[0.0, 1.0]] * 7 + [[1.0, 1.0]], dtype=torch.float64)   # 7 groups survive
-    plan = trainer.plan_mini_batches(config, rewards)
+    plan = scoring.plan_mini_batches(config, rewards)
     assert [groups.tolist() for groups in plan] == [[0, 2, 4, 6], [1, 3, 5]]          # 4 groups + 3, dealt
     config.num_mini_batches = 4
     rewards[3:] = 1.0                                                                # 3 survive
-    assert [groups.tolist() for groups in trainer.plan_mini_batches(config, rewards)] == [[0], [1], [2], []]
+    assert [groups.tolist() for groups in scoring.plan_mini_batches(config, rewards)] == [[0], [1], [2], []]
     # Dealt, every mini-batch holds groups of every rank (each rank owns a run of prompts).
     rewards[:] = torch.tensor([0.0, 1.0])
-    plan = trainer.plan_mini_batches(config, rewards)
+    plan = scoring.plan_mini_batches(config, rewards)
     for rank in range(2):
         assert all(((groups >= 4 * rank) & (groups < 4 * (rank + 1))).sum() == 1 for groups in plan)
     rewards[:] = 1.0
-    assert [len(rows) for rows in trainer.plan_mini_batches(config, rewards)] == [0, 0, 0, 0]
+    assert [len(rows) for rows in scoring.plan_mini_batches(config, rewards)] == [0, 0, 0, 0]
 
 
 @pytest.mark.parametrize("prompts_per_step, num_mini_batches, varying, optimizer_steps", [
@@ -276,30 +276,30 @@ def test_dapo_normalises_each_step_by_rollout_tokens_over_mini_batches_as_trl(tm
     torch.manual_seed(0)
     policy, tokenizer = tiny()
     config = small_config(tmp_path, loss_type="dapo", num_mini_batches=2, micro_batch_size=4, beta=0.04)
-    models = trainer.build_models(config, World(), policy)
+    models = placement.build_models(config, World(), policy)
     samples = trainer.sample_prompts(config, trainer.TrainState(), tasks.make_dataset(n=50))
     rollout = trainer.roll_out(config, samples, tokenizer, HFEngine(policy, tokenizer))
     # The first mini-batch (groups 0 and 2, dealt) ends early: 24 tokens against 48.
     rollout.completion_mask[:4, 3:] = False
     rollout.completion_mask[8:12, 3:] = False
-    batch, plan = trainer.score(config, samples, rollout, tokenizer,
-                                trainer.reward_functions_from_config({"format": 1.0}),
+    batch, plan = scoring.score(config, samples, rollout, tokenizer,
+                                user_functions.reward_functions_from_config({"format": 1.0}),
                                 lambda r: torch.randn(r.shape, generator=torch.Generator().manual_seed(1)))
-    batch = trainer.add_logprobs(config, models, batch, plan)
+    batch = update.add_logprobs(config, models, batch, plan)
     rollout_tokens = int(batch.completion_mask.sum())
     gradient_accumulation_steps = 2                                # 8 rows, micro-batches of 4
     steps_per_generation = gradient_accumulation_steps * config.num_mini_batches
     trl_normaliser = rollout_tokens * gradient_accumulation_steps / steps_per_generation
 
     for k in range(config.num_mini_batches):
-        totals = plan.totals(config, k)
+        totals = plan.totals(k, config.loss_type)
         assert totals.num_items == trl_normaliser
         flat = batch.select(plan.local_groups(k)).flat()
         mask = flat["completion_mask"]
         mini_tokens = int(mask.sum())
         assert abs(mini_tokens - trl_normaliser) >= 12   # the two choices differ on this rollout
         with torch.no_grad():
-            logp = trainer.sequence_logprobs(config, policy, flat["input_ids"], flat["attention_mask"], mask)
+            logp = placement.sequence_logprobs(config, policy, flat["input_ids"], flat["attention_mask"], mask)
             token_losses = grpo_loss(logp, logp, flat["advantages"], mask, ref_logp=flat["ref_logp"], beta=0.04,
                                      loss_type="dapo", num_items=mini_tokens).per_token_loss
         expected = token_losses.sum().item() / trl_normaliser
@@ -307,8 +307,8 @@ def test_dapo_normalises_each_step_by_rollout_tokens_over_mini_batches_as_trl(tm
             config.micro_batch_size = micro_batch_size
             policy.zero_grad()
             total = 0.0
-            for part in trainer.micro_batches(config, plan, batch, k, World()):
-                loss, _, _ = trainer.micro_batch_loss(config, models.train_logprobs, part, totals)
+            for part in update.micro_batches(plan, batch, k, micro_batch_size, World()):
+                loss, _, _ = update.micro_batch_loss(update.LossSettings.of(config), models.train_logprobs, part, totals)
                 loss.backward()
                 total += loss.item()
             assert total == pytest.approx(expected, rel=1e-5, abs=1e-8)

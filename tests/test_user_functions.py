@@ -10,7 +10,7 @@ import textwrap
 import pytest
 import torch
 
-from grpo_edu import trainer, user_functions
+from grpo_edu import models, trainer, user_functions
 from grpo_edu.advantages import group_advantages
 from grpo_edu.config import TrainConfig
 from test_distributed import COMMON, largest_difference, launch
@@ -91,7 +91,7 @@ def test_bad_names_are_one_line(solutions, spec, message):
 def test_the_advantage_probe_catches(solutions, function, message):
     config = TrainConfig(advantage_fn=f"my_solutions:{function}")
     with pytest.raises(ValueError, match=f"config key 'advantage_fn': my_solutions:{function} {message}"):
-        trainer.functions_from_config(config)
+        user_functions.functions_from_config(config)
 
 
 @pytest.mark.parametrize("function, message", [
@@ -101,7 +101,7 @@ def test_the_advantage_probe_catches(solutions, function, message):
 def test_the_reward_probe_catches(solutions, function, message):
     config = TrainConfig(rewards={f"my_solutions:{function}": 1.0})
     with pytest.raises(ValueError, match=f"config key 'rewards': my_solutions:{function} {message}"):
-        trainer.functions_from_config(config)
+        user_functions.functions_from_config(config)
 
 
 def test_advantage_settings_of_the_builtin_with_advantage_fn_are_an_error():
@@ -116,7 +116,7 @@ def test_the_configured_functions_are_the_ones_used(solutions):
     from test_trainer import small_config
     config = small_config(solutions, steps=1, beta=0.0, checkpoint_every=0, advantage_fn="my_solutions:zeros",
                           rewards={"my_solutions:constant": 1.0})
-    policy, tokenizer = trainer.load_policy(trainer.STARTING_POLICY)
+    policy, tokenizer = models.load_policy(models.STARTING_POLICY)
     before = {k: v.clone() for k, v in policy.state_dict().items()}
     result = trainer.train(config, policy=policy, tokenizer=tokenizer, log=lambda _: None)
     after = result.policy.state_dict()

@@ -25,7 +25,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from grpo_edu import tasks, trainer, vllm_engine
+from grpo_edu import metrics, tasks, trainer, vllm_engine
 from grpo_edu.config import TrainConfig
 from grpo_edu.distributed import World
 from grpo_edu.logprobs import completion_logprobs
@@ -171,7 +171,7 @@ def test_a_mismatched_sampler_shows_in_the_gap(mismatch):
             attention = torch.cat([r.prompt_mask, r.completion_mask.long()], 1)
             with torch.no_grad():
                 recomputed = completion_logprobs(policy, full, attention, r.completion_mask, temperature=T)
-            gaps[label] = trainer.sampler_gap(recomputed, r.sampler_logp, r.completion_mask)
+            gaps[label] = metrics.sampler_gap(recomputed, r.sampler_logp, r.completion_mask)
     assert gaps["float32"]["sampler_gap/mean_abs"] < 1e-5
     assert gaps[mismatch]["sampler_gap/mean_abs"] > 1e-3
     assert gaps[mismatch]["sampler_gap/max_ratio"] > 1.01

@@ -1,0 +1,71 @@
+"""The library functions whose source (or docstring) a chapter prints.
+
+A chapter that prints `inspect.getsource(f)` commits f's source in its outputs: edit f and
+that chapter's committed notebook is stale (strict nbval fails until it is rebuilt with
+`grpo-edu book run CHAPTER`). PRINTED lists every such function with the chapters that
+print it, so whoever edits one knows which notebooks change with it; this test fails when
+a chapter starts or stops printing one and the list is not updated.
+"""
+
+import ast
+from pathlib import Path
+
+from grpo_edu import book
+
+ROOT = Path(__file__).resolve().parent.parent
+BOOK = book.load_book(ROOT)
+
+# qualified name -> the chapters (numbers) whose outputs hold its source or docstring
+PRINTED = {
+    "grpo_edu.reference.log_softmax": [1],
+    "grpo_edu.reference.k3": [1],
+    "grpo_edu.reference.grpo_update": [1],
+    "grpo_edu.logprobs.token_logprobs": [3],
+    "grpo_edu.loss.aggregate": [4],
+    "grpo_edu.rewards.has_format": [5],
+    "grpo_edu.exercises.ch05.lenient_accuracy_reward": [5],
+    "grpo_edu.trainer.train": [6],
+    "grpo_edu.trainer.roll_out": [6, 9],
+    "grpo_edu.scoring.score": [6],
+    "grpo_edu.update.add_logprobs": [6],
+    "grpo_edu.update.optimise": [6, 8],
+    "grpo_edu.distributed.World.shard": [8],
+    "grpo_edu.scoring.Plan.totals": [8],
+    "grpo_edu.distributed.init_world": [8],
+    "grpo_edu.vllm_engine.VLLMEngine.sync_weights": [9],
+    "grpo_edu.vllm_engine.named_weights": [9],
+    "grpo_edu.vllm_engine.VLLMEngine.generate": [9],
+    "grpo_edu.placement.build_models": [9],
+    "grpo_edu.placement.Models.whole": [9],
+}
+
+
+def printed_by(chapter) -> set[str]:
+    """The qualified names of what `chapter`'s source passes to inspect.getsource / getdoc,
+    resolved through the chapter's own imports."""
+    tree = ast.parse((ROOT / chapter.source).read_text())
+    namespace: dict = {}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("grpo_edu") or (
+                isinstance(node, ast.Import) and all(a.name.startswith("grpo_edu") for a in node.names)):
+            exec(compile(ast.Module([node], []), str(chapter.source), "exec"), namespace)
+    names = set()
+    for node in ast.walk(tree):
+        if (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+                and isinstance(node.func.value, ast.Name) and node.func.value.id == "inspect"
+                and node.func.attr in ("getsource", "getdoc", "getsourcelines")):
+            target = eval(ast.unparse(node.args[0]), namespace)
+            names.add(f"{target.__module__}.{target.__qualname__}")
+    return names
+
+
+def test_every_printed_source_is_listed():
+    found: dict[str, list[int]] = {}
+    for chapter in BOOK.chapters:
+        for name in printed_by(chapter):
+            found.setdefault(name, []).append(chapter.number)
+    assert found == PRINTED, (
+        "a chapter prints the source of other functions than PRINTED lists: "
+        f"new {sorted(set(found) - set(PRINTED))}, gone {sorted(set(PRINTED) - set(found))}, "
+        f"chapters changed {sorted(n for n in set(found) & set(PRINTED) if found[n] != PRINTED[n])}")
+
