@@ -181,7 +181,7 @@ def train(config: TrainConfig, *, advantage_fn: AdvantageFn | None = None,
         if config.ref_sync_steps and state.step % config.ref_sync_steps == 0:
             models.sync_reference()
         if state.step % config.eval_every == 0 or state.step == config.steps:
-            metrics.update(evaluate(run, samples=config.eval_samples))
+            metrics.update(evaluate_held_out(run, samples=config.eval_samples))
             accuracy = metrics["eval/greedy_accuracy"]
         record(run, metrics, accuracy)
         if (config.checkpoint_every and state.step % config.checkpoint_every == 0) or state.step == last:
@@ -272,7 +272,7 @@ def set_up(config: TrainConfig, *, advantage_fn: AdvantageFn | None, reward_func
         # what was reported before is not reported again
         run.doctor.reported |= {f.detector for f in diagnose(run.history, config.to_dict())}
     else:
-        run.start_accuracy = evaluate(run)["eval/greedy_accuracy"]
+        run.start_accuracy = evaluate_held_out(run)["eval/greedy_accuracy"]
         with models.whole() as model:   # every rank enters: under FSDP2 a lazy copy is gathered
             if world.is_main:
                 output_dir.mkdir(parents=True, exist_ok=True)
@@ -325,7 +325,7 @@ def _progress_bar(config: TrainConfig, initial: int):
 
 # --------------------------------------------------------------------------- step 7 and finishing
 
-def evaluate(run: Run, samples: int = 0) -> dict[str, object]:
+def evaluate_held_out(run: Run, samples: int = 0) -> dict[str, object]:
     """The policy on the held-out problems (evaluation.held_out_metrics): greedy accuracy, and
     pass@k and maj@k from `samples` samples per problem. Every rank takes part."""
     with run.models.whole() as model, autocast(run.config, run.world.device):
