@@ -324,8 +324,9 @@ for claim, holds in claims.items():
 # ## Exercises
 #
 # Each checker in `grpo_edu.exercises.ch00` runs your answer on several cases and names each
-# case that fails, with what it expected and what it got. Each exercise has a hint and a
-# worked solution, folded: open them when you want them.
+# case that fails and how your answer is wrong there (its shape, its sign, too large or too
+# small, off by a factor, NaN), never the right value. Each exercise has a hint and a worked
+# solution, folded: open them when you want them.
 #
 # **0.1 RLOO.** Write `my_rloo(rewards)`: for (B, G) rewards, each completion's reward minus
 # the mean of the *other* G - 1 rewards of its group.

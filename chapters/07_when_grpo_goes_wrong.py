@@ -459,9 +459,9 @@ for claim, holds in claims.items():
 # %% [markdown]
 # ## Exercises
 #
-# Each checker in `grpo_edu.exercises.ch07` runs your answer and names each case that fails,
-# with what it expected and what it got. Each exercise has a hint and a worked solution,
-# folded: open them when you want them.
+# Each checker in `grpo_edu.exercises.ch07` runs your answer and names each case that fails
+# and what is wrong there, never the right answer. Each exercise has a hint and a worked
+# solution, folded: open them when you want them.
 #
 # **7.1 Name the failure.** `ch07.mystery_runs()` holds the metrics of four lab runs at
 # another seed (1) than this chapter's, under letters: one healthy, three broken by one knob

@@ -135,7 +135,7 @@ class RolloutBatch:
                 for name, value in values.items()}
 
     def select(self, keep: torch.Tensor) -> "RolloutBatch":
-        """The groups where keep (B,) is True: e.g. dynamic sampling's
+        """The groups where keep (B,) is True: e.g. the zero-std filter's
         `batch.select(~zero_std_groups(batch.rewards))`. Re-validated."""
         if keep.shape != (self.num_prompts,) or keep.dtype != torch.bool:
             raise ValueError(f"keep must be a bool tensor of shape (B,) = ({self.num_prompts},), "

@@ -28,7 +28,7 @@ SETTINGS = {"eval_every": 25, "eval_size": 128, "checkpoint_every": 0, "progress
 
 @dataclass(frozen=True)
 class LabRun:
-    failure: int                      # seed 000's failure mode, 1..9 (0: the healthy run)
+    failure: int                      # the textbook's failure mode, 1..9 (0: the healthy run)
     knob: str                         # the one thing changed, in words
     steps: int
     overrides: dict = field(default_factory=dict)
@@ -89,7 +89,7 @@ RUNS: dict[str, LabRun] = {
     "lr_unclipped": LabRun(8, "learning_rate = 1e-2, max_grad_norm = 0", 50,
                            {"learning_rate": 1e-2, "max_grad_norm": 0.0},
                            expected=frozenset({"kl_runaway", "zero_std_groups"})),
-    # 8, the other cause seed 000 names: rewards 100x larger, with no std to divide them back
+    # 8, the other cause the textbook names: rewards 100x larger, with no std to divide them back
     # (advantage_scale = 'none'), so that the gradient is 100x larger too; clipped and not
     "reward_x100": LabRun(8, "rewards x100, advantage_scale = 'none'", 100,
                           {"rewards": {"accuracy": 100.0, "format": 50.0}, "advantage_scale": "none"}),
