@@ -664,7 +664,9 @@ ch01.check_group_advantages(my_group_advantages)
 # **1.2 Which tokens clip?** For each (ratio, advantage) pair in `ch01.CLIP_QUIZ`, with
 # $\varepsilon$ = 0.2, predict whether the token is clipped (the minimum strictly picks the
 # clipped term, so the token gets no gradient). Write your answers as a list of 8 booleans,
-# then check them.
+# then check them. The checker says how many predictions are wrong in each half of the quiz
+# (the pairs with A > 0, those with A < 0), not which: naming a wrong yes-or-no would give
+# its answer away.
 #
 # <details><summary>Hint</summary>
 #

@@ -122,17 +122,22 @@ def early_late(history: list[dict], key: str) -> tuple[float, float]:
 
 def table(results: dict, keys: list[str]) -> str:
     """One line per run: held-out greedy accuracy (start -> end), then each key's median over
-    the first and the last steps of the doctor's windows (early_late)."""
+    the first and the last steps of the doctor's windows (early_late). Each column is as wide
+    as its widest entry."""
     width = max(len("run"), *(len(name) for name in results)) + 1
-    lines = [f"{'run':<{width}} {'accuracy':>13}" + "".join(f" {key:>24}" for key in keys)]
+    cells = {name: [tuple(map(_g, early_late(result.history, key))) for key in keys]
+             for name, result in results.items()}
+    columns = []   # per key: (width of the early value, of the late value, of the column)
+    for j, key in enumerate(keys):
+        early = max(len(cells[name][j][0]) for name in results)
+        late = max(len(cells[name][j][1]) for name in results)
+        columns.append((early, late, max(len(key), early + 4 + late)))
+    lines = [f"{'run':<{width}} {'accuracy':>14}" + "".join(f"  {key:>{w}}" for key, (_, _, w) in zip(keys, columns))]
     for name, result in results.items():
         summary = result.summary
-        cells = []
-        for key in keys:
-            first, last = early_late(result.history, key)
-            cells.append(f" {_g(first):>11} -> {_g(last):<9}")
+        row = [f"{first:>{early}} -> {last:<{late}}" for (first, last), (early, late, _) in zip(cells[name], columns)]
         lines.append(f"{name:<{width}} {summary['start_accuracy']:.3f} -> {summary['final_accuracy']:.3f}"
-                     + "".join(cells))
+                     + "".join(f"  {cell:>{w}}" for cell, (_, _, w) in zip(row, columns)))
     return "\n".join(lines)
 
 

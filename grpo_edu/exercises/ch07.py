@@ -71,7 +71,7 @@ def _answer_key() -> dict[str, str]:
 def check_mystery_runs(diagnoses: dict[str, str]) -> CheckResult:
     """Exercise 7.1: name each of mystery_runs() with one of FAILURES."""
     key = {run: MYSTERY_RUNS[name][0] for run, name in _answer_key().items()}
-    return check_labels("exercise 7.1 name the failure", diagnoses, key, FAILURES, SIGNS)
+    return check_labels("exercise 7.1 name the failure", diagnoses, key, FAILURES, SIGNS, names_where="ch07.FAILURES")
 
 
 # --------------------------------------------------------------------------- 7.2

@@ -203,19 +203,26 @@ def verdict(expected: float, got: Any) -> str | None:
 # --------------------------------------------------------------------------- named labels
 
 def check_labels(exercise: str, answers: Mapping[str, str], key: Mapping[str, str],
-                 names: Iterable[str], signs: Mapping[str, str | None], healthy: str = "healthy") -> CheckResult:
+                 names: Iterable[str], signs: Mapping[str, str | None], healthy: str = "healthy",
+                 names_where: str = "") -> CheckResult:
     """A diagnosis exercise: `answers` names each of `key`'s runs with one of `names`.
 
     A wrong name is reported with what a run of that name would show (`signs[name]`), never
-    with the right name: the report says why the reader's reading does not fit the run."""
+    with the right name: the report says why the reader's reading does not fit the run.
+    `names_where` (e.g. "ch07.FAILURES") is where the reader finds the names, said instead of
+    listing them."""
     names = list(names)
     result = CheckResult(exercise)
     if not answers:
-        result.failures.append(f"no diagnoses yet: give one of {names} for each of {sorted(key)}")
+        runs = sorted(key)
+        listed = f"the names in {names_where}" if names_where else ", ".join(repr(name) for name in names)
+        result.failures.append(f"no diagnoses yet: name each of {', '.join(runs[:-1])} and {runs[-1]} with one of "
+                               f"{listed}")
         return result
     unknown = sorted({str(v) for v in answers.values()} - set(names))
     if unknown:
-        result.failures.append(f"{unknown} are not among the names; use one of {names}")
+        result.failures.append(f"{unknown} are not among the names; use one of "
+                               + (f"the names in {names_where}" if names_where else ", ".join(map(repr, names))))
         return result
     for run, right in key.items():
         given = answers.get(run)
