@@ -103,12 +103,14 @@ def compare(expected: Any, got: Any, atol: float) -> str | None:
     """None if `got` equals `expected` within atol, else a sentence saying how it is wrong:
     its type, its shape, NaN or inf, the sign, a constant factor or shift, or which elements
     are too large or too small. The sentence never contains the expected value."""
+    if hasattr(got, "detach"):   # a torch tensor, perhaps one that requires grad
+        got = got.detach().cpu()
     if isinstance(expected, (bool, np.bool_)) or (
             isinstance(expected, np.ndarray) and expected.dtype == bool):
         return _compare_bools(np.asarray(expected), got)
     try:
         got_array = np.asarray(got, dtype=np.float64)
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, RuntimeError):
         return f"returned {_short(got)}, which is not numbers"
     expected_array = np.asarray(expected, dtype=np.float64)
     if got_array.shape != expected_array.shape:
