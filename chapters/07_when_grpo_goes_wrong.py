@@ -314,10 +314,10 @@ doctor("off_by_one")
 
 # %% [markdown]
 # The textbook warns that such a run "looks fine, reward inches up", while evaluation shows
-# no change from the starting policy. Measured here,
-# it does learn, a little less than the healthy run: on this task the first token is always
-# `<think>`, which carries no decision, and every other token is still pushed, one column
-# late, in the direction of its completion's advantage. The bug is not harmless in general
+# no change from the starting policy. Measured here, it does learn, a little less than the
+# healthy run: on this task the first token is always `<think>`, which carries no decision,
+# and every other token is still pushed, one column late, in the direction of its
+# completion's advantage. The bug is not harmless in general
 # (on a task whose first token decides, that token never learns), and it is invisible in the
 # reward and the loss. What does show it, at once and in any task, is the gap between the
 # trainer's log-probs and the sampler's: more than any temperature or precision explains,
@@ -356,8 +356,8 @@ doctor("old_fixed", "old_refreshed")
 # to extreme outputs, or a reward bug that pays unboundedly large rewards on some inputs. Its
 # symptom is a gradient norm that climbs "from 0.5 to 50 in 100 steps" after a few hundred
 # steps; its fix is to raise beta or to clip the rewards at the source. (Its listing also
-# clips the gradient's norm, `max_grad_norm`, so that "a single noisy minibatch" cannot throw
-# the policy into a region it never recovers from.)
+# clips the gradient's norm at 1.0, as `max_grad_norm` does here, so that "a single noisy
+# minibatch" cannot throw the policy into a region it never recovers from.)
 #
 # **Knobs.** Both causes, pushed hard enough to act within this tier's 100 steps. An update
 # far too strong for the default beta to hold: `learning_rate = 1e-2`, 33 times the default,
