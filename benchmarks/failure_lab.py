@@ -11,7 +11,8 @@ chapter's seed. The second trains grpo and dr_grpo with max_completion_length = 
 temperature = 1.5 (padding the reasoning is free there) and prints the mean completion length
 over the first and last 10 steps, and the doctor's length_drift finding, for each. The third
 writes exercise 7.1's mystery runs: lab runs at seed 1 (not the chapter's seed 0), their
-metrics only (the keys grpo_edu.exercises.ch07.KEYS), under letters in a fixed shuffled order.
+metrics (the keys grpo_edu.exercises.ch07.KEYS) and their config.json (what the doctor reads;
+an injected fault is not in it), under letters in a fixed shuffled order.
 """
 
 from __future__ import annotations
@@ -59,14 +60,17 @@ def mystery(path: str) -> None:
     import json
 
     from grpo_edu.exercises import ch07
-    runs = {}
+    runs, configs = {}, {}
     with tempfile.TemporaryDirectory() as root:
         for run, name in ch07._answer_key().items():   # the checker's letters for the runs
             result = lab.run(name, root, seed=1)
             runs[run] = [{k: round(m[k], 6) for k in ch07.KEYS if k in m} for m in result.history]
+            # the run's config.json, what the doctor reads beside the metrics; its output_dir
+            # named by the letter (the lab's directory would name the failure)
+            configs[run] = lab.RUNS[name].config(f"runs/mystery-{run[-1]}", seed=1).to_dict()
             print(f"{run}: {name}, {len(result.history)} steps", flush=True)
     with open(path, "w") as f:
-        json.dump(runs, f, separators=(",", ":"))
+        json.dump({"metrics": runs, "configs": configs}, f, separators=(",", ":"))
         f.write("\n")
 
 

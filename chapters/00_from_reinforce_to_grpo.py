@@ -228,16 +228,28 @@ for rho in (0.7, 0.9, 1.1, 1.3):
 # and takes their mean (and std) as the baseline: the group's rewards estimate the
 # prompt's value as RLOO's do, at the cost of G samples per prompt, which a rollout wanted
 # anyway. Every token of completion $i$ shares its $A_i$, and the clipped objective above
-# applies per token. Chapter 1 computes one such update by hand.
+# applies per token. This is GRPO's policy-gradient part only: chapter 1 computes one whole
+# update by hand and adds the two pieces this chapter leaves out, a KL penalty that holds
+# the policy near a frozen reference model, and the $1/|o_i|$ weight that averages each
+# completion's token terms over its own length $|o_i|$.
 #
 # ## Measured: six estimators, one task, three seeds
 #
-# The real trainer, the arithmetic task and the tiny policy of chapter 6, with each
-# estimator as its `advantage_fn` and everything else the default config: 300 steps, held-out
-# greedy accuracy on 256 problems every 20 steps, seeds 0, 1 and 2. Eighteen runs take
-# about ten minutes, so `benchmarks/estimators.py` trains them and writes
+# Now a real language model. The book's starting policy is a tiny one (a 2-layer Llama,
+# chapter 5 builds it and chapter 6 trains it with GRPO) that has learned the format of
+# two-digit addition and subtraction, `<think>...</think>\boxed{answer}`, but gets most
+# answers wrong. Each estimator becomes the real trainer's `advantage_fn`, everything else
+# the default config, and the measure is **held-out greedy accuracy**: the share of 256
+# problems never trained on whose greedy (most likely) completion boxes the right answer,
+# evaluated every 20 steps of 300, for seeds 0, 1 and 2. Eighteen runs take about ten
+# minutes, so `benchmarks/estimators.py` trains them and writes
 # `benchmarks/results/estimators.json`, which this cell reads; `tests/test_baselines.py`
 # re-trains one of them and checks that its numbers are the file's, exactly.
+#
+# An accuracy measured on 256 problems is itself uncertain. The cell ends with its 95%
+# confidence interval, Wilson's interval for a proportion (`grpo_edu.evaluation.wilson_interval`;
+# chapter 6 uses it for every accuracy it reports): the range of true accuracies that 256
+# problems cannot tell apart from the measured one.
 
 # %%
 RESULTS = json.loads(Path("../benchmarks/results/estimators.json").read_text())
@@ -324,8 +336,9 @@ for claim, holds in claims.items():
 # ## Exercises
 #
 # Each checker in `grpo_edu.exercises.ch00` runs your answer on several cases and names each
-# case that fails, with what it expected and what it got. Each exercise has a hint and a
-# worked solution, folded: open them when you want them.
+# case that fails and how your answer is wrong there (its shape, its sign, too large or too
+# small, off by a factor, NaN), never the right value. Each exercise has a hint and a worked
+# solution, folded: open them when you want them.
 #
 # **0.1 RLOO.** Write `my_rloo(rewards)`: for (B, G) rewards, each completion's reward minus
 # the mean of the *other* G - 1 rewards of its group.
@@ -366,8 +379,8 @@ ch00.check_rloo(my_rloo)
 # the exact $\mathbb{E}[\hat g]$ of this chapter's estimator for a K-token policy with
 # probabilities `probs` (K,) and rewards `rewards` (K,), from groups of G samples, where
 # `advantage_fn` maps a (N, G) float64 tensor of rewards to advantages (or is None: A = r).
-# Then use it to confirm the group mean's $(G-1)/G$ for G = 5, which the table above did not
-# compute.
+# Then use it to confirm the group mean's $(G-1)/G$ for G = 6, which neither the table (G = 2,
+# 4 and 8) nor the claims cell (G = 2, 3 and 5) computed.
 #
 # <details><summary>Hint</summary>
 #

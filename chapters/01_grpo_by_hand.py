@@ -64,7 +64,7 @@ def row(values, width=8):
 #
 # This per-token form, a ratio per token and a mean over each response's $|o_i|$ tokens,
 # is DeepSeekMath's; it is what the textbook, this chapter's reference and grpo_edu's
-# `loss_type="grpo"` compute. The DeepSeek-R1 paper (seeds/001, eq. 1-2) writes the same
+# `loss_type="grpo"` compute. The DeepSeek-R1 paper (its eq. 1-2) writes the same
 # objective per *sequence*: its ratio is $\pi_\theta(o_i \mid q) / \pi_{\theta_\text{old}}(o_i \mid q)$,
 # the probability of a whole output, its KL term compares whole outputs, and the only mean
 # is over the G outputs. A sequence's probability is the product of its tokens'
@@ -452,12 +452,12 @@ print(f"max |analytic - finite difference| = {np.abs(analytic - numeric).max():.
 # ## What DeepSeek-R1 trained with
 #
 # The textbook's $\varepsilon$ and $\beta$ are not R1's. The R1 paper gives its GRPO
-# settings in its "Training details" (seeds/001), for two models: R1-Zero, and R1, whose
+# settings in its "Training details" section, for two models: R1-Zero, and R1, whose
 # RL runs in two stages. The first cell holds what the paper states, with "-" where it says nothing and "~ stage 1" where
 # it says only that the second stage keeps most of the first stage's settings.
 
 # %%
-r1_stated = {  # setting: (R1-Zero, R1 first RL stage, R1 second RL stage), from seeds/001
+r1_stated = {  # setting: (R1-Zero, R1 first RL stage, R1 second RL stage), from the DeepSeek-R1 paper
     "learning rate": ("3e-6", "3e-6", "~ stage 1"),
     "KL coefficient beta": ("0.001", "0.001", "~ stage 1"),
     "clip ratio epsilon": ("-", "10", "~ stage 1"),
@@ -616,7 +616,8 @@ print(f"sum of exp(printed row) = {np.exp(printed_row).sum():.4f}; "
 # ## Exercises
 #
 # Each exercise has a checker in `grpo_edu.exercises.ch01` that runs your answer on several
-# cases and names each case that fails, with the expected and the actual value. Each has a
+# cases and names each case that fails and how your answer is wrong there (its shape, its
+# sign, too large or too small, off by a factor, NaN), never the right value. Each has a
 # hint and a worked solution (an open question, a written answer), folded: open them when
 # you want them.
 #
@@ -663,7 +664,9 @@ ch01.check_group_advantages(my_group_advantages)
 # **1.2 Which tokens clip?** For each (ratio, advantage) pair in `ch01.CLIP_QUIZ`, with
 # $\varepsilon$ = 0.2, predict whether the token is clipped (the minimum strictly picks the
 # clipped term, so the token gets no gradient). Write your answers as a list of 8 booleans,
-# then check them.
+# then check them. The checker says how many predictions are wrong in each half of the quiz
+# (the pairs with A > 0, those with A < 0), not which: naming a wrong yes-or-no would give
+# its answer away.
 #
 # <details><summary>Hint</summary>
 #

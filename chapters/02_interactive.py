@@ -86,7 +86,8 @@ print("\nthe explorer's numbers are grpo_edu's:",
 # %% [markdown]
 # Two things happen the moment you drag into them. Make all of a group's rewards equal and
 # its advantages become exactly zero: that group teaches nothing, whatever its reward
-# (DAPO's dynamic sampling drops such groups before the update). Shift every reward by the
+# (the zero-std filter, `filter_zero_std_groups`, drops such groups before the update;
+# DAPO's dynamic sampling samples replacements for them, chapter 4). Shift every reward by the
 # same amount and nothing changes, because only differences within a group matter. Here is
 # what the explorer shows for prompt 2 made all-equal and every reward shifted, from the
 # function that computes its state:
@@ -265,8 +266,9 @@ for loss_type in ("grpo", "dr_grpo", "dapo"):
 # ## Exercises
 #
 # Each checker in `grpo_edu.exercises.ch02` runs your function on several cases, computes
-# the expected values with the functions the explorers use, and names each case that fails
-# with the expected and the actual value. Each exercise has a hint and a worked solution,
+# the right values with the functions the explorers use, and names each case that fails and
+# how your answer is wrong there (its shape, its sign, too large or too small, off by a
+# factor, NaN), never the right value. Each exercise has a hint and a worked solution,
 # folded: open them when you want them.
 #
 # **2.1 Three ways to scale.** Write `my_advantages(rewards, scale)` for a batch of B prompts

@@ -590,7 +590,8 @@ print(inspect.getsource(token_logprobs).split('    if not isinstance')[0].rstrip
 # ## Exercises
 #
 # Each exercise has a checker in `grpo_edu.exercises.ch03` that runs your function on
-# several cases and names each failing case with the expected and the actual value. Each has
+# several cases and names each failing case and how your answer is wrong there (its shape,
+# its sign, too large or too small, off by a factor, NaN), never the right value. Each has
 # a hint and a worked solution (the open question, a written answer), folded: open them when
 # you want them.
 #

@@ -248,7 +248,7 @@ def policy_gradient(b, loss_type):
     return grad, out.metrics
 
 
-kept = batch.select(~flat)                       # dynamic sampling: keep the informative groups
+kept = batch.select(~flat)                       # the zero-std filter: keep the informative groups
 for loss_type in ("grpo", "bnpo", "dr_grpo"):
     full_grad, metrics = policy_gradient(batch, loss_type)
     kept_grad, _ = policy_gradient(kept, loss_type)
@@ -371,7 +371,7 @@ def my_token_weights(lengths, loss_type, max_completion_length):
 ch04.check_token_weights(my_token_weights)
 
 # %% [markdown]
-# **4.2 Dynamic sampling.** Write `my_informative_groups(rewards)`: (B, G) rewards to a
+# **4.2 The zero-std filter.** Write `my_informative_groups(rewards)`: (B, G) rewards to a
 # (B,) bool mask of the groups to keep. The checker includes equal rewards whose mean
 # rounds (so r - mean is not exactly 0) and a partial-credit reward with a small spread:
 # a tolerance that is too loose or too tight fails one of them.

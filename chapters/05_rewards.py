@@ -11,8 +11,8 @@
 # # Chapter 5. Rewards you can verify
 #
 # GRPO needs one number per completion. For reasoning tasks DeepSeek-R1 computes it with
-# rules, not with a model (seeds/001, "Reward design"; reward models score only its
-# general, non-reasoning data):
+# rules, not with a model (the DeepSeek-R1 paper, "Reward design"; reward models score
+# only its general, non-reasoning data):
 #
 # - an **accuracy reward**: is the final answer, written in a specified place such as a
 #   box, correct?
@@ -355,7 +355,8 @@ else:
 # ## Exercises
 #
 # Each checker in `grpo_edu.exercises.ch05` runs your answer on several cases and names
-# each case that fails, with the expected and the actual value.
+# each case that fails and what your answer does wrong there (accepts what the rule
+# rejects, or rejects what it accepts), never the right value.
 #
 # **5.1 A stricter format reward.** The policy's completions have one exact shape. Write
 # `strict_format_reward(completions, **kwargs)` returning 1.0 exactly when a completion is

@@ -13,8 +13,9 @@
 # Every team that trains with GRPO meets the same failures: groups whose rewards are all
 # equal, a group split across GPUs, completions that grow for no reason, a KL coefficient set
 # wrong, a sampler and a trainer that disagree, a mask one token off, a stale or too-fresh
-# pi_old, an exploding gradient, a reference that is secretly the policy. Seed 000 lists nine,
-# each with a symptom, a cause and a fix. This chapter causes each one on purpose, on the
+# pi_old, an exploding gradient, a reference that is secretly the policy. The textbook's
+# section on implementing GRPO lists these nine ("the knobs that break runs"), each with a
+# symptom, a cause and a fix. This chapter causes each one on purpose, on the
 # tiny policy and task of chapter 6, and measures its symptom against the healthy run: as
 # numbers, as curves, and as what `grpo-edu doctor` reads from the run's metrics.
 #
@@ -28,6 +29,7 @@
 # %%
 import itertools
 import math
+import textwrap
 
 import numpy as np
 import torch
@@ -42,12 +44,15 @@ from grpo_edu.plots import plot_compare
 
 torch.set_num_threads(2)
 ROOT = "../runs/chapter-7"
-results = {}
+results, logged = {}, {}
 
 
-def trial(name, log=lambda line: None):
-    """Lab run `name`, trained now; its RunResult is kept in `results`."""
-    results[name] = lab.run(name, ROOT, log=log)
+def trial(name):
+    """Lab run `name`, trained now; its RunResult is kept in `results`, and the lines its log
+    starts with "warning" (the live doctor) or "FAULTS" (the injected bugs) in `logged`."""
+    lines = logged[name] = []
+    results[name] = lab.run(name, ROOT, log=lambda line: lines.append(line) if line.startswith(
+        ("warning", "FAULTS")) else None)
     return results[name]
 
 
@@ -57,9 +62,22 @@ def doctor(*names):
         findings = diagnose(results[name].history, results[name].summary["config"])
         print(f"doctor, {name}: " + ("no symptoms found" if not findings else ""))
         for finding in findings:
-            print(f"  [{finding.detector}] {finding.failure}\n      {finding.evidence}")
+            print(f"  [{finding.detector}] {finding.failure}")
+            print(textwrap.fill(finding.evidence, 100, initial_indent=" " * 6, subsequent_indent=" " * 6))
 
 
+def live_doctor(name):
+    """When the live doctor warned during run `name`, and which detector: one line (the warning
+    itself is the finding `doctor` prints, with advice added)."""
+    findings = diagnose(results[name].history, results[name].summary["config"])
+    warned = [f"step {line.split()[3].rstrip(':')} "
+              f"({next((f.detector for f in findings if f.failure in line), 'gone by the end')})"
+              for line in logged[name] if line.startswith("warning")]
+    print(f"the live doctor, {name}: " + ("warned at " + ", ".join(warned) if warned else "no warning"))
+
+
+print(f"every run trains chapter 6's policy ({sum(p.numel() for p in load_policy()[0].parameters()):,} "
+      f"parameters) from its start:")
 for name, spec in lab.RUNS.items():
     print(f"{spec.failure}  {name:<17} {spec.steps:>3} steps   {spec.knob}")
 
@@ -86,8 +104,8 @@ doctor("healthy")
 # **Knob.** `task = "countdown"`: chapter 5's harder task, which the arithmetic policy never
 # solves. With the default rewards (accuracy + 0.5 format) a group still differs when some of
 # its completions miss the format; with accuracy alone, every group is all zeros. Then the
-# two fixes seed 000 names: dropping the all-equal groups (`filter_zero_std_groups`, DAPO's
-# dynamic sampling) and a higher temperature.
+# two fixes the textbook names: leaving the all-equal groups out of the gradient (the
+# zero-std filter, `filter_zero_std_groups = true`) and sampling them at a higher temperature.
 
 # %% tags=["platform-numerics"]
 for name in ("countdown", "countdown_sparse", "countdown_filter", "countdown_hot"):
@@ -228,15 +246,27 @@ for name in ("beta_0", "beta_1"):
     trial(name)
 FOUR = ["beta_0", "healthy", "beta_1"]
 print(lab.table({n: results[n] for n in FOUR}, ["kl", "reward/mean", "entropy", "grad_norm"]))
+print()
+for name in FOUR:
+    low, high = results[name].summary["final_accuracy_interval_95"]
+    print(f"{name:<8} final held-out accuracy {results[name].summary['final_accuracy']:.3f}, "
+          f"95% interval [{low:.3f}, {high:.3f}]")
+gap = results["healthy"].summary["final_accuracy"] - results["beta_1"].summary["final_accuracy"]
+print(f"beta = 1.0 ends {gap:.3f} below the default\n")
 doctor("beta_0", "beta_1")
 
 # %% [markdown]
-# At this learning rate and length the three runs barely separate in 100 steps: the update
-# itself keeps the policy near its start, and with beta = 0 the KL is simply not computed
-# (no reference model is built: the chapter-1 saving). The large beta holds the KL lower and
-# slows the reward: held-out accuracy ends lower. Where beta matters is a run whose update is
-# strong enough to leave: the countdown runs above and the learning-rate runs of failure 8
-# reach a KL that the doctor flags (`kl_runaway`), with beta at its default.
+# beta = 0 and the default end within a hundredth of each other (0.719 and 0.727, each inside
+# the other's 95% interval): at this learning rate the update itself keeps the policy near its
+# start, and with beta = 0 the KL is simply not computed (no reference model is built: the
+# chapter-1 saving). beta = 1.0 does separate. It holds the KL lower (0.00943 at the end,
+# against the default's 0.0636), slows the reward, and ends 0.125 below the default in
+# held-out accuracy: more than half the width of either run's interval, though the two
+# intervals, [0.515, 0.682] and [0.644, 0.796], still overlap a little. Neither run is one the
+# doctor flags: too large a beta slows a run without a symptom of its own. Where a small beta
+# matters is a run whose update is strong enough to leave: the countdown runs above and the
+# learning-rate runs of failure 8 reach a KL that the doctor flags (`kl_runaway`), with beta
+# at its default.
 #
 # ## 5. A temperature mismatch between sampler and trainer
 #
@@ -266,10 +296,13 @@ doctor("temperature")
 #
 # ## 6. The log-probs one token off
 #
-# **Cause.** The token at column j is predicted by the logits at column j - 1. Slip one
-# column (`input_ids[:, :-1]` against `input_ids[:, 1:]`), and each completion position is
-# scored with the log-prob of the token after it: the first token is never trained, and the
-# position of EOS trains the padding after it.
+# **Cause.** The token at column j is predicted by the logits at column j - 1, so the right
+# alignment scores `input_ids[:, 1:]` with `logits[:, :-1]`; the textbook names the slip
+# between the two slices as the most common off-by-one. The slip here keeps that pairing and
+# cuts the completion out one column late: for a prompt of P tokens, the per-token log-probs
+# `logp[:, P:]` instead of `logp[:, P - 1:]`. Each completion position is then scored with the
+# log-prob of the token after it: the first token is never trained, and the position of EOS
+# trains the padding after it.
 #
 # **Knob.** `Faults(off_by_one=True)`: the trainer's log-prob function, for the policy,
 # pi_old and the reference alike, misaligned by one column.
@@ -281,10 +314,11 @@ print(lab.table({n: results[n] for n in ("healthy", "off_by_one")},
 doctor("off_by_one")
 
 # %% [markdown]
-# Seed 000 warns that such a run "looks fine" while evaluation does not move. Measured here,
-# it does learn, a little less than the healthy run: on this task the first token is always
-# `<think>`, which carries no decision, and every other token is still pushed, one column
-# late, in the direction of its completion's advantage. The bug is not harmless in general
+# The textbook warns that such a run "looks fine, reward inches up", while evaluation shows
+# no change from the starting policy. Measured here, it does learn, a little less than the
+# healthy run: on this task the first token is always `<think>`, which carries no decision,
+# and every other token is still pushed, one column late, in the direction of its
+# completion's advantage. The bug is not harmless in general
 # (on a task whose first token decides, that token never learns), and it is invisible in the
 # reward and the loss. What does show it, at once and in any task, is the gap between the
 # trainer's log-probs and the sampler's: more than any temperature or precision explains,
@@ -293,7 +327,7 @@ doctor("off_by_one")
 # ## 7. pi_old fixed for the rollout, or refreshed every pass
 #
 # **Cause and the two recommendations.** With several passes over a rollout
-# (`num_iterations` > 1), the ratio compares the current policy with pi_old. Seed 000
+# (`num_iterations` > 1), the ratio compares the current policy with pi_old. The textbook
 # recommends refreshing pi_old at the start of every pass; PPO, TRL and this trainer keep it
 # fixed to the policy that sampled. Refreshed, the ratio restarts at 1 every pass, and with one
 # mini-batch per pass it is exactly 1 at every optimizer step: the clip can never act, and
@@ -319,17 +353,23 @@ doctor("old_fixed", "old_refreshed")
 #
 # ## 8. The gradient explodes
 #
-# **Cause.** Seed 000 names two: a learning rate far too large, or rewards on a large scale.
-# It expects the gradient norm to climb, the loss to go non-finite, and clipping
-# (`max_grad_norm`) to contain it.
+# **Cause.** The textbook names two: a KL coefficient too small, so that the policy escapes
+# to extreme outputs, or a reward bug that pays unboundedly large rewards on some inputs. Its
+# symptom is a gradient norm that climbs "from 0.5 to 50 in 100 steps" after a few hundred
+# steps; its fix is to raise beta or to clip the rewards at the source. (Its listing also
+# clips the gradient's norm at 1.0, as `max_grad_norm` does here, so that "a single noisy
+# minibatch" cannot throw the policy into a region it never recovers from.)
 #
-# **Knobs.** `learning_rate = 1e-2`, 33 times the default, clipped at norm 1.0 (the default)
-# and not clipped (`max_grad_norm = 0`); then rewards 100 times larger with no std to divide
-# them back (`advantage_scale = "none"`), clipped and not.
+# **Knobs.** Both causes, pushed hard enough to act within this tier's 100 steps. An update
+# far too strong for the default beta to hold: `learning_rate = 1e-2`, 33 times the default,
+# clipped at norm 1.0 (the default) and not clipped (`max_grad_norm = 0`). Then large
+# rewards: 100 times larger, with no std to divide them back (`advantage_scale = "none"`),
+# clipped and not.
 
 # %% tags=["platform-numerics"]
 for name in ("lr_clipped", "lr_unclipped", "reward_x100", "reward_x100_unclipped"):
-    trial(name, log=lambda line: print(line) if line.startswith("warning") else None)
+    trial(name)
+    live_doctor(name)
 EIGHT = ["healthy", "lr_clipped", "lr_unclipped", "reward_x100", "reward_x100_unclipped"]
 print(lab.table({n: results[n] for n in EIGHT}, ["grad_norm", "kl", "zero_std_groups", "completion_length/mean"]))
 for name in EIGHT[1:]:
@@ -347,25 +387,29 @@ figure = plot_compare({n: results[n] for n in EIGHT},
 # **Symptom, measured, and not the one expected.** The learning rate wrecks the policy in two
 # steps, clipped or not: the KL to the reference jumps past 4 nats per token, the completions
 # turn to noise (16 tokens, the length limit, in the clipped run), every group is all wrong,
-# and held-out accuracy is 0. The gradient norm does not climb: it *falls*, because all-wrong groups give no
-# gradient. Clipping cannot help, for two reasons: AdamW divides each update by the gradient's
-# own running scale, so the step's size is set by the learning rate, not by the gradient's
-# norm; and the damage is done at steps 1 and 2, where the norm is below the clip anyway.
+# and held-out accuracy is 0. The gradient norm does not climb: it *falls*, because
+# all-wrong groups give no gradient. Clipping cannot help: AdamW divides each update by the
+# gradient's own running scale, so the step's size is set by the learning rate, not by the
+# gradient's norm. The clip did act: at step 2 the norm reached 2.79, the largest of either
+# run, and the clipped run cut it to 1.0. That run was wrecked all the same, as the
+# unclipped one was.
 #
 # The rewards x100 give the climb's level without the damage: a gradient norm in the tens at
-# nearly every step (the healthy run's stays near 1), cut down to 1.0 by the clip each time,
+# every step (the healthy run's stays near 1), cut down to 1.0 by the clip each time,
 # and a run that learns, clipped or not, to about the same accuracy. Again AdamW: scaling every
 # gradient by the same factor does not change its update. What the scale does change is the
 # balance with the KL term, which is not scaled: beta is in effect 100 times smaller.
 #
-# So on this tier (float32, a 3M-parameter policy, AdamW) a large gradient is not what breaks
-# a run, and the doctor's `kl_runaway` and `zero_std_groups` are what catch the broken ones
-# (the live doctor warned during training, above). The climb seed 000 describes belongs to
-# runs that degrade slowly, on large models in bf16, over thousands of steps, with the loss
-# going non-finite at the end; the doctor's `grad_explosion` detector (the late median norm
-# 10 times the early one, or any non-finite loss) is tested on made-up metrics in
-# `tests/test_diagnose.py`, not on a run of this tier. The fix for the runs here is the
-# learning rate.
+# So on this tier (float32, a policy of 341,376 parameters, AdamW) a large gradient is not
+# what breaks a run, and the doctor's `kl_runaway` and `zero_std_groups` are what catch the
+# broken ones (the live doctor warned during training, above). The climb the textbook
+# describes, over a hundred steps after a few hundred, comes from causes these runs do not
+# have: a reward bug that pays without bound on outputs the policy then seeks, or a policy
+# escaping to extreme outputs under too little KL pressure over hundreds of steps. Its fixes
+# act on those causes (a larger beta, rewards clipped at the source), not on the gradient;
+# the doctor's `grad_explosion` detector (the late median norm 10 times the early one, or any
+# non-finite loss) is tested on made-up metrics in `tests/test_diagnose.py`, not on a run of
+# this tier. The fix for the runs here is the learning rate.
 #
 # ## 9. The reference aliased to the policy
 #
@@ -382,7 +426,9 @@ except ValueError as error:
     print(f"ValueError: {error}")
 
 # %% tags=["platform-numerics"]
-trial("alias", log=lambda line: print(line) if line.startswith(("warning", "FAULTS")) else None)
+trial("alias")
+print(next(line for line in logged["alias"] if line.startswith("FAULTS")))
+live_doctor("alias")
 print(lab.table({n: results[n] for n in ("healthy", "beta_0", "alias")}, ["kl", "reward/mean", "grad_norm"]))
 same = all(torch.equal(a, b) for a, b in zip(results["alias"].policy.state_dict().values(),
                                              results["beta_0"].policy.state_dict().values()))
@@ -390,7 +436,7 @@ print(f"\nthe aliased run's final weights equal the beta = 0 run's, bit for bit:
 doctor("alias")
 
 # %% [markdown]
-# Seed 000 says the policy never moves. Measured, it moves exactly as with beta = 0: the k3
+# The textbook says the policy never moves. Measured, it moves exactly as with beta = 0: the k3
 # penalty's gradient is 0 where the reference equals the policy, so the run is the beta = 0
 # run bit for bit, logging a KL of exactly 0 at every step. A KL that is exactly 0 after the
 # first step with beta > 0 is the symptom the doctor (and the trainer, live) reports.
@@ -460,14 +506,17 @@ for claim, holds in claims.items():
 # %% [markdown]
 # ## Exercises
 #
-# Each checker in `grpo_edu.exercises.ch07` runs your answer and names each case that fails,
-# with what it expected and what it got. Each exercise has a hint and a worked solution,
-# folded: open them when you want them.
+# Each checker in `grpo_edu.exercises.ch07` runs your answer and names each case that fails
+# and what is wrong there, never the right answer. Each exercise has a hint and a worked
+# solution, folded: open them when you want them.
 #
 # **7.1 Name the failure.** `ch07.mystery_runs()` holds the metrics of four lab runs at
 # another seed (1) than this chapter's, under letters: one healthy, three broken by one knob
-# each. Read them as you would a run of your own (`plot_compare` draws any of their keys),
-# and name each with one of `ch07.FAILURES`. Then check your reading against the doctor's.
+# each. Read them as you would a run of your own (the cell below prints their last step;
+# `plot_compare` draws any of their keys), and name each with one of `ch07.FAILURES`. Then
+# check your reading against the doctor's: `ch07.mystery_configs()` holds each run's
+# `config.json` (a bug injected through `Faults` is no more in it than in a real run's
+# config), and `diagnose(history, config)` reads a run as `grpo-edu doctor` does.
 #
 # <details><summary>Hint</summary>
 #
@@ -500,10 +549,10 @@ for claim, holds in claims.items():
 from grpo_edu.exercises import ch07
 
 mystery = ch07.mystery_runs()
-for run, history in mystery.items():
-    print(f"{run}: {len(history)} steps; last step: " + ", ".join(
-        f"{key} {value:.4g}" for key, value in history[-1].items() if key != "step"))
-print(f"\nnames: {ch07.FAILURES}")
+print(f"{'the last step':<24}" + "".join(f"{run:>10}" for run in mystery))
+for key in ch07.KEYS:
+    print(f"{key:<24}" + "".join(f"{history[-1][key]:>10.4g}" for history in mystery.values()))
+print(f"\nnames: {', '.join(ch07.FAILURES)}")
 my_diagnoses = {}  # e.g. {"run A": "healthy", ...}
 ch07.check_mystery_runs(my_diagnoses)
 

@@ -104,7 +104,7 @@ except ValueError as error:
 #
 # After sampling, each rank scores its own completions, and the rewards are gathered, so
 # that every rank holds all B x G of them: the advantages (batch-level std included), the
-# mini-batch plan and dynamic sampling's filter are computed from the whole batch, the same
+# mini-batch plan and the zero-std filter are computed from the whole batch, the same
 # on every rank (`scoring.score`, `scoring.Plan`).
 
 # %% [markdown]
@@ -180,8 +180,8 @@ print(f"bnpo with own counts: a token of rank 0 weighs 1 / (2 x {tokens[0]}), on
 # as much as a token of rank 1, where one process weighs all 111 alike. The loss comes out
 # 2.6 times too large, and the gradient, the direction the policy moves, is off too.
 #
-# The luck runs out as soon as ranks hold different numbers of completions. With dynamic
-# sampling (`filter_zero_std_groups`, chapter 4), prompt 3, whose rewards are all equal, is
+# The luck runs out as soon as ranks hold different numbers of completions. With the
+# zero-std filter (`filter_zero_std_groups`, chapter 4), prompt 3, whose rewards are all equal, is
 # dropped: rank 0 trains on 8 completions, rank 1 on 4, and now every loss type's per-rank
 # mean is wrong (mini-batches that split unevenly over the ranks do the same):
 
@@ -278,7 +278,7 @@ for name in ("2 ranks, ddp", "2 ranks, fsdp2"):
 # another order (the gradient of 128 completions is one sum in one process, two sums of 64
 # and an all-reduce in two). This is one config; tests/test_distributed.py makes the same
 # comparison for every loss type, with several mini-batches and passes per rollout and with
-# dynamic sampling, under DDP and FSDP2. The digits above depend on the machine's
+# the zero-std filter, under DDP and FSDP2. The digits above depend on the machine's
 # floating-point kernels; what the prose claims is checked here, on any machine:
 
 # %%
@@ -431,14 +431,19 @@ for P in (1.5e9, 7e9):
 # DDP's 112 GB per rank does not, and FSDP2's 14 GB do (45.5 GB with the reference's shard
 # and the sampler's whole copy, which is then the largest item: with vLLM, which samples from
 # a copy of its own, the trainer keeps it only while evaluating). That is the case for FSDP2:
-# memory per rank, paid for with a parameter all-gather in every forward.
+# memory per rank, paid for in traffic. Where DDP all-reduces the gradients once per
+# optimizer step, FSDP2 all-gathers the parameters for every forward, gathers them again for
+# the backward where it shards layer by layer (configs/h100-8x.toml's path: each decoder
+# layer's before its backward), and reduce-scatters the gradients once per optimizer step, so
+# that each rank keeps only its shard of them (`benchmarks/distributed.py` counts the bytes of
+# each; the README has its table).
 
 # %% [markdown]
 # ## Exercises
 #
 # Each checker in `grpo_edu.exercises.ch08` runs your answer on several cases and names each
-# case that fails, with what it expected and what it got. Each exercise has a hint and a
-# worked solution, folded: open them when you want them.
+# case that fails and what is wrong there, never the right answer. Each exercise has a hint
+# and a worked solution, folded: open them when you want them.
 #
 # **8.1 Which rows a rank owns.** Write `my_rank_rows(B, G, world_size, rank)`: the rows of
 # the prompt-major (B x G)-row batch that rank `rank` owns (completion j of prompt i is row
@@ -526,31 +531,39 @@ def my_rank_loss(logp, old_logp, advantages, completion_mask, token_counts, comp
 ch08.check_rank_loss(my_rank_loss)
 
 # %% [markdown]
-# **8.3 A step on 8 GPUs.** For the config in `ch08.SCALE_QUIZ`, work out the numbers below
-# by hand (or in code), then check them. Bonus: with this config's 4 mini-batches dealt out,
-# how many of each rank's prompts does each optimizer step train?
+# **8.3 A step on N GPUs.** Write `my_step_numbers(quiz)`: for a config like
+# `ch08.SCALE_QUIZ` (a dict of world_size, prompts_per_step, num_generations,
+# max_completion_length, num_iterations, num_mini_batches and parameters), return a dict with
+# one number for each key of `ch08.QUANTITIES`, which says what each counts. The checker asks
+# about `SCALE_QUIZ` and about two quizzes it draws anew at every call, so the numbers must
+# be computed from the quiz. Bonus: with `SCALE_QUIZ`'s 4 mini-batches dealt out, how many of
+# each rank's prompts does each optimizer step train?
 #
 # <details><summary>Hint</summary>
 #
-# The formulas are in `ch08.FORMULAS`, one per key; FSDP2 shards the weights, the gradients
-# and AdamW's two moments, 16 bytes per parameter in float32, over the ranks.
+# The chapter computed every one of these for its own configs: the step arithmetic table
+# (prompts and completions per rank and per step, tokens at the length limit, optimizer
+# steps per rollout) and the memory cell (AdamW in float32 holds 4 bytes of weights, 4 of
+# gradients and 8 of moments per parameter; FSDP2 shards all of it over the ranks).
 #
 # </details>
 #
 # <details><summary>Solution</summary>
 #
 # ```python
-# quiz = ch08.SCALE_QUIZ
-# N, B, G = quiz["world_size"], quiz["prompts_per_step"], quiz["num_generations"]
-# my_answers = {
-#     "prompts_per_rank": B // N,                                        # 32
-#     "completions_per_rank": B // N * G,                                # 512
-#     "completions_per_step": B * G,                                     # 4,096
-#     "max_tokens_per_step": B * G * quiz["max_completion_length"],     # 4,194,304
-#     "optimizer_steps_per_rollout": quiz["num_iterations"] * quiz["num_mini_batches"],   # 4
-#     "fsdp2_bytes_per_rank": quiz["parameters"] * (4 + 4 + 8) // N,    # 3,000,000,000: 3 GB
-# }
-# ch08.check_scale_answers(my_answers)
+# def my_step_numbers(quiz):
+#     N, B, G = quiz["world_size"], quiz["prompts_per_step"], quiz["num_generations"]
+#     return {
+#         "prompts_per_rank": B // N,                                        # SCALE_QUIZ: 32
+#         "completions_per_rank": B // N * G,                                # 512
+#         "completions_per_step": B * G,                                     # 4,096
+#         "max_tokens_per_step": B * G * quiz["max_completion_length"],      # 4,194,304
+#         "optimizer_steps_per_rollout": quiz["num_iterations"] * quiz["num_mini_batches"],   # 4
+#         "fsdp2_bytes_per_rank": quiz["parameters"] * (4 + 4 + 8) // N,     # 3,000,000,000: 3 GB
+#     }
+#
+#
+# ch08.check_scale_answers(my_step_numbers)
 # ```
 #
 # Bonus: each mini-batch holds a quarter of the step's prompts, dealt so that every rank
@@ -560,6 +573,12 @@ ch08.check_rank_loss(my_rank_loss)
 
 # %%
 print(ch08.SCALE_QUIZ)
-my_answers = {}  # one number for each of: prompts_per_rank, completions_per_rank, completions_per_step,
-#                  max_tokens_per_step, optimizer_steps_per_rollout, fsdp2_bytes_per_rank
-ch08.check_scale_answers(my_answers)
+
+
+def my_step_numbers(quiz):
+    N, B, G = quiz["world_size"], quiz["prompts_per_step"], quiz["num_generations"]
+    return {"prompts_per_rank": B // N,
+            "completions_per_rank": B // N}                # counts prompts: fix me, then add the other four
+
+
+ch08.check_scale_answers(my_step_numbers)

@@ -340,19 +340,18 @@ print(f"\na copy of the float32 policy holds {reference_dtype}: {torch.finfo(ref
 # per parameter) and, in the rest of that share, the KV cache. It is built after the trainer
 # and checks that its share is free, and while it samples the trainer's state stays where it
 # is (the gradients too: they are freed at the next optimizer step, not before), so the
-# trainer's state and vLLM's share must fit side by side. The table leaves out activations,
-# which grow with micro_batch_size and the sequence length; the column "left" is what remains
-# for them with vLLM's share counted as taken (vLLM sleeps during the update, but what torch's
+# trainer's state and vLLM's share must fit side by side. The first table is what the trainer
+# holds per GPU (the whole copy only while it evaluates), the second what is left beside it.
+# Both leave out activations, which grow with micro_batch_size and the sequence length; the
+# column "left" is what remains for them with vLLM's share counted as taken (vLLM sleeps during the update, but what torch's
 # allocator caches for activations it keeps, and vLLM needs its share back at the next
 # rollout). An evaluation needs the trainer's state and the whole copy, with vLLM asleep.
 
 # %%
-GPU_BYTES, SHARE = 80e9, configs["gpu-1x"].vllm_gpu_memory_utilization
-print(f"one H100: {GPU_BYTES / 1e9:.0f} GB (GB = 1e9 bytes); vLLM's share while awake: {SHARE} = "
-      f"{SHARE * GPU_BYTES / 1e9:.0f} GB. Per GPU, in GB:\n")
-print(f"{'':<28}{'trainer':-^29}{'':<2}{'vLLM, awake':-^24}{'':<10}{'evaluating':-^23}")
-print(f"{'policy':<13}{'GPUs':>5}  {'sharding':<8}{'w+g+AdamW':>10}{'reference':>10}{'total':>9}"
-      f"{'weights':>10}{'KV tokens':>14}{'left':>10}{'whole copy':>13}{'left':>10}  fits")
+GPU_MIB, SHARE = 81_559, configs["gpu-1x"].vllm_gpu_memory_utilization   # an H100 80GB, as nvidia-smi reports it
+GPU_BYTES = GPU_MIB * 2**20
+print(f"one H100 (80GB): {GPU_MIB:,} MiB = {GPU_BYTES / 1e9:.1f} GB (GB = 1e9 bytes); vLLM's share while awake: "
+      f"{SHARE} = {SHARE * GPU_BYTES / 1e9:.1f} GB. Per GPU, in GB:\n")
 budget = {}
 for name, size in sizes.items():
     P = size["parameters"]
@@ -361,23 +360,30 @@ for name, size in sizes.items():
         trainer_total = training + reference
         vllm_weights = 2 * P
         kv_tokens = int(max(0, SHARE * GPU_BYTES - vllm_weights) // size["kv_bytes_per_token"])
-        left = GPU_BYTES * (1 - SHARE) - trainer_total              # beside vLLM's share: for activations
         whole_copy = 4 * P if sharding == "fsdp2" else 0.0          # Models.whole(), vLLM asleep
-        left_evaluating = GPU_BYTES - trainer_total - whole_copy
-        budget[name, gpus] = dict(training=training, reference=reference, whole_copy=whole_copy, left=left,
-                                  left_evaluating=left_evaluating, kv_tokens=kv_tokens)
-        print(f"{name:<13}{gpus:>5}  {sharding:<8}{training / 1e9:>10.1f}{reference / 1e9:>10.1f}"
-              f"{trainer_total / 1e9:>9.1f}{vllm_weights / 1e9:>10.1f}{kv_tokens:>14,}{left / 1e9:>10.1f}"
-              f"{whole_copy / 1e9:>13.1f}{left_evaluating / 1e9:>10.1f}  {'yes' if min(left, left_evaluating) > 0 else 'no'}")
+        budget[name, gpus] = dict(sharding=sharding, training=training, reference=reference, total=trainer_total,
+                                  whole_copy=whole_copy, vllm_weights=vllm_weights, kv_tokens=kv_tokens,
+                                  left=GPU_BYTES * (1 - SHARE) - trainer_total,   # beside vLLM's share: activations
+                                  left_evaluating=GPU_BYTES - trainer_total - whole_copy)
+print(f"{'the trainer holds':<18}{'GPUs':>5}  {'sharding':<9}{'w+g+AdamW':>10}{'reference':>10}{'total':>8}"
+      f"{'whole copy':>12}")
+for (name, gpus), b in budget.items():
+    print(f"{name:<18}{gpus:>5}  {b['sharding']:<9}{b['training'] / 1e9:>10.1f}{b['reference'] / 1e9:>10.1f}"
+          f"{b['total'] / 1e9:>8.1f}{b['whole_copy'] / 1e9:>12.1f}")
+print(f"\n{'beside it':<18}{'GPUs':>5}{'vLLM weights':>14}{'KV tokens':>12}{'left':>8}{'left evaluating':>17}  fits")
+for (name, gpus), b in budget.items():
+    print(f"{name:<18}{gpus:>5}{b['vllm_weights'] / 1e9:>14.1f}{b['kv_tokens']:>12,}{b['left'] / 1e9:>8.1f}"
+          f"{b['left_evaluating'] / 1e9:>17.1f}  {'yes' if min(b['left'], b['left_evaluating']) > 0 else 'no'}")
 kept = budget["Qwen2.5-7B", 8]["left"] - budget["Qwen2.5-7B", 8]["whole_copy"]
 print(f"\nQwen2.5-7B on 8 GPUs with the whole copy kept all the time (engine = 'hf'): {kept / 1e9:.1f} GB left")
 
 # %% [markdown]
 # `Qwen2.5-0.5B` and `Qwen2.5-1.5B` fit on one GPU with room to spare. `Qwen2.5-7B` does not
 # fit on one H100 at all: its float32 training state alone is 121.8 GB. On 8 GPUs with FSDP2
-# it fits, with 37.0 GB left for activations beside vLLM's share, and its evaluations fit
-# too: the whole float32 copy, 30.5 GB, is larger than the sharded training state (15.2 GB),
-# and exists only while the trainer evaluates. Kept all the time, it would leave 6.5 GB. The
+# it fits, with 40.8 GB left for activations beside vLLM's share, and its evaluations fit
+# too: the whole float32 copy, 30.5 GB (the first table's last column), is larger than the
+# sharded training state (15.2 GB), and exists only while the trainer evaluates. Kept all
+# the time, it would leave 10.4 GB. The
 # KV-cache column is how many tokens of prompts and completions vLLM can hold at once, at
 # most (its share also holds its own activations); a rollout with more is sampled in waves.
 
@@ -393,7 +399,8 @@ show_claims({
     "there the whole copy is larger than the sharded training state and the reference's shard":
         budget["Qwen2.5-7B", 8]["whole_copy"] > max(budget["Qwen2.5-7B", 8]["training"],
                                                     budget["Qwen2.5-7B", 8]["reference"]),
-    "kept all the time, it would leave less than 10 GB": 0 < kept < 10e9,
+    "kept all the time, the whole copy would leave less than a third of that room for activations":
+        0 < kept < budget["Qwen2.5-7B", 8]["left"] / 3,
 })
 
 # %% [markdown]

@@ -66,7 +66,8 @@ def zero_std_groups(rewards) -> torch.Tensor | np.ndarray:
     """(B, G) -> (B,) bool: True where all G rewards of a prompt are equal.
 
     Such a group has zero advantages everywhere, so it contributes no policy
-    gradient (only the KL term, if any). DAPO's dynamic sampling drops them.
+    gradient (only the KL term, if any). filter_zero_std_groups drops them (DAPO's
+    dynamic sampling samples replacements for them).
     """
     tensor, from_numpy = _as_reward_tensor(rewards)
     check_rewards(tensor)

@@ -140,7 +140,7 @@ class RolloutBatch:
         return MicroBatch(**{name: None if value is None else value[rows] for name, value in self.flat().items()})
 
     def select(self, keep: torch.Tensor) -> "RolloutBatch":
-        """The groups where keep (B,) is True: e.g. dynamic sampling's
+        """The groups where keep (B,) is True: e.g. the zero-std filter's
         `batch.select(~zero_std_groups(batch.rewards))`. Re-validated."""
         if keep.shape != (self.num_prompts,) or keep.dtype != torch.bool:
             raise ValueError(f"keep must be a bool tensor of shape (B,) = ({self.num_prompts},), "

@@ -107,7 +107,8 @@ class TrainConfig:
                              "group_advantages with advantage_scale and advantage_std", "")
     advantage_scale: str = _doc("advantage std: 'group', 'batch' or 'none' (Dr. GRPO)", "group")
     advantage_std: str = _doc("'population' (divide by G) or 'sample' (by G - 1, as TRL)", "population")
-    filter_zero_std_groups: bool = _doc("drop groups whose rewards are all equal (dynamic sampling)", False)
+    filter_zero_std_groups: bool = _doc("drop groups whose rewards are all equal (the zero-std filter; DAPO's dynamic "
+                                        "sampling would sample replacements, this does not)", False)
     ref_sync_steps: int = _doc("copy the policy into the reference every K training steps (rollouts; 0 = never; "
                                 "R1: every 400 optimizer steps = 25 rollouts of 16 optimizer steps)", 0)
 

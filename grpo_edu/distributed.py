@@ -18,7 +18,7 @@ What makes N ranks train exactly what one process trains:
   rollout does not depend on N, and every rank's torch RNG stays in step.
 - The batch-level numbers are global: the rewards (B, G) are gathered, so the
   advantages (any advantage_fn, batch std included), the mini-batch plan and
-  dynamic sampling's filter are computed from all B prompts on every rank; the
+  the zero-std filter are computed from all B prompts on every rank; the
   loss's denominators (completions and tokens of a mini-batch, dapo's tokens per
   optimizer step) come from the gathered completion lengths. Each rank's loss is
   then its part of the 1-process loss (loss.py: parts add up), times N, because

@@ -3,7 +3,10 @@
 Each check prints one row (PASS, FAIL, or SKIP when an earlier failure leaves it nothing to
 stand on) with what it measured; the command exits 0 when all pass, 1 otherwise. Without a
 GPU it lists what it would check, says "no GPU found" and exits 0. `run_checks(device)` takes
-the device, so the same sequence runs on the CPU against the tests' stand-in vllm.
+the device, so the same sequence runs on the CPU: against the tests' stand-in vllm
+(tests/test_doctor.py) and against vLLM's CPU build (tests/real_vllm, with its test-side shim:
+the CPU build has no sleep mode and cannot load weights after start-up; without the shim the
+engine check fails saying so).
 """
 
 from __future__ import annotations
@@ -87,7 +90,7 @@ def run_checks(device: torch.device, output: Callable[[str], None] = print, *,
                 raise RuntimeError("torch.cuda.is_available() is False")
             return (f"torch {torch.__version__}, CUDA {torch.version.cuda}, "
                     f"{torch.cuda.get_device_name(device)}")
-        return f"torch {torch.__version__} on the CPU (a stand-in run: no GPU is checked)"
+        return f"torch {torch.__version__} on the CPU (no GPU is checked)"
 
     def vllm_version() -> str:
         try:

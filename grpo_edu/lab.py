@@ -28,7 +28,7 @@ SETTINGS = {"eval_every": 25, "eval_size": 128, "checkpoint_every": 0, "progress
 
 @dataclass(frozen=True)
 class LabRun:
-    failure: int                      # seed 000's failure mode, 1..9 (0: the healthy run)
+    failure: int                      # the textbook's failure mode, 1..9 (0: the healthy run)
     knob: str                         # the one thing changed, in words
     steps: int
     overrides: dict = field(default_factory=dict)
@@ -89,7 +89,7 @@ RUNS: dict[str, LabRun] = {
     "lr_unclipped": LabRun(8, "learning_rate = 1e-2, max_grad_norm = 0", 50,
                            {"learning_rate": 1e-2, "max_grad_norm": 0.0},
                            expected=frozenset({"kl_runaway", "zero_std_groups"})),
-    # 8, the other cause seed 000 names: rewards 100x larger, with no std to divide them back
+    # 8, the other cause the textbook names: rewards 100x larger, with no std to divide them back
     # (advantage_scale = 'none'), so that the gradient is 100x larger too; clipped and not
     "reward_x100": LabRun(8, "rewards x100, advantage_scale = 'none'", 100,
                           {"rewards": {"accuracy": 100.0, "format": 50.0}, "advantage_scale": "none"}),
@@ -122,17 +122,22 @@ def early_late(history: list[dict], key: str) -> tuple[float, float]:
 
 def table(results: dict, keys: list[str]) -> str:
     """One line per run: held-out greedy accuracy (start -> end), then each key's median over
-    the first and the last steps of the doctor's windows (early_late)."""
+    the first and the last steps of the doctor's windows (early_late). Each column is as wide
+    as its widest entry."""
     width = max(len("run"), *(len(name) for name in results)) + 1
-    lines = [f"{'run':<{width}} {'accuracy':>13}" + "".join(f" {key:>24}" for key in keys)]
+    cells = {name: [tuple(map(_g, early_late(result.history, key))) for key in keys]
+             for name, result in results.items()}
+    columns = []   # per key: (width of the early value, of the late value, of the column)
+    for j, key in enumerate(keys):
+        early = max(len(cells[name][j][0]) for name in results)
+        late = max(len(cells[name][j][1]) for name in results)
+        columns.append((early, late, max(len(key), early + 4 + late)))
+    lines = [f"{'run':<{width}} {'accuracy':>14}" + "".join(f"  {key:>{w}}" for key, (_, _, w) in zip(keys, columns))]
     for name, result in results.items():
         summary = result.summary
-        cells = []
-        for key in keys:
-            first, last = early_late(result.history, key)
-            cells.append(f" {_g(first):>11} -> {_g(last):<9}")
+        row = [f"{first:>{early}} -> {last:<{late}}" for (first, last), (early, late, _) in zip(cells[name], columns)]
         lines.append(f"{name:<{width}} {summary['start_accuracy']:.3f} -> {summary['final_accuracy']:.3f}"
-                     + "".join(cells))
+                     + "".join(f"  {cell:>{w}}" for cell, (_, _, w) in zip(row, columns)))
     return "\n".join(lines)
 
 

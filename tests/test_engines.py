@@ -1,6 +1,7 @@
 """The rollout engine contract (grpo_edu.rollout.RolloutEngine), checked for every engine the
 trainer can run: fused, hf, and vllm (here the fake vllm of tests/fake_vllm, which samples
-with the same weights; the GPU check is `grpo-edu doctor --gpu`).
+with the same weights; tests/real_vllm runs these same tests against vLLM's CPU build, and
+the GPU check is `grpo-edu doctor --gpu`).
 
 Token ids in, token ids out (no re-tokenising); prompt-major rows; the same Rollout fields
 and shapes; masks up to and including EOS; finished flags; sampler log-probs of
@@ -22,14 +23,21 @@ from vllm_fake import fake_vllm
 
 ENGINES = ("fused", "hf", "vllm")
 B, G, L, T = 3, 4, 12, 0.7
+# The vllm the "vllm" engine is built on: a context in which `import vllm` gives it. Here the
+# stand-in; tests/real_vllm sets contextlib.nullcontext (the installed vLLM) and runs these tests.
+VLLM = fake_vllm
 
 
-@pytest.fixture(scope="module")
-def prompts():
+def make_prompts():
     policy, tokenizer = load_policy(STARTING_POLICY)
     samples = tasks.make_dataset("arithmetic", n=B, split="test", seed=0)
     encoded = tokenizer([s["prompt"] for s in samples], return_tensors="pt", padding=True, add_special_tokens=False)
     return encoded["input_ids"], encoded["attention_mask"]
+
+
+@pytest.fixture(scope="module")
+def prompts():
+    return make_prompts()
 
 
 def build(name: str, stack: ExitStack):
@@ -38,7 +46,7 @@ def build(name: str, stack: ExitStack):
         return policy, tokenizer, fused_llama.FusedEngine(policy, tokenizer)
     if name == "hf":
         return policy, tokenizer, HFEngine(policy, tokenizer)
-    stack.enter_context(fake_vllm())
+    stack.enter_context(VLLM())
     engine = vllm_engine.VLLMEngine(str(STARTING_POLICY), policy, tokenizer, World(), seed=0,
                                     gpu_memory_utilization=0.3, sleep_mode=True, dtype="float32")
     return policy, tokenizer, engine

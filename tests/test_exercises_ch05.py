@@ -41,7 +41,7 @@ def test_strict_format_checker_names_the_failing_cases():
     result = ch05.check_strict_format(match_not_fullmatch)
     report = str(result)
     assert not result
-    assert "a leading zero: '<think>12</think>\\\\boxed{0132}': expected 0, got 1" in report
+    assert "a leading zero: '<think>12</think>\\\\boxed{0132}': accepted (1.0) a completion the rule rejects" in report
     assert "unicode digits" in report and "a trailing newline" in report
     assert "a well-formed completion" not in report
 
@@ -84,7 +84,7 @@ def test_countdown_checker_passes_a_right_answer_and_catches_a_lenient_one():
 
     report = str(ch05.check_countdown_reward(ignores_the_numbers))
     assert "a number used twice" in report and "a number not given" in report
-    assert "expected 0, got 1" in report
+    assert "accepted (1.0) a completion the rule rejects" in report
     assert "each number once, right value" not in report
 
 

@@ -36,5 +36,8 @@ def test_diagnoses():
     assert ch06.check_diagnoses(dict(ch06.DIAGNOSES))
     wrong = dict(ch06.DIAGNOSES, **{"run C": "healthy"})
     assert ch06.check_diagnoses(wrong).failures == [
-        "run C: expected 'no signal', got 'healthy' (" + ch06.WHY["run C"] + ")"]
+        "run C: not healthy: at least one of its metrics is outside a healthy run's range"]
+    wrong = dict(ch06.DIAGNOSES, **{"run A": "runaway kl"})
+    assert ch06.check_diagnoses(wrong).failures == [
+        f"run A: not 'runaway kl': that would show {ch06.SIGNS['runaway kl']}, and run A does not"]
     assert "no diagnoses yet" in ch06.check_diagnoses({}).failures[0]

@@ -13,21 +13,24 @@ def test_the_answer_key_passes_and_a_wrong_name_is_explained():
     run, name = next(iter(key.items()))
     wrong = dict(right, **{run: "length bias"})
     assert ch07.check_mystery_runs(wrong).failures == [
-        f"{run}: expected {ch07.MYSTERY_RUNS[name][0]!r}, got 'length bias' ({ch07.MYSTERY_RUNS[name][1]})"]
+        f"{run}: not 'length bias': that would show {ch07.SIGNS['length bias']}, and {run} does not"]
     assert "no diagnoses yet" in ch07.check_mystery_runs({}).failures[0]
-    assert "expected names from FAILURES, got ['bug']" in ch07.check_mystery_runs({"run A": "bug"}).failures[0]
+    assert "['bug'] are not among the names" in ch07.check_mystery_runs({"run A": "bug"}).failures[0]
+    assert set(ch07.SIGNS) == set(ch07.FAILURES) - {"healthy"}
 
 
 def test_the_mystery_runs_show_what_the_key_says():
     """The data is what benchmarks/failure_lab.py --mystery wrote from real lab runs: each run's
-    giveaway holds in it, and the doctor names the same failure."""
+    giveaway holds in it, and the doctor, given the config.json the exercise ships, names the
+    same failure (the step 'check your reading against the doctor's' works as the chapter says)."""
     from grpo_edu.diagnose import diagnose
     from grpo_edu.lab import RUNS
-    runs, key = ch07.mystery_runs(), ch07._answer_key()
-    assert sorted(runs) == sorted(key)
+    runs, configs, key = ch07.mystery_runs(), ch07.mystery_configs(), ch07._answer_key()
+    assert sorted(runs) == sorted(configs) == sorted(key)
     for run, name in key.items():
-        history = runs[run]
-        config = RUNS[name].config("unused", seed=1).to_dict()
+        history, config = runs[run], configs[run]
+        assert config == RUNS[name].config(f"runs/mystery-{run[-1]}", seed=1).to_dict()   # as failure_lab writes it
+        assert name not in config["output_dir"]
         assert len(history) == RUNS[name].steps
         assert {f.detector for f in diagnose(history, config)} == set(RUNS[name].expected), run
     by_name = {name: runs[run] for run, name in key.items()}
@@ -39,7 +42,7 @@ def test_the_mystery_runs_show_what_the_key_says():
 def test_the_trainers_tie_spread_passes_and_wrong_ones_fail():
     assert ch07.check_tie_spread(metrics.tie_spread)
     over_all_pairs = ch07.check_tie_spread(lambda r, a: float((a[:, :, None] - a[:, None, :]).abs().max()))
-    assert over_all_pairs.failures and "the chapter's group, whole" in over_all_pairs.failures[0]
+    assert over_all_pairs.failures[0] == "the chapter's group, whole: is too large"
     first_group_only = ch07.check_tie_spread(lambda r, a: metrics.tie_spread(r[:1], a[:1]))
     assert any("split in halves" in f for f in first_group_only.failures)
     assert all("raised ZeroDivisionError" in f for f in ch07.check_tie_spread(lambda r, a: 1 / 0).failures)

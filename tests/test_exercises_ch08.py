@@ -1,4 +1,4 @@
-"""The chapter-7 checkers accept the worked solutions and name what a wrong answer got wrong."""
+"""The chapter-8 checkers accept the worked solutions and name what a wrong answer got wrong."""
 
 from grpo_edu.distributed import World
 from grpo_edu.exercises import ch08
@@ -30,10 +30,8 @@ def test_an_even_split_of_the_rows_is_caught_where_it_cuts_a_group():
     assert result.passed == len(ch08.RANK_ROW_CASES)
     assert len(result.failures) == 2
     assert result.failures[1] == (
-        "B=3, G=4, 2 ranks: expected a ValueError (3 prompts do not split into whole prompts over 2 ranks; "
-        "the trainer refuses such a config), got rank 0: rows 0..5, rank 1: rows 6..11 (prompt 1's 4 "
-        "completions are split across ranks [0, 1]: its group advantages (mean and std over all 4) would "
-        "need rewards from more than one rank)")
+        "B=3, G=4, 2 ranks: 3 prompts do not split into whole prompts over 2 ranks, so the trainer refuses "
+        "(a ValueError); yours split prompt 1's 4 completions across ranks [0, 1]")
 
 
 def test_other_wrong_rows_are_named():
@@ -42,7 +40,15 @@ def test_other_wrong_rows_are_named():
             raise ValueError("indivisible")
         return [i * G + j for i in range(rank, B, world_size) for j in range(G)]
     result = ch08.check_rank_rows(interleaved)
-    assert "rank 0: expected rows 0..63 (prompts 0..7, the trainer's contiguous share)" in result.failures[0]
+    assert result.failures[0].startswith("B=16, G=8, 2 ranks: rank 0 (and 1 other rank) owns whole prompts, "
+                                         "but not consecutive ones")
+    assert "rows 0..63" not in str(result)       # the trainer's share is the answer: never printed
+
+    def reversed_blocks(B, G, world_size, rank):   # contiguous blocks, in the wrong order
+        return rank_rows(B, G, world_size, world_size - 1 - rank)
+    result = ch08.check_rank_rows(reversed_blocks)
+    assert "rank 0 (and 1 other rank) owns a contiguous block of whole prompts (rows 64..127), but not the " \
+           "trainer's" in result.failures[0]
 
     def prompt_indices(B, G, world_size, rank):  # prompts, not rows
         if B % world_size:
@@ -50,11 +56,12 @@ def test_other_wrong_rows_are_named():
         return rank_rows(B, 1, world_size, rank)
     result = ch08.check_rank_rows(prompt_indices)
     assert any("no rank owns" in failure for failure in result.failures)
-    assert any("split across ranks" in failure for failure in result.failures)
+    assert any("completions across ranks" in failure for failure in result.failures)
 
     raises = ch08.check_rank_rows(lambda *args: 1 / 0)
     assert "rank 0 raised ZeroDivisionError" in raises.failures[0]
-    assert "expected a ValueError" in raises.failures[-1] and "got ZeroDivisionError" in raises.failures[-1]
+    assert raises.failures[-1] == ("B=3, G=4, 2 ranks: raised ZeroDivisionError: division by zero; 3 prompts do "
+                                   "not split into whole prompts over 2 ranks, so the trainer refuses (a ValueError)")
 
 
 # ----------------------------------------------------------------- 8.2
@@ -80,9 +87,9 @@ def test_the_per_rank_mean_is_named():
     # grpo and dr_grpo with equal completions per rank hide the mistake; token counts or
     # uneven completions reveal it.
     assert result.passed == 2 and len(result.failures) == 6
-    assert result.failures[0].startswith("bnpo, 2 ranks, 2 prompts each, rank 1's completions longer "
-                                         "(token_counts [30, 81], completion_counts [8, 8])")
-    assert all("each rank divided by its own counts (the per-rank mean" in f for f in result.failures)
+    assert result.failures[0] == ("bnpo, 2 ranks of 2 prompts, rank 1's completions longer: each rank divided "
+                                  "by its own counts (grpo_loss's defaults), not the whole batch's")
+    assert all("each rank divided by its own counts" in f for f in result.failures)
 
 
 def test_a_missing_world_size_factor_is_named():
@@ -90,7 +97,8 @@ def test_a_missing_world_size_factor_is_named():
         return rank_loss(*args) / len(args[4])
     result = ch08.check_rank_loss(without_factor)
     assert len(result.failures) == 8
-    assert "the result is 1/2 of the 1-process gradient; multiply each rank's loss by the world size" in result.failures[0]
+    assert result.failures[0].endswith("the whole batch's counts, but DDP averages the ranks' gradients: 1/2 of "
+                                       "the 1-process gradient")
     assert "1/3 of the 1-process gradient" in result.failures[-1]
 
 
@@ -108,10 +116,17 @@ def test_scale_answers():
     assert answers == {"prompts_per_rank": 32, "completions_per_rank": 512, "completions_per_step": 4096,
                        "max_tokens_per_step": 4_194_304, "optimizer_steps_per_rollout": 4,
                        "fsdp2_bytes_per_rank": 3_000_000_000}
-    assert ch08.check_scale_answers(answers)
-    wrong = dict(answers, fsdp2_bytes_per_rank=24_000_000_000)   # DDP's bytes: a whole replica
-    assert ch08.check_scale_answers(wrong).failures == [
-        "fsdp2_bytes_per_rank: expected 3,000,000,000, got 24000000000 (parameters x (4 weights + 4 gradients "
-        "+ 8 AdamW moments) bytes in float32, divided by world_size)"]
-    assert "no answers yet" in ch08.check_scale_answers({}).failures[0]
-    assert "unknown keys ['tokens']" in ch08.check_scale_answers(dict(answers, tokens=1)).failures[-1]
+    assert set(answers) == set(ch08.QUANTITIES)
+    assert ch08.check_scale_answers(ch08.scale_answers)
+
+    def ddp_bytes(quiz):                            # DDP's bytes: a whole replica on every rank
+        return dict(ch08.scale_answers(quiz), fsdp2_bytes_per_rank=quiz["parameters"] * 16)
+    result = ch08.check_scale_answers(ddp_bytes, seed=0)
+    assert result.failures == [
+        "SCALE_QUIZ: fsdp2_bytes_per_rank is wrong: a whole copy on every rank (DDP's), not FSDP2's 1/N shard",
+        "ch08.random_quiz(1): the same as SCALE_QUIZ", "ch08.random_quiz(2): the same as SCALE_QUIZ"]
+    report = str(ch08.check_scale_answers(lambda quiz: {}, seed=0))
+    assert "no number for prompts_per_rank, completions_per_rank" in report
+    assert "unknown keys ['tokens']" in str(ch08.check_scale_answers(lambda quiz: dict(ch08.scale_answers(quiz),
+                                                                                         tokens=1)))
+    assert "returned list, not a dict" in str(ch08.check_scale_answers(lambda quiz: []))

@@ -223,7 +223,7 @@ def test_metrics_cover_the_documented_keys(tmp_path):
 
 
 def test_filtering_zero_std_groups_skips_groups_that_agree(tmp_path):
-    """Dynamic sampling: with every group's rewards equal there is nothing to update on;
+    """The zero-std filter: with every group's rewards equal there is nothing to update on;
     with rewards that differ, the update happens."""
     policy, tokenizer = tiny()
     before = _weights(policy)

@@ -95,7 +95,7 @@ def test_keys_carried_in_another_form(tmp_path):
 @pytest.mark.parametrize("key, value, message", [
     ("advantage_std", "population", "TRL divides by the sample std"),
     ("kl_estimator", "k2", "TRL's KL term is k3"),
-    ("filter_zero_std_groups", True, "TRL has no dynamic sampling"),
+    ("filter_zero_std_groups", True, "TRL has no zero-std filter"),
     ("old_logprobs", "sampler", "TRL recomputes pi_old"),
     ("tis_cap", 2.0, "TRL corrects vLLM's samples only"),
     ("advantage_fn", "my_solutions:advantages", "TRL computes its own advantages"),

@@ -131,6 +131,65 @@ def test_the_trainers_random_state_is_restored_after_vllm_reseeds_the_process():
     assert torch.equal(got[0], expected[0]) and got[1:] == expected[1:]
 
 
+def test_a_seeded_generate_leaves_the_trainers_random_state_as_it_was():
+    """vLLM's CPU sampler (and so the stand-in) draws noise for the whole batch from torch's
+    global RNG even when every request has its own seed: generate must put the trainer's RNG
+    back, or each rollout advances it by an amount that depends on the rank's batch and the
+    ranks' next seeds diverge (tests/real_vllm measures it with the real library). Unseeded,
+    vLLM samples from that RNG, and it advances."""
+    import random
+
+    import numpy
+    policy, tokenizer = load_policy(STARTING_POLICY)
+    ids, mask = prompts(tokenizer)
+    with fake_vllm():
+        e = engine(policy, tokenizer)
+        for count in (4, 2):   # two batch sizes: two different draws, if any were left
+            torch.manual_seed(7)
+            random.seed(7)
+            numpy.random.seed(7)
+            states = (torch.get_rng_state(), random.getstate(), numpy.random.get_state()[1].copy())
+            e.sync_weights()
+            e.generate(ids[:count], mask[:count], SamplingParams(G, L, 1.0), seeds=[3 + b * G for b in range(count)])
+            assert torch.equal(torch.get_rng_state(), states[0]), f"a {count}-prompt generate moved torch's RNG"
+            assert random.getstate() == states[1]
+            assert (numpy.random.get_state()[1] == states[2]).all()
+        e.sync_weights()
+        e.generate(ids, mask, SamplingParams(G, L, 1.0))
+        assert not torch.equal(torch.get_rng_state(), states[0]), "unseeded, vLLM samples from torch's RNG"
+
+
+def test_generate_while_the_weights_sleep_is_refused_by_the_engine():
+    """In sleep mode, a rollout starts with sync_weights (it wakes and loads the weights). A
+    generate without it is refused by the engine, on the stand-in as on vLLM, where the call
+    would wait forever for a paused engine (tests/real_vllm shows both)."""
+    policy, tokenizer = load_policy(STARTING_POLICY)
+    ids, mask = prompts(tokenizer)
+    with fake_vllm() as vllm:
+        e = engine(policy, tokenizer)
+        for _ in range(2):   # after start-up, and after a rollout put it back to sleep
+            with pytest.raises(RuntimeError, match="the engine's weights sleep .*call sync_weights first"):
+                e.generate(ids, mask, SamplingParams(G, L, 1.0), seeds=[0, 4, 8, 12])
+            assert vllm.CALLS[-1][0] == "sleep", "refused before any call to vLLM"
+            e.sync_weights()
+            e.generate(ids, mask, SamplingParams(G, L, 1.0), seeds=[0, 4, 8, 12])
+
+
+def test_the_stand_in_without_sleep_mode_only_pauses():
+    """As vLLM's CPU build (measured in tests/real_vllm): without enable_sleep_mode, sleep keeps
+    the weights and pauses the scheduler until every tag is awake again."""
+    policy, tokenizer = load_policy(STARTING_POLICY)
+    with fake_vllm():
+        e = engine(policy, tokenizer, sleep_mode=False)
+        e.llm.sleep(level=2)
+        e.llm.wake_up(tags=["weights"])
+        with pytest.raises(RuntimeError, match="asleep"):
+            e.llm.generate([{"prompt_token_ids": [1, 2]}], e._sampling_params(SamplingParams(G, L, 1.0), 0))
+        e.llm.wake_up(tags=["kv_cache"])
+        out = e.llm.generate([{"prompt_token_ids": [1, 2]}], e._sampling_params(SamplingParams(G, L, 1.0), 0))
+    assert len(out[0].outputs) == G
+
+
 def test_a_completion_depends_on_its_seed_not_on_the_rest_of_the_batch():
     """The trainer seeds completion i of the batch with seed + i: sampled in one call or in two
     halves (two ranks), the completions are the same."""

@@ -1,7 +1,8 @@
 """Checkers for the exercises at the end of each chapter.
 
 Each checker runs a reader's function (or answers) on a set of cases and says
-exactly which case failed, with the expected and the actual value:
+exactly which case failed and how the answer is wrong there (checking.compare), never
+the right value:
 
     >>> from grpo_edu.exercises import ch01
     >>> ch01.check_group_advantages(my_group_advantages)

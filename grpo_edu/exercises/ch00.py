@@ -7,7 +7,7 @@ import torch
 
 from grpo_edu import baselines
 from grpo_edu.bandit import Bandit, moments
-from grpo_edu.exercises.checking import CheckResult
+from grpo_edu.exercises.checking import CheckResult, compare
 
 # --------------------------------------------------------------------------- 0.1
 
@@ -35,13 +35,11 @@ def check_rloo(fn) -> CheckResult:
             continue
         if not isinstance(got, torch.Tensor) or got.shape != rewards.shape:
             shape = tuple(got.shape) if isinstance(got, torch.Tensor) else type(got).__name__
-            result.record(name, [f"expected a tensor of shape {tuple(rewards.shape)}, got {shape}"])
+            result.record(name, [f"must return a tensor of shape {tuple(rewards.shape)}, got {shape}"])
             continue
-        worst = float((got.double() - expected.double()).abs().max())
         tolerance = 1e-6 if rewards.dtype == torch.float32 else 1e-12
-        result.record(name, [] if worst <= tolerance else
-                      [f"expected {np.round(expected.double().numpy(), 4).tolist()}, got "
-                       f"{np.round(got.double().numpy(), 4).tolist()} (largest difference {worst:.3g})"])
+        problem = compare(expected.double().numpy(), got.detach().double().numpy(), tolerance)
+        result.record(name, [problem] if problem else [])
     return result
 
 
@@ -70,10 +68,6 @@ def check_exact_mean(fn) -> CheckResult:
         except Exception as error:  # noqa: BLE001
             result.record(name, [f"raised {type(error).__name__}: {error}"])
             continue
-        if got.shape != expected.shape:
-            result.record(name, [f"expected shape {expected.shape}, got {got.shape}"])
-            continue
-        worst = float(np.abs(got - expected).max())
-        result.record(name, [] if worst <= 1e-10 else
-                      [f"expected {np.round(expected, 5).tolist()}, got {np.round(got, 5).tolist()}"])
+        problem = compare(expected, got, 1e-10)
+        result.record(name, [problem] if problem else [])
     return result

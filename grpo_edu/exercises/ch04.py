@@ -71,13 +71,13 @@ def _informative_cases():
 
 def check_informative_groups(fn: Callable) -> CheckResult:
     """Exercise 4.2: fn(rewards (B, G)) -> (B,) bool, True for the groups that carry signal
-    (rewards not all equal): DAPO's dynamic sampling keeps exactly those."""
+    (rewards not all equal): the zero-std filter (filter_zero_std_groups) keeps exactly those."""
     cases = []
     for description, rewards in _informative_cases():
         expected = ~zero_std_groups(rewards).numpy()
         cases.append((f"{description}: rewards {rewards.tolist()}",
                       lambda r=rewards: _bools(fn(r.clone())), expected))
-    return run_cases("exercise 4.2 dynamic sampling", cases)
+    return run_cases("exercise 4.2 the zero-std filter", cases)
 
 
 # --------------------------------------------------------------------------- 4.3

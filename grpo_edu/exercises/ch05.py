@@ -7,8 +7,8 @@ The chapter contrasts grpo_edu.rewards with two rewards a policy can game:
 - `CharacterRewardModel`: a learned reward, a linear model over character
   counts fitted to the verifier's labels on the starting policy's samples, a
   stand-in small enough to read for the neural reward models DeepSeek-R1
-  chose not to use on reasoning data (seeds/001: "susceptible to reward
-  hacking during large-scale RL").
+  chose not to use on reasoning data (the DeepSeek-R1 paper: "susceptible to
+  reward hacking during large-scale RL").
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 from grpo_edu import rewards
-from grpo_edu.exercises.checking import CheckResult, run_cases
+from grpo_edu.exercises.checking import CheckResult, run_cases, verdict
 from grpo_edu.models import BOXED_OPEN, THINK_CLOSE, THINK_OPEN
 
 
@@ -146,7 +146,7 @@ def check_strict_format(fn: Callable, seconds_per_case: float = 1.0) -> CheckRes
             return float(values[0])
         shown = repr(completion) if len(repr(completion)) < 60 else repr(completion)[:57] + "..."
         cases.append((f"{description}: {shown}", call, _strict_format(completion)))
-    return run_cases("exercise 5.1 a stricter format reward", cases)
+    return run_cases("exercise 5.1 a stricter format reward", cases, describe=verdict)
 
 
 # --------------------------------------------------------------------------- 5.2
@@ -208,7 +208,7 @@ def check_countdown_reward(fn: Callable) -> CheckResult:
         cases.append((f"{description}: {shown!r}, numbers={numbers}, target={target}",
                       lambda c=completion, n=numbers, t=target: float(fn([c], numbers=[n], target=[t])[0]),
                       expected))
-    return run_cases("exercise 5.3 a countdown verifier", cases)
+    return run_cases("exercise 5.3 a countdown verifier", cases, describe=verdict)
 
 
 

@@ -7,18 +7,33 @@ from pathlib import Path
 
 import torch
 
-from grpo_edu.exercises.checking import CheckResult
+from grpo_edu.exercises.checking import CheckResult, check_labels, compare
 
 # --------------------------------------------------------------------------- 7.1
 
 # The names a diagnosis may use: "healthy", or the failure mode.
 FAILURES = ("healthy", "all-equal groups", "split groups", "length bias", "kl coefficient",
             "temperature mismatch", "off by one", "pi_old refreshed", "learning rate", "aliased reference")
-# The lab runs behind the mysteries (benchmarks/failure_lab.py --mystery writes their metrics,
-# at seed 1), with the failure each shows and the metric that gives it away.
+# What a run with each failure shows (chapter 7 measures each). A wrong name is answered with its
+# sign, which the run does not show: why the reading does not fit, never the right name.
+SIGNS = {
+    "all-equal groups": "zero_std_groups near 1 while the rewards stay flat",
+    "split groups": "advantage/tie_spread above 0 (equal rewards in one group with unequal advantages)",
+    "length bias": "completion_length/mean climbing steadily while the reward does not ask for length",
+    "kl coefficient": "a KL to the reference far above 1 nat per token (or, beta too large, a reward held back "
+                      "with the KL pinned near 0)",
+    "temperature mismatch": "sampler_gap/mean_abs of a few hundredths of a nat from step 1, and a ratio far "
+                            "from 1 before any update",
+    "off by one": "sampler_gap/mean_abs above 0.5 nats per token from step 1",
+    "pi_old refreshed": "several optimizer steps per rollout, yet ratio/min = ratio/max = 1 exactly",
+    "learning rate": "a KL of several nats and every group all wrong within a few steps",
+    "aliased reference": "a KL of exactly 0 after step 1 while grad_norm > 0",
+}
+# The lab runs behind the mysteries (benchmarks/failure_lab.py --mystery writes their metrics and
+# configs, at seed 1), with the failure each shows and the metric that gives it away.
 MYSTERY_RUNS = {
     "healthy": ("healthy", "every metric as in the chapter's healthy run"),
-    "temperature": ("temperature mismatch", "sampler_gap/mean_abs ~0.07 from step 1 and a ratio far from 1 before "
+    "temperature": ("temperature mismatch", "sampler_gap/mean_abs ~0.06 from step 1 and a ratio far from 1 before "
                                             "any update"),
     "alias": ("aliased reference", "kl exactly 0 at every step while grad_norm > 0"),
     "old_refreshed": ("pi_old refreshed", "4 optimizer steps per rollout, yet ratio/min = ratio/max = 1 exactly"),
@@ -30,9 +45,20 @@ KEYS = ("step", "reward/mean", "reward/accuracy", "zero_std_groups", "completion
 DATA = Path(__file__).parent / "data" / "ch07_mystery.json"
 
 
+def _data() -> dict:
+    return json.loads(DATA.read_text())
+
+
 def mystery_runs() -> dict[str, list[dict]]:
     """{"run A": [metrics of step 1, ...], ...}: four runs, each healthy or broken by one knob."""
-    return json.loads(DATA.read_text())
+    return _data()["metrics"]
+
+
+def mystery_configs() -> dict[str, dict]:
+    """{"run A": config, ...}: each mystery run's config.json, what `grpo-edu doctor` reads beside
+    the metrics (grpo_edu.diagnose.diagnose(history, config)). A bug injected through Faults is
+    not in it, as no bug is in a real run's config."""
+    return _data()["configs"]
 
 
 def _answer_key() -> dict[str, str]:
@@ -44,20 +70,8 @@ def _answer_key() -> dict[str, str]:
 
 def check_mystery_runs(diagnoses: dict[str, str]) -> CheckResult:
     """Exercise 7.1: name each of mystery_runs() with one of FAILURES."""
-    result = CheckResult("exercise 7.1 name the failure")
-    key = _answer_key()
-    if not diagnoses:
-        result.failures.append(f"no diagnoses yet: give one of {list(FAILURES)} for each of {sorted(key)}")
-        return result
-    unknown = sorted(set(diagnoses.values()) - set(FAILURES))
-    if unknown:
-        result.failures.append(f"expected names from FAILURES, got {unknown}")
-        return result
-    for run, name in key.items():
-        expected, why = MYSTERY_RUNS[name]
-        result.record(run, [] if diagnoses.get(run) == expected else
-                      [f"expected {expected!r}, got {diagnoses.get(run)!r} ({why})"])
-    return result
+    key = {run: MYSTERY_RUNS[name][0] for run, name in _answer_key().items()}
+    return check_labels("exercise 7.1 name the failure", diagnoses, key, FAILURES, SIGNS, names_where="ch07.FAILURES")
 
 
 # --------------------------------------------------------------------------- 7.2
@@ -105,5 +119,6 @@ def check_tie_spread(fn) -> CheckResult:
         except Exception as error:  # noqa: BLE001 - the reader's code: report, do not crash
             result.record(name, [f"raised {type(error).__name__}: {error}"])
             continue
-        result.record(name, [] if abs(got - expected) <= 1e-9 else [f"expected {expected:.6f}, got {got:.6f}"])
+        problem = compare(expected, got, 1e-9)
+        result.record(name, [problem] if problem else [])
     return result

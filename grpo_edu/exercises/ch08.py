@@ -45,7 +45,7 @@ def _span(rows: list[int]) -> str:
 
 
 def _split_groups(B: int, G: int, owners: dict[int, list[int]]) -> str | None:
-    """The first prompt whose G rows more than one rank (or no rank) holds, in words."""
+    """The first prompt whose G rows more than one rank holds, in words."""
     holders: dict[int, set[int]] = {}
     for rank, rows in owners.items():
         for row in rows:
@@ -53,8 +53,7 @@ def _split_groups(B: int, G: int, owners: dict[int, list[int]]) -> str | None:
     for prompt in range(B):
         ranks = holders.get(prompt, set())
         if len(ranks) > 1:
-            return (f"prompt {prompt}'s {G} completions are split across ranks {sorted(ranks)}: its group "
-                    f"advantages (mean and std over all {G}) would need rewards from more than one rank")
+            return f"prompt {prompt}'s {G} completions across ranks {sorted(ranks)}"
     return None
 
 
@@ -71,23 +70,36 @@ def check_rank_rows(fn: Callable[[int, int, int, int], list[int]]) -> CheckResul
                 owners[rank] = _rows(fn(B, G, world_size, rank))
             except Exception as error:  # the reader's code: report, don't crash
                 problems.append(f"rank {rank} raised {type(error).__name__}: {error}")
+                break
         if not problems:
             split = _split_groups(B, G, owners)
             every_row = sorted(row for rows in owners.values() for row in rows)
             if split:
-                problems.append(split)
+                problems.append(f"{split}: its advantages need all {G} rewards on one rank")
             elif every_row != list(range(B * G)):
                 missing = sorted(set(range(B * G)) - set(every_row))
                 twice = sorted({row for row in every_row if every_row.count(row) > 1})
                 problems.append(f"the ranks together must own each of the {B * G} rows once"
                                 + (f"; no rank owns {missing[:8]}" if missing else "")
                                 + (f"; more than one rank owns {twice[:8]}" if twice else ""))
+            share_problems = []
             for rank, rows in owners.items():
-                expected = _expected_rows(B, G, world_size, rank)
-                if sorted(rows) != expected and not split:
-                    first, last = expected[0] // G, expected[-1] // G
-                    problems.append(f"rank {rank}: expected {_span(expected)} (prompts {first}..{last}, the "
-                                    f"trainer's contiguous share), got {_span(rows)}")
+                if split or every_row != list(range(B * G)) or sorted(rows) == _expected_rows(B, G, world_size, rank):
+                    continue
+                prompts = sorted({row // G for row in rows})
+                if not prompts:
+                    share_problems.append((rank, "owns no rows"))
+                elif prompts != list(range(prompts[0], prompts[-1] + 1)):
+                    share_problems.append((rank, f"owns whole prompts, but not consecutive ones ({_span(rows)}): "
+                                                 f"the trainer gives each rank one contiguous block"))
+                else:
+                    share_problems.append((rank, f"owns a contiguous block of whole prompts ({_span(rows)}), but not "
+                                                 f"the trainer's: block r in rank order, B / world_size prompts each"))
+            if share_problems:
+                rank, words = share_problems[0]
+                others = len(share_problems) - 1
+                problems.append(f"rank {rank}" + (f" (and {others} other rank{'s' * (others > 1)})" if others else "")
+                                + f" {words}")
         result.record(name, problems)
     for B, G, world_size in INDIVISIBLE_CASES:
         name = f"B={B}, G={G}, {world_size} ranks"
@@ -100,8 +112,9 @@ def check_rank_rows(fn: Callable[[int, int, int, int], list[int]]) -> CheckResul
                 pass
             except Exception as error:
                 owners, raised = None, False
-                result.failures.append(f"{name}: expected a ValueError ({B} prompts do not split into whole "
-                                       f"prompts over {world_size} ranks), got {type(error).__name__}: {error}")
+                result.failures.append(f"{name}: raised {type(error).__name__}: {error}; {B} prompts do not "
+                                       f"split into whole prompts over {world_size} ranks, so the trainer refuses "
+                                       f"(a ValueError)")
                 break
         if owners is None:
             continue
@@ -109,10 +122,9 @@ def check_rank_rows(fn: Callable[[int, int, int, int], list[int]]) -> CheckResul
             result.passed += 1
             continue
         why = _split_groups(B, G, owners) if len(owners) == world_size else None
-        result.failures.append(f"{name}: expected a ValueError ({B} prompts do not split into whole prompts over "
-                               f"{world_size} ranks; the trainer refuses such a config), got "
-                               + ", ".join(f"rank {r}: {_span(rows)}" for r, rows in owners.items())
-                               + (f" ({why})" if why else ""))
+        result.failures.append(f"{name}: {B} prompts do not split into whole prompts over {world_size} ranks, "
+                               f"so the trainer refuses (a ValueError)" + (f"; yours split {why}" if why else
+                                                                          "; yours returned rows"))
     return result
 
 
@@ -136,9 +148,9 @@ def _batch(lengths: list[list[int]], seed: int) -> dict:
 
 # (description, completion lengths (B, G), the prompts each rank holds)
 RANK_LOSS_CASES = [
-    ("2 ranks, 2 prompts each, rank 1's completions longer",
+    ("2 ranks of 2 prompts, rank 1's completions longer",
      [[3, 5, 2, 4], [6, 2, 3, 5], [12, 9, 11, 7], [10, 12, 8, 12]], [[0, 1], [2, 3]]),
-    ("3 ranks holding 2, 1 and 1 prompts (dynamic sampling dropped a group on ranks 1 and 2)",
+    ("3 ranks of 2, 1 and 1 prompts",
      [[3, 5, 2, 4], [6, 2, 3, 5], [12, 9, 11, 7], [1, 12, 2, 12]], [[0, 1], [2], [3]]),
 ]
 
@@ -179,13 +191,11 @@ def _diagnose(losses, batch, shares, token_counts, completion_counts, loss_type)
     own = [part(p) for p in shares]
     global_counts = [part(p, num_items=sum(token_counts), num_completions=sum(completion_counts)) for p in shares]
     if np.allclose(losses, own, rtol=1e-9, atol=1e-12):
-        return ("each rank divided by its own counts (the per-rank mean: grpo_loss's defaults); pass the whole "
-                "batch's counts, num_items = sum(token_counts) and num_completions = sum(completion_counts)")
+        return "each rank divided by its own counts (grpo_loss's defaults), not the whole batch's"
     if np.allclose(losses, global_counts, rtol=1e-9, atol=1e-12) and N > 1:
-        return (f"the parts have the whole batch's counts, but DDP averages the ranks' gradients: the "
-                f"result is 1/{N} of the 1-process gradient; multiply each rank's loss by the world size")
+        return f"the whole batch's counts, but DDP averages the ranks' gradients: 1/{N} of the 1-process gradient"
     if np.allclose(losses, [N * x for x in own], rtol=1e-9, atol=1e-12) and N > 1:
-        return "each rank's loss is multiplied by the world size, but still divided by its own counts"
+        return "multiplied by the world size, but divided by each rank's own counts"
     return ""
 
 
@@ -208,15 +218,13 @@ def check_rank_loss(fn: Callable) -> CheckResult:
                 result.failures.append(f"{name}: raised {type(error).__name__}: {error}")
                 continue
             difference = float((averaged - whole_grad).abs().max())
-            mean_loss = sum(losses) / len(losses)
             if difference <= 1e-12 * max(1.0, float(whole_grad.abs().max())):
                 result.passed += 1
                 continue
             why = _diagnose(losses, batch, shares, tokens, completions, loss_type)
-            result.failures.append(
-                f"{name} (token_counts {tokens}, completion_counts {completions}): the ranks' average gradient "
-                f"differs from the 1-process gradient by up to {difference:.3g} (the ranks' mean loss "
-                f"{mean_loss:.6f}, the 1-process loss {whole:.6f})" + (f": {why}" if why else ""))
+            result.failures.append(f"{name}: {why}" if why else
+                                   f"{name}: the ranks' averaged gradient is not the 1-process gradient "
+                                   f"(off by up to {difference:.1g})")
     return result
 
 
@@ -225,14 +233,16 @@ def check_rank_loss(fn: Callable) -> CheckResult:
 # A GPU-sized rollout on one node of 8 GPUs, for the arithmetic of exercise 8.3.
 SCALE_QUIZ = {"world_size": 8, "prompts_per_step": 256, "num_generations": 16, "max_completion_length": 1024,
               "num_iterations": 1, "num_mini_batches": 4, "parameters": 1_500_000_000}
-FORMULAS = {
-    "prompts_per_rank": "prompts_per_step / world_size (whole prompts per rank)",
-    "completions_per_rank": "prompts_per_rank x num_generations (all G completions of each prompt)",
-    "completions_per_step": "prompts_per_step x num_generations, whatever the number of ranks",
-    "max_tokens_per_step": "completions_per_step x max_completion_length (every completion at the limit)",
-    "optimizer_steps_per_rollout": "num_iterations x num_mini_batches",
-    "fsdp2_bytes_per_rank": "parameters x (4 weights + 4 gradients + 8 AdamW moments) bytes in float32, "
-                            "divided by world_size",
+# What each answer counts (the chapter computes each for its own configs; the formulas are the
+# exercise). fsdp2_bytes_per_rank: AdamW's training state in float32, as the chapter's memory cell.
+QUANTITIES = {
+    "prompts_per_rank": "the prompts one rank samples per step",
+    "completions_per_rank": "the completions one rank samples and scores per step",
+    "completions_per_step": "the completions of one step, all ranks together",
+    "max_tokens_per_step": "the completion tokens of one step, all ranks together, every completion at the limit",
+    "optimizer_steps_per_rollout": "the optimizer steps one rollout feeds",
+    "fsdp2_bytes_per_rank": "the bytes of weights, gradients and AdamW's two moments (float32) one rank holds "
+                            "under FSDP2",
 }
 
 
@@ -245,23 +255,90 @@ def scale_answers(quiz: dict = SCALE_QUIZ) -> dict[str, int]:
             "fsdp2_bytes_per_rank": quiz["parameters"] * 16 // N}
 
 
-def check_scale_answers(answers: dict) -> CheckResult:
-    """Exercise 8.3: the arithmetic of SCALE_QUIZ's step, one number per key of FORMULAS."""
-    result = CheckResult("exercise 8.3 a step on 8 GPUs")
-    if not answers:
-        result.failures.append(f"no answers yet: give a number for each of {list(FORMULAS)}")
-        return result
-    for key, expected in scale_answers().items():
-        got = answers.get(key)
+def random_quiz(seed: int) -> dict:
+    """A quiz like SCALE_QUIZ with other numbers, drawn from random.Random(seed)."""
+    import random
+    draw = random.Random(seed)
+    N = draw.choice([2, 4, 8, 16, 32])
+    return {"world_size": N, "prompts_per_step": N * draw.randint(2, 64), "num_generations": draw.choice([4, 8, 12, 16, 32]),
+            "max_completion_length": draw.choice([256, 512, 1000, 2048, 4096]),
+            "num_iterations": draw.randint(1, 3), "num_mini_batches": draw.choice([1, 2, 4, 8, 16]),
+            "parameters": N * draw.randint(10, 1000) * 1_000_000}
+
+
+# The mistakes a reader makes, by the factor they put on one answer: (key, factor) -> what went wrong.
+_MISTAKES = {
+    ("prompts_per_rank", "N"): "the whole step's prompts, not one rank's share",
+    ("completions_per_rank", "1/G"): "counts prompts, not their G completions each",
+    ("completions_per_rank", "N"): "the whole step's completions, not one rank's share",
+    ("completions_per_step", "1/N"): "one rank's completions, not the whole step's",
+    ("completions_per_step", "1/G"): "counts prompts, not their G completions each",
+    ("max_tokens_per_step", "1/N"): "one rank's tokens, not the whole step's",
+    ("max_tokens_per_step", "1/G"): "counts one completion per prompt, not G",
+    ("max_tokens_per_step", "1/L"): "counts completions, not their tokens",
+    ("fsdp2_bytes_per_rank", "N"): "a whole copy on every rank (DDP's), not FSDP2's 1/N shard",
+    ("fsdp2_bytes_per_rank", "1/4"): "the weights alone, not the gradients and AdamW's two moments",
+    ("fsdp2_bytes_per_rank", "3/4"): "one AdamW moment short (each of the two is 4 bytes per parameter)",
+    ("fsdp2_bytes_per_rank", "1/2"): "the weights and gradients, without AdamW's two moments",
+    ("fsdp2_bytes_per_rank", "1/8"): "2 bytes per parameter (bf16 weights), not float32's training state",
+}
+_counter = iter(range(1 << 62))
+
+
+def _mistake(key: str, got: float, right: int, quiz: dict) -> str:
+    """What is wrong with one answer, in words: a known mistake, or too large / too small."""
+    N, G, L = quiz["world_size"], quiz["num_generations"], quiz["max_completion_length"]
+    factors = {"N": N, "1/N": 1 / N, "1/G": 1 / G, "1/L": 1 / L, "1/4": 1 / 4, "3/4": 3 / 4, "1/2": 1 / 2,
+               "1/8": 1 / 8}
+    for (name, factor), words in _MISTAKES.items():
+        if name == key and got == right * factors[factor]:
+            return f"{key} is wrong: {words}"
+    if key == "optimizer_steps_per_rollout" and got in (quiz["num_iterations"], quiz["num_mini_batches"],
+                                                        quiz["num_iterations"] + quiz["num_mini_batches"]):
+        return f"{key} is wrong: every pass over the rollout (num_iterations) takes num_mini_batches steps"
+    return f"{key} is {'too large' if got > right else 'too small'}"
+
+
+def check_scale_answers(fn: Callable[[dict], dict], seed: int | None = None) -> CheckResult:
+    """Exercise 8.3: fn(quiz) -> {key: number} for each key of QUANTITIES, for a quiz like SCALE_QUIZ.
+
+    The checker asks about SCALE_QUIZ and about two quizzes drawn from `seed` (by default a new seed
+    at every call: 0 at the first call of a session, then 1, ...), so an answer must be computed
+    from the quiz, not typed in. A wrong number is named, with what went wrong where the mistake
+    is a known one, never with the right number."""
+    result = CheckResult("exercise 8.3 a step on N GPUs")
+    seed = next(_counter) if seed is None else seed
+    quizzes = [("SCALE_QUIZ", SCALE_QUIZ)] + [(f"ch08.random_quiz({2 * seed + k})", random_quiz(2 * seed + k))
+                                               for k in (1, 2)]
+    seen: dict[str, str] = {}   # a report already given, and the first quiz that got it
+    for name, quiz in quizzes:
         try:
-            right = got is not None and float(got) == expected
-        except (TypeError, ValueError):
-            right = False
-        if right:
-            result.passed += 1
-        else:
-            result.failures.append(f"{key}: expected {expected:,}, got {got!r} ({FORMULAS[key]})")
-    unknown = sorted(set(answers) - set(FORMULAS))
-    if unknown:
-        result.failures.append(f"unknown keys {unknown}; the keys are {list(FORMULAS)}")
+            answers = fn(dict(quiz))
+        except Exception as error:  # the reader's code: report, don't crash
+            result.failures.append(f"{name}: raised {type(error).__name__}: {error}")
+            continue
+        if not isinstance(answers, dict):
+            result.failures.append(f"{name}: returned {type(answers).__name__}, not a dict of {list(QUANTITIES)}")
+            continue
+        problems, missing = [], [key for key in QUANTITIES if answers.get(key) is None]
+        if missing:
+            problems.append(f"no number for {', '.join(missing)}")
+        for key, right in scale_answers(quiz).items():
+            if key in missing:
+                continue
+            try:
+                got = float(answers[key])
+            except (TypeError, ValueError):
+                problems.append(f"{key} is {answers[key]!r}, not a number")
+                continue
+            if got != right:
+                problems.append(_mistake(key, got, right, quiz))
+        unknown = sorted(set(answers) - set(QUANTITIES))
+        if unknown:
+            problems.append(f"unknown keys {unknown}")
+        report = "; ".join(problems)
+        if problems and report in seen:
+            problems = [f"the same as {seen[report]}"]
+        seen.setdefault(report, name)
+        result.record(name, problems)
     return result

@@ -1,9 +1,16 @@
-"""The machinery every checker shares: run cases, compare, report."""
+"""The machinery every checker shares: run cases, compare, report.
+
+A checker's feedback names what is wrong (which case, which element, and how: its
+shape, its sign, too large or too small, off by a constant factor or shift, NaN)
+and never prints the expected value: a reader learns where to look, and cannot
+copy the answer out of the report.
+"""
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable
+from typing import Any, Callable, Iterable, Mapping
 
 import numpy as np
 
@@ -37,20 +44,10 @@ class CheckResult:
     __str__ = __repr__
 
 
-def _fmt(value: Any) -> str:
-    if isinstance(value, np.ndarray) or isinstance(value, (list, tuple)):
-        array = np.asarray(value)
-        if array.dtype.kind in "fc":
-            return np.array2string(array, precision=4, separator=", ", suppress_small=True)
-        return np.array2string(array, separator=", ")
-    if isinstance(value, float):
-        return f"{value:.6g}"
-    return repr(value)
-
-
 def run_cases(exercise: str, cases: Iterable[tuple[str, Callable[[], Any], Any]],
-              atol: float = 1e-6) -> CheckResult:
-    """Run each (description, call, expected) case; compare with `atol`.
+              atol: float = 1e-6, describe: Callable[[Any, Any], str | None] | None = None) -> CheckResult:
+    """Run each (description, call, expected) case; compare with `atol` (or with
+    `describe(expected, got)`, which returns None when they agree, else what is wrong).
 
     A case that raises is a failure that shows the exception, not a crash.
     """
@@ -61,7 +58,7 @@ def run_cases(exercise: str, cases: Iterable[tuple[str, Callable[[], Any], Any]]
         except Exception as error:  # the reader's code: report, don't crash the notebook
             result.failures.append(f"{description}: raised {type(error).__name__}: {error}")
             continue
-        problem = compare(expected, got, atol)
+        problem = compare(expected, got, atol) if describe is None else describe(expected, got)
         if problem:
             result.failures.append(f"{description}: {problem}")
         else:
@@ -69,25 +66,175 @@ def run_cases(exercise: str, cases: Iterable[tuple[str, Callable[[], Any], Any]]
     return result
 
 
+# --------------------------------------------------------------------------- compare
+
+def _short(value: Any, limit: int = 60) -> str:
+    text = repr(value)
+    return text if len(text) <= limit else text[:limit - 3] + "..."
+
+
+def _index(flat: int, shape: tuple) -> str:
+    """A flat index as the reader would write it: 2, or (1, 3)."""
+    if len(shape) <= 1:
+        return str(flat)
+    return "(" + ", ".join(str(int(i)) for i in np.unravel_index(flat, shape)) + ")"
+
+
+def _places(flat_indices: np.ndarray, shape: tuple, limit: int = 3) -> str:
+    shown = ", ".join(_index(int(i), shape) for i in flat_indices[:limit])
+    more = f" and {len(flat_indices) - limit} more" if len(flat_indices) > limit else ""
+    return f"element {shown}" if len(flat_indices) == 1 else f"elements {shown}{more}"
+
+
+def _how_wrong(expected: float, got: float, atol: float) -> str:
+    """One element, in words: the sign, the direction, never the expected value."""
+    if abs(got) <= atol:
+        return "is 0 where it should not be"
+    if abs(expected) > atol and math.copysign(1, got) != math.copysign(1, expected):
+        return "has the wrong sign"
+    return "is too large" if got > expected else "is too small"
+
+
+def _factor(ratio: float) -> str:
+    return f"{ratio:.2g}" if abs(ratio) < 1e4 else f"{ratio:.0e}"
+
+
 def compare(expected: Any, got: Any, atol: float) -> str | None:
-    """None if equal within atol, else a sentence saying how they differ."""
+    """None if `got` equals `expected` within atol, else a sentence saying how it is wrong:
+    its type, its shape, NaN or inf, the sign, a constant factor or shift, or which elements
+    are too large or too small. The sentence never contains the expected value."""
+    if hasattr(got, "detach"):   # a torch tensor, perhaps one that requires grad
+        got = got.detach().cpu()
     if isinstance(expected, (bool, np.bool_)) or (
             isinstance(expected, np.ndarray) and expected.dtype == bool):
-        got_array = np.asarray(got)
-        if got_array.shape != np.shape(expected) or not np.array_equal(got_array.astype(bool), expected):
-            return f"expected {_fmt(expected)}, got {_fmt(got)}"
-        return None
+        return _compare_bools(np.asarray(expected), got)
     try:
         got_array = np.asarray(got, dtype=np.float64)
-    except (TypeError, ValueError):
-        return f"expected numbers like {_fmt(expected)}, got {got!r}"
+    except (TypeError, ValueError, RuntimeError):
+        return f"returned {_short(got)}, which is not numbers"
     expected_array = np.asarray(expected, dtype=np.float64)
     if got_array.shape != expected_array.shape:
-        return f"expected shape {expected_array.shape}, got shape {got_array.shape} ({_fmt(got)})"
-    if np.isnan(got_array).any() and not np.isnan(expected_array).any():
-        return f"expected {_fmt(expected)}, got NaN in {_fmt(got)}"
-    if not np.allclose(got_array, expected_array, atol=atol, rtol=0):
-        worst = int(np.argmax(np.abs(got_array - expected_array)))
-        where = f" (largest difference at index {worst})" if expected_array.ndim else ""
-        return f"expected {_fmt(expected)}, got {_fmt(got)}{where}"
-    return None
+        if expected_array.ndim == 0:
+            return f"returned shape {got_array.shape}; the case needs one number"
+        return f"returned shape {got_array.shape}; the case needs shape {expected_array.shape}"
+    same_nan = np.isnan(got_array) & np.isnan(expected_array)
+    broken = ~np.isfinite(got_array) & ~same_nan & (got_array != expected_array)
+    if broken.any():
+        kinds = " or ".join(sorted({"NaN" if np.isnan(v) else "inf" for v in got_array[broken]}))
+        if expected_array.ndim == 0:
+            return f"is {kinds}, where the right value is a finite number"
+        return (f"{kinds} at {_places(np.flatnonzero(broken), got_array.shape)}, "
+                f"where the right values are finite numbers")
+    close = same_nan | np.isclose(got_array, expected_array, atol=atol, rtol=0)
+    if close.all():
+        return None
+    if expected_array.ndim == 0:
+        return _compare_scalar(float(expected_array), float(got_array), atol)
+    return _compare_arrays(expected_array, got_array, atol, close)
+
+
+def _compare_bools(expected: np.ndarray, got: Any) -> str | None:
+    got_array = np.asarray(got)
+    if got_array.shape != expected.shape:
+        if expected.ndim == 0:
+            return f"returned shape {got_array.shape}; the case needs one True or False"
+        return f"returned shape {got_array.shape}; the case needs shape {expected.shape}"
+    try:
+        wrong = np.flatnonzero(got_array.astype(bool).ravel() != expected.ravel())
+    except (TypeError, ValueError):
+        return f"returned {_short(got)}, which is not True/False values"
+    if not wrong.size:
+        return None
+    if expected.ndim == 0:
+        return "does not hold" if bool(expected) else "holds, and should not"
+    return f"wrong at {_places(wrong, expected.shape)} ({len(wrong)} of {expected.size})"
+
+
+def _compare_scalar(expected: float, got: float, atol: float) -> str:
+    if abs(expected) > atol and abs(got) > atol:
+        ratio = got / expected
+        if ratio < 0:
+            return ("has the wrong sign (it is minus the right value)" if math.isclose(ratio, -1, rel_tol=1e-6)
+                    else "has the wrong sign")
+        if not math.isclose(ratio, 1, rel_tol=1e-3):
+            return f"is {'too large' if got > expected else 'too small'}: about {_factor(ratio)} times the right value"
+        return f"is {'too large' if got > expected else 'too small'}, by less than 0.1% (a rounding, eps or tolerance slip?)"
+    return _how_wrong(expected, got, atol)
+
+
+def _compare_arrays(expected: np.ndarray, got: np.ndarray, atol: float, close: np.ndarray) -> str:
+    wrong = np.flatnonzero(~close.ravel())
+    count = f"{len(wrong)} of {expected.size} elements are wrong"
+    finite = np.isfinite(expected)
+    nonzero = finite & (np.abs(expected) > atol)
+    if nonzero.any() and np.all(np.abs(got[finite & ~nonzero]) <= atol):
+        ratios = got[nonzero] / expected[nonzero]
+        if np.allclose(ratios, ratios.flat[0], rtol=1e-6, atol=0):
+            ratio = float(ratios.flat[0])
+            if math.isclose(ratio, -1, rel_tol=1e-6):
+                return f"{count}: every one has the wrong sign (minus the right value)"
+            if math.isclose(ratio, 0, abs_tol=1e-12):
+                return f"{count}: every one is 0"
+            return f"{count}, all off by the same factor: about {_factor(ratio)} times the right values"
+    shift = got[finite] - expected[finite]
+    if shift.size > 1 and np.allclose(shift, shift[0], rtol=0, atol=atol) and abs(shift[0]) > atol:
+        return (f"{count}, all off by the same amount: every one is "
+                f"{'too large' if shift[0] > 0 else 'too small'} by about {abs(shift[0]):.1g}")
+    flat_expected, flat_got = expected.ravel(), got.ravel()
+    shown = [f"element {_index(int(i), expected.shape)} {_how_wrong(flat_expected[i], flat_got[i], atol)}"
+             for i in wrong[:3]]
+    more = f", and {len(wrong) - 3} more" if len(wrong) > 3 else ""
+    return f"{count}: " + ", ".join(shown) + more
+
+
+def verdict(expected: float, got: Any) -> str | None:
+    """For a reward that answers 1.0 (accept) or 0.0 (reject): None if `got` agrees, else
+    whether it is too lenient or too strict on this case."""
+    try:
+        value = float(got)
+    except (TypeError, ValueError):
+        return f"returned {_short(got)}, not 1.0 or 0.0"
+    if value not in (0.0, 1.0):
+        return f"returned {value!r}, not 1.0 or 0.0"
+    if value == expected:
+        return None
+    return ("accepted (1.0) a completion the rule rejects" if value == 1.0
+            else "rejected (0.0) a completion the rule accepts")
+
+
+# --------------------------------------------------------------------------- named labels
+
+def check_labels(exercise: str, answers: Mapping[str, str], key: Mapping[str, str],
+                 names: Iterable[str], signs: Mapping[str, str | None], healthy: str = "healthy",
+                 names_where: str = "") -> CheckResult:
+    """A diagnosis exercise: `answers` names each of `key`'s runs with one of `names`.
+
+    A wrong name is reported with what a run of that name would show (`signs[name]`), never
+    with the right name: the report says why the reader's reading does not fit the run.
+    `names_where` (e.g. "ch07.FAILURES") is where the reader finds the names, said instead of
+    listing them."""
+    names = list(names)
+    result = CheckResult(exercise)
+    if not answers:
+        runs = sorted(key)
+        listed = f"the names in {names_where}" if names_where else ", ".join(repr(name) for name in names)
+        result.failures.append(f"no diagnoses yet: name each of {', '.join(runs[:-1])} and {runs[-1]} with one of "
+                               f"{listed}")
+        return result
+    unknown = sorted({str(v) for v in answers.values()} - set(names))
+    if unknown:
+        result.failures.append(f"{unknown} are not among the names; use one of "
+                               + (f"the names in {names_where}" if names_where else ", ".join(map(repr, names))))
+        return result
+    for run, right in key.items():
+        given = answers.get(run)
+        if given is None:
+            result.record(run, ["no diagnosis given"])
+        elif given == right:
+            result.record(run, [])
+        elif given == healthy:
+            result.record(run, [f"not {healthy}: at least one of its metrics is outside a healthy run's range"])
+        else:
+            sign = signs.get(given)
+            result.record(run, [f"not {given!r}" + (f": that would show {sign}, and {run} does not" if sign else "")])
+    return result

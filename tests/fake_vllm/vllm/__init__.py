@@ -6,15 +6,23 @@ It samples with the policy itself (transformers' forward with a KV cache, in the
 engine asks for) from its own copy of the weights, which only `load_weights` changes, as in
 vLLM. It keeps vLLM's rules and refuses, with an error, a call out of order:
 
-- sleep(level=2) discards the weights and the KV cache: after wake_up(["weights"]) the
-  weights are NaN until every parameter is loaded again, and generate needs the KV cache
-  woken too;
+- sleep(level=2) discards the weights and the KV cache (with enable_sleep_mode, as on a
+  GPU): after wake_up(["weights"]) the weights are NaN until every parameter is loaded
+  again, and generate needs the KV cache woken too. Without enable_sleep_mode, sleep only
+  pauses the scheduler (vLLM's CPU build, measured: its worker's sleep is a no-op);
+- generate while asleep or paused is an error here; vLLM itself waits forever (measured on
+  its CPU build), which is why the engine refuses first;
 - a prefix cached before load_weights is stale: generate after a load needs
   reset_prefix_cache first;
 - external_launcher needs torchrun's variables (RANK, LOCAL_RANK, MASTER_ADDR, MASTER_PORT);
 - building the engine reseeds Python, NumPy and torch (vLLM's set_random_seed);
 - logprobs_mode "processed_logprobs" gives log softmax(logits / T); vLLM's default,
-  "raw_logprobs", gives log softmax(logits) (not what was sampled from when T != 1).
+  "raw_logprobs", gives log softmax(logits) (not what was sampled from when T != 1);
+- sampling is vLLM's: token = argmax(probs / q) with q ~ Exp(1), a seeded request drawing q
+  from its own generator (child j of a request with n > 1: seed + j), an unseeded one from
+  torch's global RNG, and, as vLLM's CPU sampler does, every step draws noise for the whole
+  batch from the global RNG even when every request is seeded (the seeded rows overwrite it).
+  With the same seeds and weights it returns vLLM's tokens (tests/real_vllm compares them).
 
 Every call is appended to CALLS (and, when FAKE_VLLM_LOG names a file, written there as
 JSON lines, one file per rank: FAKE_VLLM_LOG.RANK).
@@ -77,6 +85,9 @@ class _Model:
         self.loaded |= done
         return done
 
+    def named_parameters(self):   # vLLM's model is a torch module
+        return self.module.named_parameters()
+
 
 class _ModelRunner:
     def __init__(self, model: _Model):
@@ -129,7 +140,6 @@ class LLM:
         module = AutoModelForCausalLM.from_pretrained(model, dtype=torch_dtype or "auto").eval()
         transformers_logging.enable_progress_bar()
         self._seed, self._sleep_mode, self._logprobs_mode = seed, enable_sleep_mode, logprobs_mode
-        self._generator = torch.Generator().manual_seed(seed)
         self._weights_awake = self._kv_awake = True
         self._prefix_stale = False
         self._eos = module.generation_config.eos_token_id
@@ -148,11 +158,9 @@ class LLM:
         return load_weights
 
     def sleep(self, level: int = 1) -> None:
-        if not self._sleep_mode:
-            raise RuntimeError("fake vllm: sleep needs enable_sleep_mode=True")
         _record("sleep", level)
         self._weights_awake = self._kv_awake = False
-        if level == 2:   # the weights are discarded, not kept on the host
+        if level == 2 and self._sleep_mode:   # the weights are discarded, not kept on the host
             with torch.no_grad():
                 for parameter in self._model.module.parameters():
                     parameter.fill_(float("nan"))
@@ -174,7 +182,7 @@ class LLM:
 
     @torch.no_grad()
     def generate(self, prompts, sampling_params=None, *, use_tqdm=True) -> list[RequestOutput]:
-        if not (self._weights_awake and self._kv_awake):
+        if not (self._weights_awake and self._kv_awake):   # vLLM: waits forever
             raise RuntimeError("fake vllm: generate while asleep (wake_up weights and kv_cache first)")
         if self._model.loaded != self._model.names:
             missing = sorted(self._model.names - self._model.loaded)
@@ -193,13 +201,11 @@ class LLM:
         return results
 
     def _sample(self, prompt: list[int], p: SamplingParams) -> list[CompletionOutput]:
-        """p.n completions of one prompt; child j uses seed p.seed + j (vLLM's rule), else the
-        engine's own generator."""
+        """p.n completions of one prompt, sampled as vLLM samples (see the module docstring)."""
         model = self._model.module
         n, L, T = p.n, p.max_tokens, p.temperature
         stop = set(p.stop_token_ids) | ({self._eos} if isinstance(self._eos, int) else set(self._eos or []))
-        uniforms = torch.stack([torch.rand(L, generator=torch.Generator().manual_seed(p.seed + j)
-                                           if p.seed is not None else self._generator) for j in range(n)])
+        generators = [torch.Generator().manual_seed(p.seed + j) for j in range(n)] if p.seed is not None else None
         ids = torch.tensor([prompt] * n)
         out = model(input_ids=ids, use_cache=True)
         tokens = [[] for _ in range(n)]
@@ -209,8 +215,11 @@ class LLM:
             logits = out.logits[:, -1].float()
             processed = torch.log_softmax(logits / T, dim=-1)
             reported = processed if self._logprobs_mode == "processed_logprobs" else torch.log_softmax(logits, -1)
-            cdf = processed.exp().cumsum(-1)
-            next_ids = torch.searchsorted(cdf, (uniforms[:, t] * cdf[:, -1])[:, None]).clamp(max=cdf.shape[-1] - 1)[:, 0]
+            probs = torch.softmax(logits / T, dim=-1)
+            noise = torch.empty_like(probs).exponential_()   # the global RNG, whether or not seeded
+            for j, generator in enumerate(generators or []):
+                noise[j].exponential_(generator=generator)
+            next_ids = (probs / noise).argmax(dim=-1)
             for j in range(n):
                 if not done[j]:
                     token = int(next_ids[j])

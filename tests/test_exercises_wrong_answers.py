@@ -1,0 +1,345 @@
+"""Every exercise's checker rejects a plausible wrong answer (the mistakes a learner makes:
+dividing by G instead of G - 1, forgetting a factor N, comparing ties across groups, ...),
+and its report says what is wrong without printing the right value.
+
+Each test feeds one wrong answer, collects the right values the checker compared against
+(checker_support.expected_values spies on checking.compare), and asserts that the report
+prints none of them; label and quiz exercises assert the same of their right labels and
+numbers. test_every_exercise_has_a_wrong_answer_test keeps the list complete."""
+
+from __future__ import annotations
+
+import re
+
+import numpy as np
+import pytest
+import torch
+
+from checker_support import all_values, assert_rejected_without_answer, expected_values
+from grpo_edu.advantages import group_advantages
+from grpo_edu.exercises import ch00, ch01, ch02, ch03, ch04, ch05, ch06, ch07, ch08
+from grpo_edu.loss import grpo_loss
+
+COVERED: set[str] = set()
+
+
+def covers(number: str):
+    """Mark a test as the wrong-answer test of exercise `number`."""
+    COVERED.add(number)
+    return lambda test: test
+
+
+def rejected(check, answer, *args, words=()):
+    """Run `check(answer, *args)`; it must fail and print none of the values it compared with."""
+    with expected_values() as seen:
+        result = check(answer, *args)
+    return assert_rejected_without_answer(result, all_values(seen), words)
+
+
+# --------------------------------------------------------------------------- chapter 0
+
+@covers("0.1")
+def test_rloo_dividing_by_G_instead_of_G_minus_1():
+    def by_G(rewards):
+        G = rewards.shape[1]
+        return rewards - (rewards.sum(dim=1, keepdim=True) - rewards) / G
+    report = rejected(ch00.check_rloo, by_G)
+    assert "an all-equal group" in report and "element" in report
+
+
+@covers("0.2")
+def test_exact_mean_forgetting_the_groups_probabilities():
+    import itertools
+
+    def unweighted(probs, rewards, G, advantage_fn):
+        K = len(probs)
+        actions = np.array(list(itertools.product(range(K), repeat=G)))
+        r = rewards[actions]
+        A = r if advantage_fn is None else advantage_fn(torch.from_numpy(r)).numpy()
+        return (A[..., None] * (np.eye(K)[actions] - probs)).mean(axis=1).mean(axis=0)   # every group alike
+    rejected(ch00.check_exact_mean, unweighted)
+
+
+# --------------------------------------------------------------------------- chapter 1
+
+@covers("1.1")
+def test_group_advantages_population_std_for_both():
+    report = rejected(ch01.check_group_advantages, lambda r, std: (r - r.mean()) / (r.std() + 1e-8))
+    assert "std='sample'" in report and "std='population'" not in report
+    assert "all off by the same factor" in report          # sqrt(G / (G - 1)): the std's divisor
+
+
+@covers("1.2")
+def test_clip_predictions_ignoring_the_advantages_sign():
+    predictions = [not 0.8 <= rho <= 1.2 for rho, _ in ch01.CLIP_QUIZ]   # "outside the range clips"
+    result = ch01.check_clip_predictions(predictions)
+    report = assert_rejected_without_answer(result)
+    assert "ratio=" not in report and "True" not in report and "False" not in report   # no pair named
+
+
+@covers("1.3")
+def test_k3_with_the_log_ratio_the_wrong_way_round():
+    def swapped(log_ref, log_new):
+        d = np.asarray(log_new) - np.asarray(log_ref)
+        return np.exp(d) - d - 1
+    report = rejected(ch01.check_k3, swapped)
+    assert "identical policies" not in report
+
+
+# --------------------------------------------------------------------------- chapter 2
+
+@covers("2.1")
+def test_batch_advantages_subtracting_the_batch_mean():
+    def batch_mean(rewards, scale):
+        if scale == "batch":
+            return (rewards - rewards.mean()) / (rewards.std() + 1e-8)
+        return group_advantages(rewards, scale=scale)
+    report = rejected(ch02.check_batch_advantages, batch_mean)
+    assert "scale='batch'" in report and "scale='group'" not in report
+
+
+@covers("2.2")
+def test_clip_gradient_zero_outside_the_range_whatever_the_sign():
+    rejected(ch02.check_clip_gradient,
+             lambda ratio, a, low, high: np.where((ratio >= 1 - low) & (ratio <= 1 + high), a, 0.0))
+
+
+@covers("2.3")
+def test_expected_estimates_forgetting_k2s_half():
+    def no_half(logits, ref_logits):
+        p, q = np.exp(logits) / np.exp(logits).sum(), np.exp(ref_logits) / np.exp(ref_logits).sum()
+        d = np.log(q) - np.log(p)
+        return [np.sum(p * -d), np.sum(p * d * d), np.sum(p * (np.exp(d) - 1 - d))]
+    report = rejected(ch02.check_expected_estimates, no_half)
+    assert "element 1 is too large" in report
+
+
+@covers("2.4")
+def test_response_weights_forgetting_dr_grpos_G():
+    def forgot_G(lengths, loss_type, max_length):
+        lengths = np.asarray(lengths, dtype=np.float64)
+        G = len(lengths)
+        return {"grpo": np.full(G, 1 / G), "dr_grpo": lengths / max_length,
+                "dapo": lengths / lengths.sum()}[loss_type]
+    report = rejected(ch02.check_response_weights, forgot_G)
+    assert "loss_type='dr_grpo'" in report and "all off by the same factor" in report
+
+
+# --------------------------------------------------------------------------- chapter 3
+
+@covers("3.1")
+def test_completion_logprobs_off_by_one_column():
+    def unshifted(logits, ids, S):
+        return torch.log_softmax(logits[:, -S:], -1).gather(-1, ids[:, -S:, None]).squeeze(-1)
+    report = rejected(ch03.check_completion_logprobs, unshifted)
+    assert "off by one column" in report and "-S - 1" not in report   # the fix is the reader's
+
+
+@covers("3.2")
+def test_masked_loss_averaging_over_all_tokens():
+    def batch_mean(logp, old_logp, advantages, mask, epsilon):   # bnpo's token mean, not grpo's
+        ratio = torch.exp(torch.where(mask, logp - old_logp, torch.zeros_like(logp)))
+        objective = torch.minimum(ratio * advantages[:, None],
+                                  ratio.clamp(1 - epsilon, 1 + epsilon) * advantages[:, None])
+        return -(objective * mask).sum() / mask.sum()
+    report = rejected(ch03.check_masked_grpo_loss, batch_mean)
+    assert "padding holding ordinary numbers" in report
+
+
+@covers("3.3")
+def test_first_step_gradient_forgetting_the_1_over_N():
+    def no_N(advantages, mask):
+        lengths = mask.sum(-1, keepdim=True).to(advantages.dtype)
+        return torch.where(mask, -advantages[:, None] / lengths, torch.zeros_like(mask, dtype=advantages.dtype))
+    report = rejected(ch03.check_first_step_gradient, no_N)
+    assert "all off by the same factor" in report
+
+
+# --------------------------------------------------------------------------- chapter 4
+
+@covers("4.1")
+def test_token_weights_forgetting_dr_grpos_N():
+    def forgot_N(lengths, loss_type, max_length):
+        lengths = torch.as_tensor(lengths, dtype=torch.float64)
+        if loss_type == "grpo":
+            return 1 / (len(lengths) * lengths)
+        if loss_type == "bnpo":
+            return torch.full_like(lengths, 1 / lengths.sum().item())
+        return torch.full_like(lengths, 1 / max_length)
+    report = rejected(ch04.check_token_weights, forgot_N)
+    assert all(line.strip().startswith("- dr_grpo") for line in report.splitlines()[1:])
+
+
+@covers("4.2")
+def test_informative_groups_with_a_std_threshold():
+    report = rejected(ch04.check_informative_groups, lambda r: r.std(dim=1) > 1e-3)
+    assert "partial-credit" in report and "wrong at element 0" in report
+
+
+@covers("4.3")
+def test_sequence_ratio_averaging_over_the_padding():
+    rejected(ch04.check_sequence_ratio, lambda logp, old, mask: torch.exp((logp - old).mean(-1)))
+
+
+# --------------------------------------------------------------------------- chapter 5
+
+@covers("5.1")
+def test_strict_format_with_match_instead_of_fullmatch():
+    from grpo_edu import rewards
+    pattern = re.compile(r"<think>-?\d+</think>\\boxed\{-?\d+\}")
+    report = rejected(ch05.check_strict_format,
+                      lambda completions, **kw: [1.0 if pattern.match(rewards.completion_text(c)) else 0.0
+                                                 for c in completions])
+    assert "a leading zero" in report and "accepted (1.0) a completion the rule rejects" in report
+
+
+@covers("5.2")
+def test_reward_model_hack_that_is_right_after_all():
+    from grpo_edu.models import char_tokenizer
+    weights = np.zeros(len(ch05.FEATURES) + 1)
+    weights[ch05.FEATURES.index("9")] = 0.1
+    model = ch05.CharacterRewardModel(weights=weights, bias=0.0)
+    problem = {"prompt": "90+9=", "answer": "99"}
+    result = ch05.check_reward_model_hack("<think>9</think>\\boxed{99}", model, problem, 0.1, char_tokenizer())
+    report = assert_rejected_without_answer(result)
+    assert "it is wrong for 90+9= (answer 99): does not hold" in report
+
+
+@covers("5.3")
+def test_countdown_verifier_ignoring_the_numbers():
+    from grpo_edu import rewards
+    from grpo_edu.tasks import ExpressionError, evaluate_expression
+
+    def value_only(completions, numbers, target, **kw):
+        scores = []
+        for completion, goal in zip(completions, target):
+            expression = rewards.last_boxed(rewards.completion_text(completion))
+            try:
+                scores.append(float(expression is not None and evaluate_expression(expression) == goal))
+            except ExpressionError:
+                scores.append(0.0)
+        return scores
+    report = rejected(ch05.check_countdown_reward, value_only)
+    assert "a number used twice" in report and "accepted (1.0)" in report
+
+
+# --------------------------------------------------------------------------- chapter 6
+
+@covers("6.1")
+def test_advantage_function_with_the_batch_mean():
+    report = assert_rejected_without_answer(ch06.check_advantage_function(lambda r: r - r.mean()))
+    assert "group means should be 0" in report
+
+
+@covers("6.2")
+def test_diagnoses_all_healthy():
+    wrong = {run: "healthy" for run in ch06.RUNS}
+    report = assert_rejected_without_answer(ch06.check_diagnoses(wrong),
+                                            words=[d for d in ch06.DIAGNOSES.values() if d != "healthy"])
+    assert report.count("not healthy") == 3
+
+
+# --------------------------------------------------------------------------- chapter 7
+
+@covers("7.1")
+def test_mystery_runs_all_healthy_reveals_no_key():
+    wrong = {run: "healthy" for run in ch07.mystery_runs()}
+    broken = [ch07.MYSTERY_RUNS[name][0] for name in ch07._answer_key().values() if name != "healthy"]
+    report = assert_rejected_without_answer(ch07.check_mystery_runs(wrong), words=broken)
+    assert report.count("not healthy") == 3
+
+
+@covers("7.2")
+def test_tie_spread_comparing_ties_across_groups():
+    def across_groups(rewards, advantages):
+        r, a = rewards.reshape(-1), advantages.reshape(-1)
+        return max(float(a[r == v].max() - a[r == v].min()) for v in r.unique())
+    report = rejected(ch07.check_tie_spread, across_groups)
+    assert "6 random groups of 8, whole" in report and "too large" in report
+
+
+# --------------------------------------------------------------------------- chapter 8
+
+@covers("8.1")
+def test_rank_rows_split_evenly():
+    def even_rows(B, G, world_size, rank):
+        n = B * G // world_size
+        return list(range(rank * n, (rank + 1) * n))
+    report = assert_rejected_without_answer(ch08.check_rank_rows(even_rows))
+    assert "split prompt 1's 4 completions across ranks [0, 1]" in report
+
+
+@covers("8.2")
+def test_rank_loss_without_the_world_size_factor():
+    def without_factor(logp, old_logp, advantages, mask, token_counts, completion_counts, loss_type, L):
+        return grpo_loss(logp, old_logp, advantages, mask, loss_type=loss_type, max_completion_length=L,
+                         num_items=sum(token_counts), num_completions=sum(completion_counts)).loss
+    report = assert_rejected_without_answer(ch08.check_rank_loss(without_factor))
+    assert "1/2 of the 1-process gradient" in report and "1/3 of the 1-process gradient" in report
+
+
+@covers("8.3")
+def test_step_numbers_typed_in_for_one_quiz():
+    typed = dict(ch08.scale_answers())      # right for SCALE_QUIZ, typed in
+
+    result = ch08.check_scale_answers(lambda quiz: dict(typed), seed=5)
+    right = [v for k in (1, 2) for v in ch08.scale_answers(ch08.random_quiz(10 + k)).values()]
+    report = assert_rejected_without_answer(result)
+    assert result.passed == 1 and "ch08.random_quiz(11)" in report
+    for value in right:
+        if value >= 100:
+            assert f"{value:,}" not in report and str(value) not in report
+
+    def ddp_bytes(quiz):                      # a whole replica per rank: DDP's, not FSDP2's shard
+        answers = ch08.scale_answers(quiz)
+        answers["fsdp2_bytes_per_rank"] *= quiz["world_size"]
+        return answers
+    report = assert_rejected_without_answer(ch08.check_scale_answers(ddp_bytes, seed=0))
+    assert "a whole copy on every rank (DDP's)" in report and "3,000,000,000" not in report
+
+
+def test_scale_quizzes_change_at_every_call_and_repeat_from_a_seed():
+    def names(result):
+        return re.findall(r"ch08\.random_quiz\(\d+\)", str(result))
+    first, second = (ch08.check_scale_answers(lambda quiz: {}) for _ in range(2))
+    assert names(first) and set(names(first)).isdisjoint(names(second))
+    assert str(ch08.check_scale_answers(lambda quiz: {}, seed=3)) == str(ch08.check_scale_answers(
+        lambda quiz: {}, seed=3))
+    assert ch08.check_scale_answers(ch08.scale_answers)
+
+
+# --------------------------------------------------------------------------- the list is complete
+
+def test_every_exercise_has_a_wrong_answer_test():
+    from test_solutions import SOLUTIONS
+    assert {number for _, number, _ in SOLUTIONS} == COVERED
+
+
+@pytest.mark.parametrize("expected, got, words", [
+    (np.array([1.0147, -0.3382, -1.0147, 0.3382]), 0.866 * np.array([1.0147, -0.3382, -1.0147, 0.3382]),
+     "all off by the same factor"),
+    (np.array([1.0147, -0.3382]), np.array([-1.0147, 0.3382]), "wrong sign"),
+    (np.array([1.0147, -0.3382]), np.array([1.3147, -0.0382]), "off by the same amount"),
+    (np.array([1.0147, -0.3382, 0.25]), np.array([1.0147, 0.3382, 0.0]), "element 1 has the wrong sign"),
+    (np.array([1.0147, -0.3382]), np.array([np.nan, -0.3382]), "NaN at element 0"),
+    (np.array([1.0147, -0.3382]), np.array([1.0147, -0.3382, 0.0]), "returned shape (3,)"),
+    (0.123456, 0.246912, "about 2 times the right value"),
+    (0.123456, -0.1, "wrong sign"),
+])
+def test_compare_says_how_an_answer_is_wrong_never_the_right_value(expected, got, words):
+    from grpo_edu.exercises.checking import compare
+    sentence = compare(expected, got, 1e-6)
+    assert words in sentence
+    for value in np.ravel(expected):
+        assert f"{abs(value):.4f}" not in sentence and f"{abs(value):.4g}" not in sentence
+
+
+def test_the_leak_check_is_not_vacuous():
+    """A report that prints a right value (as the old 'expected X, got Y' did) is caught."""
+    from grpo_edu.exercises.checking import CheckResult
+    for failure in ("case: expected [ 1.0147, -0.3382], got [ 0.8787, -0.2929]", "case: should be 1.015"):
+        with pytest.raises(AssertionError):
+            assert_rejected_without_answer(CheckResult("x", failures=[failure]), [1.0147, -0.33818])
+    with pytest.raises(AssertionError, match="names the right answer"):
+        assert_rejected_without_answer(CheckResult("x", failures=["run B: 'aliased reference'"]),
+                                       words=["aliased reference"])
