@@ -17,6 +17,7 @@ from hypothesis import given, settings, strategies as st
 from grpo_edu import baselines, numerics, trainer
 from grpo_edu.bandit import Bandit, all_groups, moments, sampled_moments
 from grpo_edu.config import TrainConfig
+from hang_guard import HANG_SECONDS
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "benchmarks" / "results" / "estimators.json"
@@ -150,7 +151,7 @@ needs_pin = pytest.mark.skipif(numerics.unpinnable_reason() is not None,
 def check(path, run="rloo:0"):
     return subprocess.run([sys.executable, str(ROOT / "benchmarks" / "estimators.py"), "--check", str(path),
                            "--runs", run, "--steps", "20"], env=numerics.pinned_env(), cwd=ROOT,
-                          capture_output=True, text=True, timeout=600)
+                          capture_output=True, text=True, timeout=HANG_SECONDS)
 
 
 @needs_pin

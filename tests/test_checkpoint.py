@@ -22,6 +22,7 @@ from safetensors.torch import load_file
 from grpo_edu import checkpoint, durable, trainer
 from grpo_edu.config import TrainConfig
 from grpo_edu.models import char_tokenizer, tiny_llama
+from hang_guard import HANG_SECONDS
 
 TINY = dict(hidden_size=32, num_layers=1, num_heads=2, intermediate_size=64)
 
@@ -259,7 +260,7 @@ class ForkServer:
     def start(self, argv, log) -> int:
         self.process.stdin.write(json.dumps({"argv": argv, "log": str(log)}) + "\n")
         self.process.stdin.flush()
-        self.running = self.lines.get(timeout=120)
+        self.running = self.lines.get(timeout=HANG_SECONDS)
         return self.running
 
     def exit_code(self, timeout=None):
@@ -274,7 +275,7 @@ class ForkServer:
         if self.running is not None and self.exit_code(timeout=0) is None:
             os.kill(self.running, signal.SIGKILL)  # a failed test leaves no training behind
         self.process.stdin.close()
-        self.process.wait(timeout=60)
+        self.process.wait(timeout=HANG_SECONDS)
 
 
 def _train_argv(run_dir):
@@ -315,7 +316,7 @@ def test_killed_at_random_moments_resumes_to_the_uninterrupted_weights(tmp_path)
     except BaseException:
         uninterrupted.kill()  # a failed test leaves no training behind
         raise
-    assert uninterrupted.wait(timeout=300) == 0, uninterrupted.stderr.read()[-3000:]
+    assert uninterrupted.wait(timeout=HANG_SECONDS) == 0, uninterrupted.stderr.read()[-3000:]
     run_dir = tmp_path / "killed"
     for name in ("policy.safetensors", "reference.safetensors"):
         expected = load_file(checkpoint.latest(tmp_path / "uninterrupted") / name)
@@ -347,7 +348,7 @@ def _kill_and_resume(tmp_path):
             # KILLS kills, and more (up to twice as many) until 5 have landed inside a checkpoint
             # write: where a kill lands depends on how fast this machine's disk syncs.
             if len(kills) >= KILLS and (sum(map(bool, kills)) >= 5 or len(kills) >= 2 * KILLS):
-                assert server.exit_code(timeout=300) == 0, log.read_text()[-3000:]
+                assert server.exit_code(timeout=HANG_SECONDS) == 0, log.read_text()[-3000:]
                 break
             if len(kills) % 2 == 0:  # at a random moment of the next checkpoint write
                 target = max([target] + [checkpoint._step_of(p) for p in steps]) + 1
@@ -360,7 +361,7 @@ def _kill_and_resume(tmp_path):
             code = code if code is not None else server.exit_code(timeout=delay)
             assert code is None, f"the run ended (exit code {code}) before its kill:\n{log.read_text()[-3000:]}"
             os.kill(pid, signal.SIGKILL)
-            code = server.exit_code(timeout=60)
+            code = server.exit_code(timeout=HANG_SECONDS)
             assert code == -signal.SIGKILL, f"exit code {code}:\n{log.read_text()[-3000:]}"
             kills.append(_where_the_kill_landed(folder, before))
     finally:

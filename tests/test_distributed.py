@@ -20,6 +20,7 @@ from grpo_edu.batch import RolloutBatch
 from grpo_edu.config import TrainConfig
 from grpo_edu.distributed import World
 from grpo_edu.loss import LOSS_TYPES
+from hang_guard import HANG_SECONDS
 
 ROOT = Path(__file__).resolve().parents[1]
 SWEEP = ROOT / "tests" / "distributed_sweep.py"
@@ -43,7 +44,7 @@ def environment() -> dict:
     return env
 
 
-def launch(arguments: list[str], processes: int, timeout: int = 600) -> subprocess.CompletedProcess:
+def launch(arguments: list[str], processes: int, timeout: int = HANG_SECONDS) -> subprocess.CompletedProcess:
     prefix = [sys.executable] if processes == 1 else [
         sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={processes}"]
     done = subprocess.run(prefix + arguments, env=environment(), cwd=ROOT, capture_output=True, text=True,

@@ -14,10 +14,11 @@ import torch
 
 from grpo_edu import cli as cli_module, doctor, vllm_engine
 from vllm_fake import environment_with_fake, fake_vllm
+from hang_guard import HANG_SECONDS
 
 
 def cli(*arguments):
-    return subprocess.run([sys.executable, "-m", "grpo_edu", *arguments], capture_output=True, text=True, timeout=300)
+    return subprocess.run([sys.executable, "-m", "grpo_edu", *arguments], capture_output=True, text=True, timeout=HANG_SECONDS)
 
 
 def test_without_a_gpu_it_lists_the_checks_and_exits_0():

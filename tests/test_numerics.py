@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from grpo_edu import book, numerics
+from hang_guard import HANG_SECONDS
 
 ROOT = Path(__file__).resolve().parent.parent
 PROBE = ROOT / "tests" / "numerics_probe.py"
@@ -44,7 +45,7 @@ def _unpinned_base() -> dict[str, str]:
 def _probe(items: tuple[tuple[str, str], ...], tmp: str) -> dict:
     env = dict(items)
     result = subprocess.run([sys.executable, str(PROBE), str(Path(tmp) / f"run-{abs(hash(items))}")],
-                            env=env, capture_output=True, text=True, cwd=ROOT, timeout=600)
+                            env=env, capture_output=True, text=True, cwd=ROOT, timeout=HANG_SECONDS)
     assert result.returncode == 0, result.stderr[-3000:]
     return json.loads(result.stdout.strip().splitlines()[-1])
 
@@ -120,7 +121,7 @@ def test_onednn_is_not_used_by_training(tmp_path_factory):
     """ONEDNN_MAX_CPU_ISA is pinned only as a guard: no oneDNN primitive runs in a step."""
     env = {**numerics.pinned_env(_unpinned_base()), "ONEDNN_VERBOSE": "1"}
     result = subprocess.run([sys.executable, str(PROBE), str(tmp_path_factory.mktemp("onednn"))],
-                            env=env, capture_output=True, text=True, cwd=ROOT, timeout=600)
+                            env=env, capture_output=True, text=True, cwd=ROOT, timeout=HANG_SECONDS)
     assert result.returncode == 0, result.stderr[-3000:]
     assert "exec," not in result.stdout + result.stderr
 
@@ -157,7 +158,7 @@ def test_the_book_passes_with_other_kernels_and_names_the_platform_cells():
     env = {**_unpinned_base(), "ATEN_CPU_CAPABILITY": "default", "MKL_CBWR": "AUTO"}
     result = subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q",
                              "--book-unpinned", "chapters"],
-                            env=env, capture_output=True, text=True, cwd=ROOT, timeout=1800)
+                            env=env, capture_output=True, text=True, cwd=ROOT, timeout=HANG_SECONDS)
     output = result.stdout + result.stderr
     assert result.returncode == 0, output[-6000:]
     assert "platform-dependent cells" in output

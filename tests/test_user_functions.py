@@ -14,6 +14,7 @@ from grpo_edu import models, trainer, user_functions
 from grpo_edu.advantages import group_advantages
 from grpo_edu.config import TrainConfig
 from test_distributed import COMMON, largest_difference, launch
+from hang_guard import HANG_SECONDS
 
 SOLUTIONS = textwrap.dedent('''
     """A reader's solutions: the group-relative advantage and an accuracy reward, written out."""
@@ -127,7 +128,7 @@ def test_the_configured_functions_are_the_ones_used(solutions):
 
 def test_the_cli_names_the_function(solutions):
     done = subprocess.run([sys.executable, "-m", "grpo_edu", "train", "--set", "advantage_fn=my_solutions:flat",
-                           "--set", f"output_dir={solutions / 'run'}"], capture_output=True, text=True, timeout=300)
+                           "--set", f"output_dir={solutions / 'run'}"], capture_output=True, text=True, timeout=HANG_SECONDS)
     assert done.returncode == 2
     assert done.stderr.strip().splitlines()[-1] == (
         "grpo-edu train: config key 'advantage_fn': my_solutions:flat must map rewards (B, G) = (16, 8) to a tensor "

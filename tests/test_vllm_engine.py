@@ -33,6 +33,7 @@ from grpo_edu.models import STARTING_POLICY, load_policy
 from grpo_edu.rollout import SamplingParams
 from test_distributed import largest_difference
 from vllm_fake import FAKE_VLLM, environment_with_fake, fake_vllm
+from hang_guard import HANG_SECONDS
 
 ROOT = Path(__file__).resolve().parents[1]
 FROZEN = json.loads((ROOT / "tests" / f"vllm_api_{vllm_engine.VLLM_VERSION}.json").read_text())
@@ -268,7 +269,7 @@ def run(arguments: list[str], processes: int, log: Path, tmp_path: Path) -> subp
     for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
         env.pop(name, None)
     done = subprocess.run(prefix + ["-m", "grpo_edu", "train", *[f"--set={s}" for s in arguments]], env=env,
-                          cwd=tmp_path, capture_output=True, text=True, timeout=600)
+                          cwd=tmp_path, capture_output=True, text=True, timeout=HANG_SECONDS)
     assert done.returncode == 0, done.stderr[-4000:]
     return done
 
@@ -543,7 +544,7 @@ def test_grpo_edu_train_with_engine_vllm_and_no_vllm_is_one_line(tmp_path):
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     done = subprocess.run([sys.executable, "-m", "grpo_edu", "train", "--set", "engine=vllm", "--set", "steps=1",
                            "--set", f"output_dir={tmp_path / 'run'}"], capture_output=True, text=True, env=env,
-                          cwd=tmp_path, timeout=300)
+                          cwd=tmp_path, timeout=HANG_SECONDS)
     assert done.returncode == 2
     assert done.stderr.strip().splitlines()[-1] == (
         "grpo-edu train: engine: config key 'engine' is 'vllm' but vllm does not import (No module named 'vllm'); "
