@@ -1,6 +1,8 @@
 """The `grpo-edu` command.
 
     grpo-edu train [--config FILE] [--set KEY=VALUE ...] [--resume RUN_DIR]
+    grpo-edu eval RUN_DIR [--samples K]    the trained policy on the run's held-out problems, again
+    grpo-edu sample RUN_DIR PROMPT [-n N]  completions of your own prompt by the trained policy
     grpo-edu book list                 the chapter table
     grpo-edu book run [CHAPTER ...]    rebuild chapters (fresh kernel) and write their outputs
     grpo-edu book check [CHAPTER ...]  re-execute and compare outputs (nbval), check prose numbers
@@ -25,6 +27,7 @@ import traceback
 from pathlib import Path
 
 from grpo_edu import book as bookmod
+from grpo_edu.book import commands as book_commands
 
 
 class UsageError(Exception):
@@ -39,114 +42,6 @@ class _Parser(argparse.ArgumentParser):
 
 def _say(message: str) -> None:
     print(message, file=sys.stderr, flush=True)
-
-
-# ------------------------------------------------------------------ book
-
-def _load_book(args, building: bool = False):
-    if not (Path(args.root) / "book.toml").is_file():
-        raise UsageError(f"--root: expected a folder holding book.toml, got {args.root!r}")
-    try:
-        return bookmod.load_book(args.root, building=building)
-    except bookmod.tomllib.TOMLDecodeError as error:
-        raise UsageError(f"--root {args.root}: expected book.toml to be valid TOML, got: {error}") from error
-    except bookmod.ManifestError as error:
-        raise UsageError(f"--root {args.root}: {error}") from error
-
-
-def _select(book, names):
-    try:
-        return book.select(names)
-    except bookmod.ManifestError as error:
-        raise UsageError(f"CHAPTER: {error}") from error
-
-
-def _book_list(args) -> int:
-    book = _load_book(args)
-    if args.markdown:
-        print(bookmod.chapter_table(book))  # the table README.md carries
-        return 0
-    print(f"{book.title}\n")
-    print(f"{'#':>2}  {'title':<48} {'tier':<9} {'budget':>7}")
-    for c in book.chapters:
-        print(f"{c.number:>2}  {c.title:<48} {c.tier:<9} {c.budget_seconds:>5} s")
-    return 0
-
-
-def _runnable(chapter, tiers):
-    reason = tiers[chapter.tier]
-    if reason:
-        print(f"chapter {chapter.number} ({chapter.name}): skipped, tier {chapter.tier!r}: {reason}")
-    return reason is None
-
-
-def _book_run(args) -> int:
-    book = _load_book(args, building=True)
-    tiers = bookmod.available_tiers()
-    for chapter in _select(book, args.chapters):
-        if not _runnable(chapter, tiers):
-            continue
-        print(f"chapter {chapter.number} ({chapter.name}): running ...", flush=True)
-        try:
-            seconds = bookmod.run_chapter(chapter, book.root)
-        except bookmod.UnpinnedBuildError as error:
-            raise UsageError(str(error)) from error
-        verdict = "within" if seconds <= chapter.budget_seconds else "OVER"
-        print(f"chapter {chapter.number}: wrote {chapter.path} in {seconds:.1f} s "
-              f"({verdict} budget {chapter.budget_seconds} s)")
-    return 0
-
-
-def _book_check(args) -> int:
-    book = _load_book(args)
-    tiers = bookmod.available_tiers()
-    rows, failed = [], False
-    for chapter in _select(book, args.chapters):
-        offenders = bookmod.prose_number_offenders(book.root / chapter.path)
-        for offender in offenders:
-            print(f"chapter {chapter.number} prose: {offender}")
-        if not _runnable(chapter, tiers):
-            rows.append((chapter, "skipped", None, tiers[chapter.tier]))
-            continue
-        passed, seconds, output = bookmod.check_chapter(chapter, book.root)
-        if not passed:
-            print(output)
-        within = seconds <= chapter.budget_seconds
-        status = "ok" if passed and within and not offenders else "FAIL"
-        failed |= status == "FAIL"
-        notes = []
-        if not passed:
-            notes.append("outputs differ or a cell failed")
-        if offenders:
-            notes.append(f"{len(offenders)} prose number(s) not computed")
-        if not within:
-            notes.append("over budget")
-        rows.append((chapter, status, seconds, "; ".join(notes)))
-
-    print(f"\n{'#':>2}  {'chapter':<34} {'status':<8} {'time':>8} {'budget':>7}  notes")
-    for chapter, status, seconds, note in rows:
-        time = f"{seconds:.1f} s" if seconds is not None else "-"
-        print(f"{chapter.number:>2}  {chapter.name:<34} {status:<8} {time:>8} {chapter.budget_seconds:>5} s  {note or ''}")
-    return 1 if failed else 0
-
-
-def _book_html(args) -> int:
-    from grpo_edu.book import html as site
-
-    book = _load_book(args)
-    try:
-        pages = site.build_site(book, args.out_dir)
-    except site.SiteError as error:
-        raise UsageError(str(error)) from error
-    print(f"{'page':<38} {'html':>9} {'figures':>9}  explorers")
-    for page in pages:
-        figures = f"{page.figure_bytes / 1024:.0f} KiB" if page.figures else "-"
-        print(f"{page.path:<38} {page.html_bytes / 1024:>5.0f} KiB {figures:>9}  {page.explorers or '-'}")
-    total = site.site_bytes(args.out_dir)
-    index = Path(args.out_dir).resolve() / "index.html"
-    print(f"\n{len(pages)} pages, {total / 2**20:.1f} MiB in all (KaTeX and the notebooks included); "
-          f"open {index.as_uri()}")
-    return 0
 
 
 # ------------------------------------------------------------------ train
@@ -300,6 +195,54 @@ def _train(args) -> int:
     return 0
 
 
+def _trained(args):
+    from grpo_edu import trained
+    try:
+        return trained, trained.load_trained(args.run_dir)
+    except (trained.TrainedModelError, OSError) as error:
+        raise UsageError(str(error)) from error
+
+
+def _eval(args) -> int:
+    trained, policy = _trained(args)
+    try:
+        results = trained.evaluate_run(policy, samples=args.samples, problems=args.problems,
+                                       max_new_tokens=args.max_new_tokens)
+    except trained.TrainedModelError as error:
+        raise UsageError(str(error)) from error
+    if args.json:
+        print(json.dumps(results, indent=2))
+        return 0
+    print(f"{args.run_dir}: {policy.source}; {results['problems']} held-out {results['task']} problems, "
+          f"at most {results['max_new_tokens']} new tokens")
+    rows = [("greedy accuracy", "greedy_accuracy"), ("greedy format", "greedy_format")]
+    if args.samples:
+        rows += [(f"{name} ({args.samples} samples, T = 1)", key) for name, key in
+                 (("pass@1", "pass_at_1"), (f"pass@{args.samples}", f"pass_at_{args.samples}"),
+                  (f"maj@{args.samples}", f"maj_at_{args.samples}"))]
+    for name, key in rows:
+        low, high = results[f"{key}_interval_95"]
+        print(f"  {name:<32}{results[key]:>8.4f}   95% interval [{low:.4f}, {high:.4f}]")
+    summary = Path(args.run_dir) / "summary.json"
+    if summary.is_file() and args.problems is None and args.max_new_tokens is None:
+        print(f"  (the run's own final evaluation: {json.loads(summary.read_text())['final_accuracy']:.4f})")
+    return 0
+
+
+def _sample(args) -> int:
+    trained, policy = _trained(args)
+    try:
+        n = args.n if args.n is not None else 1 if args.temperature == 0 else 4
+        prompt, completions = trained.sample(policy, args.prompt, n=n, temperature=args.temperature,
+                                             max_new_tokens=args.max_new_tokens, seed=args.seed, raw=args.raw)
+    except trained.TrainedModelError as error:
+        raise UsageError(str(error)) from error
+    print(f"{args.run_dir}: {policy.source}; prompt as the policy reads it: {prompt!r}")
+    for i, completion in enumerate(completions, 1):
+        print(f"{i:>3}  {completion}")
+    return 0
+
+
 def _doctor(args) -> int:
     if args.run_dir is not None and args.gpu:
         raise UsageError(f"expected RUN_DIR or --gpu, got both ({args.run_dir!r} and --gpu)")
@@ -368,9 +311,10 @@ def build_parser() -> argparse.ArgumentParser:
     listing = actions.add_parser("list", help="the chapter table")
     _debug_flag(listing)
     listing.add_argument("--markdown", action="store_true", help="print README.md's Markdown table")
-    listing.set_defaults(func=_book_list)
-    for name, func, text in (("run", _book_run, "execute chapters in a fresh kernel and write their outputs"),
-                             ("check", _book_check, "re-execute, compare every output, check prose numbers")):
+    listing.set_defaults(func=book_commands.book_list)
+    for name, func, text in (
+            ("run", book_commands.book_run, "execute chapters in a fresh kernel and write their outputs"),
+            ("check", book_commands.book_check, "re-execute, compare every output, check prose numbers")):
         action = actions.add_parser(name, help=text)
         _debug_flag(action)
         action.add_argument("chapters", nargs="*", metavar="CHAPTER",
@@ -381,7 +325,7 @@ def build_parser() -> argparse.ArgumentParser:
     _debug_flag(site)
     site.add_argument("out_dir", nargs="?", default="build/html", metavar="OUT_DIR",
                       help="where to write it (default build/html; an earlier build there is replaced)")
-    site.set_defaults(func=_book_html)
+    site.set_defaults(func=book_commands.book_html)
     from grpo_edu.config import help_text
     train = commands.add_parser("train", help="train a policy with GRPO",
                                 formatter_class=argparse.RawDescriptionHelpFormatter, epilog=help_text())
@@ -392,6 +336,26 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument("--resume", metavar="RUN_DIR", help="continue the run in RUN_DIR from its newest "
                        "complete checkpoint (a damaged one is named and skipped)")
     train.set_defaults(func=_train)
+
+    evaluate = commands.add_parser("eval", help="evaluate a run's trained policy on its held-out problems again")
+    _debug_flag(evaluate)
+    evaluate.add_argument("run_dir", metavar="RUN_DIR", help="a run directory (its model/, else its newest checkpoint)")
+    evaluate.add_argument("--samples", type=int, default=0, metavar="K",
+                          help="also K samples per problem at temperature 1: pass@1, pass@K, maj@K (default 0)")
+    evaluate.add_argument("--problems", type=int, help="the first N held-out problems only (default: the run's all)")
+    evaluate.add_argument("--max-new-tokens", type=int, help="default: the run's max_completion_length")
+    evaluate.add_argument("--json", action="store_true", help="print the results as JSON")
+    evaluate.set_defaults(func=_eval)
+    sampler = commands.add_parser("sample", help="sample completions of a prompt from a run's trained policy")
+    _debug_flag(sampler)
+    sampler.add_argument("run_dir", metavar="RUN_DIR", help="a run directory (its model/, else its newest checkpoint)")
+    sampler.add_argument("prompt", metavar="PROMPT", help='the prompt, e.g. "47+85=" (the tiny task\'s format)')
+    sampler.add_argument("-n", type=int, help="completions (default 4; 1 with --temperature 0)")
+    sampler.add_argument("--temperature", type=float, default=1.0, help="0 is greedy (default 1.0, as training samples)")
+    sampler.add_argument("--max-new-tokens", type=int, help="default: the run's max_completion_length")
+    sampler.add_argument("--seed", type=int, default=0, help="the sampling seed (default 0)")
+    sampler.add_argument("--raw", action="store_true", help="do not wrap the prompt in the chat template")
+    sampler.set_defaults(func=_sample)
 
     doctor = commands.add_parser("doctor", help="diagnose a run from its metrics (RUN_DIR), or check this machine "
                                  "for the GPU tier (--gpu)")
@@ -420,7 +384,7 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return args.func(args)
-    except (UsageError, bookmod.ManifestError) as error:
+    except (UsageError, book_commands.BookUsageError, bookmod.ManifestError) as error:
         if args.debug:
             traceback.print_exc()
         print(f"grpo-edu {args.command}: {error}", file=sys.stderr)

@@ -72,6 +72,7 @@ from grpo_edu.placement import Models, autocast, build_models, check_engine_sett
 from grpo_edu.rollout import HFEngine, Rollout, SamplingParams
 from grpo_edu.runlog import MetricsLog
 from grpo_edu.scoring import score
+from grpo_edu.trained import save_trained
 from grpo_edu.update import add_logprobs, make_optimizer, optimise, optimise_refreshing_old
 from grpo_edu.user_functions import AdvantageFn, RewardFn, functions_from_config
 
@@ -349,8 +350,8 @@ def record(run: Run, metrics: dict, accuracy: float) -> None:
 
 
 def finish(run: Run, seconds: float) -> RunResult:
-    """After the last step: summary.json and, for a finished run, samples_after.txt (rank 0
-    writes); the trained policy with whole weights."""
+    """After the last step: summary.json and, for a finished run, samples_after.txt and the
+    trained policy in model/ (grpo_edu.trained; rank 0 writes); the policy with whole weights."""
     config, world, models = run.config, run.world, run.models
     if run.progress is not None:
         run.progress.close()
@@ -369,5 +370,6 @@ def finish(run: Run, seconds: float) -> RunResult:
             if finished:
                 after = samples_table(model, run.tokenizer, run.held_out[:4], config.max_completion_length)
                 (run.output_dir / "samples_after.txt").write_text(after)
+                save_trained(model, run.tokenizer, run.output_dir, summary)
     world.barrier()
     return RunResult(model, run.tokenizer, summary, run.history)
