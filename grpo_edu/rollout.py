@@ -118,11 +118,13 @@ class HFEngine:
         self.model.train(was_training)
         completion_ids = out.sequences[:, ids.shape[1]:]
         completion_mask, finished = completion_mask_from_ids(completion_ids, self.tokenizer.eos_token_id)
-        # out.logits: one (N, V) tensor per generated position, before temperature.
-        logits = torch.stack(out.logits, dim=1).float()
+        # out.logits: one (N, V) tensor per generated position, before temperature. Each becomes
+        # its sampled token's log-prob on its own: stacking them first would hold N x S x V floats
+        # several times over (a 151,936-token vocabulary, 64 completions of 256 tokens: 10 GB each).
         temperature = 1.0 if greedy else T
-        sampler_logp = torch.log_softmax(logits / temperature, dim=-1).gather(
-            -1, completion_ids.unsqueeze(-1)).squeeze(-1)
+        sampler_logp = torch.stack([
+            torch.log_softmax(step.float() / temperature, dim=-1).gather(-1, completion_ids[:, j, None]).squeeze(-1)
+            for j, step in enumerate(out.logits)], dim=1)                              # (N, S)
         sampler_logp = sampler_logp.masked_fill(~completion_mask, 0.0)
         completion_ids = completion_ids.masked_fill(~completion_mask, self.tokenizer.pad_token_id)
         return Rollout(ids, mask, completion_ids, completion_mask, sampler_logp, finished, G)
