@@ -197,3 +197,29 @@ def test_step_1_is_read_from_the_recipe(gpu_benchmark):
     flags = gpu_benchmark.recipe_pretrain_flags()
     assert flags[:4] == ["--task", "countdown", "--device", "cuda"] and "--output-dir" not in flags
     assert "--target-accuracy" in flags and flags[flags.index("--target-accuracy") + 1] == "0.3"
+
+
+def test_a_reached_target_stops_the_run_and_is_timed(tmp_path, gpu_benchmark, monkeypatch):
+    """The branches a toy never reaches: the tiny recipe at its target (here 0: its first
+    evaluation), and pretraining at its target (evaluate scripted to say 0.5), which then writes
+    the model and its card as `python -m grpo_edu.pretrain` does."""
+    from grpo_edu import pretrain
+    args = gpu_benchmark.parse_args(["--toy", "--work-dir", str(tmp_path)])
+    monkeypatch.setattr(gpu_benchmark, "TINY_TARGET", 0.0)
+    tiny = gpu_benchmark.part_tiny(args, "cpu", {})
+    assert tiny["status"] == "done" and tiny["reached"] and tiny["steps_to_target"] == tiny["steps"] == 2
+    assert tiny["time_to_target_s"] == tiny["eval_curve"][-1]["seconds"] > 0
+
+    def scripted(model, tokenizer, samples, *, pass_k=0, max_new_tokens=16, seed=0):
+        metrics = {"problems": len(samples), "greedy_accuracy": 0.5, "greedy_format": 1.0}
+        if pass_k:
+            metrics.update({"sample_accuracy": 0.4, "sample_format": 1.0, f"pass_at_{pass_k}": 0.75,
+                            "mixed_groups": 0.5})
+        return metrics
+    monkeypatch.setattr(pretrain, "evaluate", scripted)
+    step1 = gpu_benchmark.part_countdown_pretrain(args, "cpu", {})
+    assert step1["status"] == "done" and step1["reached"] and step1["steps"] == 2
+    assert step1["time_to_target_s"] == pytest.approx(step1["eval_curve"][-1]["seconds"], abs=2.0)   # its clock, ours
+    assert step1["held_out"]["greedy_accuracy"] == 0.5 and step1["parameters"] > 0
+    assert (tmp_path / "countdown-start" / "README.md").is_file()
+    assert (tmp_path / "countdown-start" / "pretrain.json").is_file()
