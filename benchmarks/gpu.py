@@ -39,8 +39,8 @@ the run directory is in WORK_DIR) resumes from that checkpoint and adds up the t
 cannot resume (grpo_edu.pretrain keeps no checkpoints): past the budget it stops at its next
 evaluation, "not_reached". Each part merges its entry into --out as soon as it ends, so a later
 part's failure loses nothing; a failed part is recorded with its error, and the command exits 1.
-Without CUDA the command refuses to run, unless --toy (which runs on the CPU by default; --toy
---device cuda is a one-minute smoke test of a GPU machine).
+Without CUDA the command refuses to run, unless --toy: toy sizes, on the CPU by default (in
+float32, one thread; about 30 s), or --toy --device cuda, a quick smoke test of a GPU machine (bf16).
 
 How the runs are watched: grpo_edu.trainer.record (called once per step) and
 grpo_edu.checkpoint.save_checkpoint are wrapped while a part runs, to time each step and
