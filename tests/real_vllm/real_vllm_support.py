@@ -17,6 +17,10 @@ STAND_IN = TESTS / "fake_vllm"        # the main suite's stand-in vllm
 BIN = Path(sys.executable).parent     # the tier's venv: its grpo-edu and torchrun
 LAUNCHER_VARIABLES = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
 
+if str(TESTS) not in sys.path:   # the main suite's helpers (hang_guard, test_engines, ...)
+    sys.path.insert(0, str(TESTS))
+from hang_guard import HANG_SECONDS  # noqa: E402
+
 # Set for every process of the tier (conftest.py puts them in os.environ, so the processes the
 # library itself starts, such as the doctor's training check, inherit them too).
 TIER_ENVIRONMENT = {
@@ -50,7 +54,7 @@ def environment(*, shim: bool = True, stand_in: bool = False, **extra: str) -> d
     return env
 
 
-def run(command: list[str], *, env: dict, cwd: Path | str = ROOT, timeout: int = 600,
+def run(command: list[str], *, env: dict, cwd: Path | str = ROOT, timeout: int = HANG_SECONDS,
         check: bool = True) -> subprocess.CompletedProcess:
     done = subprocess.run(command, env=env, cwd=cwd, capture_output=True, text=True, timeout=timeout)
     if check:

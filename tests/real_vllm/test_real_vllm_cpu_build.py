@@ -13,6 +13,7 @@ import sys
 import pytest
 
 from real_vllm_support import BIN, HERE, environment, run
+from hang_guard import HANG_SECONDS
 
 LINEAR = ("self_attn.qkv_proj", "self_attn.o_proj", "mlp.gate_up_proj", "mlp.down_proj")
 
@@ -21,7 +22,7 @@ LINEAR = ("self_attn.qkv_proj", "self_attn.o_proj", "mlp.gate_up_proj", "mlp.dow
 def probe():
     env = environment(shim=False)
     env.pop("VLLM_CPU_KVCACHE_SPACE")   # the first engine sizes its KV cache itself: measured below
-    done = run([sys.executable, str(HERE / "cpu_build_probe.py")], env=env, timeout=600)
+    done = run([sys.executable, str(HERE / "cpu_build_probe.py")], env=env, timeout=HANG_SECONDS)
     found = json.loads(done.stdout.strip().splitlines()[-1])
     assert "error" not in found, found["error"]
     assert found["plugins"].find("cpu_shim") < 0, "the probe must run without the shim"
@@ -104,7 +105,7 @@ def test_grpo_edu_train_with_the_cpu_build_is_one_line(tmp_path, sleep_mode):
     saying why and what to use instead (not a traceback from inside vLLM)."""
     done = run([str(BIN / "grpo-edu"), "train", "--set", "engine=vllm", "--set", "steps=1", "--set",
                 f"vllm_sleep_mode={sleep_mode}", "--set", f"output_dir={tmp_path / 'run'}"],
-               env=environment(shim=False), cwd=tmp_path, check=False, timeout=600)
+               env=environment(shim=False), cwd=tmp_path, check=False, timeout=HANG_SECONDS)
     assert done.returncode == 2, done.stderr[-3000:]
     last = done.stderr.strip().splitlines()[-1]
     assert last.startswith("grpo-edu train: engine: ")

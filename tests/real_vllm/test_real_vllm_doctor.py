@@ -14,6 +14,7 @@ import torch
 
 from grpo_edu import doctor
 from real_vllm_support import environment, run
+from hang_guard import HANG_SECONDS
 
 
 def test_every_check_passes_on_the_cpu_with_the_shim(tmp_path, monkeypatch):
@@ -36,7 +37,7 @@ def test_without_the_shim_the_engine_check_fails_naming_the_cpu_build(tmp_path):
     code = ("import torch; from grpo_edu import doctor; "
             "rows = doctor.run_checks(torch.device('cpu'), output=lambda line: None); "
             "print('|'.join(f'{r.name}={r.status}={r.detail}' for r in rows))")
-    done = run([sys.executable, "-c", code], env=environment(shim=False), cwd=tmp_path, timeout=600)
+    done = run([sys.executable, "-c", code], env=environment(shim=False), cwd=tmp_path, timeout=HANG_SECONDS)
     rows = {name: (status, detail) for name, status, detail in
             (row.split("=", 2) for row in done.stdout.strip().splitlines()[-1].split("|"))}
     assert rows["vLLM"][0] == rows["transformers"][0] == "PASS"

@@ -32,6 +32,7 @@ for prompt in prompts:
     hf.append(out[0, ids["input_ids"].shape[1]:].tolist())
 from vllm import LLM, SamplingParams
 from vllm.inputs import TokensPrompt
+from hang_guard import HANG_SECONDS
 llm = LLM(model=folder, dtype="float32", seed=0, enable_prefix_caching=False)
 params = SamplingParams(temperature=0.0, max_tokens=16, stop_token_ids=[tokenizer.eos_token_id])
 outputs = llm.generate([TokensPrompt(prompt_token_ids=tokenizer(p, add_special_tokens=False)["input_ids"])
@@ -44,10 +45,10 @@ def test_the_trained_model_folder_loads_in_vllm_with_transformers_greedy_tokens(
     out = tmp_path / "run"
     run([str(BIN / "grpo-edu"), "train", "--set=steps=3", "--set=eval_every=3", "--set=eval_size=16",
          "--set=checkpoint_every=0", "--set=progress=false", "--set=threads=1", f"--set=output_dir={out}"],
-        env=environment(shim=False), cwd=tmp_path, timeout=900)
+        env=environment(shim=False), cwd=tmp_path, timeout=HANG_SECONDS)
     assert (out / "model" / "config.json").is_file() and (out / "model" / "README.md").is_file()
     done = run([sys.executable, "-c", COMPARE, str(out / "model")], env=environment(shim=False), cwd=tmp_path,
-               timeout=900)
+               timeout=HANG_SECONDS)
     tokens = json.loads(next(line for line in done.stdout.splitlines() if line.startswith("TOKENS "))[7:])
     # transformers keeps the EOS it stopped at; vLLM, stopping at it, includes it as well
     assert tokens["vllm"] == tokens["hf"], tokens

@@ -21,6 +21,7 @@ import pytest
 from real_vllm_support import BIN, environment, run
 from test_distributed import TOLERANCE, largest_difference
 from test_vllm_engine import SETTINGS
+from hang_guard import HANG_SECONDS
 
 ARGUMENTS = [f"--set={s}" for s in SETTINGS + ["checkpoint_every=3"]]
 
@@ -31,7 +32,7 @@ def train(tmp_path, name: str, processes: int, *extra: str):
         sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={processes}",
         "-m", "grpo_edu"]
     done = run(launcher + ["train", *ARGUMENTS, f"--set=output_dir={out}", *[f"--set={e}" for e in extra]],
-               env=environment(), cwd=tmp_path, timeout=900)
+               env=environment(), cwd=tmp_path, timeout=HANG_SECONDS)
     return out, done
 
 

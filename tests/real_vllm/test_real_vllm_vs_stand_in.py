@@ -25,13 +25,14 @@ import sys
 import pytest
 
 from real_vllm_support import HERE, STAND_IN, environment, run
+from hang_guard import HANG_SECONDS
 
 
 def scenarios(*, stand_in: bool) -> dict:
     env = environment(stand_in=stand_in)
     if not stand_in:
         env.pop("VLLM_CPU_CI_ENV")   # vLLM's default on a CPU: inductor compiles the model
-    done = run([sys.executable, str(HERE / "scenarios.py")], env=env, timeout=900)
+    done = run([sys.executable, str(HERE / "scenarios.py")], env=env, timeout=HANG_SECONDS)
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
