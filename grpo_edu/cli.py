@@ -109,6 +109,11 @@ def _check_model_and_device(config) -> None:
 
     path = Path(config.model).expanduser()
     looks_local = path.exists() or config.model.startswith((".", "/", "~"))  # as models.load_policy decides
+    if config.model != "start" and looks_local and not path.exists():
+        raise UsageError(f"model: expected 'start', a saved model folder (holding config.json) or a hub id, "
+                         f"got {config.model!r}: no such folder. If an earlier step writes it (a pretraining "
+                         f"run, python -m grpo_edu.pretrain --output-dir {config.model}), run that step first: "
+                         f"it writes the folder only once it reaches its --target-accuracy")
     if config.model != "start" and looks_local and not (path / "config.json").is_file():
         raise UsageError(f"model: expected 'start', a saved model folder (holding config.json) or a hub id, "
                          f"got {config.model!r}, which holds no config.json")

@@ -39,6 +39,12 @@ class TrainConfig:
                         "(GSM8K's own layout); unused by the generated tasks", "openai/gsm8k")
     chat_template: bool = _doc("wrap each prompt in the tokenizer's chat template as a user message (instruct "
                                "models); false: the prompt text as it is (the committed tiny policy)", False)
+    task_instruction: bool = _doc("add the task's instruction on a line after each problem (grpo_edu.tasks."
+                                  "INSTRUCTIONS): the answer format both rewards score, <think>...</think>"
+                                  "\\boxed{...}, and Countdown's rules; for a model not trained on the bare "
+                                  "prompts (any hub model). false: the bare problem ('47+85=', 'Use 3 5 7 to make "
+                                  "22:'), which the committed tiny policy was pretrained on. GSM8K's prompts end "
+                                  "with their instruction either way", False)
     rewards: dict = _doc("reward functions and their weights, e.g. {accuracy = 1.0, format = 0.5}; a name "
                          "'module:function' (quoted in TOML) is your own function, TRL's signature",
                          {"accuracy": 1.0, "format": 0.5})

@@ -126,6 +126,10 @@ def load_policy(name_or_path: str | Path = STARTING_POLICY, *, dtype: torch.dtyp
     """
     path = Path(name_or_path).expanduser()
     looks_local = path.exists() or str(name_or_path).startswith((".", "/", "~"))
+    if looks_local and not path.exists():
+        raise FileNotFoundError(f"name_or_path {str(name_or_path)!r} is a local path, and no such folder exists "
+                                f"(if an earlier step writes it, such as python -m grpo_edu.pretrain, run that "
+                                f"step first)")
     if looks_local and not (path / "config.json").is_file():
         raise FileNotFoundError(f"name_or_path {str(name_or_path)!r} is a local path but holds no "
                                 f"config.json (expected a saved model directory)")

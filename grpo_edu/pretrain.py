@@ -16,11 +16,19 @@ hopeless with one seed and nearly solved with another; stopping on the
 threshold gives one with room to improve every time, and the run is still
 deterministic for a given seed and thread count.
 
-    python -m grpo_edu.pretrain                      # writes grpo_edu/assets/tiny-arithmetic-start
-    python -m grpo_edu.pretrain --output-dir /tmp/p --seed 1 --target-accuracy 0.5
+    python -m grpo_edu.pretrain --output-dir runs/my-start --seed 1 --target-accuracy 0.5
+
+--output-dir is required, and a folder inside the package's assets (grpo_edu/assets/, where
+the committed starting policy that `grpo-edu train`, the book and `grpo-edu doctor --gpu`
+start from lives) is refused unless --write-package-assets says so too. The committed policy
+was made when the script wrote there by default; to remake it on purpose:
+
+    python -m grpo_edu.pretrain --output-dir grpo_edu/assets/tiny-arithmetic-start --write-package-assets
 
 The model card (README.md in the output directory) records how it was made,
-its held-out greedy accuracy, format rate, pass@8 and the run time.
+its held-out greedy accuracy, format rate, pass@8 and the run time. When the target is not
+reached within --max-steps, nothing is written and the script exits 1, saying how close it
+came and what to change.
 """
 
 from __future__ import annotations
@@ -38,7 +46,7 @@ import torch
 
 from grpo_edu import tasks
 from grpo_edu.evaluation import SAMPLE_SEED, evaluate
-from grpo_edu.models import STARTING_POLICY, char_tokenizer, save_policy, tiny_llama
+from grpo_edu.models import ASSETS, char_tokenizer, save_policy, tiny_llama
 
 
 def _doc(text: str, default):
@@ -49,7 +57,9 @@ def _doc(text: str, default):
 class PretrainConfig:
     """Every knob of the pretraining run (each is a --flag of the script)."""
 
-    output_dir: str = _doc("where the model, tokenizer and model card are written", str(STARTING_POLICY))
+    output_dir: str = _doc("where the model, tokenizer and model card are written (required)", "")
+    write_package_assets: bool = _doc("allow an --output-dir inside the package's assets (grpo_edu/assets/): "
+                                      "only to replace the committed starting policy on purpose", False)
     seed: int = _doc("seed of the initial weights and of the training problems", 0)
     threads: int = _doc("torch CPU threads (results are bitwise reproducible for a fixed count)", 1)
     batch_size: int = _doc("training problems per optimizer step", 64)
@@ -74,6 +84,48 @@ class PretrainConfig:
 
 
 EVAL_SEED = 0
+
+
+# --------------------------------------------------------------------------- where it writes
+
+def check_output_dir(config: PretrainConfig) -> Path:
+    """config.output_dir, checked: given, and outside the package's assets (the committed
+    starting policy) unless config.write_package_assets. Raises ValueError naming the flag."""
+    if not config.output_dir:
+        raise ValueError(f"--output-dir: expected the folder to write the policy to, got none (the package's "
+                         f"assets are written only when asked: to remake the committed starting policy, pass "
+                         f"--output-dir {_shown(ASSETS / 'tiny-arithmetic-start')} --write-package-assets)")
+    folder = Path(config.output_dir).expanduser()
+    if folder.resolve().is_relative_to(ASSETS.resolve()) and not config.write_package_assets:
+        raise ValueError(f"--output-dir: expected a folder outside the package's assets ({_shown(ASSETS)}), got "
+                         f"{config.output_dir!r}: the committed starting policy there is what grpo-edu train, the "
+                         f"book and grpo-edu doctor --gpu start from; pass --write-package-assets too to replace "
+                         f"it on purpose, or choose another folder (runs/my-start)")
+    return folder
+
+
+def _shown(path: Path) -> str:
+    """A path relative to the working directory where it is inside it (grpo_edu/assets/...)."""
+    try:
+        return str(path.resolve().relative_to(Path.cwd().resolve()))
+    except ValueError:
+        return str(path)
+
+
+def not_reached_message(config: PretrainConfig, result: "PretrainResult") -> str:
+    """What went wrong when the target was not reached, and what to do (one line)."""
+    if result.history:
+        best = max(result.history, key=lambda r: r["greedy_accuracy"])
+        last = ", ".join(f"{r['step']}: {r['greedy_accuracy']:.3f}" for r in result.history[-3:])
+        how_close = (f"the best held-out greedy accuracy was {best['greedy_accuracy']:.3f} at step {best['step']} "
+                     f"(the last evaluations, step: accuracy: {last})")
+    else:
+        how_close = f"no evaluation ran (--eval-every {config.eval_every} is above --max-steps {config.max_steps})"
+    return (f"--target-accuracy {config.target_accuracy} not reached in --max-steps {config.max_steps} steps: "
+            f"{how_close}; nothing was written to {config.output_dir}. Run the same command with a larger "
+            f"--max-steps (if the accuracy was still rising) or a lower --target-accuracy (GRPO needs a policy "
+            f"that solves some problems, not most); a GRPO run that starts from {config.output_dir} can begin "
+            f"only after this command ends with 'wrote {config.output_dir}'")
 
 
 # --------------------------------------------------------------------------- training
@@ -107,8 +159,8 @@ class PretrainResult:
     seconds: float              # training time, evaluations included
 
 
-def pretrain(config: PretrainConfig, log=print) -> PretrainResult:
-    """SFT until held-out greedy accuracy >= config.target_accuracy (or max_steps)."""
+def validate(config: PretrainConfig) -> None:
+    """Raises ValueError naming the first bad setting."""
     if not 0 < config.target_accuracy <= 1:
         raise ValueError(f"target_accuracy must be in (0, 1], got {config.target_accuracy}")
     for name in ("batch_size", "max_steps", "eval_every", "eval_problems", "threads"):
@@ -118,6 +170,11 @@ def pretrain(config: PretrainConfig, log=print) -> PretrainResult:
         raise ValueError(f"task must be one of {tasks.GENERATED_TASKS}, got {config.task!r}")
     if config.device not in ("cpu", "cuda") or (config.device == "cuda" and not torch.cuda.is_available()):
         raise ValueError(f"device must be 'cpu' or a 'cuda' torch can see, got {config.device!r}")
+
+
+def pretrain(config: PretrainConfig, log=print) -> PretrainResult:
+    """SFT until held-out greedy accuracy >= config.target_accuracy (or max_steps)."""
+    validate(config)
     torch.set_num_threads(config.threads)
     torch.manual_seed(config.seed)
     start = time.perf_counter()
@@ -240,8 +297,10 @@ def write_policy(config: PretrainConfig, result: PretrainResult, command: str,
                  started: tuple[float, float]) -> dict:
     """Measure the held-out figures, then write weights, tokenizer, model card
     (README.md) and pretrain.json (config, evaluation history, figures) to
-    config.output_dir. `started` is (time.perf_counter(), time.process_time())
+    config.output_dir (check_output_dir: never the package's assets unless
+    config.write_package_assets). `started` is (time.perf_counter(), time.process_time())
     at launch, so the card's run time covers training and this evaluation."""
+    check_output_dir(config)
     report_set = REPORT_SETS[config.task][1]()
     report = evaluate(result.model, result.tokenizer, report_set, pass_k=config.pass_k,
                       max_new_tokens=config.max_new_tokens)
@@ -261,18 +320,26 @@ def parse_args(argv: list[str] | None = None) -> PretrainConfig:
     parser = argparse.ArgumentParser(prog="python -m grpo_edu.pretrain", description=__doc__.split("\n\n")[0],
                                      formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     for f in dataclasses.fields(PretrainConfig):
-        parser.add_argument(f"--{f.name.replace('_', '-')}", type=type(f.default), default=f.default,
-                            help=f.metadata["help"])
+        flag = f"--{f.name.replace('_', '-')}"
+        if isinstance(f.default, bool):
+            parser.add_argument(flag, action="store_true", help=f.metadata["help"])
+        else:
+            parser.add_argument(flag, type=type(f.default), default=f.default, help=f.metadata["help"])
     return PretrainConfig(**vars(parser.parse_args(argv)))
 
 
 def main(argv: list[str] | None = None) -> int:
     started = (time.perf_counter(), time.process_time())
     config = parse_args(argv)
+    try:   # before training: a refused folder or setting must not cost the run
+        check_output_dir(config)
+        validate(config)
+    except ValueError as error:
+        print(f"python -m grpo_edu.pretrain: {error}", file=sys.stderr)
+        return 2
     result = pretrain(config)
     if not result.reached:
-        print(f"target accuracy {config.target_accuracy} not reached in {config.max_steps} steps",
-              file=sys.stderr)
+        print(f"python -m grpo_edu.pretrain: {not_reached_message(config, result)}", file=sys.stderr)
         return 1
     command = " ".join(["python -m grpo_edu.pretrain", *(sys.argv[1:] if argv is None else argv)])
     report = write_policy(config, result, command, started)

@@ -319,22 +319,54 @@ def load_gsm8k(split: str = "train", dataset: str = "openai/gsm8k") -> list[dict
     return [gsm8k_sample(row["question"], row["answer"]) for row in rows]
 
 
+# --------------------------------------------------------------------------- instructions
+
+# What a model that was not trained on the bare prompts must be told: the answer format both
+# rewards score (grpo_edu.rewards: <think>reasoning</think>\\boxed{answer}, nothing after it)
+# and, for Countdown, the rules (each number once; the expression, not its value, is the
+# answer). GSM8K's prompts always carry GSM8K_INSTRUCTION.
+INSTRUCTIONS = {
+    "arithmetic": ("Compute the result. Think step by step inside <think> and </think>, then give the "
+                   "final answer as \\boxed{number}."),
+    "countdown": ("Write an expression that uses each of the numbers exactly once, with + - * / and "
+                  "parentheses, and equals the target. Think step by step inside <think> and </think>, "
+                  "then give the expression itself (not its value) as \\boxed{expression}, for example "
+                  "\\boxed{(1+2)*3}, and nothing after it."),
+    "gsm8k": GSM8K_INSTRUCTION,
+}
+
+
+def with_instruction(sample: dict) -> dict:
+    """The sample with its task's instruction on a line after the problem (INSTRUCTIONS):
+    "Use 3 5 7 to make 22:" -> "Use 3 5 7 to make 22:\\n" + INSTRUCTIONS["countdown"] + "\\n".
+    A GSM8K sample is returned as it is (its prompt already ends with the instruction)."""
+    task = sample.get("task")
+    if task not in INSTRUCTIONS:
+        raise ValueError(f"sample['task'] must be one of {tuple(INSTRUCTIONS)}, got {task!r}")
+    if task == "gsm8k":
+        return dict(sample)
+    return {**sample, "prompt": f"{sample['prompt']}\n{INSTRUCTIONS[task]}\n"}
+
+
 # --------------------------------------------------------------------------- a run's problems
 
 TRAIN_POOL = 10_000  # distinct training problems a run's prompts are drawn from (with replacement)
 
 
 def task_pools(config: "TrainConfig", tokenizer) -> tuple[list[dict], list[dict]]:
-    """A training run's problems (its config's task, dataset, eval_size and chat_template): the
-    pool prompts are drawn from, and the held-out problems (the first eval_size of the test
-    split), with their prompts as the policy reads them (inside the tokenizer's chat template
-    when chat_template)."""
+    """A training run's problems (its config's task, dataset, eval_size, task_instruction and
+    chat_template): the pool prompts are drawn from, and the held-out problems (the first
+    eval_size of the test split), with their prompts as the policy reads them (the task's
+    instruction added when task_instruction, then inside the tokenizer's chat template when
+    chat_template)."""
     if config.task == "gsm8k":
         train_pool = load_gsm8k("train", config.dataset)
         held_out = load_gsm8k("test", config.dataset)[:config.eval_size]
     else:
         train_pool = make_dataset(config.task, n=TRAIN_POOL, split="train", seed=0)
         held_out = make_dataset(config.task, n=config.eval_size, split="test", seed=0)
+    if config.task_instruction:
+        train_pool, held_out = [with_instruction(s) for s in train_pool], [with_instruction(s) for s in held_out]
     if config.chat_template:
         if getattr(tokenizer, "chat_template", None) is None:
             raise ValueError("config key 'chat_template' is true, but the tokenizer has no chat template "

@@ -49,6 +49,7 @@ NOT_CARRIED = {
     "task": "grpo_trainer builds the dataset from it",
     "dataset": "as task (task = 'gsm8k')",
     "chat_template": "grpo_trainer gives prompts in TRL's conversational form, which TRL templates",
+    "task_instruction": "train_dataset adds the task's instruction to each prompt (grpo_edu.tasks.with_instruction)",
     "rewards": "grpo_trainer passes the functions as reward_funcs and their weights as reward_weights",
     "unboxed_answers": "the accuracy function grpo_trainer passes reads unboxed sentences",
     "prompts_per_step": "with num_generations, num_mini_batches and micro_batch_size: TRL's batch sizes",
@@ -170,16 +171,17 @@ def _named(function, name: str):
 
 
 def train_dataset(config: TrainConfig, size: int = 10_000):
-    """The task's training problems as a datasets.Dataset: prompt (text, or a user message when
-    config.chat_template) and the columns the rewards read."""
+    """The task's training problems as a datasets.Dataset: prompt (text, with the task's instruction
+    when config.task_instruction, as a user message when config.chat_template) and the columns
+    the rewards read."""
     from datasets import Dataset
     samples = (tasks.load_gsm8k("train", config.dataset) if config.task == "gsm8k" else
                tasks.make_dataset(config.task, n=size, split="train", seed=0))
     rows = []
     for sample in samples:
-        row = dict(sample)
+        row = tasks.with_instruction(sample) if config.task_instruction else dict(sample)
         if config.chat_template:
-            row["prompt"] = [{"role": "user", "content": sample["prompt"]}]
+            row["prompt"] = [{"role": "user", "content": row["prompt"]}]
         rows.append(row)
     return Dataset.from_list(rows)
 

@@ -157,3 +157,139 @@ def test_the_download_free_recipe_pretrains_a_model_of_tens_of_millions_that_fit
     longest_prompt = max(len(tokenizer(s["prompt"])["input_ids"]) for s in tasks.make_dataset("countdown", 500))
     assert longest_prompt + config.max_completion_length <= pretrain.max_position_embeddings
     assert pretrain.max_new_tokens == config.max_completion_length
+
+
+# --------------------------------------------------------------------------- what the hub recipes' model reads
+
+# A chat template in the form of Qwen2.5-Instruct's (its default system message, ChatML turns;
+# the tool-calling branches left out), on the local character tokenizer: the recipes' prompt
+# path without a download.
+QWEN_CHAT_TEMPLATE = (
+    "{%- if messages[0]['role'] == 'system' %}"
+    "{{- '<|im_start|>system\\n' + messages[0]['content'] + '<|im_end|>\\n' }}"
+    "{%- else %}"
+    "{{- '<|im_start|>system\\nYou are Qwen, created by Alibaba Cloud. You are a helpful assistant.<|im_end|>\\n' }}"
+    "{%- endif %}"
+    "{%- for message in messages %}"
+    "{%- if not (message['role'] == 'system' and loop.first) %}"
+    "{{- '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>\\n' }}"
+    "{%- endif %}"
+    "{%- endfor %}"
+    "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}")
+
+
+def chat_tokenizer():
+    from grpo_edu.models import char_tokenizer
+    tokenizer = char_tokenizer(max_length=4096)
+    tokenizer.chat_template = QWEN_CHAT_TEMPLATE
+    return tokenizer
+
+
+def rollout_of(tokenizer, prompt: str, completions: list[str]):
+    """A Rollout of one prompt's G completions, each ended by <eos> (as an engine returns it)."""
+    from grpo_edu.rollout import Rollout
+    G = len(completions)
+    prompt_ids = torch.tensor([tokenizer(prompt, add_special_tokens=False)["input_ids"]] * G)
+    rows = [tokenizer(c, add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id] for c in completions]
+    S = max(map(len, rows))
+    completion_ids = torch.tensor([r + [tokenizer.pad_token_id] * (S - len(r)) for r in rows])
+    completion_mask = torch.tensor([[1] * len(r) + [0] * (S - len(r)) for r in rows]).bool()
+    return Rollout(prompt_ids, torch.ones_like(prompt_ids), completion_ids, completion_mask,
+                   torch.zeros(G, S), torch.ones(G, dtype=torch.bool), G)
+
+
+def recipe_with_local_data(name: str, tmp_path) -> TrainConfig:
+    """The recipe, its GSM8K read from a local folder in GSM8K's layout (two rows a split)."""
+    config, _ = load(name)
+    if config.task == "gsm8k":
+        import json
+        rows = [{"question": "Tom has 3 apples and buys 4 more. How many apples does he have?",
+                 "answer": "3 + 4 = 7\n#### 7"},
+                {"question": "A box holds 6 eggs. How many eggs are in 2 boxes?", "answer": "6 * 2 = 12\n#### 12"}]
+        for split in ("train", "test"):
+            (tmp_path / f"{split}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+        config = replace(config, dataset=str(tmp_path))
+    return replace(config, eval_size=2)
+
+
+@pytest.mark.parametrize("name", sorted(RECIPES))
+def test_a_completion_in_the_format_the_recipe_asks_for_scores_full_marks(name, tmp_path):
+    """The recipe's exact prompt path (grpo_edu.tasks.task_pools: the task's instruction, then the
+    chat template) asks for <think>...</think>\\boxed{...}; a completion written that way, scored
+    as the trainer scores a rollout (grpo_edu.scoring.score with the recipe's reward functions),
+    earns every reward's full weight; the ways of missing the format score less."""
+    from grpo_edu import tasks
+    from grpo_edu.scoring import score
+    from grpo_edu.user_functions import functions_from_config
+    config = recipe_with_local_data(name, tmp_path)
+    tokenizer = chat_tokenizer()
+    _, held_out = tasks.task_pools(config, tokenizer)
+    sample = held_out[0]
+    instruction = tasks.INSTRUCTIONS[config.task]
+    bare = sample["prompt"].split("<|im_start|>user\n", 1)[1].split(f"\n{instruction}\n<|im_end|>", 1)[0]
+    assert sample["prompt"] == (
+        "<|im_start|>system\nYou are Qwen, created by Alibaba Cloud. You are a helpful assistant.<|im_end|>\n"
+        f"<|im_start|>user\n{bare}\n{instruction}\n<|im_end|>\n<|im_start|>assistant\n")
+    assert "<think>" in instruction and "</think>" in instruction and "\\boxed{" in instruction
+    if config.task == "countdown":
+        assert re.fullmatch(r"Use \d+ \d+ \d+ to make \d+:", bare)
+        reasoning, answer = sample["solution"].split("</think>")[0].removeprefix("<think>"), \
+            sample["solution"].split("\\boxed{", 1)[1][:-1]
+    else:
+        reasoning, answer = "3 + 4 = 7", sample["answer"]
+    advantage_fn, reward_functions = functions_from_config(config)
+    full = sum(weight for _, weight in reward_functions.values())
+    completions = [
+        f"<think>{reasoning}</think>\\boxed{{{answer}}}",                          # as instructed
+        f"<think>\nLet me work it out.\n{reasoning}\n</think>\n\n\\boxed{{{answer}}}",  # with a chat model's spacing
+        f"{reasoning}, so the answer is {answer}.",                              # no tags, no box: what an
+        f"<think>{reasoning}</think>\\boxed{{{answer}}} I hope it helps.",         # untold model writes
+    ]
+    config = replace(config, num_generations=len(completions))
+    _, plan = score(config, [sample], rollout_of(tokenizer, sample["prompt"], completions), tokenizer,
+                    reward_functions, advantage_fn)
+    assert full == 1.5 and plan.rewards[0].tolist() == [full, full, 0.0, full - config.rewards["format"]]
+    assert plan.components["accuracy"][0].tolist() == [1.0, 1.0, 0.0, 1.0]
+    assert plan.components["format"][0].tolist() == [1.0, 1.0, 0.0, 0.0]
+
+
+def test_without_the_instruction_the_countdown_recipe_would_ask_for_nothing(tmp_path):
+    """The bare prompt (task_instruction = false) names neither the tags nor the box."""
+    from grpo_edu import tasks
+    config = replace(recipe_with_local_data("qwen2.5-0.5b-countdown-1x.toml", tmp_path), task_instruction=False)
+    _, held_out = tasks.task_pools(config, chat_tokenizer())
+    assert all("<think>" not in s["prompt"] and "boxed" not in s["prompt"] for s in held_out)
+
+
+# --------------------------------------------------------------------------- how long a completion may be
+
+# Reported, not measured here (huggingface/trl issue #6263): Qwen2.5-0.5B-Instruct's GSM8K
+# completions have a median of ~274 tokens, and ~57% were cut at max_completion_length = 256.
+REPORTED_MEDIAN, REPORTED_LIMIT, REPORTED_TRUNCATED = 274, 256, 0.57
+
+
+def lognormal_share_above(limit: int) -> float:
+    """The share of completions longer than `limit` under a log-normal through the two
+    reported figures (a rough model: the tail itself is not reported)."""
+    from statistics import NormalDist
+    z = NormalDist().inv_cdf(1 - REPORTED_TRUNCATED)
+    sigma = (math.log(REPORTED_LIMIT) - math.log(REPORTED_MEDIAN)) / z
+    return 1 - NormalDist().cdf((math.log(limit) - math.log(REPORTED_MEDIAN)) / sigma)
+
+
+@pytest.mark.parametrize("name", sorted(RECIPES))
+def test_every_hub_recipe_leaves_room_for_the_reported_completion_lengths(name):
+    """Each recipe's L is above the limit that cut most completions, leaves most of the reported
+    length distribution below it, and its comment says why, with what is reported and the doctor
+    that watches the share truncated."""
+    config, text = load(name)
+    L = config.max_completion_length
+    assert L > REPORTED_LIMIT and L >= 1.5 * REPORTED_MEDIAN and lognormal_share_above(L) < 0.1
+    comment = " ".join(" ".join(line.split("#", 1)[1].split()) for line in text.splitlines()
+                       if line.startswith("max_completion_length") or line.startswith(" " * 33 + "#"))
+    for said in ("median of ~274 tokens", "~57% of them", "cut at 256", "huggingface/trl issue #6263",
+                 "not measured here" if config.task == "gsm8k" else "none was measured here",
+                 "scores 0", "truncated_completions"):
+        assert said in comment, f"configs/{name}: the comment on max_completion_length lacks {said!r}"
+    if config.task == "gsm8k":
+        assert f"~{lognormal_share_above(L):.0%} above {L}" in comment

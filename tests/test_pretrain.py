@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from hang_guard import HANG_SECONDS
 
 from grpo_edu import pretrain, tasks
 from grpo_edu.evaluation import evaluate
@@ -162,3 +163,96 @@ def test_the_download_free_recipe_runs_end_to_end_at_toy_size_on_the_cpu(tmp_pat
         "checkpoint_every=0", "progress=false", "threads=1", f"output_dir={tmp_path / 'grpo'}"])
     history = trainer.train(recipe, log=lambda _: None).history
     assert [m["step"] for m in history] == [1, 2] and all(m["loss"] == m["loss"] for m in history)
+
+
+# --------------------------------------------------------------------------- where it writes, and when not
+
+def assets_fingerprint() -> dict[str, bytes]:
+    """Every file under the package's assets, by path, with its bytes."""
+    from grpo_edu.models import ASSETS
+    return {str(p.relative_to(ASSETS)): p.read_bytes() for p in sorted(ASSETS.rglob("*")) if p.is_file()}
+
+
+def run_script(*args, cwd):
+    import subprocess
+    import sys
+    return subprocess.run([sys.executable, "-m", "grpo_edu.pretrain", *args], capture_output=True, text=True,
+                          cwd=cwd, timeout=HANG_SECONDS)
+
+
+def test_no_command_writes_into_the_package_assets_unless_told_to(tmp_path):
+    """python -m grpo_edu.pretrain without --output-dir, or with one inside grpo_edu/assets/, stops
+    before training with one line naming the flag, and the committed policy is untouched."""
+    from grpo_edu.models import ASSETS, STARTING_POLICY
+    root = Path(__file__).resolve().parents[1]
+    before = assets_fingerprint()
+    done = run_script(cwd=root)
+    assert done.returncode == 2 and done.stdout == ""
+    assert done.stderr == ("python -m grpo_edu.pretrain: --output-dir: expected the folder to write the policy to, "
+                           "got none (the package's assets are written only when asked: to remake the committed "
+                           "starting policy, pass --output-dir grpo_edu/assets/tiny-arithmetic-start "
+                           "--write-package-assets)\n")
+    for inside in ("grpo_edu/assets/tiny-arithmetic-start", str(STARTING_POLICY), "grpo_edu/assets/new-policy",
+                   "grpo_edu/assets/../assets/tiny-arithmetic-start"):
+        done = run_script("--output-dir", inside, "--max-steps", "1", "--eval-every", "1", cwd=root)
+        assert done.returncode == 2 and len(done.stderr.splitlines()) == 1, inside
+        assert done.stderr.startswith(f"python -m grpo_edu.pretrain: --output-dir: expected a folder outside the "
+                                      f"package's assets (grpo_edu/assets), got {inside!r}: the committed starting "
+                                      f"policy there is what grpo-edu train"), inside
+        assert "pass --write-package-assets too to replace it on purpose" in done.stderr
+    assert assets_fingerprint() == before and not (ASSETS / "new-policy").exists()
+
+
+def test_the_package_assets_are_written_only_with_write_package_assets(monkeypatch, tmp_path):
+    """The flag is what allows it (a stand-in assets folder here: the real one stays as committed);
+    write_policy, the library's way in, refuses without it too."""
+    monkeypatch.setattr(pretrain, "ASSETS", tmp_path / "assets")
+    monkeypatch.setattr(pretrain, "evaluate", _scripted_evaluate([0.5, 0.5, 0.5]))
+    flags = [f"--{key.replace('_', '-')}={value}" for key, value in TINY.items()]
+    target = tmp_path / "assets" / "tiny-arithmetic-start"
+    config = PretrainConfig(output_dir=str(target), **TINY)
+    with pytest.raises(ValueError, match="expected a folder outside the package's assets"):
+        pretrain.write_policy(config, pretrain.pretrain(config, log=lambda _: None), "test", (0.0, 0.0))
+    assert not target.exists()
+    assert pretrain.main([*flags, f"--output-dir={target}", "--target-accuracy=0.4", "--write-package-assets"]) == 0
+    assert (target / "model.safetensors").is_file()
+    assert pretrain.parse_args([f"--output-dir={target}"]).write_package_assets is False
+
+
+def test_a_pretraining_run_that_misses_its_target_says_how_close_and_what_to_do(monkeypatch, tmp_path, capsys):
+    monkeypatch.setattr(pretrain, "evaluate", _scripted_evaluate([0.1, 0.25]))
+    flags = [f"--{key.replace('_', '-')}={value}" for key, value in TINY.items()]
+    output = tmp_path / "countdown-start"
+    assert pretrain.main([*flags, f"--output-dir={output}", "--target-accuracy=0.3"]) == 1
+    assert not output.exists()
+    error = capsys.readouterr().err
+    assert error == (
+        f"python -m grpo_edu.pretrain: --target-accuracy 0.3 not reached in --max-steps 10 steps: the best held-out "
+        f"greedy accuracy was 0.250 at step 10 (the last evaluations, step: accuracy: 5: 0.100, 10: 0.250); nothing "
+        f"was written to {output}. Run the same command with a larger --max-steps (if the accuracy was still rising) "
+        f"or a lower --target-accuracy (GRPO needs a policy that solves some problems, not most); a GRPO run that "
+        f"starts from {output} can begin only after this command ends with 'wrote {output}'\n")
+
+
+def test_the_download_free_recipes_grpo_step_says_when_step_1_has_not_written_its_model(tmp_path, monkeypatch):
+    """Step 2 of configs/gpu-countdown-from-scratch.toml before step 1 has succeeded: one line naming
+    the missing folder and the step that writes it, before anything loads (and never a hub lookup:
+    the folder is written "./runs/...")."""
+    import subprocess
+    import sys
+    root = Path(__file__).resolve().parents[1]
+    done = subprocess.run([sys.executable, "-m", "grpo_edu", "train", "--config",
+                           str(root / "configs" / "gpu-countdown-from-scratch.toml"), "--set",
+                           f"output_dir={tmp_path / 'run'}"], capture_output=True, text=True, cwd=tmp_path,
+                          timeout=HANG_SECONDS)
+    assert done.returncode == 2
+    assert done.stderr == (
+        "grpo-edu train: model: expected 'start', a saved model folder (holding config.json) or a hub id, got "
+        "'./runs/countdown-start': no such folder. If an earlier step writes it (a pretraining run, python -m "
+        "grpo_edu.pretrain --output-dir ./runs/countdown-start), run that step first: it writes the folder only "
+        "once it reaches its --target-accuracy\n")
+    from grpo_edu.models import load_policy
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(FileNotFoundError, match=r"'\./runs/countdown-start' is a local path, and no such folder "
+                                                r"exists \(if an earlier step writes it"):
+        load_policy("./runs/countdown-start")

@@ -1,6 +1,7 @@
 """Task generators: correct answers, disjoint splits, determinism, a safe parser."""
 
 import itertools
+import re
 from fractions import Fraction
 
 import pytest
@@ -167,3 +168,55 @@ def test_gsm8k_sample_asks_for_a_boxed_answer_and_is_scored_by_the_rewards():
     assert "\\boxed{" in sample["prompt"] and sample["answer"] == "12" and sample["task"] == "gsm8k"
     completion = "<think>3 cats, 4 legs each: 3 * 4 = 12</think>\\boxed{12}"
     assert accuracy_reward([completion], answer=[sample["answer"]], task=[sample["task"]]) == [1.0]
+
+
+# --------------------------------------------------------------------------- task_instruction
+
+def pools(**keys):
+    from grpo_edu.config import TrainConfig
+    return tasks.task_pools(TrainConfig(eval_size=8, **keys), tokenizer=None)
+
+
+@pytest.mark.parametrize("task", ["arithmetic", "countdown"])
+def test_task_instruction_adds_the_tasks_instruction_after_each_problem_and_changes_nothing_else(task):
+    bare_pool, bare_held_out = pools(task=task)
+    pool, held_out = pools(task=task, task_instruction=True)
+    for plain, told in zip(bare_pool + bare_held_out, pool + held_out):
+        assert told["prompt"] == f"{plain['prompt']}\n{tasks.INSTRUCTIONS[task]}\n"
+        assert {k: v for k, v in told.items() if k != "prompt"} == {k: v for k, v in plain.items() if k != "prompt"}
+    assert "\\boxed{" in tasks.INSTRUCTIONS[task] and "<think>" in tasks.INSTRUCTIONS[task]
+
+
+def test_the_cpu_tiers_prompts_stay_bare():
+    """The committed policy was pretrained on bare prompts, and the book's runs read them: the
+    default config adds nothing."""
+    from grpo_edu.config import DEFAULT_CONFIG, TrainConfig
+    assert TrainConfig.from_toml(DEFAULT_CONFIG).task_instruction is False
+    for task, bare in (("arithmetic", r"\d\d[+-]\d\d="), ("countdown", r"Use \d+ \d+ \d+ to make \d+:")):
+        pool, held_out = pools(task=task)
+        assert all(re.fullmatch(bare, s["prompt"]) for s in pool + held_out), task
+
+
+def test_a_gsm8k_prompt_carries_its_instruction_either_way():
+    sample = gsm8k_sample("How many legs do 3 cats have?", "3 * 4 = 12\n#### 12")
+    assert tasks.with_instruction(sample) == sample and sample["prompt"].endswith(f"{tasks.GSM8K_INSTRUCTION}\n")
+    with pytest.raises(ValueError, match=r"sample\['task'\] must be one of \('arithmetic', 'countdown', 'gsm8k'\), "
+                                         r"got 'sudoku'"):
+        tasks.with_instruction({"prompt": "?", "task": "sudoku"})
+
+
+def test_the_countdown_instruction_states_what_the_accuracy_reward_checks():
+    """Each number once, the expression (not its value) boxed, nothing after it: a completion that
+    breaks one of the three loses what the instruction says it would."""
+    sample = tasks.make_dataset("countdown", 1, "test")[0]
+    instruction = tasks.INSTRUCTIONS["countdown"]
+    assert "each of the numbers exactly once" in instruction and "(not its value)" in instruction
+    assert "nothing after it" in instruction
+    expression = last_boxed(sample["solution"])
+    columns = dict(answer=[sample["answer"]] * 4, task=["countdown"] * 4, numbers=[sample["numbers"]] * 4)
+    completions = [sample["solution"],                                        # as instructed
+                   sample["solution"].replace(f"{{{expression}}}", f"{{{sample['answer']}}}"),  # its value
+                   sample["solution"] + " Done.",                              # text after the answer
+                   sample["solution"].replace(f"{{{expression}}}", f"{{{expression}+0}}")]  # a number not given
+    assert accuracy_reward(completions, **columns) == [1.0, 0.0, 1.0, 0.0]
+    assert format_reward(completions) == [1.0, 1.0, 0.0, 1.0]
