@@ -547,7 +547,7 @@ for name, size in sizes.items():
           f"{run_total / 1e9:>12.1f}")
 
 # %% [markdown]
-# A 7B run writes 304.8 GB: checkpoint less often (`checkpoint_every`) or on a larger disk,
+# A 7B run writes 304.6 GB: checkpoint less often (`checkpoint_every`) or on a larger disk,
 # and keep the run directory off a small root partition. (What vLLM caches, compiled kernels,
 # comes on top; so does the hub's download cache, once per model.)
 
@@ -557,11 +557,12 @@ for name, size in sizes.items():
 # A finished `grpo-edu train` writes the trained policy into its run directory as `model/`: a
 # transformers folder (weights in float32 safetensors, config, tokenizer) with a README that
 # says how it was trained and how it scored. Here is one, from a short run of the CPU tier
-# (20 steps of `configs/cpu-tiny.toml`), and what it holds:
+# (100 steps of `configs/cpu-tiny.toml`, its learning rate decaying over those 100), and what
+# it holds:
 
 # %% tags=["platform-numerics"]
 run_dir = Path("../runs/chapter-9")
-short = TrainConfig.from_toml("../configs/cpu-tiny.toml", ["steps=20", "eval_every=20", "eval_size=64",
+short = TrainConfig.from_toml("../configs/cpu-tiny.toml", ["steps=100", "eval_every=100", "eval_size=64",
                                                            "checkpoint_every=0", "progress=false",
                                                            f"output_dir={json.dumps(str(run_dir))}"])
 result = trainer.train(short, log=lambda line: None)
@@ -583,9 +584,11 @@ from contextlib import redirect_stdout
 from io import StringIO
 
 from transformers import AutoModelForCausalLM
+from transformers.utils import logging as transformers_logging
 
 from grpo_edu import cli
 
+transformers_logging.disable_progress_bar()   # its "Loading weights" bar prints a rate that varies
 loaded = AutoModelForCausalLM.from_pretrained(run_dir / "model")
 same = all(torch.equal(tensor, result.policy.state_dict()[name]) for name, tensor in loaded.state_dict().items())
 print(f"AutoModelForCausalLM.from_pretrained('{run_dir}/model'): {sum(p.numel() for p in loaded.parameters()):,} "
@@ -623,7 +626,7 @@ for path in sorted(Path("../tests/real_vllm").glob("test_*.py")):
     print(f"{path.name}: {(ast.get_docstring(tree) or '').splitlines()[0]}")
     for node in tree.body:
         if isinstance(node, ast.FunctionDef) and node.name.startswith("test_"):
-            print(f"  {node.name.removeprefix('test_').replace('_', ' ')}")
+            print(f"  {node.name}")
 
 # %% [markdown]
 # vLLM's CPU build lacks two things the colocated engine uses: sleep mode, and loading
