@@ -636,6 +636,10 @@ def parse_args(argv=None):
 def main(argv=None) -> int:
     args = parse_args(argv)
     if args.report:
+        if not Path(args.out).is_file():
+            print(f"no results in {args.out} yet: no GPU measurement has been made (python benchmarks/gpu.py "
+                  f"--part PART on a CUDA GPU writes it, one part per command)")
+            return 0
         print(report(read_results(args.out)))
         return 0
     device = args.device or ("cpu" if args.toy else "cuda")

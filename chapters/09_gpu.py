@@ -678,3 +678,18 @@ print(f"configs/gpu-1x.toml, 20 steps: {run['steps_per_second']:.2f} steps/s (me
 # train Qwen2.5-0.5B-Instruct on GSM8K and on Countdown, on one GPU and on eight, with their
 # batch arithmetic in their comments; and `grpo_edu.trl_bridge` turns the same config into
 # TRL's GRPOTrainer for its production features.
+
+# %% [markdown]
+# ## Measured on a GPU
+#
+# `python benchmarks/gpu.py` measures the GPU tier on one CUDA GPU, one part per command (each
+# fits in 10 minutes): the tiny policy trained with `engine = "hf"` in bf16 until 90% held-out
+# accuracy; the download-free Countdown recipe end to end (pretraining, then GRPO); and
+# Qwen2.5-0.5B- and 1.5B-shaped models (their published dimensions, random weights) through full
+# GRPO steps: step time, tokens per second, and peak memory beside the memory table above. It
+# writes `benchmarks/results/gpu.json`, which this cell shows:
+
+# %%
+gpu_results = subprocess.run([sys.executable, "../benchmarks/gpu.py", "--report",
+                              "--out", "../benchmarks/results/gpu.json"], capture_output=True, text=True, check=True)
+print(gpu_results.stdout.replace(str(Path("..").resolve()) + "/", ""))
