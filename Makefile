@@ -49,7 +49,7 @@ train: setup
 	$(BIN)/grpo-edu train
 
 test: setup-test gpu-resolves browser
-	$(BIN)/python -m pytest
+	$(BIN)/python -m pytest --durations=30
 
 # tests/test_browser.py drives Debian's Chromium. Install it where it is missing and
 # apt-get can (root); elsewhere that test is skipped with the reason (CI, which sets

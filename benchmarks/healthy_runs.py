@@ -6,7 +6,8 @@ steps) for 3 seeds, diagnosed, and their metrics kept for the tests.
 Prints, per seed, the run's final accuracy, what the doctor finds (nothing, for a healthy run)
 and what the live doctor warned during training. Writes OUT/seed{N}.jsonl.gz (every step's
 metrics, the keys the doctor reads, floats as logged) and OUT/config.json:
-tests/test_diagnose.py runs the doctor on them. Takes 2.5 minutes a seed on a 2-core CPU.
+tests/test_diagnose.py runs the doctor on them. Takes about 6 minutes a seed on a 2-core CPU
+(the committed runs: the book's pinned kernels, `env $(python -m grpo_edu.numerics) ...`).
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from grpo_edu.trainer import train
 # What the detectors read (grpo_edu/diagnose.py), and the step number.
 KEPT = ("step", "reward/mean", "reward/accuracy", "zero_std_groups", "completion_length/mean", "kl",
         "sampler_gap/mean_abs", "ratio/min", "ratio/max", "optimizer_steps", "loss", "grad_norm",
-        "advantage/tie_spread", "skipped_update", "eval/greedy_accuracy")
+        "advantage/tie_spread", "skipped_update", "eval/greedy_accuracy", "truncated")
 
 
 def main() -> None:

@@ -402,7 +402,9 @@ figure = plot_compare({n: results[n] for n in EIGHT},
 #
 # So on this tier (float32, a policy of 341,376 parameters, AdamW) a large gradient is not
 # what breaks a run, and the doctor's `kl_runaway` and `zero_std_groups` are what catch the
-# broken ones (the live doctor warned during training, above). The climb the textbook
+# broken ones (the live doctor warned during training, above), with `truncated_completions`
+# beside them: a wrecked policy stops ending its completions, and a completion cut at the
+# length limit has no answer to score. The climb the textbook
 # describes, over a hundred steps after a few hundred, comes from causes these runs do not
 # have: a reward bug that pays without bound on outputs the policy then seeks, or a policy
 # escaping to extreme outputs under too little KL pressure over hundreds of steps. Its fixes
@@ -444,7 +446,8 @@ doctor("alias")
 # ## The doctor on every run
 #
 # Each lab run must trigger the detectors `grpo_edu/lab.py` expects of it, and no other
-# beyond the consequences named there (the countdown runs' KL); the healthy run, beta's runs,
+# beyond the consequences named there (the countdown runs' KL, the learning-rate runs'
+# truncated completions); the healthy run, beta's runs,
 # pi_old fixed and the rewards x100 none.
 
 # %% tags=["platform-numerics"]

@@ -52,6 +52,14 @@ GAP_MISALIGNED = 0.5
 GRAD_GROWTH = 10.0
 # KL to the reference, nats per token, late window (healthy 100 steps: 0.06-0.12).
 KL_HIGH = 1.0
+# Completions cut at max_completion_length without an end (the `truncated` metric): such a
+# completion has no final answer, so both rule-based rewards give it 0, whatever its
+# reasoning. Flagged: half of them or more (median over WINDOW consecutive steps), where
+# most of a group's rewards score the limit rather than the answers. In the lab (highest
+# 10-step median): the learning-rate runs, whose wrecked policy stops ending its completions,
+# 0.98-1.0; the arithmetic policy on Countdown 0.06-0.30; the temperature run 0. A reported
+# TRL run of Qwen2.5-0.5B-Instruct on GSM8K with a 256-token limit had ~57% truncated.
+TRUNCATED_SHARE = 0.5
 
 
 @dataclass(frozen=True)
@@ -211,6 +219,29 @@ def old_logprobs_refreshed(history, config):
                    "step per rollout)")
 
 
+def truncated_completions(history, config):
+    shares = series(history, "truncated")
+    for end in range(WINDOW, len(shares) + 1):   # the first WINDOW consecutive steps that cross
+        part = shares[end - WINDOW:end]
+        level = statistics.median(v for _, v in part)
+        if level >= TRUNCATED_SHARE:
+            break
+    else:
+        return None
+    first, last = part[0][0], part[-1][0]
+    lengths = [v for s, v in series(history, "completion_length/mean") if first <= s <= last]
+    length = f", median length {statistics.median(lengths):.1f} tokens" if lengths else ""
+    crossing = sum(1 for _, v in shares if v >= TRUNCATED_SHARE)
+    return Finding("truncated_completions", "most completions hit max_completion_length (truncated: no answer)",
+                   f"median share of completions cut at max_completion_length "
+                   f"({config.get('max_completion_length')} tokens) {level:.2f} over steps {first}-{last} "
+                   f"(threshold {TRUNCATED_SHARE}){length}; at or above the threshold at {crossing} of "
+                   f"{len(shares)} steps",
+                   "look at a few completions: reasoning that runs out of room needs a larger "
+                   "max_completion_length (a truncated completion scores 0); repeats or gibberish mean the "
+                   "policy has degenerated (see kl and the learning rate)")
+
+
 def grad_explosion(history, config):
     losses = series(history, "loss")
     broken = [s for s, v in losses if not math.isfinite(v)]
@@ -243,6 +274,7 @@ DETECTORS: dict[str, Callable[[list[dict], dict], Finding | None]] = {
     "misaligned_tokens": misaligned_tokens,
     "old_logprobs_refreshed": old_logprobs_refreshed,
     "grad_explosion": grad_explosion,
+    "truncated_completions": truncated_completions,
 }
 
 

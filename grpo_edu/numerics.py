@@ -48,9 +48,10 @@ PINNED_ENV = {
     "MKL_CBWR": "COMPATIBLE",
     "OPENBLAS_CORETYPE": "Haswell",
     # Every AVX-512 dispatch target a NumPy 1.26 to 2.x build may have (names it does not
-    # know are ignored), so its loops stop at X86_V3 (AVX2 + FMA).
-    "NPY_DISABLE_CPU_FEATURES": "X86_V4 AVX512F AVX512CD AVX512_KNL AVX512_KNM AVX512_SKX "
-                                "AVX512_CLX AVX512_CNL AVX512_ICL AVX512_SPR",
+    # know are ignored), so its loops stop at X86_V3 (AVX2 + FMA). Commas, not spaces (NumPy
+    # takes either): `env $(python -m grpo_edu.numerics)` splits the line at spaces.
+    "NPY_DISABLE_CPU_FEATURES": "X86_V4,AVX512F,AVX512CD,AVX512_KNL,AVX512_KNM,AVX512_SKX,"
+                                "AVX512_CLX,AVX512_CNL,AVX512_ICL,AVX512_SPR",
     "ONEDNN_MAX_CPU_ISA": "AVX2",
     "OMP_NUM_THREADS": "1",
     "MKL_NUM_THREADS": "1",

@@ -20,7 +20,7 @@ def healthy_step(step, **changes):
     m = {"step": step, "reward/mean": 0.7, "reward/accuracy": 0.4, "zero_std_groups": 0.25,
          "completion_length/mean": 9.0, "kl": 0.0 if step == 1 else 0.05, "sampler_gap/mean_abs": 2e-7,
          "ratio/min": 1.0, "ratio/max": 1.0, "optimizer_steps": 1.0, "loss": 0.01, "grad_norm": 0.8,
-         "advantage/tie_spread": 0.0}
+         "advantage/tie_spread": 0.0, "truncated": 0.0}
     m.update(changes)
     return m
 
@@ -119,6 +119,25 @@ def test_grad_explosion():
     assert "loss is not finite from step 5" in dx.grad_explosion(broken, CONFIG).evidence
 
 
+def test_truncated_completions_needs_half_or_more_over_a_window_of_steps():
+    assert found(steps(dx.WINDOW, truncated=dx.TRUNCATED_SHARE)) == {"truncated_completions"}
+    assert found(steps(dx.WINDOW, truncated=0.49)) == set()
+    assert found(steps(dx.WINDOW - 1, truncated=0.9)) == set()          # fewer steps than a window
+    history = steps(40)                                                 # a stretch in the middle of a run
+    for m in history[15:21]:
+        m["truncated"] = 0.8
+    finding = dx.truncated_completions(history, {**CONFIG, "max_completion_length": 256})
+    assert finding.evidence == ("median share of completions cut at max_completion_length (256 tokens) 0.80 over "
+                                "steps 12-21 (threshold 0.5), median length 9.0 tokens; at or above the threshold "
+                                "at 6 of 40 steps")
+    history[15]["truncated"] = 0.0                                      # 5 of 10 steps: not most of the window
+    assert found(history) == set()
+    live = dx.LiveDoctor(CONFIG)
+    history = steps(30, truncated=0.6)
+    warned = [(end, f.detector) for end in range(1, 31) for f in live.check(history[:end])]
+    assert warned == [(10, "truncated_completions")]                    # at the first check, once
+
+
 # ----------------------------------------------------------------- real runs
 
 @pytest.mark.parametrize("seed", [0, 1, 2])
@@ -128,6 +147,7 @@ def test_no_false_alarm_on_whole_healthy_runs(seed):
         history = [json.loads(line) for line in f]
     config = json.loads((HEALTHY / "config.json").read_text())
     assert len(history) == 1500 and config["steps"] == 1500
+    assert all(key in m for m in history for key in ("truncated", "completion_length/mean"))   # read, not absent
     assert dx.diagnose(history, config) == []
     live = dx.LiveDoctor(config)
     assert [finding for end in range(1, 1501) for finding in live.check(history[:end])] == []
@@ -221,4 +241,4 @@ def test_the_readme_lists_every_detector_with_its_threshold():
     assert set(dx.DETECTORS) <= set(rows)
     assert f"{dx.LENGTH_GROWTH}x" in rows["length_drift"] and f"{dx.GAP_MISMATCH} to {dx.GAP_MISALIGNED}" in rows[
         "sampler_mismatch"] and f"{dx.GRAD_GROWTH:g}x" in rows["grad_explosion"] and f"{dx.TIE_SPREAD:.0e}".replace("e-0", "e-") in rows[
-        "split_groups"]
+        "split_groups"] and f"{dx.TRUNCATED_SHARE:g}" in rows["truncated_completions"]

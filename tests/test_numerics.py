@@ -141,6 +141,20 @@ def test_pinned_env_overrides_the_shell():
     assert env["ATEN_CPU_CAPABILITY"] == "avx2" and env["MKL_CBWR"] == "COMPATIBLE" and env["HOME"] == "/x"
 
 
+@needs_pin
+def test_make_book_line_sets_every_pinned_variable_through_env():
+    """`make book` runs `env $(python -m grpo_edu.numerics) jupyter lab`: the shell splits the
+    printed line at spaces, so each word must be one KEY=VALUE (a value with a space in it
+    made env try to run "AVX512F")."""
+    script = (f'env $("{sys.executable}" -m grpo_edu.numerics) "{sys.executable}" -c '
+              f'"import json, os; print(json.dumps(dict(os.environ)))"')
+    result = subprocess.run(["bash", "-c", script], capture_output=True, text=True, cwd=ROOT,
+                            timeout=HANG_SECONDS)
+    assert result.returncode == 0, result.stderr
+    env = json.loads(result.stdout)
+    assert {key: env.get(key) for key in numerics.PINNED_ENV} == numerics.PINNED_ENV
+
+
 def test_book_run_refuses_to_build_without_the_pin(monkeypatch):
     monkeypatch.setattr(numerics, "unpinnable_reason", lambda: "this machine is Darwin arm64")
     chapter = book.load_book().chapters[0]

@@ -92,6 +92,18 @@ def test_keys_carried_in_another_form(tmp_path):
     assert (args.adam_beta1, args.adam_beta2) == (0.8, 0.95) and args.use_bias_correction_kl is False
 
 
+def test_the_trl_dataset_reads_the_prompts_our_trainer_reads():
+    """task_instruction and chat_template shape train_dataset's prompts as they shape
+    grpo_edu.tasks.task_pools': the instruction after the problem, inside a user message."""
+    from grpo_edu import tasks
+    plain = trl_bridge.train_dataset(TrainConfig(task="countdown"), size=3)
+    told = trl_bridge.train_dataset(TrainConfig(task="countdown", task_instruction=True, chat_template=True), size=3)
+    instruction = tasks.INSTRUCTIONS["countdown"]
+    assert [row["prompt"] for row in told] == [[{"role": "user", "content": f"{row['prompt']}\n{instruction}\n"}]
+                                               for row in plain]
+    assert [row["numbers"] for row in told] == [row["numbers"] for row in plain]
+
+
 @pytest.mark.parametrize("key, value, message", [
     ("advantage_std", "population", "TRL divides by the sample std"),
     ("kl_estimator", "k2", "TRL's KL term is k3"),
