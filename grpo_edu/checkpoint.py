@@ -39,7 +39,7 @@ from typing import Callable
 import torch
 from safetensors.torch import load_model, save_file
 
-from grpo_edu import distributed, durable
+from grpo_edu import distributed, durable, lagging
 
 KEEP = 2  # newest checkpoints kept
 STATE_KEYS = {"step", "optimizer", "scheduler", "torch_rng", "prompt_rng", "extra", "files"}
@@ -60,9 +60,10 @@ def _warn(message: str) -> None:
 # ------------------------------------------------------------------ writing
 
 def save(run_dir: Path, policy_weights: dict, reference_weights: dict | None, optimizer_state: dict,
-         scheduler, state, extra: dict) -> Path:
+         scheduler, state, extra: dict, in_flight: list[list[dict]] | None = None) -> Path:
     """Write run_dir/checkpoints/step-NNNNNN/ durably, point `latest` at it, and
-    prune; `extra` (JSON) comes back from `load_weights`.
+    prune; `extra` (JSON) comes back from `load_weights`. `in_flight`: with rollout_lag,
+    each rank's rollouts sampled ahead of their updates (grpo_edu.lagging.to_record).
 
     policy_weights, reference_weights: whole tensors by parameter name (each tied
     weight once), as grpo_edu.distributed.full_state_dict gives them; optimizer_state
@@ -87,7 +88,7 @@ def save(run_dir: Path, policy_weights: dict, reference_weights: dict | None, op
             save_file(weights, str(temporary / filename))
             durable.fsync(temporary / filename)
             files[filename] = _size_and_sha256(temporary / filename)
-    torch.save({
+    trainer_state = {
         "step": state.step,
         "optimizer": optimizer_state,
         "scheduler": scheduler.state_dict(),
@@ -95,7 +96,10 @@ def save(run_dir: Path, policy_weights: dict, reference_weights: dict | None, op
         "prompt_rng": state.prompt_rng.getstate(),
         "extra": json.dumps(extra),
         "files": files,
-    }, temporary / "trainer_state.pt")
+    }
+    if in_flight is not None:   # rollout_lag: the rollouts sampled ahead, per rank (lagging.to_record)
+        trainer_state["sampled"], trainer_state["in_flight"] = state.sampled, in_flight
+    torch.save(trainer_state, temporary / "trainer_state.pt")
     durable.fsync(temporary / "trainer_state.pt")
     durable.fsync(temporary)
 
@@ -116,9 +120,12 @@ def save_checkpoint(run_dir: Path, models, optimizer, scheduler, state, world, e
     policy_weights = distributed.full_state_dict(models.policy)
     reference_weights = None if models.reference is None else distributed.full_state_dict(models.reference)
     optimizer_state = distributed.full_optimizer_state(optimizer)
+    in_flight = None
+    if state.sampled > state.step:   # rollouts sampled ahead (the same count on every rank): each rank's
+        in_flight = world.gather_objects([[lagging.to_record(flight) for flight in state.in_flight]])
     if world.is_main:
         metrics_log.sync()
-        save(run_dir, policy_weights, reference_weights, optimizer_state, scheduler, state, extra)
+        save(run_dir, policy_weights, reference_weights, optimizer_state, scheduler, state, extra, in_flight)
     world.barrier()
 
 
@@ -262,6 +269,21 @@ def restore_rng(saved: dict, state) -> None:
     version, internal, gauss = saved["prompt_rng"]
     state.prompt_rng.setstate((version, tuple(internal), gauss))
     state.step = saved["step"]
+
+
+def restore_in_flight(saved: dict, state, world) -> None:
+    """The rollouts sampled ahead of their updates (rollout_lag), this rank's, as they were at
+    the checkpoint. They are each rank's share of the prompts, so a lagged run resumes on the
+    number of processes that wrote them."""
+    records = saved.get("in_flight")
+    if records is None:
+        state.sampled, state.in_flight = state.step, []
+        return
+    if len(records) != world.size:
+        raise CheckpointError(f"resume: the checkpoint's rollouts sampled ahead (rollout_lag) were written by "
+                              f"{len(records)} processes; resume on {len(records)}, got {world.size}")
+    state.sampled = saved["sampled"]
+    state.in_flight = [lagging.from_record(record, world.device) for record in records[world.rank]]
 
 
 def _load_weights(model, path: Path) -> None:

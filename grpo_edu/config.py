@@ -96,6 +96,10 @@ class TrainConfig:
                              "before the rollout's first update; with one optimizer step per rollout, that step's "
                              "own detached log-probs: ratio 1) or 'sampler' (the rollout engine's log-probs, for "
                              "every step: the ratio then also carries the sampler/trainer mismatch)", "recomputed")
+    rollout_lag: int = _doc("k: each update trains on the rollout the policy of k updates earlier sampled "
+                            "(asynchronous GRPO: the sampler runs k rollouts ahead of the trainer); pi_old is that "
+                            "sampling policy, so the ratio and the clip see the staleness. 0 = synchronous. Needs "
+                            "one optimizer step per rollout (num_iterations = num_mini_batches = 1)", 0)
     tis_cap: float = _doc("truncated importance sampling: weigh each token's loss by min(pi_old / pi_sampler, "
                           "tis_cap), correcting for a sampler that differs from the trainer (vLLM's kernels, bf16); "
                           "0 = off. Needs old_logprobs = 'recomputed' (with 'sampler' the ratio is 1)", 0.0)
@@ -163,6 +167,12 @@ class TrainConfig:
         if not 0.0 < self.vllm_gpu_memory_utilization < 1.0:
             raise ValueError(f"config key 'vllm_gpu_memory_utilization' must be in (0, 1), "
                              f"got {self.vllm_gpu_memory_utilization}")
+        if self.rollout_lag < 0:
+            raise ValueError(f"config key 'rollout_lag' must be >= 0 (0 = synchronous), got {self.rollout_lag}")
+        if self.rollout_lag and self.num_iterations * self.num_mini_batches != 1:
+            raise ValueError(f"config key 'rollout_lag' ({self.rollout_lag}) needs one optimizer step per rollout, "
+                             f"so that the lag counts optimizer steps: num_iterations = num_mini_batches = 1, got "
+                             f"num_iterations = {self.num_iterations}, num_mini_batches = {self.num_mini_batches}")
         if self.tis_cap < 0 or (self.tis_cap and self.tis_cap < 1):
             raise ValueError(f"config key 'tis_cap' must be 0 (off) or >= 1 (a cap below 1 would shrink every "
                              f"on-policy token's weight), got {self.tis_cap}")

@@ -8,6 +8,9 @@ One step, on each of N ranks (one process: N = 1; see grpo_edu.distributed):
     3. score every completion; gather the rewards (B, G) from all ranks  scoring.score
     4. group-relative advantages and the mini-batch plan, from all B     scoring.Plan
        prompts (the same on every rank); this rank's RolloutBatch
+       (steps 1-4: sample_ahead; with rollout_lag = k it keeps the next
+       k rollouts sampled ahead, each with pi_old = the policy that
+       sampled it: grpo_edu.lagging)
     5. log-probs of the frozen reference (for the KL term) and, when     update.add_logprobs
        the rollout feeds more than one optimizer step, of pi_old
     6. num_iterations passes over the rollout, in num_mini_batches       update.optimise
@@ -66,6 +69,7 @@ from grpo_edu.diagnose import LiveDoctor, diagnose
 from grpo_edu.distributed import World
 from grpo_edu.evaluation import held_out_metrics, samples_table
 from grpo_edu.faults import NONE as NO_FAULTS, Faults
+from grpo_edu.lagging import InFlight
 from grpo_edu.metrics import run_summary, step_metrics
 from grpo_edu.models import STARTING_POLICY, load_policy
 from grpo_edu.placement import Models, autocast, build_models, check_engine_settings, make_engine, make_reference
@@ -73,16 +77,20 @@ from grpo_edu.rollout import HFEngine, Rollout, SamplingParams
 from grpo_edu.runlog import MetricsLog
 from grpo_edu.scoring import score
 from grpo_edu.trained import save_trained
-from grpo_edu.update import add_logprobs, make_optimizer, optimise, optimise_refreshing_old
+from grpo_edu.update import (add_logprobs, make_optimizer, optimise, optimise_refreshing_old,
+                             sampling_policy_logprobs)
 from grpo_edu.user_functions import AdvantageFn, RewardFn, functions_from_config
 
 
 @dataclass
 class TrainState:
-    """What a checkpoint restores besides weights and optimizer: the step, the prompt RNG."""
+    """What a checkpoint restores besides weights and optimizer: the step (updates done), the
+    prompt RNG, and with rollout_lag the rollouts sampled ahead of their updates."""
 
     step: int = 0
     prompt_rng: random.Random = field(default_factory=random.Random)
+    sampled: int = 0                                            # rollouts sampled so far
+    in_flight: list[InFlight] = field(default_factory=list)     # sampled, not yet trained on, oldest first
 
 
 @dataclass
@@ -134,6 +142,24 @@ def roll_out(config: TrainConfig, samples: list[dict], tokenizer, engine, world:
             return engine.generate(prompts["input_ids"], prompts["attention_mask"], sampling)
 
 
+def sample_ahead(run: "Run") -> None:
+    """Steps 1-4 for every rollout not yet sampled that the sampler may be ahead by: through
+    the rollout of update step + rollout_lag (never past the run's last), each with the
+    current policy, scored, and (rollout_lag > 0) with its pi_old, the policy that sampled it."""
+    config, state, world = run.config, run.state, run.world
+    while state.sampled < min(state.step + config.rollout_lag + 1, config.steps):
+        t0 = time.perf_counter()
+        samples = sample_prompts(config, state, run.train_pool)
+        rollout = roll_out(config, samples, run.tokenizer, run.engine, world)
+        t1 = time.perf_counter()
+        batch, plan = score(config, samples, rollout, run.tokenizer, run.reward_functions, run.advantage_fn, world)
+        if config.rollout_lag:
+            batch = replace(batch, old_logp=sampling_policy_logprobs(config, run.models, batch, plan, world))
+        state.in_flight.append(InFlight(samples, batch, plan, sampled_at=state.step,
+                                        seconds={"rollout": t1 - t0, "scoring": time.perf_counter() - t1}))
+        state.sampled += 1
+
+
 # --------------------------------------------------------------------------- the loop
 
 def train(config: TrainConfig, *, advantage_fn: AdvantageFn | None = None,
@@ -163,22 +189,22 @@ def train(config: TrainConfig, *, advantage_fn: AdvantageFn | None = None,
     last = config.steps if stop_after is None else min(config.steps, stop_after)
     accuracy, started = run.start_accuracy, time.perf_counter()
     while state.step < last:
-        # -------------------------------------------------- 1-2: the prompts, their rollout
-        t0 = time.perf_counter()
-        samples = sample_prompts(config, state, run.train_pool)
-        rollout = roll_out(config, samples, run.tokenizer, run.engine, world)
-        # -------------------------------------------------- 3-5: rewards, advantages, log-probs
+        # -------------------------------------------------- 1-4: prompts, rollout, rewards, advantages
+        sample_ahead(run)   # this update's rollout; with rollout_lag = k, the next k too
+        flight = state.in_flight.pop(0)
+        # -------------------------------------------------- 5: log-probs
         t1 = time.perf_counter()
-        batch, plan = score(config, samples, rollout, run.tokenizer, run.reward_functions, run.advantage_fn, world)
-        batch = add_logprobs(config, models, batch, plan, world)
+        batch = add_logprobs(config, models, flight.batch, flight.plan, world)
         # -------------------------------------------------- 6: the update
         t2 = time.perf_counter()
-        update = run.optimise(config, models, run.optimizer, run.scheduler, batch, plan, world)
+        update = run.optimise(config, models, run.optimizer, run.scheduler, batch, flight.plan, world)
         t3 = time.perf_counter()
-        state.step += 1
+        staleness, state.step = state.step - flight.sampled_at, state.step + 1
         # -------------------------------------------------- 7: log, evaluate, re-sync, checkpoint
-        seconds = {"rollout": t1 - t0, "scoring": t2 - t1, "update": t3 - t2}
-        metrics = {"step": state.step, **step_metrics(plan, batch, update, seconds, world)}
+        seconds = {**flight.seconds, "scoring": flight.seconds["scoring"] + t2 - t1, "update": t3 - t2}
+        metrics = {"step": state.step, **step_metrics(flight.plan, batch, update, seconds, world)}
+        if config.rollout_lag:
+            metrics["staleness"] = float(staleness)   # updates between the sampling policy and this one
         if config.ref_sync_steps and state.step % config.ref_sync_steps == 0:
             models.sync_reference()
         if state.step % config.eval_every == 0 or state.step == config.steps:
@@ -267,6 +293,7 @@ def set_up(config: TrainConfig, *, advantage_fn: AdvantageFn | None, reward_func
         distributed.load_full_optimizer_state(optimizer, saved["optimizer"])
         scheduler.load_state_dict(saved["scheduler"])
         checkpoint.restore_rng(saved, state)
+        checkpoint.restore_in_flight(saved, state, world)
         extra = json.loads(saved["extra"])
         run.start_accuracy, run.elapsed = extra["start_accuracy"], extra["seconds"]
         run.history = metrics_log.restore(up_to_step=state.step, log=say) if world.is_main else []

@@ -35,7 +35,7 @@ CARRIED = {
 }
 # Keys with the one value TRL reproduces: any other is refused (_refusals).
 ONLY_VALUE = {"advantage_std": "sample", "advantage_fn": "", "kl_estimator": "k3", "filter_zero_std_groups": False,
-              "old_logprobs": "recomputed"}
+              "old_logprobs": "recomputed", "rollout_lag": 0}
 
 # Keys carried in another form, or that do not change what is computed: what becomes of them.
 NOT_CARRIED = {
@@ -86,6 +86,9 @@ def _refusals(config: TrainConfig) -> list[str]:
         out.append("filter_zero_std_groups = true: TRL has no zero-std filter")
     if config.old_logprobs != "recomputed":
         out.append(f"old_logprobs = {config.old_logprobs!r}: TRL recomputes pi_old")
+    if config.rollout_lag:
+        out.append(f"rollout_lag = {config.rollout_lag}: TRL's GRPOTrainer samples each rollout with the current "
+                   f"policy (its experimental AsyncGRPOTrainer, with max_staleness, is another trainer)")
     if config.tis_cap and config.engine != "vllm":
         out.append(f"tis_cap = {config.tis_cap} with engine = {config.engine!r}: TRL corrects vLLM's samples only")
     if config.parallelism == "fsdp2" and int(os.environ.get("WORLD_SIZE", "1")) > 1:

@@ -3,6 +3,8 @@ then the update.
 
     add_logprobs        the reference's log-probs (beta > 0) and pi_old's (when the rollout
                         feeds more than one optimizer step) into the RolloutBatch
+    sampling_policy_logprobs
+                        pi_old of a rollout sampled ahead (rollout_lag), when it is sampled
     micro_batches       a mini-batch's rows on this rank, as MicroBatch slices of the batch
                         (Padding where another rank holds more)
     micro_batch_loss    one micro-batch's part of the mini-batch's loss
@@ -133,10 +135,10 @@ def add_logprobs(config: TrainConfig, models: Models, batch: RolloutBatch, plan:
     # with one mini-batch per pass the clip would never act. With one optimizer step
     # the policy has not moved before its forward, so that forward's detached
     # log-probs serve (ratio 1, as TRL), at no extra cost.
-    old_logp = None
-    if config.old_logprobs == "sampler":
+    old_logp = batch.old_logp   # set already for a rollout sampled ahead (rollout_lag)
+    if old_logp is None and config.old_logprobs == "sampler":
         old_logp = batch.sampler_logp
-    elif optimizer_steps_per_rollout(config) > 1:
+    elif old_logp is None and optimizer_steps_per_rollout(config) > 1:
         old_logp = policy_logprobs(config, models, batch, plan, world)
     ref_logp = None
     if models.reference_logprobs is not None:
@@ -151,6 +153,18 @@ def add_logprobs(config: TrainConfig, models: Models, batch: RolloutBatch, plan:
             # backward that usually follows); the reference has none: back to 1/N shards.
             models.reference_logprobs.reshard()
     return replace(batch, old_logp=old_logp, ref_logp=ref_logp)
+
+
+@torch.no_grad()
+def sampling_policy_logprobs(config: TrainConfig, models: Models, batch: RolloutBatch, plan: Plan,
+                             world: World = World()) -> torch.Tensor:
+    """pi_old of a rollout sampled ahead of its update (rollout_lag > 0), taken when it is
+    sampled, while the policy is still the one that sampled it: the sampler's log-probs
+    (old_logprobs = "sampler") or the trainer's forward (policy_logprobs). The updates in
+    between move the policy; the ratio of the update that trains on it then sees them."""
+    if config.old_logprobs == "sampler":
+        return batch.sampler_logp
+    return policy_logprobs(config, models, batch, plan, world)
 
 
 @torch.no_grad()

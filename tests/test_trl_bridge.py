@@ -109,6 +109,7 @@ def test_the_trl_dataset_reads_the_prompts_our_trainer_reads():
     ("kl_estimator", "k2", "TRL's KL term is k3"),
     ("filter_zero_std_groups", True, "TRL has no zero-std filter"),
     ("old_logprobs", "sampler", "TRL recomputes pi_old"),
+    ("rollout_lag", 2, "rollout_lag = 2: TRL.s GRPOTrainer samples each rollout with the current policy"),
     ("tis_cap", 2.0, "TRL corrects vLLM's samples only"),
     ("advantage_fn", "my_solutions:advantages", "TRL computes its own advantages"),
 ])
