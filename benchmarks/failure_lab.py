@@ -3,7 +3,7 @@ length-bias experiment the chapter only cites.
 
     .venv/bin/python benchmarks/failure_lab.py [--seeds 0 1 2] [--runs NAME ...]
     .venv/bin/python benchmarks/failure_lab.py --length [--steps 200]
-    .venv/bin/python benchmarks/failure_lab.py --mystery grpo_edu/exercises/data/ch07_mystery.json
+    .venv/bin/python benchmarks/failure_lab.py --mystery grpo_edu/exercises/data/ch07_mystery.json [--configs-only]
 
 The first form trains each lab run (grpo_edu/lab.py) for each seed and prints what the doctor
 finds against what the run expects: how robust each detector's threshold is beyond the
@@ -56,19 +56,26 @@ def length_experiment(steps: int) -> None:
               f"length_drift: {'found' if drift else 'not found'}", flush=True)
 
 
-def mystery(path: str) -> None:
+def mystery(path: str, configs_only: bool = False) -> None:
+    """Exercise 7.1's data: each mystery run's metrics and config.json. configs_only: keep the
+    file's metrics and write the configs again (after a config key is added: the runs'
+    metrics do not change, their config.json gains the key)."""
     import json
 
     from grpo_edu.exercises import ch07
     runs, configs = {}, {}
+    if configs_only:
+        with open(path) as f:
+            runs = json.load(f)["metrics"]
     with tempfile.TemporaryDirectory() as root:
         for run, name in ch07._answer_key().items():   # the checker's letters for the runs
-            result = lab.run(name, root, seed=1)
-            runs[run] = [{k: round(m[k], 6) for k in ch07.KEYS if k in m} for m in result.history]
+            if not configs_only:
+                result = lab.run(name, root, seed=1)
+                runs[run] = [{k: round(m[k], 6) for k in ch07.KEYS if k in m} for m in result.history]
+                print(f"{run}: {name}, {len(result.history)} steps", flush=True)
             # the run's config.json, what the doctor reads beside the metrics; its output_dir
             # named by the letter (the lab's directory would name the failure)
             configs[run] = lab.RUNS[name].config(f"runs/mystery-{run[-1]}", seed=1).to_dict()
-            print(f"{run}: {name}, {len(result.history)} steps", flush=True)
     with open(path, "w") as f:
         json.dump({"metrics": runs, "configs": configs}, f, separators=(",", ":"))
         f.write("\n")
@@ -81,9 +88,11 @@ def main() -> None:
     parser.add_argument("--length", action="store_true", help="the length-bias experiment instead")
     parser.add_argument("--steps", type=int, default=200, help="--length: training steps per run")
     parser.add_argument("--mystery", metavar="PATH", help="write exercise 7.1's mystery runs to PATH instead")
+    parser.add_argument("--configs-only", action="store_true",
+                        help="with --mystery: keep PATH's metrics, write the runs' configs again")
     args = parser.parse_args()
     if args.mystery:
-        mystery(args.mystery)
+        mystery(args.mystery, args.configs_only)
     elif args.length:
         length_experiment(args.steps)
     else:

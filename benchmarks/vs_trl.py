@@ -94,7 +94,7 @@ def stamped(module, name: str, starts: list[float]):
 
 
 def run_grpo_edu(seed: int, args, held_out, engine: str = "fused") -> Run:
-    from grpo_edu import trainer
+    from grpo_edu import metrics, trainer
     from grpo_edu.config import TrainConfig
     from grpo_edu.evaluation import evaluate
 
