@@ -28,9 +28,10 @@ TOLERANCE = 1e-5
 COMMON = ["steps=5", "eval_size=32", "eval_every=1000", "checkpoint_every=0", "progress=false", "threads=1"]
 # Each loss type with settings that make the ranks' shares differ: pi_old recomputed over two
 # passes, two mini-batches, the zero-std filter (uneven groups per rank: padding micro-batches),
-# micro-batches smaller than a rank's share; and the reference re-synced, pi_old the sampler's.
+# micro-batches smaller than a rank's share; and the reference re-synced with rollouts that lag
+# (each rank's in-flight share, its pi_old taken at sampling), pi_old the sampler's.
 BY_LOSS = {
-    "grpo": ["ref_sync_steps=2"],
+    "grpo": ["ref_sync_steps=2", "rollout_lag=2"],
     "bnpo": ["num_iterations=2"],
     "dr_grpo": ["num_mini_batches=2", "filter_zero_std_groups=true", "micro_batch_size=24"],
     "dapo": ["num_mini_batches=2", "micro_batch_size=16", "beta=0.0", "old_logprobs=sampler"],
