@@ -11,6 +11,7 @@ within bf16's rounding).
 import json
 import sys
 
+from hang_guard import HANG_SECONDS
 from real_vllm_support import BIN, environment, run
 
 PROMPTS = ["47+85=", "61-19=", "12+99=", "80-45=", "33+33=", "90-11="]
@@ -32,7 +33,6 @@ for prompt in prompts:
     hf.append(out[0, ids["input_ids"].shape[1]:].tolist())
 from vllm import LLM, SamplingParams
 from vllm.inputs import TokensPrompt
-from hang_guard import HANG_SECONDS
 llm = LLM(model=folder, dtype="float32", seed=0, enable_prefix_caching=False)
 params = SamplingParams(temperature=0.0, max_tokens=16, stop_token_ids=[tokenizer.eos_token_id])
 outputs = llm.generate([TokensPrompt(prompt_token_ids=tokenizer(p, add_special_tokens=False)["input_ids"])
