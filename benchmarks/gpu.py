@@ -309,6 +309,7 @@ def grpo_recipe(part: str, args, device: str, previous: dict, recipe: str, overr
             curve.append({"step": metrics["step"], "accuracy": accuracy, "seconds": round(now(), 2)})
             say(f"step {metrics['step']}: held-out greedy accuracy {accuracy:.4f} at {now():.1f} s")
             if target is not None and accuracy >= target:
+                seen["reached_at"] = curve[-1]["seconds"]   # the evaluation that reached it, not the stop after
                 raise Stop("target")
 
     def on_checkpoint():
@@ -330,8 +331,8 @@ def grpo_recipe(part: str, args, device: str, previous: dict, recipe: str, overr
         "target": {"held_out_greedy_accuracy": target} if target is not None else
                   {"recipe_end_steps": config.steps},
         "reached": reached if target is not None else seen["step"] >= config.steps,
-        "time_to_target_s": round(now(), 2) if (reached or (target is None and seen["step"] >= config.steps))
-        else None,
+        "time_to_target_s": seen["reached_at"] if reached else
+        round(now(), 2) if target is None and seen["step"] >= config.steps else None,
         "steps_to_target": seen["step"] if reached else None,
         "optimizer_steps_per_rollout": K,
         "start_accuracy": seen["start"], "final_accuracy": accuracies[-1] if accuracies else None,
