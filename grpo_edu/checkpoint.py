@@ -98,7 +98,7 @@ def save(run_dir: Path, policy_weights: dict, reference_weights: dict | None, op
         "files": files,
     }
     if in_flight is not None:   # rollout_lag: the rollouts sampled ahead, per rank (lagging.to_record)
-        trainer_state["sampled"], trainer_state["in_flight"] = state.sampled, in_flight
+        trainer_state["in_flight"] = in_flight
     torch.save(trainer_state, temporary / "trainer_state.pt")
     durable.fsync(temporary / "trainer_state.pt")
     durable.fsync(temporary)
@@ -121,7 +121,7 @@ def save_checkpoint(run_dir: Path, models, optimizer, scheduler, state, world, e
     reference_weights = None if models.reference is None else distributed.full_state_dict(models.reference)
     optimizer_state = distributed.full_optimizer_state(optimizer)
     in_flight = None
-    if state.sampled > state.step:   # rollouts sampled ahead (the same count on every rank): each rank's
+    if state.in_flight:   # rollouts sampled ahead (the same count on every rank): each rank's
         in_flight = world.gather_objects([[lagging.to_record(flight) for flight in state.in_flight]])
     if world.is_main:
         metrics_log.sync()
@@ -277,12 +277,11 @@ def restore_in_flight(saved: dict, state, world) -> None:
     number of processes that wrote them."""
     records = saved.get("in_flight")
     if records is None:
-        state.sampled, state.in_flight = state.step, []
+        state.in_flight = []
         return
     if len(records) != world.size:
         raise CheckpointError(f"resume: the checkpoint's rollouts sampled ahead (rollout_lag) were written by "
                               f"{len(records)} processes; resume on {len(records)}, got {world.size}")
-    state.sampled = saved["sampled"]
     state.in_flight = [lagging.from_record(record, world.device) for record in records[world.rank]]
 
 

@@ -5,8 +5,9 @@ weights it last received while the trainer updates, so the rollout an update tra
 sampled by the policy of k updates earlier. Here the sampler runs k rollouts ahead of the
 update (grpo_edu.trainer.sample_ahead): before update t it has sampled the rollouts of updates
 t .. t + k, each with the policy of its time, and update t trains on the oldest. Each rollout
-is scored when it is sampled, and its pi_old is the policy that sampled it (grpo_edu.update.
-sampling_policy_logprobs), so the ratio and the clip see the staleness. The first k updates
+is scored when it is sampled, and its pi_old is the policy that sampled it (its log-probs
+taken then: the trainer's forward, or with old_logprobs = "sampler" the sampler's own), so
+the ratio and the clip see the staleness. The first k updates
 train on rollouts of the starting policy (staleness 0, 1, ..., k - 1), every later one on a
 rollout exactly k updates old; the last k updates sample nothing, so a run samples `steps`
 rollouts, the same prompts in the same order as the synchronous run.

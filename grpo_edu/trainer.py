@@ -77,8 +77,7 @@ from grpo_edu.rollout import HFEngine, Rollout, SamplingParams
 from grpo_edu.runlog import MetricsLog
 from grpo_edu.scoring import score
 from grpo_edu.trained import save_trained
-from grpo_edu.update import (add_logprobs, make_optimizer, optimise, optimise_refreshing_old,
-                             sampling_policy_logprobs)
+from grpo_edu.update import add_logprobs, make_optimizer, optimise, optimise_refreshing_old, policy_logprobs
 from grpo_edu.user_functions import AdvantageFn, RewardFn, functions_from_config
 
 
@@ -89,7 +88,6 @@ class TrainState:
 
     step: int = 0
     prompt_rng: random.Random = field(default_factory=random.Random)
-    sampled: int = 0                                            # rollouts sampled so far
     in_flight: list[InFlight] = field(default_factory=list)     # sampled, not yet trained on, oldest first
 
 
@@ -147,17 +145,16 @@ def sample_ahead(run: "Run") -> None:
     the rollout of update step + rollout_lag (never past the run's last), each with the
     current policy, scored, and (rollout_lag > 0) with its pi_old, the policy that sampled it."""
     config, state, world = run.config, run.state, run.world
-    while state.sampled < min(state.step + config.rollout_lag + 1, config.steps):
+    while len(state.in_flight) <= config.rollout_lag and state.step + len(state.in_flight) < config.steps:
         t0 = time.perf_counter()
         samples = sample_prompts(config, state, run.train_pool)
         rollout = roll_out(config, samples, run.tokenizer, run.engine, world)
         t1 = time.perf_counter()
         batch, plan = score(config, samples, rollout, run.tokenizer, run.reward_functions, run.advantage_fn, world)
-        if config.rollout_lag:
-            batch = replace(batch, old_logp=sampling_policy_logprobs(config, run.models, batch, plan, world))
+        if config.rollout_lag and config.old_logprobs == "recomputed":   # the policy that sampled, now
+            batch = replace(batch, old_logp=policy_logprobs(config, run.models, batch, plan, world))
         state.in_flight.append(InFlight(samples, batch, plan, sampled_at=state.step,
                                         seconds={"rollout": t1 - t0, "scoring": time.perf_counter() - t1}))
-        state.sampled += 1
 
 
 # --------------------------------------------------------------------------- the loop

@@ -3,8 +3,6 @@ then the update.
 
     add_logprobs        the reference's log-probs (beta > 0) and pi_old's (when the rollout
                         feeds more than one optimizer step) into the RolloutBatch
-    sampling_policy_logprobs
-                        pi_old of a rollout sampled ahead (rollout_lag), when it is sampled
     micro_batches       a mini-batch's rows on this rank, as MicroBatch slices of the batch
                         (Padding where another rank holds more)
     micro_batch_loss    one micro-batch's part of the mini-batch's loss
@@ -153,18 +151,6 @@ def add_logprobs(config: TrainConfig, models: Models, batch: RolloutBatch, plan:
             # backward that usually follows); the reference has none: back to 1/N shards.
             models.reference_logprobs.reshard()
     return replace(batch, old_logp=old_logp, ref_logp=ref_logp)
-
-
-@torch.no_grad()
-def sampling_policy_logprobs(config: TrainConfig, models: Models, batch: RolloutBatch, plan: Plan,
-                             world: World = World()) -> torch.Tensor:
-    """pi_old of a rollout sampled ahead of its update (rollout_lag > 0), taken when it is
-    sampled, while the policy is still the one that sampled it: the sampler's log-probs
-    (old_logprobs = "sampler") or the trainer's forward (policy_logprobs). The updates in
-    between move the policy; the ratio of the update that trains on it then sees them."""
-    if config.old_logprobs == "sampler":
-        return batch.sampler_logp
-    return policy_logprobs(config, models, batch, plan, world)
 
 
 @torch.no_grad()

@@ -84,7 +84,7 @@ def test_a_lagged_run_resumes_bitwise_with_its_rollouts_in_flight(tmp_path):
     full = run(tmp_path, "full", rollout_lag=2)
     interrupted = run(tmp_path, "resumed", rollout_lag=2, stop_after=3)
     saved = torch.load(tmp_path / "resumed" / "checkpoints" / "step-000003" / "trainer_state.pt", weights_only=True)
-    assert saved["sampled"] == 5 and len(saved["in_flight"]) == 1 and len(saved["in_flight"][0]) == 2
+    assert saved["step"] + len(saved["in_flight"][0]) == 5 and len(saved["in_flight"]) == 1 and len(saved["in_flight"][0]) == 2
     assert [r["sampled_at"] for r in saved["in_flight"][0]] == [1, 2]
     assert interrupted.summary["steps"] == 3
     resumed = run(tmp_path, "resumed", rollout_lag=2, resume=tmp_path / "resumed")
