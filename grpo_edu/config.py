@@ -9,6 +9,7 @@ an error that names the key.
 from __future__ import annotations
 
 import dataclasses
+import math
 import types
 import typing
 from dataclasses import dataclass, field
@@ -94,15 +95,27 @@ class TrainConfig:
                                  "groups (an empty one, after filter_zero_std_groups, skips its step)", 1)
     old_logprobs: str = _doc("pi_old, what the clipped ratio compares with: 'recomputed' (the trainer's forward "
                              "before the rollout's first update; with one optimizer step per rollout, that step's "
-                             "own detached log-probs: ratio 1) or 'sampler' (the rollout engine's log-probs, for "
-                             "every step: the ratio then also carries the sampler/trainer mismatch)", "recomputed")
+                             "own detached log-probs: ratio 1; under rollout_lag, the forward of the policy that "
+                             "sampled, taken when it sampled), 'sampler' (the rollout engine's log-probs, for "
+                             "every step: the ratio then also carries the sampler/trainer mismatch) or 'proximal' "
+                             "(under rollout_lag, the policy at the update: the clip no longer sees the staleness, "
+                             "which is left to tis_cap or is_mask; without lag, the same as 'recomputed')",
+                             "recomputed")
     rollout_lag: int = _doc("k: each update trains on the rollout the policy of k updates earlier sampled "
                             "(asynchronous GRPO: the sampler runs k rollouts ahead of the trainer); pi_old is that "
-                            "sampling policy, so the ratio and the clip see the staleness. 0 = synchronous. Needs "
+                            "sampling policy (old_logprobs = 'recomputed' or 'sampler'), so the ratio and the clip "
+                            "see the staleness, or the policy at the update ('proximal'). 0 = synchronous. Needs "
                             "one optimizer step per rollout (num_iterations = num_mini_batches = 1)", 0)
     tis_cap: float = _doc("truncated importance sampling: weigh each token's loss by min(pi_old / pi_sampler, "
-                          "tis_cap), correcting for a sampler that differs from the trainer (vLLM's kernels, bf16); "
-                          "0 = off. Needs old_logprobs = 'recomputed' (with 'sampler' the ratio is 1)", 0.0)
+                          "tis_cap), correcting for a sampler that differs from pi_old (vLLM's kernels, bf16; an "
+                          "older policy under rollout_lag with old_logprobs = 'proximal'); 0 = off. Not with "
+                          "old_logprobs = 'sampler' (the ratio is 1 there)", 0.0)
+    is_mask: str = _doc("masked importance sampling, the other correction (grpo_edu.offpolicy): 'token' zeroes "
+                        "the policy term of each token whose r = pi_old / pi_sampler leaves is_mask_band and "
+                        "weighs the rest by r (IcePop; TRL's token_mask), 'sequence' zeroes whole responses whose "
+                        "geometric-mean r leaves it; 'none' = off. Not with tis_cap, nor old_logprobs = 'sampler'",
+                        "none")
+    is_mask_band: list = _doc("[low, high]: the band of r that is_mask keeps, 0 <= low < 1 < high", [0.5, 2.0])
     micro_batch_size: int = _doc("completions per forward/backward (gradient accumulation below a mini-batch)", 128)
 
     # --- the GRPO loss
@@ -111,6 +124,10 @@ class TrainConfig:
     kl_estimator: str = _doc("'k1', 'k2' or 'k3'", "k3")
     epsilon: float = _doc("clip range below: ratio >= 1 - epsilon", 0.2)
     epsilon_high: float = _doc("clip range above: ratio <= 1 + epsilon_high (DAPO clip-higher: 0.28)", 0.2)
+    ratio_cap: float = _doc("0: the clipped surrogate (epsilon, epsilon_high); c > 1: the capped surrogate "
+                            "without the clip, -sg(min(ratio, c)) A log pi (CISPO; prime-rl's loss family): a "
+                            "token far off-policy keeps a gradient weighed at most c, where the clip gives it "
+                            "none (epsilon and epsilon_high then unused)", 0.0)
     importance_sampling_level: str = _doc("'token' (GRPO) or 'sequence' (GSPO)", "token")
     advantage_fn: str = _doc("your own advantage function, 'module:function' or 'path/file.py:function' (rewards "
                              "(B, G) -> advantages (B, G); checked at start-up on a probe batch); '' = the built-in "
@@ -137,9 +154,9 @@ class TrainConfig:
     def validate(self) -> None:
         choices = {"task": ("arithmetic", "countdown", "gsm8k"), "lr_schedule": ("constant", "linear", "cosine"),
                    "loss_type": ("grpo", "bnpo", "dr_grpo", "dapo"), "kl_estimator": ("k1", "k2", "k3"),
-                   "importance_sampling_level": ("token", "sequence"),
+                   "importance_sampling_level": ("token", "sequence"), "is_mask": ("none", "token", "sequence"),
                    "advantage_scale": ("group", "batch", "none"), "advantage_std": ("population", "sample"),
-                   "old_logprobs": ("recomputed", "sampler"), "device": ("auto", "cpu", "cuda"),
+                   "old_logprobs": ("recomputed", "sampler", "proximal"), "device": ("auto", "cpu", "cuda"),
                    "parallelism": ("ddp", "fsdp2"), "precision": ("auto", "fp32", "bf16"),
                    "engine": ("fused", "hf", "vllm"), "vllm_mode": ("colocate", "server")}
         for key, allowed in choices.items():
@@ -177,9 +194,24 @@ class TrainConfig:
             raise ValueError(f"config key 'tis_cap' must be 0 (off) or >= 1 (a cap below 1 would shrink every "
                              f"on-policy token's weight), got {self.tis_cap}")
         if self.tis_cap and self.old_logprobs == "sampler":
-            raise ValueError("config key 'tis_cap' needs old_logprobs = 'recomputed': with old_logprobs = 'sampler' "
-                             "pi_old is the sampler and every weight would be 1 (the clipped ratio already "
-                             "carries the mismatch)")
+            raise ValueError("config key 'tis_cap' needs old_logprobs = 'recomputed' or 'proximal': with "
+                             "old_logprobs = 'sampler' pi_old is the sampler and every weight would be 1 (the "
+                             "clipped ratio already carries the mismatch)")
+        band = self.is_mask_band
+        if (not isinstance(band, list) or len(band) != 2 or not all(isinstance(x, (int, float))
+                                                                    and not isinstance(x, bool) for x in band)
+                or not (0 <= band[0] < 1 < band[1] < math.inf)):
+            raise ValueError(f"config key 'is_mask_band' must be [low, high] with 0 <= low < 1 < high (finite), "
+                             f"got {band!r}")
+        if self.is_mask != "none" and self.tis_cap:
+            raise ValueError(f"config keys 'is_mask' ({self.is_mask!r}) and 'tis_cap' ({self.tis_cap}) are two "
+                             f"corrections of the same weight: set one (is_mask = 'none' or tis_cap = 0)")
+        if self.is_mask != "none" and self.old_logprobs == "sampler":
+            raise ValueError(f"config key 'is_mask' ({self.is_mask!r}) needs old_logprobs = 'recomputed' or "
+                             f"'proximal': with old_logprobs = 'sampler' pi_old is the sampler and every ratio is 1")
+        if self.ratio_cap != 0 and not 1 < self.ratio_cap < math.inf:
+            raise ValueError(f"config key 'ratio_cap' must be 0 (the clipped surrogate) or a finite number > 1, "
+                             f"got {self.ratio_cap}")
         if self.advantage_fn and (self.advantage_scale, self.advantage_std) != ("group", "population"):
             raise ValueError(f"config key 'advantage_scale' / 'advantage_std' ({self.advantage_scale!r}, "
                              f"{self.advantage_std!r}) set with advantage_fn = {self.advantage_fn!r}: they configure "

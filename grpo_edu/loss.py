@@ -8,9 +8,14 @@ columns) or already flat (N, S) with N = B * G; advantages are (B, G) or (N,).
     rho_i    = exp(mean_t (logp_t - old_logp_t))         one ratio per response (GSPO)
     policy_t = -min(rho A, clip(rho, 1 - epsilon, 1 + epsilon_high) A)
     kl_t     = k1 | k2 | k3 estimate of KL(pi || pi_ref) at token t
-    w_t      = min(exp(old_logp_t - sampler_logp_t), tis_cap)   truncated importance
-               sampling (tis_cap > 0; else 1): a constant, on the policy term only (as TRL)
+    w_t      = a constant weight for a sampler whose log-probs are not pi_old's: truncated
+               (tis_cap) or masked (is_mask) importance sampling, grpo_edu.offpolicy; else 1
     l_t      = w_t policy_t + beta kl_t
+
+With ratio_cap = c > 0 the clipped surrogate gives way to a capped one, without the clip
+(CISPO; prime-rl's loss family): policy_t = -sg(min(rho, c)) A log pi_t, sg a constant. Its
+gradient is -min(rho, c) A grad log pi: at rho = 1 the clipped surrogate's, and a token far
+off-policy keeps a capped gradient where the clip would give it none.
 
 and the loss is a weighted sum of l_t over the real tokens; the loss types differ
 only in the weight a token gets (`aggregation_weights`; `aggregate` applies the
@@ -40,10 +45,13 @@ mini-batch holds it; grpo_edu.scoring passes that same mean as num_items.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Callable
 
 import torch
+
+from grpo_edu.offpolicy import Correction, correction_weights
 
 LOSS_TYPES = ("grpo", "bnpo", "dr_grpo", "dapo")
 IMPORTANCE_SAMPLING_LEVELS = ("token", "sequence")
@@ -129,7 +137,9 @@ def grpo_loss(logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Tens
               importance_sampling_level: str = "token", kl_estimator: str = "k3",
               num_items: float | torch.Tensor | None = None,
               num_completions: int | None = None,
-              sampler_logp: torch.Tensor | None = None, tis_cap: float = 0.0) -> GRPOLossOutput:
+              sampler_logp: torch.Tensor | None = None, tis_cap: float = 0.0,
+              is_mask: str = "none", is_mask_band: tuple[float, float] = (0.5, 2.0),
+              ratio_cap: float = 0.0) -> GRPOLossOutput:
     """The clipped GRPO surrogate + KL penalty, aggregated per `loss_type`.
 
     logp: (B, G, S) or (N, S) log pi_theta at the sampled tokens (requires grad)
@@ -153,13 +163,16 @@ def grpo_loss(logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Tens
     num_completions: grpo's and dr_grpo's n, the whole batch's completion count;
         defaults to this batch's (see the module docstring: parts of a batch
         pass the whole batch's counts, and their losses add up)
-    sampler_logp, tis_cap: truncated importance sampling. The tokens were drawn by a
-        sampler whose log-probs (sampler_logp, same shape as logp) differ from pi_old's (vLLM's
-        kernels, bf16); each token's policy term is weighed by the constant
-        w = min(pi_old / pi_sampler, tis_cap), which makes the expected gradient pi_old's
-        again (up to the truncation). As TRL 1.16 (vllm_importance_sampling_mode =
-        "token_truncate"), the KL term is not weighed. tis_cap = 0: off (w = 1), bitwise the
-        loss without it. per_token_loss includes w.
+    sampler_logp, tis_cap, is_mask, is_mask_band: importance sampling. The tokens were drawn
+        by a sampler whose log-probs (sampler_logp, same shape as logp) differ from pi_old's
+        (vLLM's kernels, bf16; an older policy under rollout_lag); each token's policy term is
+        weighed by a constant w from r = pi_old / pi_sampler (grpo_edu.offpolicy): truncated,
+        w = min(r, tis_cap), which makes the expected gradient pi_old's again (up to the
+        truncation), or masked outside is_mask_band, per token or per response. As TRL 1.16
+        (vllm_importance_sampling_mode), the KL term is not weighed. tis_cap = 0 and
+        is_mask = "none": off (w = 1), bitwise the loss without them. per_token_loss includes w.
+    ratio_cap: 0 (the clipped surrogate) or c > 1: the capped surrogate (module docstring),
+        epsilon and epsilon_high then unused; TRL 1.16's loss_type "cispo" with epsilon_high = c
     Metrics (floats):
       loss, policy_loss       the loss, and the loss without the KL term
       kl                      token mean of the KL estimate to pi_ref (when ref_logp is given)
@@ -173,14 +186,17 @@ def grpo_loss(logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Tens
       zero_std_groups         fraction of prompts whose G advantages are all equal
                               ((B, G) advantages only)
       completion_length/mean  real tokens per completion
-      tis/mean, tis/truncated (tis_cap > 0) the token mean of the truncated weight w (TRL's
-                              sampling/importance_sampling_ratio/mean), and the fraction of
-                              tokens whose weight the cap truncated
+      ratio/capped            (ratio_cap > 0, instead of the clip_ratio metrics) the share
+                              of ratios above the cap
+      is_ratio/..., tis/...,  (a correction on) r's mean, min and max; the mean of w and the
+      is/masked               share of tokens truncated (tis_cap) or masked (is_mask)
     Token means run over real tokens; at the sequence level the ratio and clip
     metrics run over completions, as in TRL.
     """
     _check_options(loss_type, importance_sampling_level, kl_estimator, epsilon, epsilon_high, beta)
-    _check_tis(tis_cap, sampler_logp, logp)
+    correction = Correction(tis_cap, is_mask, tuple(is_mask_band))
+    _check_sampler(correction, sampler_logp, logp)
+    _check_ratio_cap(ratio_cap)
     epsilon_high = epsilon if epsilon_high is None else epsilon_high
     mask = _check_inputs(logp, old_logp, advantages, completion_mask, ref_logp, beta)
     shape = logp.shape
@@ -204,16 +220,19 @@ def grpo_loss(logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Tens
     else:
         log_ratio_used = log_ratio
     ratio = torch.exp(log_ratio_used)
-    clipped_ratio = torch.clamp(ratio, 1.0 - epsilon, 1.0 + epsilon_high)
-    # Where the clipped term is smaller, it wins the min, and it is constant in
-    # theta: those tokens get no policy gradient (the trust region).
-    policy = -torch.minimum(ratio * A, clipped_ratio * A) * weights_mask   # (N, S)
-    tis = None
-    if tis_cap:
-        sampler = sampler_logp.reshape(-1, S).to(dtype).masked_fill(~mask, 0.0)
-        raw = torch.exp(old_logp.detach() - sampler)                       # 1 on padding
-        tis = (torch.clamp(raw, max=tis_cap), raw > tis_cap)
-        policy = policy * tis[0]
+    if ratio_cap:
+        # The weight is a constant; the gradient flows through log pi only.
+        policy = -torch.clamp(ratio, max=ratio_cap).detach() * A * logp * weights_mask
+    else:
+        clipped_ratio = torch.clamp(ratio, 1.0 - epsilon, 1.0 + epsilon_high)
+        # Where the clipped term is smaller, it wins the min, and it is constant in
+        # theta: those tokens get no policy gradient (the trust region).
+        policy = -torch.minimum(ratio * A, clipped_ratio * A) * weights_mask   # (N, S)
+    correction_metrics = {}
+    if correction.active:
+        sampler = sampler_logp.reshape(-1, S).to(dtype)
+        w, correction_metrics = correction_weights(old_logp, sampler, mask, correction)
+        policy = policy * w
 
     kl = None
     if ref_logp is not None:
@@ -228,11 +247,8 @@ def grpo_loss(logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Tens
     with torch.no_grad():
         metrics = _metrics(loss, policy, kl, ratio, log_ratio, A, weights_mask, lengths, epsilon,
                            epsilon_high, loss_type, options, advantages,
-                           sequence_level=importance_sampling_level == "sequence")
-        if tis is not None:
-            real = mask
-            metrics["tis/mean"] = tis[0][real].mean().item()
-            metrics["tis/truncated"] = tis[1][real].to(dtype).mean().item()
+                           sequence_level=importance_sampling_level == "sequence", ratio_cap=ratio_cap)
+        metrics.update(correction_metrics)
     return GRPOLossOutput(
         loss=loss, metrics=metrics, per_token_loss=per_token_loss.reshape(shape),
         token_weights=aggregation_weights(mask, loss_type, **options).to(dtype).reshape(shape),
@@ -242,7 +258,7 @@ def grpo_loss(logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Tens
 # --------------------------------------------------------------------------- metrics
 
 def _metrics(loss, policy, kl, ratio, log_ratio, A, mask, lengths, epsilon, epsilon_high,
-             loss_type, options, advantages, sequence_level) -> dict[str, float]:
+             loss_type, options, advantages, sequence_level, ratio_cap=0.0) -> dict[str, float]:
     def token_mean(x):
         return ((x * mask).sum() / mask.sum()).item()
 
@@ -260,15 +276,20 @@ def _metrics(loss, policy, kl, ratio, log_ratio, A, mask, lengths, epsilon, epsi
         "loss": loss.item(),
         "policy_loss": aggregate(policy, mask, loss_type, **options).item(),
         "approx_kl": token_mean(token_ratio - 1.0 - log_ratio),
-        "clip_ratio/low": unit_mean(low.to(mask.dtype)),
-        "clip_ratio/high": unit_mean(high.to(mask.dtype)),
-        "clip_ratio/region": unit_mean((low | high).to(mask.dtype)),
+    }
+    if ratio_cap:   # no clip: the clip_ratio metrics would describe a trust region that is not there
+        metrics["ratio/capped"] = unit_mean((ratio > ratio_cap).to(mask.dtype))
+    else:
+        metrics.update({"clip_ratio/low": unit_mean(low.to(mask.dtype)),
+                        "clip_ratio/high": unit_mean(high.to(mask.dtype)),
+                        "clip_ratio/region": unit_mean((low | high).to(mask.dtype))})
+    metrics.update({
         "ratio/mean": real_ratios.mean().item(),
         "ratio/min": real_ratios.min().item(),
         "ratio/max": real_ratios.max().item(),
         "advantage/std": A.std(correction=0).item(),
         "completion_length/mean": lengths.mean().item(),
-    }
+    })
     if kl is not None:
         metrics["kl"] = token_mean(kl)
     if advantages.ndim == 2:
@@ -318,13 +339,19 @@ def _count(value, default: int, name: str) -> int:
     return value
 
 
-def _check_tis(tis_cap, sampler_logp, logp) -> None:
-    if isinstance(tis_cap, bool) or not isinstance(tis_cap, (int, float)) or (tis_cap != 0 and not tis_cap >= 1):
-        raise ValueError(f"tis_cap must be 0 (off) or >= 1 (the largest importance weight), got {tis_cap!r}")
-    if tis_cap and sampler_logp is None:
-        raise ValueError("tis_cap > 0 needs sampler_logp (the sampler's log-probs of the sampled tokens), got None")
+def _check_sampler(correction: Correction, sampler_logp, logp) -> None:
+    if correction.active and sampler_logp is None:
+        what = f"tis_cap > 0" if correction.tis_cap else f"is_mask = {correction.is_mask!r}"
+        raise ValueError(f"{what} needs sampler_logp (the sampler's log-probs of the sampled tokens), got None")
     if sampler_logp is not None and sampler_logp.shape != logp.shape:
         raise ValueError(f"sampler_logp must have logp's shape {tuple(logp.shape)}, got {tuple(sampler_logp.shape)}")
+
+
+def _check_ratio_cap(ratio_cap) -> None:
+    if isinstance(ratio_cap, bool) or not isinstance(ratio_cap, (int, float)) or not (
+            ratio_cap == 0 or (ratio_cap > 1 and math.isfinite(ratio_cap))):
+        raise ValueError(f"ratio_cap must be 0 (the clipped surrogate) or a finite number > 1 (the capped "
+                         f"surrogate's largest weight), got {ratio_cap!r}")
 
 
 def _check_options(loss_type, level, kl_estimator, epsilon, epsilon_high, beta) -> None:

@@ -33,7 +33,8 @@ METRIC_REDUCTION = {
     "loss": "sum", "policy_loss": "sum", "approx_kl": "token", "kl": "token",
     "clip_ratio/low": "unit", "clip_ratio/high": "unit", "clip_ratio/region": "unit",
     "ratio/mean": "unit", "ratio/min": "min", "ratio/max": "max",
-    "tis/mean": "token", "tis/truncated": "token",
+    "ratio/capped": "unit", "tis/mean": "token", "tis/truncated": "token", "is/masked": "token",
+    "is_ratio/mean": "token", "is_ratio/min": "min", "is_ratio/max": "max",
 }
 
 

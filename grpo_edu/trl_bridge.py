@@ -35,7 +35,7 @@ CARRIED = {
 }
 # Keys with the one value TRL reproduces: any other is refused (_refusals).
 ONLY_VALUE = {"advantage_std": "sample", "advantage_fn": "", "kl_estimator": "k3", "filter_zero_std_groups": False,
-              "old_logprobs": "recomputed", "rollout_lag": 0}
+              "rollout_lag": 0}
 
 # Keys carried in another form, or that do not change what is computed: what becomes of them.
 NOT_CARRIED = {
@@ -67,6 +67,11 @@ NOT_CARRIED = {
     "ref_sync_steps": "sync_ref_model, ref_model_sync_steps (in optimizer steps), ref_model_mixup_alpha = 1",
     "advantage_scale": "scale_rewards",
     "tis_cap": "vllm_importance_sampling_correction with mode 'token_truncate' and clip_max",
+    "is_mask": "'token': vllm_importance_sampling_correction with mode 'token_mask' ('sequence' is refused: TRL's "
+               "sequence_mask takes the product of the ratios and weighs by it, a different loss)",
+    "is_mask_band": "vllm_importance_sampling_clip_min and _clip_max (with is_mask = 'token')",
+    "ratio_cap": "loss_type 'cispo' with epsilon_high = ratio_cap (cispo aggregates as dapo: needs loss_type = 'dapo')",
+    "old_logprobs": "TRL recomputes pi_old: 'recomputed', and 'proximal' (the same without rollout_lag)",
     "checkpoint_every": "save_steps (in optimizer steps)",
     "output_dir": "output_dir",
 }
@@ -84,13 +89,21 @@ def _refusals(config: TrainConfig) -> list[str]:
         out.append(f"kl_estimator = {config.kl_estimator!r}: TRL's KL term is k3")
     if config.filter_zero_std_groups:
         out.append("filter_zero_std_groups = true: TRL has no zero-std filter")
-    if config.old_logprobs != "recomputed":
+    if config.old_logprobs == "sampler":
         out.append(f"old_logprobs = {config.old_logprobs!r}: TRL recomputes pi_old")
     if config.rollout_lag:
         out.append(f"rollout_lag = {config.rollout_lag}: TRL's GRPOTrainer samples each rollout with the current "
                    f"policy (its experimental AsyncGRPOTrainer, with max_staleness, is another trainer)")
     if config.tis_cap and config.engine != "vllm":
         out.append(f"tis_cap = {config.tis_cap} with engine = {config.engine!r}: TRL corrects vLLM's samples only")
+    if config.is_mask == "sequence":
+        out.append("is_mask = 'sequence': TRL's sequence_mask takes the product of the ratios, not their geometric "
+                   "mean, and weighs each kept response by it")
+    elif config.is_mask != "none" and config.engine != "vllm":
+        out.append(f"is_mask = {config.is_mask!r} with engine = {config.engine!r}: TRL corrects vLLM's samples only")
+    if config.ratio_cap and (config.loss_type != "dapo" or config.importance_sampling_level != "token"):
+        out.append(f"ratio_cap = {config.ratio_cap} with loss_type = {config.loss_type!r}, importance_sampling_level "
+                   f"= {config.importance_sampling_level!r}: TRL's capped loss (cispo) aggregates as dapo, per token")
     if config.parallelism == "fsdp2" and int(os.environ.get("WORLD_SIZE", "1")) > 1:
         out.append("parallelism = 'fsdp2': launch TRL with an accelerate FSDP2 config instead "
                    "(accelerate launch --config_file ...)")
@@ -147,9 +160,13 @@ def grpo_config(config: TrainConfig, output_dir: str | None = None, **overrides)
         arguments.update(vllm_mode=config.vllm_mode, vllm_gpu_memory_utilization=config.vllm_gpu_memory_utilization,
                          vllm_enable_sleep_mode=config.vllm_sleep_mode,
                          vllm_server_base_url=config.vllm_server_url if config.vllm_mode == "server" else None,
-                         vllm_importance_sampling_correction=bool(config.tis_cap),
-                         vllm_importance_sampling_mode="token_truncate",
-                         vllm_importance_sampling_clip_max=config.tis_cap or None)
+                         vllm_importance_sampling_correction=bool(config.tis_cap) or config.is_mask != "none",
+                         vllm_importance_sampling_mode="token_truncate" if config.tis_cap else "token_mask",
+                         vllm_importance_sampling_clip_min=config.is_mask_band[0] if config.is_mask != "none" else None,
+                         vllm_importance_sampling_clip_max=config.tis_cap or (
+                             config.is_mask_band[1] if config.is_mask != "none" else None))
+    if config.ratio_cap:
+        arguments.update(loss_type="cispo", epsilon_high=config.ratio_cap)
     arguments.pop("generation_batch_size")   # TRL derives it from the three above; passing both is an error
     arguments.update(overrides)
     return GRPOConfig(**arguments)

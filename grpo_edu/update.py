@@ -185,6 +185,9 @@ class LossSettings:
     importance_sampling_level: str
     kl_estimator: str
     tis_cap: float
+    is_mask: str
+    is_mask_band: list
+    ratio_cap: float
 
     @classmethod
     def of(cls, config: TrainConfig) -> "LossSettings":
@@ -206,7 +209,8 @@ def micro_batch_loss(settings: LossSettings, model, part: MicroBatch, totals: Lo
                     importance_sampling_level=settings.importance_sampling_level,
                     kl_estimator=settings.kl_estimator, num_items=totals.num_items,
                     num_completions=totals.num_completions,
-                    sampler_logp=part.sampler_logp, tis_cap=settings.tis_cap)
+                    sampler_logp=part.sampler_logp, tis_cap=settings.tis_cap, is_mask=settings.is_mask,
+                    is_mask_band=settings.is_mask_band, ratio_cap=settings.ratio_cap)
     return out.loss, out, logp.detach()
 
 
@@ -305,7 +309,7 @@ def _gap_before_update(config: TrainConfig, batch: RolloutBatch, plan: Plan,
     the recomputed pi_old (every trained row) when there is one, else the first optimizer
     step's own forward (its mini-batch's rows; with one step per rollout, every trained row).
     Either way, groups dropped by filter_zero_std_groups are not included."""
-    if config.old_logprobs == "recomputed" and batch.old_logp is not None:
+    if config.old_logprobs != "sampler" and batch.old_logp is not None:
         keep = plan.trained_groups()
         if not keep.any():
             return sampler_gap(batch.sampler_logp[:0], batch.sampler_logp[:0], batch.completion_mask[:0], world)

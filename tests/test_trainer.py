@@ -48,7 +48,7 @@ def test_every_field_is_documented_in_help():
     ("loss_type=ppo", "config key 'loss_type' must be one of"),
     ("progress=1", "config key 'progress' must be true or false, got 1"),
     ("num_generations=1", "config key 'num_generations' must be >= 2"),
-    ("old_logprobs=vllm", r"config key 'old_logprobs' must be one of \('recomputed', 'sampler'\), got 'vllm'"),
+    ("old_logprobs=vllm", r"config key 'old_logprobs' must be one of \('recomputed', 'sampler', 'proximal'\), got 'vllm'"),
     ("warmup_steps=-1", "config key 'warmup_steps' must be >= 0, got -1"),
     ("rewards.format=x", "config key 'rewards.\\*' must be a float, got 'x'"),
     ("beta", "--set expects key=value, got 'beta'"),

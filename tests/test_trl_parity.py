@@ -167,3 +167,81 @@ def test_bias_corrected_kl_differs(trainers):
         trainer.args.use_bias_correction_kl = False
     ours = grpo_loss(logp, old, advantages, completion_mask, ref_logp=ref, beta=1.0)
     assert abs(ours.loss.item() - theirs.item()) > 1e-4
+
+
+# --------------------------------------------------------------------------- the corrections
+
+def trl_is_ratio(old, sampler, completion_mask, mode, clip_min, clip_max):
+    """TRL 1.16's importance_sampling_ratio (GRPOTrainer._generate_and_score_completions, the
+    token modes): exp(old - sampler) on real tokens, clamped to [clip_min, clip_max]
+    ('token_truncate') or set to 0 outside it ('token_mask')."""
+    ratio = torch.exp((old - sampler) * completion_mask)
+    if mode == "token_truncate":
+        return torch.clamp(ratio, min=clip_min, max=clip_max)
+    low = clip_min if clip_min is not None else -float("inf")
+    return ratio.masked_fill((ratio < low) | (ratio > clip_max), 0.0)
+
+
+CORRECTIONS = [
+    dict(loss_type="grpo", beta=0.04, mode="token_truncate", ours=dict(tis_cap=1.2)),
+    dict(loss_type="dapo", beta=0.0, mode="token_truncate", ours=dict(tis_cap=1.5)),
+    dict(loss_type="grpo", beta=0.04, mode="token_mask", ours=dict(is_mask="token", is_mask_band=(0.8, 1.25))),
+    dict(loss_type="bnpo", beta=0.0, mode="token_mask", ours=dict(is_mask="token", is_mask_band=(0.5, 1.1))),
+]
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+@pytest.mark.parametrize("case", CORRECTIONS, ids=lambda c: f"{c['loss_type']}-{c['mode']}")
+def test_the_samplers_corrections_match_trl(trainers, case, seed):
+    """tis_cap and is_mask = 'token' against TRL's vllm_importance_sampling_mode 'token_truncate'
+    and 'token_mask': TRL's _compute_loss with its vLLM correction switched on (use_vllm set on
+    the built trainer: the loss reads nothing else of vLLM)."""
+    config = {k: case[k] for k in ("loss_type", "beta")}
+    trainer = trainers(config)
+    logp, old, ref, advantages, completion_mask = fabricated_batch(seed)
+    sampler = (old + 0.3 * torch.randn(old.shape, generator=torch.Generator().manual_seed(seed + 50))).clamp(max=0)
+    clip_min, clip_max = (None, case["ours"]["tis_cap"]) if "tis_cap" in case["ours"] else case["ours"]["is_mask_band"]
+    num_items = int(completion_mask.sum())
+    is_ratio = trl_is_ratio(old, sampler, completion_mask, case["mode"], clip_min, clip_max)
+    trainer.use_vllm = trainer.vllm_importance_sampling_correction = True
+    try:
+        theirs_logp = logp.clone().requires_grad_()
+        N = logp.shape[0]
+        trainer._get_per_token_logps_and_entropies = lambda *a, **k: (theirs_logp, torch.zeros_like(logp), None)
+        inputs = {
+            "prompt_ids": torch.ones(N, P, dtype=torch.long), "prompt_mask": torch.ones(N, P, dtype=torch.long),
+            "completion_ids": torch.ones(N, S, dtype=torch.long), "completion_mask": completion_mask,
+            "advantages": advantages, "old_per_token_logps": old, "ref_per_token_logps": ref,
+            "num_items_in_batch": torch.tensor(float(num_items)), "importance_sampling_ratio": is_ratio,
+        }
+        theirs = trainer._compute_loss(trainer.model, inputs)
+    finally:
+        trainer.use_vllm = trainer.vllm_importance_sampling_correction = False
+    (their_grad,) = torch.autograd.grad(theirs, theirs_logp)
+    ours_logp = logp.clone().requires_grad_()
+    ours = grpo_loss(ours_logp, old, advantages, completion_mask, ref_logp=ref, num_items=num_items,
+                     max_completion_length=MAX_COMPLETION_LENGTH, sampler_logp=sampler, **config, **case["ours"])
+    (our_grad,) = torch.autograd.grad(ours.loss, ours_logp)
+    assert abs(ours.loss.item() - theirs.item()) <= 1e-6, (ours.loss.item(), theirs.item())
+    torch.testing.assert_close(our_grad, their_grad, rtol=0, atol=1e-6)
+    corrected = (is_ratio != 1.0) & completion_mask.bool()
+    assert corrected.any() and their_grad.abs().max() > 1e-3   # the correction acts, the gradient is not 0
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_the_capped_surrogate_matches_trls_cispo(trainers, seed):
+    """ratio_cap = c with loss_type 'dapo' is TRL's loss_type 'cispo' with epsilon_high = c."""
+    cap = 1.1
+    trainer = trainers(dict(loss_type="cispo", beta=0.04, epsilon_high=cap))
+    logp, old, ref, advantages, completion_mask = fabricated_batch(seed)
+    num_items = int(completion_mask.sum()) + 3
+    theirs_logp = logp.clone().requires_grad_()
+    theirs, _ = trl_loss(trainer, theirs_logp, old, ref, advantages, completion_mask, num_items)
+    (their_grad,) = torch.autograd.grad(theirs, theirs_logp)
+    ours_logp = logp.clone().requires_grad_()
+    ours = grpo_loss(ours_logp, old, advantages, completion_mask, ref_logp=ref, beta=0.04, loss_type="dapo",
+                     num_items=num_items, ratio_cap=cap)
+    (our_grad,) = torch.autograd.grad(ours.loss, ours_logp)
+    assert abs(ours.loss.item() - theirs.item()) <= 1e-6, (ours.loss.item(), theirs.item())
+    torch.testing.assert_close(our_grad, their_grad, rtol=0, atol=1e-6)
+    assert 0 < ours.metrics["ratio/capped"] < 1

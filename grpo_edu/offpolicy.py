@@ -1,0 +1,98 @@
+"""Corrections for tokens a sampler drew with log-probs other than pi_old's.
+
+The sampler's log-probs mu (the rollout's sampler_logp) differ from pi_old's for two reasons:
+its numerics (vLLM's kernels, bf16: chapter 9) and its age (rollout_lag = k with
+old_logprobs = "proximal": the sampler had the weights of k updates ago, pi_old is the policy
+now: chapter 10). With r_t = pi_old(o_t) / mu(o_t) per token, each correction is a constant
+weight w_t on the token's policy term (the KL term is not weighed, as in TRL 1.16):
+
+    tis_cap = c             w = min(r, c)                        TRL's "token_truncate"
+    is_mask = "token"       w = r if low <= r <= high, else 0    TRL's "token_mask" (IcePop)
+    is_mask = "sequence"    w = 1 if low <= g <= high, else 0    for every token of the response,
+                            g = exp(mean_t log r_t) its geometric-mean ratio (TRL's
+                            "sequence_mask" takes the product instead and weighs by it: a
+                            different loss, so the TRL bridge refuses it)
+
+(low, high) = is_mask_band. A masked token still counts in the loss type's normaliser, as in
+TRL: it adds 0 to the sum, and the other tokens keep their weight.
+
+    Correction            the three settings, from the config keys of the same names
+    correction_weights    w (N, S) and its metrics
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+IS_MASKS = ("none", "token", "sequence")
+
+
+@dataclass(frozen=True)
+class Correction:
+    """How the loss corrects for the sampler: at most one of tis_cap (> 0) and is_mask (not "none")."""
+
+    tis_cap: float = 0.0
+    is_mask: str = "none"
+    is_mask_band: tuple[float, float] = (0.5, 2.0)
+
+    def __post_init__(self):
+        check(self.tis_cap, self.is_mask, self.is_mask_band)
+
+    @property
+    def active(self) -> bool:
+        return bool(self.tis_cap) or self.is_mask != "none"
+
+
+def check(tis_cap, is_mask, band, prefix: str = "") -> None:
+    """One-line errors for a correction's settings; `prefix` ("config key ") names config keys."""
+    if isinstance(tis_cap, bool) or not isinstance(tis_cap, (int, float)) or (tis_cap != 0 and not tis_cap >= 1):
+        raise ValueError(f"{prefix}tis_cap must be 0 (off) or >= 1 (the largest importance weight; a cap below "
+                         f"1 would shrink every on-policy token's weight), got {tis_cap!r}")
+    if is_mask not in IS_MASKS:
+        raise ValueError(f"{prefix}is_mask must be one of {IS_MASKS}, got {is_mask!r}")
+    if (not isinstance(band, (tuple, list)) or len(band) != 2
+            or not all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in band)
+            or not 0 <= band[0] < 1 < band[1] or not math.isfinite(band[1])):
+        raise ValueError(f"{prefix}is_mask_band must be [low, high] with 0 <= low < 1 < high (finite), "
+                         f"got {band!r}")
+    if tis_cap and is_mask != "none":
+        raise ValueError(f"{prefix}tis_cap ({tis_cap}) and {prefix}is_mask ({is_mask!r}) are two corrections of "
+                         f"the same weight: set one (tis_cap = 0 or is_mask = 'none')")
+
+
+def correction_weights(old_logp: torch.Tensor, sampler_logp: torch.Tensor, mask: torch.Tensor,
+                       correction: Correction) -> tuple[torch.Tensor, dict[str, float]]:
+    """w (N, S), 1 on padding, and its metrics over the real tokens of `mask` (N, S) bool:
+
+      is_ratio/mean, /min, /max   r = pi_old / mu over real tokens: the mismatch's spread
+      tis/mean, tis/truncated     (tis_cap) the mean of w, and the share of tokens the cap truncated
+      is/masked                   (is_mask) the share of real tokens whose weight the mask set to 0
+
+    old_logp and sampler_logp are constants (no gradient flows through w)."""
+    log_r = (old_logp.detach() - sampler_logp).masked_fill(~mask, 0.0)   # 0 on padding: r = 1 there
+    r = torch.exp(log_r)
+    if correction.tis_cap:
+        w = torch.clamp(r, max=correction.tis_cap)
+    elif correction.is_mask == "token":
+        low, high = correction.is_mask_band
+        w = r * ((r >= low) & (r <= high))
+    elif correction.is_mask == "sequence":
+        low, high = correction.is_mask_band
+        g = torch.exp(log_r.sum(-1, keepdim=True) / mask.sum(-1, keepdim=True).clamp(min=1))   # (N, 1)
+        w = ((g >= low) & (g <= high)).to(r.dtype).expand_as(r)
+    else:
+        w = torch.ones_like(r)
+    w = torch.where(mask, w, torch.ones_like(w))
+    with torch.no_grad():
+        real = r[mask]
+        metrics = {"is_ratio/mean": real.mean().item(), "is_ratio/min": real.min().item(),
+                   "is_ratio/max": real.max().item()}
+        if correction.tis_cap:
+            metrics["tis/mean"] = w[mask].mean().item()
+            metrics["tis/truncated"] = (real > correction.tis_cap).to(r.dtype).mean().item()
+        if correction.is_mask != "none":
+            metrics["is/masked"] = (w[mask] == 0).to(r.dtype).mean().item()
+    return w, metrics

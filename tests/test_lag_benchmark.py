@@ -1,0 +1,71 @@
+"""benchmarks/lag.py and its results file (benchmarks/results/lag.json), which chapter 10 reads:
+the grid it holds, and that it is what the trainer computes (one run re-trained, pinned)."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from grpo_edu import numerics
+from hang_guard import HANG_SECONDS
+
+ROOT = Path(__file__).resolve().parent.parent
+RESULTS = ROOT / "benchmarks" / "results" / "lag.json"
+sys.path.insert(0, str(ROOT / "benchmarks"))
+import lag  # noqa: E402
+
+needs_pin = pytest.mark.skipif(numerics.unpinnable_reason() is not None,
+                               reason=f"no pinned kernels here: {numerics.unpinnable_reason()}")
+
+
+def test_the_results_file_holds_the_grid():
+    results = json.loads(RESULTS.read_text())
+    keys = {(r["correction"], r["lag"], r["seed"]) for r in results["runs"]}
+    grid = set(lag.parse_runs(None, list(lag.CORRECTIONS), list(lag.LAGS), [0, 1, 2]))
+    assert grid <= keys, f"missing {sorted(grid - keys)}"
+    assert results["corrections"] == lag.CORRECTIONS and results["seeds"] == [0, 1, 2]
+    for run in results["runs"]:
+        assert [step for step, _ in run["eval"]] == list(range(25, results["steps"] + 1, 25))
+        assert run["final_accuracy"] == run["eval"][-1][1]
+        assert all(len(values) == results["steps"] for values in run["steps"].values())
+        assert run["steps"]["staleness"] == ([float(min(t, run["lag"])) for t in range(results["steps"])]
+                                             if run["lag"] else [None] * results["steps"])
+
+
+def test_each_correction_is_the_config_it_says():
+    configs = {name: lag.config_for(name, 4, 0, 10, "unused") for name in lag.CORRECTIONS}
+    assert configs["none"].old_logprobs == "proximal" and not configs["none"].tis_cap
+    assert configs["none"].is_mask == "none" and configs["clip"].old_logprobs == "recomputed"
+    assert configs["tis"].tis_cap == 2.0 and configs["token_mask"].is_mask == "token"
+    assert configs["sequence_mask"].is_mask == "sequence" and configs["sequence_mask"].is_mask_band == [0.8, 1.25]
+    assert all(c.rollout_lag == 4 and c.steps == 10 for c in configs.values())
+
+
+def test_bad_runs_are_named():
+    with pytest.raises(SystemExit, match="--runs: expected correction:lag:seed"):
+        lag.parse_runs(["clip:4"], None, None, None)
+
+
+def check(path, run="tis:4:0", steps=8):
+    return subprocess.run([sys.executable, str(ROOT / "benchmarks" / "lag.py"), "--check", str(path),
+                           "--runs", run, "--steps", str(steps)], env=numerics.pinned_env(), cwd=ROOT,
+                          capture_output=True, text=True, timeout=HANG_SECONDS)
+
+
+@needs_pin
+@pytest.mark.slow
+def test_the_results_file_is_what_the_trainer_computes(tmp_path):
+    """Re-train tis, k = 4, seed 0, for 8 steps under the pin: every kept number of those steps
+    equals the file's (the staleness reaching 4, the weights it truncated). A changed file is caught."""
+    done = check(RESULTS)
+    assert done.returncode == 0, done.stdout + done.stderr[-3000:]
+    assert "tis:4:0 first 8 steps: equal to the file" in done.stdout
+    results = json.loads(RESULTS.read_text())
+    run = next(r for r in results["runs"] if (r["correction"], r["lag"], r["seed"]) == ("tis", 4, 0))
+    run["steps"]["is_ratio/max"][5] *= 1.0001
+    changed = tmp_path / "lag.json"
+    changed.write_text(json.dumps(results))
+    done = check(changed)
+    assert done.returncode != 0 and "is_ratio/max differs in steps 1-8" in done.stdout
