@@ -49,6 +49,9 @@ CORRECTIONS = {
     "token_mask": {"old_logprobs": "proximal", "is_mask": "token", "is_mask_band": [0.5, 2.0]},
     "sequence_mask": {"old_logprobs": "proximal", "is_mask": "sequence", "is_mask_band": [0.8, 1.25]},
 }
+# Beyond the grid, seed 0 only: k pushed until training breaks (chapter 10, section 4), written with
+#   benchmarks/lag.py --runs none:32:0 none:64:0 clip:32:0 clip:64:0 tis:64:0
+PUSHED = ["none:32:0", "none:64:0", "clip:32:0", "clip:64:0", "tis:64:0"]
 # What the file keeps of each step (absent from a step: None).
 KEPT = ("reward/accuracy", "kl", "grad_norm", "entropy", "staleness", "ratio/min", "ratio/max",
         "clip_ratio/region", "sampler_gap/mean_abs", "sampler_gap/max_ratio", "is_ratio/min", "is_ratio/max",

@@ -60,6 +60,16 @@ KL_HIGH = 1.0
 # 0.98-1.0; the arithmetic policy on Countdown 0.06-0.30; the temperature run 0. A reported
 # TRL run of Qwen2.5-0.5B-Instruct on GSM8K with a 256-token limit had ~57% truncated.
 TRUNCATED_SHARE = 0.5
+# Rollouts that lag (rollout_lag = k) without a correction (old_logprobs = "proximal", no
+# tis_cap or is_mask): the sampler gap is then the staleness itself, mean |log pi_now -
+# log pi_sampler| per token, read at the full lag, the first 10 consecutive steps whose median
+# crosses (benchmarks/lag.py, 150-step runs of the default task; chapter 10 reads its results).
+# Its highest 10-step median: 0.04-0.05 at k = 1 (final accuracy 0.69-0.73 against the
+# synchronous runs' 0.73-0.77), 0.08-0.09 at k = 2 (0.63-0.70: every seed below every
+# synchronous one), 0.13-0.16 at k = 4, 0.22-0.29 at k = 8 to 64 (0.43-0.62; k = 64 learns
+# nothing). With the clip or a correction the same staleness costs far less (chapter 10), and
+# nothing here reads it: the clipped share stays below 0.08 up to k = 64.
+STALE_GAP = 0.06
 
 
 @dataclass(frozen=True)
@@ -166,15 +176,21 @@ def kl_runaway(history, config):
                    "degeneration (repeats, gibberish that scores)")
 
 
-def _early_gap(history) -> tuple[float, int, int] | None:
+def _early_gap(history, config=None) -> tuple[float, int, int] | None:
+    """The early window's sampler gap. Under rollout_lag with old_logprobs = "proximal" the gap
+    of a step also holds its staleness (pi_old is the policy at the update, the sampler an
+    older one: stale_rollouts reads that), so only steps trained on a fresh rollout count."""
     gap = series(history, "sampler_gap/mean_abs")
+    if (config or {}).get("rollout_lag") and config.get("old_logprobs") == "proximal":
+        fresh = {m["step"] for m in history if not m.get("staleness")}
+        gap = [(s, v) for s, v in gap if s in fresh]
     if len(gap) < MIN_STEPS:
         return None
     return window_median(gap, late=False)
 
 
 def sampler_mismatch(history, config):
-    early = _early_gap(history)
+    early = _early_gap(history, config)
     if early is None or not GAP_MISMATCH <= early[0] < GAP_MISALIGNED:
         return None
     ratio = series(history, "ratio/max")
@@ -190,7 +206,7 @@ def sampler_mismatch(history, config):
 
 
 def misaligned_tokens(history, config):
-    early = _early_gap(history)
+    early = _early_gap(history, config)
     if early is None or early[0] < GAP_MISALIGNED:
         return None
     return Finding("misaligned_tokens", "the trainer scores other tokens than the sampler drew (a mask or label "
@@ -242,6 +258,34 @@ def truncated_completions(history, config):
                    "policy has degenerated (see kl and the learning rate)")
 
 
+def stale_rollouts(history, config):
+    lag = config.get("rollout_lag") or 0
+    stale = [m for m in history if m.get("staleness") == lag and lag]
+    if len(stale) < WINDOW:
+        return None
+    corrected = bool(config.get("tis_cap")) or config.get("is_mask", "none") != "none"
+    if config.get("old_logprobs") != "proximal" or corrected:
+        return None
+    key, threshold = "sampler_gap/mean_abs", STALE_GAP
+    values = [(m["step"], float(m[key])) for m in stale if m.get(key) is not None]
+    # The first WINDOW consecutive stale steps whose median crosses (a decaying learning rate
+    # shrinks the staleness again as a run ends, so the last window would miss it).
+    for end in range(WINDOW, len(values) + 1):
+        part = values[end - WINDOW:end]
+        level = statistics.median(v for _, v in part)
+        if level >= threshold:
+            break
+    else:
+        return None
+    return Finding("stale_rollouts", f"rollouts {lag} updates stale, trained on as if the current policy had "
+                   f"sampled them",
+                   f"mean |log pi_now - log pi_sampler| per token {level:.3g}, median over steps "
+                   f"{part[0][0]}-{part[-1][0]} (threshold {threshold}; rollout_lag = {lag}, old_logprobs = "
+                   f"'proximal', no tis_cap or is_mask)",
+                   "correct for the staleness (tis_cap, is_mask, or old_logprobs = 'recomputed' for the clip) "
+                   "or lower rollout_lag")
+
+
 def grad_explosion(history, config):
     losses = series(history, "loss")
     broken = [s for s, v in losses if not math.isfinite(v)]
@@ -275,6 +319,7 @@ DETECTORS: dict[str, Callable[[list[dict], dict], Finding | None]] = {
     "old_logprobs_refreshed": old_logprobs_refreshed,
     "grad_explosion": grad_explosion,
     "truncated_completions": truncated_completions,
+    "stale_rollouts": stale_rollouts,
 }
 
 

@@ -138,6 +138,41 @@ def test_truncated_completions_needs_half_or_more_over_a_window_of_steps():
     assert warned == [(10, "truncated_completions")]                    # at the first check, once
 
 
+def test_stale_rollouts_reads_what_each_setting_shows_of_the_staleness():
+    lag = {**CONFIG, "rollout_lag": 4}
+
+    def lagged(n, **changes):
+        return [healthy_step(s, staleness=float(min(s - 1, 4)), **changes) for s in range(1, n + 1)]
+    proximal = {**lag, "old_logprobs": "proximal"}
+    assert found(lagged(20, **{"sampler_gap/mean_abs": dx.STALE_GAP}), proximal) == {"stale_rollouts"}
+    assert found(lagged(20, **{"sampler_gap/mean_abs": 0.059}), proximal) == set()
+    # Corrected (tis_cap): the same gap is what the weights correct, not a symptom.
+    assert found(lagged(20, **{"sampler_gap/mean_abs": 0.2}), {**proximal, "tis_cap": 2.0}) == set()
+    assert found(lagged(20, **{"sampler_gap/mean_abs": 0.2}), {**proximal, "is_mask": "token"}) == set()
+    # pi_old the policy that sampled (the clip): the gap is the sampler's numerics, nothing to read.
+    assert found(lagged(20, **{"clip_ratio/region": 0.9}), lag) == set()
+    # Too few steps at the full lag; no lag at all.
+    assert found(lagged(13, **{"sampler_gap/mean_abs": 0.2}), proximal) == set()   # 9 steps at the full lag
+    assert found(steps(20, **{"sampler_gap/mean_abs": 0.2}), {**CONFIG, "old_logprobs": "proximal"}) == {
+        "sampler_mismatch"}
+    history = lagged(40, **{"sampler_gap/mean_abs": 0.03})
+    for m in history[9:21]:   # a stretch in the middle (a decaying learning rate shrinks it again)
+        m["sampler_gap/mean_abs"] = 0.08
+    finding = dx.stale_rollouts(history, proximal)
+    assert finding.evidence == ("mean |log pi_now - log pi_sampler| per token 0.08, median over steps 6-15 "
+                                "(threshold 0.06; rollout_lag = 4, old_logprobs = 'proximal', no tis_cap or is_mask)")
+
+
+def test_the_sampler_gap_detectors_ignore_the_staleness_of_a_proximal_lag():
+    """Under rollout_lag with old_logprobs = 'proximal' the gap of a stale step is its staleness
+    (stale_rollouts' evidence), not a mismatched sampler; steps on fresh rollouts still count."""
+    proximal = {**CONFIG, "rollout_lag": 4, "old_logprobs": "proximal", "tis_cap": 2.0}
+    history = [healthy_step(s, staleness=float(min(s - 1, 4)), **{"sampler_gap/mean_abs": 0.1 if s > 1 else 2e-7})
+               for s in range(1, 30)]
+    assert found(history, proximal) == set()
+    assert "sampler_mismatch" in found(history, {**proximal, "old_logprobs": "recomputed", "tis_cap": 0.0})
+
+
 # ----------------------------------------------------------------- real runs
 
 @pytest.mark.parametrize("seed", [0, 1, 2])
@@ -242,3 +277,4 @@ def test_the_readme_lists_every_detector_with_its_threshold():
     assert f"{dx.LENGTH_GROWTH}x" in rows["length_drift"] and f"{dx.GAP_MISMATCH} to {dx.GAP_MISALIGNED}" in rows[
         "sampler_mismatch"] and f"{dx.GRAD_GROWTH:g}x" in rows["grad_explosion"] and f"{dx.TIE_SPREAD:.0e}".replace("e-0", "e-") in rows[
         "split_groups"] and f"{dx.TRUNCATED_SHARE:g}" in rows["truncated_completions"]
+    assert f"{dx.STALE_GAP:g}" in rows["stale_rollouts"]

@@ -17,7 +17,7 @@ import torch
 
 from checker_support import all_values, assert_rejected_without_answer, expected_values
 from grpo_edu.advantages import group_advantages
-from grpo_edu.exercises import ch00, ch01, ch02, ch03, ch04, ch05, ch06, ch07, ch08
+from grpo_edu.exercises import ch00, ch01, ch02, ch03, ch04, ch05, ch06, ch07, ch08, ch10
 from grpo_edu.loss import grpo_loss
 
 COVERED: set[str] = set()
@@ -306,6 +306,48 @@ def test_scale_quizzes_change_at_every_call_and_repeat_from_a_seed():
     assert str(ch08.check_scale_answers(lambda quiz: {}, seed=3)) == str(ch08.check_scale_answers(
         lambda quiz: {}, seed=3))
     assert ch08.check_scale_answers(ch08.scale_answers)
+
+
+# --------------------------------------------------------------------------- chapter 10
+
+def _log_ratio(old_logp, sampler_logp, mask):
+    return (old_logp - sampler_logp).masked_fill(~mask, 0.0)
+
+
+@covers("10.1")
+def test_sequence_mask_by_the_product_of_the_ratios():
+    """TRL's sequence_mask takes the product: a long response whose every token is a little off
+    leaves any band, though each token (and the geometric mean) is close to 1."""
+    def product(old_logp, sampler_logp, mask, band):
+        r = torch.exp(_log_ratio(old_logp, sampler_logp, mask).sum(-1, keepdim=True))
+        return ((r >= band[0]) & (r <= band[1])).double().expand_as(old_logp)
+    report = rejected(ch10.check_sequence_mask, product)
+    assert "3 responses of 24 tokens" in report and "dropped or reweighed that lie in it" in report
+
+
+def test_sequence_mask_averaging_over_the_padding_too():
+    def over_padding(old_logp, sampler_logp, mask, band):
+        g = torch.exp((old_logp - sampler_logp).mean(-1, keepdim=True))
+        return ((g >= band[0]) & (g <= band[1])).double().expand_as(old_logp)
+    report = rejected(ch10.check_sequence_mask, over_padding)
+    assert "with padding" in report
+
+
+def test_sequence_mask_weighing_each_kept_response_by_its_ratio():
+    def weighed(old_logp, sampler_logp, mask, band):
+        log_r = _log_ratio(old_logp, sampler_logp, mask)
+        g = torch.exp(log_r.sum(-1, keepdim=True) / mask.sum(-1, keepdim=True))
+        return (g * ((g >= band[0]) & (g <= band[1]))).expand_as(old_logp)
+    report = rejected(ch10.check_sequence_mask, weighed)
+    assert "dropped or reweighed that lie in it" in report
+
+
+def test_sequence_mask_per_token():
+    def per_token(old_logp, sampler_logp, mask, band):
+        r = torch.exp(_log_ratio(old_logp, sampler_logp, mask))
+        return ((r >= band[0]) & (r <= band[1])).double()
+    report = rejected(ch10.check_sequence_mask, per_token)
+    assert "do not all get the same weight" in report
 
 
 # --------------------------------------------------------------------------- the list is complete

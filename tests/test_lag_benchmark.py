@@ -24,7 +24,8 @@ def test_the_results_file_holds_the_grid():
     results = json.loads(RESULTS.read_text())
     keys = {(r["correction"], r["lag"], r["seed"]) for r in results["runs"]}
     grid = set(lag.parse_runs(None, list(lag.CORRECTIONS), list(lag.LAGS), [0, 1, 2]))
-    assert grid <= keys, f"missing {sorted(grid - keys)}"
+    pushed = set(lag.parse_runs(lag.PUSHED, None, None, None))
+    assert keys == grid | pushed, f"missing {sorted(grid | pushed - keys)}, not asked for {sorted(keys - grid - pushed)}"
     assert results["corrections"] == lag.CORRECTIONS and results["seeds"] == [0, 1, 2]
     for run in results["runs"]:
         assert [step for step, _ in run["eval"]] == list(range(25, results["steps"] + 1, 25))
@@ -69,3 +70,24 @@ def test_the_results_file_is_what_the_trainer_computes(tmp_path):
     changed.write_text(json.dumps(results))
     done = check(changed)
     assert done.returncode != 0 and "is_ratio/max differs in steps 1-8" in done.stdout
+
+
+def test_the_doctor_reads_the_uncorrected_lag_and_nothing_else_in_the_grid():
+    """On every run of the file (its kept keys, as metrics.jsonl holds them): stale_rollouts fires
+    exactly on the uncorrected runs from k = 2 (where every seed ends below every synchronous one),
+    the k = 64 run that learns nothing included, and no detector fires on any other run: the
+    existing ones miss the lag."""
+    from grpo_edu.diagnose import diagnose
+    results = json.loads(RESULTS.read_text())
+    synchronous = [r["final_accuracy"] for r in results["runs"] if r["lag"] == 0]
+    for run in results["runs"]:
+        history = [{"step": i + 1, **{k: v[i] for k, v in run["steps"].items() if v[i] is not None}}
+                   for i in range(results["steps"])]
+        config = lag.config_for(run["correction"], run["lag"], run["seed"], results["steps"], "unused").to_dict()
+        found = [f.detector for f in diagnose(history, config)]
+        uncorrected_stale = run["correction"] == "none" and run["lag"] >= 2
+        assert found == (["stale_rollouts"] if uncorrected_stale else []), (run["correction"], run["lag"], found)
+        if uncorrected_stale:
+            assert run["final_accuracy"] < min(synchronous)
+    broken = next(r for r in results["runs"] if (r["correction"], r["lag"]) == ("none", 64))
+    assert broken["final_accuracy"] - broken["start_accuracy"] < 0.05   # 150 updates, nothing learned

@@ -180,9 +180,10 @@ def run_script(*args, cwd):
                           cwd=cwd, timeout=HANG_SECONDS)
 
 
-def test_no_command_writes_into_the_package_assets_unless_told_to(tmp_path):
+def test_no_command_writes_into_the_package_assets_unless_told_to(tmp_path, monkeypatch, capsys):
     """python -m grpo_edu.pretrain without --output-dir, or with one inside grpo_edu/assets/, stops
-    before training with one line naming the flag, and the committed policy is untouched."""
+    before training with one line naming the flag, and the committed policy is untouched. The
+    command itself once (its exit status and output); the folders through main(), in-process."""
     from grpo_edu.models import ASSETS, STARTING_POLICY
     root = Path(__file__).resolve().parents[1]
     before = assets_fingerprint()
@@ -192,14 +193,16 @@ def test_no_command_writes_into_the_package_assets_unless_told_to(tmp_path):
                            "got none (the package's assets are written only when asked: to remake the committed "
                            "starting policy, pass --output-dir grpo_edu/assets/tiny-arithmetic-start "
                            "--write-package-assets)\n")
+    monkeypatch.chdir(root)
     for inside in ("grpo_edu/assets/tiny-arithmetic-start", str(STARTING_POLICY), "grpo_edu/assets/new-policy",
                    "grpo_edu/assets/../assets/tiny-arithmetic-start"):
-        done = run_script("--output-dir", inside, "--max-steps", "1", "--eval-every", "1", cwd=root)
-        assert done.returncode == 2 and len(done.stderr.splitlines()) == 1, inside
-        assert done.stderr.startswith(f"python -m grpo_edu.pretrain: --output-dir: expected a folder outside the "
-                                      f"package's assets (grpo_edu/assets), got {inside!r}: the committed starting "
-                                      f"policy there is what grpo-edu train"), inside
-        assert "pass --write-package-assets too to replace it on purpose" in done.stderr
+        assert pretrain.main(["--output-dir", inside, "--max-steps", "1", "--eval-every", "1"]) == 2, inside
+        out, err = capsys.readouterr()
+        assert out == "" and len(err.splitlines()) == 1, inside
+        assert err.startswith(f"python -m grpo_edu.pretrain: --output-dir: expected a folder outside the "
+                              f"package's assets (grpo_edu/assets), got {inside!r}: the committed starting "
+                              f"policy there is what grpo-edu train"), inside
+        assert "pass --write-package-assets too to replace it on purpose" in err
     assert assets_fingerprint() == before and not (ASSETS / "new-policy").exists()
 
 
