@@ -68,7 +68,7 @@ TRUNCATED_SHARE = 0.5
 # synchronous runs' 0.73-0.77), 0.08-0.09 at k = 2 (0.63-0.70: every seed below every
 # synchronous one), 0.13-0.16 at k = 4, 0.22-0.29 at k = 8 to 64 (0.43-0.62; k = 64 learns
 # nothing). With the clip or a correction the same staleness costs far less (chapter 10), and
-# nothing here reads it: the clipped share stays below 0.08 up to k = 64.
+# nothing here reads it: the clipped share stays at or below 0.082 up to k = 64.
 STALE_GAP = 0.06
 
 

@@ -91,3 +91,24 @@ def test_the_doctor_reads_the_uncorrected_lag_and_nothing_else_in_the_grid():
             assert run["final_accuracy"] < min(synchronous)
     broken = next(r for r in results["runs"] if (r["correction"], r["lag"]) == ("none", 64))
     assert broken["final_accuracy"] - broken["start_accuracy"] < 0.05   # 150 updates, nothing learned
+
+
+def test_the_readme_table_is_the_file_s_means():
+    results = json.loads(RESULTS.read_text())
+    readme = (ROOT / "README.md").read_text()
+    table = readme[readme.index("| K | none | clip | tis | token mask | sequence mask |"):]
+    rows = []
+    for line in table.splitlines()[2:]:
+        if not line.startswith("|"):
+            break
+        rows.append(line)
+    names = list(lag.CORRECTIONS)
+    assert [int(row.split("|")[1]) for row in rows] == [k for k in results["lags"] if k]
+    for row in rows:
+        cells = [c.strip() for c in row.split("|")[1:-1]]
+        k = int(cells[0])
+        for name, cell in zip(names, cells[1:]):
+            finals = [r["final_accuracy"] for r in results["runs"] if (r["correction"], r["lag"]) == (name, k)]
+            assert cell == f"{sum(finals) / len(finals):.3f}", (k, name)
+    synchronous = [r["final_accuracy"] for r in results["runs"] if r["lag"] == 0]
+    assert f"(synchronous: {sum(synchronous) / len(synchronous):.3f})" in readme
