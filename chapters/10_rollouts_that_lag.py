@@ -157,8 +157,8 @@ print(" ".join(f"{x:>6.3f}" for x in r[row][mask[row]].tolist()))
 # (`grpo_edu.offpolicy.correction_weights`; the README's table lists the config values):
 #
 # - **none** (`old_logprobs = "proximal"`, no weight): pi_old is pi_now, every ratio is 1, and
-#   the update treats the stale rollout as fresh. Its gradient is the gradient of pi_then's
-#   objective, not pi_now's.
+#   the update treats the stale rollout as fresh: it averages A x grad log pi_now over
+#   pi_then's samples as if pi_now had drawn them, a biased estimate of pi_now's gradient.
 # - **clip** (`old_logprobs = "recomputed"`, the default): pi_old is pi_then, so the clipped
 #   ratio starts at r instead of 1. A token whose r is already outside [0.8, 1.2] in the
 #   direction its advantage pushes gets no gradient at all: the trust region sees the

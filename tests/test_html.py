@@ -68,16 +68,18 @@ def test_a_new_chapter_in_the_manifest_gets_its_page(tmp_path):
     root = tmp_path / "book"
     shutil.copytree(ROOT / "chapters", root / "chapters", ignore=shutil.ignore_patterns("conftest.py"))
     first = root / "chapters" / "01_grpo_by_hand"
+    last = bookmod.load_book(ROOT).chapters[-1]
+    encore = f"{last.number + 1:02d}_encore"
     for suffix in (".ipynb", ".py"):
-        shutil.copyfile(first.with_suffix(suffix), root / "chapters" / f"10_encore{suffix}")
+        shutil.copyfile(first.with_suffix(suffix), root / "chapters" / f"{encore}{suffix}")
     manifest = (ROOT / "book.toml").read_text() + (
-        '\n[[chapters]]\npath = "chapters/10_encore.ipynb"\ntitle = "Encore"\n'
+        f'\n[[chapters]]\npath = "chapters/{encore}.ipynb"\ntitle = "Encore"\n'
         'summary = "chapter 1 once more"\ntier = "cpu"\nbudget_seconds = 60\n')
     (root / "book.toml").write_text(manifest)
     pages = site.build_site(bookmod.load_book(root), tmp_path / "out")
-    assert pages[-1].path == "10_encore.html"
-    assert 'href="10_encore.html"' in (tmp_path / "out" / "index.html").read_text()
-    assert 'rel="next" href="10_encore.html"' in (tmp_path / "out" / "09_gpu.html").read_text()
+    assert pages[-1].path == f"{encore}.html"
+    assert f'href="{encore}.html"' in (tmp_path / "out" / "index.html").read_text()
+    assert f'rel="next" href="{encore}.html"' in (tmp_path / "out" / site.page_name(last)).read_text()
 
 
 def test_every_link_and_resource_is_inside_the_site(built):
