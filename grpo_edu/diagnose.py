@@ -94,6 +94,18 @@ def window_median(values: list[tuple[int, float]], late: bool) -> tuple[float, i
     return statistics.median(v for _, v in part), part[0][0], part[-1][0]
 
 
+def first_crossing(values: list[tuple[int, float]], threshold: float) -> tuple[float, list] | None:
+    """The first WINDOW consecutive values whose median is >= threshold: (that median, the
+    window's (step, value) pairs), or None. Unlike the late window, it sees a symptom that
+    fades again before a run ends."""
+    for end in range(WINDOW, len(values) + 1):
+        part = values[end - WINDOW:end]
+        level = statistics.median(v for _, v in part)
+        if level >= threshold:
+            return level, part
+    return None
+
+
 def reference_aliased(history, config):
     if not config.get("beta"):
         return None
@@ -237,13 +249,10 @@ def old_logprobs_refreshed(history, config):
 
 def truncated_completions(history, config):
     shares = series(history, "truncated")
-    for end in range(WINDOW, len(shares) + 1):   # the first WINDOW consecutive steps that cross
-        part = shares[end - WINDOW:end]
-        level = statistics.median(v for _, v in part)
-        if level >= TRUNCATED_SHARE:
-            break
-    else:
+    crossed = first_crossing(shares, TRUNCATED_SHARE)
+    if crossed is None:
         return None
+    level, part = crossed
     first, last = part[0][0], part[-1][0]
     lengths = [v for s, v in series(history, "completion_length/mean") if first <= s <= last]
     length = f", median length {statistics.median(lengths):.1f} tokens" if lengths else ""
@@ -268,15 +277,12 @@ def stale_rollouts(history, config):
         return None
     key, threshold = "sampler_gap/mean_abs", STALE_GAP
     values = [(m["step"], float(m[key])) for m in stale if m.get(key) is not None]
-    # The first WINDOW consecutive stale steps whose median crosses (a decaying learning rate
-    # shrinks the staleness again as a run ends, so the last window would miss it).
-    for end in range(WINDOW, len(values) + 1):
-        part = values[end - WINDOW:end]
-        level = statistics.median(v for _, v in part)
-        if level >= threshold:
-            break
-    else:
+    # The first crossing, not the late window: a decaying learning rate shrinks the staleness
+    # again as a run ends.
+    crossed = first_crossing(values, threshold)
+    if crossed is None:
         return None
+    level, part = crossed
     return Finding("stale_rollouts", f"rollouts {lag} updates stale, trained on as if the current policy had "
                    f"sampled them",
                    f"mean |log pi_now - log pi_sampler| per token {level:.3g}, median over steps "

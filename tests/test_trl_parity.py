@@ -104,8 +104,9 @@ def fabricated_batch(seed):
     return logp, old, ref, advantages, completion_mask
 
 
-def trl_loss(trainer, logp, old, ref, advantages, completion_mask, num_items):
-    """TRL's _compute_loss on these inputs; returns the loss and its metrics."""
+def trl_loss(trainer, logp, old, ref, advantages, completion_mask, num_items, importance_sampling_ratio=None):
+    """TRL's _compute_loss on these inputs (with the vLLM correction's ratio, when given);
+    returns the loss and its metrics."""
     N = logp.shape[0]
     trainer._get_per_token_logps_and_entropies = lambda *args, **kwargs: (logp, torch.zeros_like(logp), None)
     inputs = {
@@ -114,6 +115,8 @@ def trl_loss(trainer, logp, old, ref, advantages, completion_mask, num_items):
         "advantages": advantages, "old_per_token_logps": old, "ref_per_token_logps": ref,
         "num_items_in_batch": torch.tensor(float(num_items)),
     }
+    if importance_sampling_ratio is not None:
+        inputs["importance_sampling_ratio"] = importance_sampling_ratio
     trainer._metrics["train"].clear()
     loss = trainer._compute_loss(trainer.model, inputs)
     metrics = {key: values[-1] for key, values in trainer._metrics["train"].items()}
@@ -206,15 +209,7 @@ def test_the_samplers_corrections_match_trl(trainers, case, seed):
     trainer.use_vllm = trainer.vllm_importance_sampling_correction = True
     try:
         theirs_logp = logp.clone().requires_grad_()
-        N = logp.shape[0]
-        trainer._get_per_token_logps_and_entropies = lambda *a, **k: (theirs_logp, torch.zeros_like(logp), None)
-        inputs = {
-            "prompt_ids": torch.ones(N, P, dtype=torch.long), "prompt_mask": torch.ones(N, P, dtype=torch.long),
-            "completion_ids": torch.ones(N, S, dtype=torch.long), "completion_mask": completion_mask,
-            "advantages": advantages, "old_per_token_logps": old, "ref_per_token_logps": ref,
-            "num_items_in_batch": torch.tensor(float(num_items)), "importance_sampling_ratio": is_ratio,
-        }
-        theirs = trainer._compute_loss(trainer.model, inputs)
+        theirs, _ = trl_loss(trainer, theirs_logp, old, ref, advantages, completion_mask, num_items, is_ratio)
     finally:
         trainer.use_vllm = trainer.vllm_importance_sampling_correction = False
     (their_grad,) = torch.autograd.grad(theirs, theirs_logp)
