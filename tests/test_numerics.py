@@ -162,18 +162,24 @@ def test_book_run_refuses_to_build_without_the_pin(monkeypatch):
         book.run_chapter(chapter)
 
 
-# Of the chapters without platform-numerics cells (arithmetic that no kernel should change),
-# this many are run unpinned per commit, in turn: every chapter within a few commits, and the
-# check's time does not grow with every chapter the book gains.
-UNPINNED_SAMPLE = 2
+# The unpinned check runs, per commit, this many of the chapters with platform-numerics cells
+# (the ones that train) and this many of the others (arithmetic no kernel should change), each
+# in turn by commit: every chapter within a few commits, and the check's time does not grow
+# with every chapter the book gains.
+UNPINNED_TAGGED = 2
+UNPINNED_SAMPLE = 1
 
 
-def unpinned_chapters() -> list[Path]:
-    """The chapters the unpinned check runs: every chapter that has a cell tagged
-    platform-numerics (its digits may differ; its claims and every other cell must not), and
-    UNPINNED_SAMPLE of the others, chosen by the commit (the number of commits in HEAD), so a
-    commit's check is the same every time it runs. GRPO_EDU_UNPINNED_CHAPTERS=all (or numbers,
-    "0 3") chooses instead."""
+def _in_turn(chapters: list, count: int, turn: int) -> list:
+    return [chapters[(turn * count + i) % len(chapters)] for i in range(min(count, len(chapters)))]
+
+
+def unpinned_chapters(turn: int | None = None) -> list[Path]:
+    """The chapters the unpinned check runs: UNPINNED_TAGGED of the chapters that have a cell
+    tagged platform-numerics (their digits may differ; their claims and every other cell must
+    not) and UNPINNED_SAMPLE of the others, each chosen in turn by the commit (the number of
+    commits in HEAD, or `turn`), so a commit's check is the same every time it runs.
+    GRPO_EDU_UNPINNED_CHAPTERS=all (or numbers, "0 3") chooses instead."""
     from grpo_edu.book import notebooks
 
     chapters = book.load_book(ROOT).chapters
@@ -185,16 +191,26 @@ def unpinned_chapters() -> list[Path]:
     tagged = [c for c in chapters if any(numerics.PLATFORM_TAG in cell.metadata.get("tags", [])
                                          for cell in notebooks.read_source(ROOT / c.source).cells)]
     rest = [c for c in chapters if c not in tagged]
-    count = subprocess.run(["git", "rev-list", "--count", "HEAD"], cwd=ROOT, capture_output=True, text=True)
-    turn = int(count.stdout) if count.returncode == 0 and count.stdout.strip().isdigit() else 0
-    sample = [rest[(turn * UNPINNED_SAMPLE + i) % len(rest)] for i in range(min(UNPINNED_SAMPLE, len(rest)))]
-    return [ROOT / c.path for c in chapters if c in tagged or c in sample]
+    if turn is None:
+        count = subprocess.run(["git", "rev-list", "--count", "HEAD"], cwd=ROOT, capture_output=True, text=True)
+        turn = int(count.stdout) if count.returncode == 0 and count.stdout.strip().isdigit() else 0
+    sample = _in_turn(tagged, UNPINNED_TAGGED, turn) + _in_turn(rest, UNPINNED_SAMPLE, turn)
+    return [ROOT / c.path for c in chapters if c in sample]
 
 
-def test_the_unpinned_check_runs_the_tagged_chapters_and_a_sample_of_the_rest():
-    chosen = {path.name for path in unpinned_chapters()}
-    assert {"06_tiny_reasoner.ipynb", "07_when_grpo_goes_wrong.ipynb"} <= chosen
-    assert len(chosen) == 5 + UNPINNED_SAMPLE   # chapters 6-10 hold tagged cells today
+def test_the_unpinned_check_takes_every_chapter_in_turn_and_the_same_few_per_commit():
+    from grpo_edu.book import notebooks
+
+    chapters = book.load_book(ROOT).chapters
+    tagged = {c.path.name for c in chapters if any(numerics.PLATFORM_TAG in cell.metadata.get("tags", [])
+                                                   for cell in notebooks.read_source(ROOT / c.source).cells)}
+    assert {"06_tiny_reasoner.ipynb", "07_when_grpo_goes_wrong.ipynb", "10_rollouts_that_lag.ipynb"} <= tagged
+    for turn in range(8):
+        chosen = {path.name for path in unpinned_chapters(turn)}
+        assert len(chosen & tagged) == UNPINNED_TAGGED and len(chosen - tagged) == UNPINNED_SAMPLE
+    seen = set().union(*({path.name for path in unpinned_chapters(turn)} for turn in range(len(chapters))))
+    assert seen == {c.path.name for c in chapters}   # every chapter within a few commits
+    assert unpinned_chapters() == unpinned_chapters()
 
 
 @needs_pin
