@@ -143,8 +143,8 @@ figure = plot_compare({n: results[n] for n in ONE},
 # so when most groups are all-equal *and* most samples are wrong (all-right groups are a
 # solved task, not a failure).
 #
-# The doctor also reports a second symptom on the runs with the format reward: their KL to the
-# reference ends above 1 nat per token, against the healthy run's 0.06. Format is the only
+# The doctor also reports a second symptom on the countdown run and the filtered one: their KL
+# to the reference ends above 1 nat per token, against the healthy run's 0.06. Format is the only
 # thing those groups reward, and the policy runs after it at full speed (its gradient norm
 # starts at several times the healthy run's). That is failure 4's symptom caused by failure
 # 1, and the doctor is right to name both.
@@ -189,10 +189,14 @@ print(f"split in two (70 ways): right {right.mean():+.4f} on average (std {right
 trial("split")
 print(lab.table({n: results[n] for n in ("healthy", "split")}, ["advantage/tie_spread", "advantage/std",
                                                                "grad_norm", "reward/accuracy"]))
+healthy_at = dict(results["healthy"].summary["eval_curve"])   # held-out accuracy at steps 25, 50, 75, 100
+print(f"\nheld-out accuracy after 50 steps: split {results['split'].summary['final_accuracy']:.3f}, "
+      f"the healthy run {healthy_at[50]:.3f} (its step 50)")
 doctor("split")
 
 # %% [markdown]
-# The run still learns: halves of 4 are smaller groups, not wrong ones. What gives the bug
+# The run still learns, about as far in its 50 steps as the healthy run had come by its step
+# 50: halves of 4 are smaller groups, not wrong ones. What gives the bug
 # away is a metric the trainer logs for this: `advantage/tie_spread`, the largest gap between
 # the advantages of two completions of one group with the same reward. Any advantage function
 # of a group's rewards gives equal rewards equal advantages, so it is exactly 0 in every
@@ -290,7 +294,7 @@ doctor("temperature")
 # The healthy run's gap is rounding (two float32 computations of the same numbers). The
 # mismatched run's ratio is far from 1 at step 1, and the clip acts on tokens before any
 # update has been taken: the trust region is spent on a bug, and held-out accuracy does not
-# climb in 40 steps (the table). `sampler_gap/mean_abs` is the
+# climb in its 20 steps (the table). `sampler_gap/mean_abs` is the
 # metric that reveals it whatever pi_old is (with `old_logprobs = "recomputed"` the ratio
 # would be 1 and hide it); the doctor flags a mean gap above 0.03 nats per token.
 #
@@ -311,12 +315,14 @@ doctor("temperature")
 trial("off_by_one")
 print(lab.table({n: results[n] for n in ("healthy", "off_by_one")},
                 ["sampler_gap/mean_abs", "reward/mean", "kl", "entropy"]))
+print(f"\nheld-out accuracy after 50 steps: off_by_one {results['off_by_one'].summary['final_accuracy']:.3f}, "
+      f"the healthy run {healthy_at[50]:.3f} (its step 50)")
 doctor("off_by_one")
 
 # %% [markdown]
 # The textbook warns that such a run "looks fine, reward inches up", while evaluation shows
-# no change from the starting policy. Measured here, it does learn, a little less than the
-# healthy run: on this task the first token is always `<think>`, which carries no decision,
+# no change from the starting policy. Measured here, it does learn, as far in 50 steps as the
+# healthy run by its step 50: on this task the first token is always `<think>`, which carries no decision,
 # and every other token is still pushed, one column late, in the direction of its
 # completion's advantage. The bug is not harmless in general
 # (on a task whose first token decides, that token never learns), and it is invisible in the
@@ -346,9 +352,11 @@ doctor("old_fixed", "old_refreshed")
 # %% [markdown]
 # Fixed, the last pass's ratio spreads around 1 and the clip acts on part of the tokens: the
 # trust region does its job. Refreshed, the ratio is exactly 1 at every step and the clip
-# fraction exactly 0: four unclipped steps per rollout, a KL to the reference several times
-# the fixed run's in the first steps, and held-out accuracy that falls below where it
-# started. The doctor
+# fraction exactly 0: four unclipped steps per rollout, a KL to the reference about three times
+# the fixed run's, and held-out accuracy that collapses (0.141, from 0.445), with the
+# all-wrong groups of a broken policy after it (the doctor names both). Four passes per rollout
+# are a strong update for this policy even with the clip: the fixed run also ends below its
+# start in 20 steps (0.391), but nowhere near as far. The doctor
 # flags a run with several optimizer steps per rollout whose last ratio is always exactly 1.
 #
 # ## 8. The gradient explodes
@@ -360,7 +368,7 @@ doctor("old_fixed", "old_refreshed")
 # clips the gradient's norm at 1.0, as `max_grad_norm` does here, so that "a single noisy
 # minibatch" cannot throw the policy into a region it never recovers from.)
 #
-# **Knobs.** Both causes, pushed hard enough to act within this tier's 100 steps. An update
+# **Knobs.** Both causes, pushed hard enough to act within this tier's short runs. An update
 # far too strong for the default beta to hold: `learning_rate = 1e-2`, 33 times the default,
 # clipped at norm 1.0 (the default) and not clipped (`max_grad_norm = 0`). Then large
 # rewards: 100 times larger, with no std to divide them back (`advantage_scale = "none"`),
@@ -376,6 +384,10 @@ for name in EIGHT[1:]:
     norms = [m["grad_norm"] for m in results[name].history]
     print(f"{name:<22} grad_norm: largest {max(norms):.3g} (step {norms.index(max(norms)) + 1}), "
           f"above 1.0 at {sum(n > 1 for n in norms)} of {len(norms)} steps")
+for name in ("reward_x100", "reward_x100_unclipped"):
+    low, high = results[name].summary["final_accuracy_interval_95"]
+    print(f"{name:<22} held-out accuracy after 75 steps {results[name].summary['final_accuracy']:.3f} "
+          f"[{low:.3f}, {high:.3f}]; the healthy run {healthy_at[75]:.3f} at its step 75")
 doctor("lr_clipped", "lr_unclipped", "reward_x100", "reward_x100_unclipped")
 
 # %%
@@ -396,7 +408,8 @@ figure = plot_compare({n: results[n] for n in EIGHT},
 #
 # The rewards x100 give the climb's level without the damage: a gradient norm in the tens at
 # every step (the healthy run's stays near 1), cut down to 1.0 by the clip each time,
-# and a run that learns, clipped or not, to about the same accuracy. Again AdamW: scaling every
+# and a run that learns, clipped or not, to accuracies inside each other's 95% intervals
+# (more slowly than the healthy run, with its KL term weighed down 100 times). Again AdamW: scaling every
 # gradient by the same factor does not change its update. What the scale does change is the
 # balance with the KL term, which is not scaled: beta is in effect 100 times smaller.
 #
@@ -447,7 +460,8 @@ doctor("alias")
 #
 # Each lab run must trigger the detectors `grpo_edu/lab.py` expects of it, and no other
 # beyond the consequences named there (the countdown runs' KL, the learning-rate runs'
-# truncated completions); the healthy run, beta's runs,
+# truncated completions, the all-wrong groups of the policy that refreshed pi_old broke); the
+# healthy run, beta's runs,
 # pi_old fixed and the rewards x100 none.
 
 # %% tags=["platform-numerics"]

@@ -25,7 +25,7 @@ from typing import Callable
 
 from grpo_edu.runlog import MetricsLog
 
-# --- thresholds (the lab's measurements, 100-step runs of the CPU tier, pinned kernels)
+# --- thresholds (the lab's measurements: its runs of the CPU tier, 20 to 100 steps, pinned kernels)
 MIN_STEPS = 5            # no finding from fewer steps than this (after the first)
 WINDOW = 10              # steps in the early and late windows that trends compare
 # The KL to the reference is 0 at step 1 (nothing has moved yet) and > 1e-5 from step 2 in
@@ -57,7 +57,7 @@ KL_HIGH = 1.0
 # reasoning. Flagged: half of them or more (median over WINDOW consecutive steps), where
 # most of a group's rewards score the limit rather than the answers. In the lab (highest
 # 10-step median): the learning-rate runs, whose wrecked policy stops ending its completions,
-# 0.98-1.0; the arithmetic policy on Countdown 0.06-0.30; the temperature run 0. A reported
+# 0.99-1.0; the arithmetic policy on Countdown 0.04-0.30; the temperature run 0. A reported
 # TRL run of Qwen2.5-0.5B-Instruct on GSM8K with a 256-token limit had ~57% truncated.
 TRUNCATED_SHARE = 0.5
 # Rollouts that lag (rollout_lag = k) without a correction (old_logprobs = "proximal", no

@@ -32,7 +32,7 @@ def test_the_mystery_runs_show_what_the_key_says():
         assert config == RUNS[name].config(f"runs/mystery-{run[-1]}", seed=1).to_dict()   # as failure_lab writes it
         assert name not in config["output_dir"]
         assert len(history) == RUNS[name].steps
-        assert {f.detector for f in diagnose(history, config)} == set(RUNS[name].expected), run
+        assert RUNS[name].diagnosed_as_expected({f.detector for f in diagnose(history, config)}), run
     by_name = {name: runs[run] for run, name in key.items()}
     assert all(m["kl"] == 0 and m["grad_norm"] > 0 for m in by_name["alias"][1:])
     assert all(m["ratio/min"] == 1 == m["ratio/max"] and m["optimizer_steps"] == 4 for m in by_name["old_refreshed"])
