@@ -48,13 +48,13 @@ html: setup
 train: setup
 	$(BIN)/grpo-edu train
 
-# The suite on TEST_WORKERS processes (pytest-xdist; conftest.py keeps each file on one). Each
+# The suite on TEST_WORKERS processes (pytest-xdist, a file or chapter whole on one; conftest.py). Each
 # chapter uses 2 torch threads, so two workers on 2 cores ask for 4: OpenMP's threads must
 # sleep, not spin, while they wait (measured, two 60-step runs side by side on 2 cores: 54 s
 # each spinning, 25 s each with OMP_WAIT_POLICY=PASSIVE; 14 s alone). Numbers do not change.
 TEST_WORKERS ?= 2
 test: setup-test gpu-resolves browser
-	OMP_WAIT_POLICY=PASSIVE $(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadgroup --durations=30
+	OMP_WAIT_POLICY=PASSIVE $(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadfile --durations=30
 
 # tests/test_browser.py drives Debian's Chromium. Install it where it is missing and
 # apt-get can (root); elsewhere that test is skipped with the reason (CI, which sets
