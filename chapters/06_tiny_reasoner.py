@@ -70,10 +70,11 @@ print(loop[loop.index("    while state.step < last:"):])
 
 # %% [markdown]
 # Each step of it is a function in the module named for it. `sample_ahead` (in the loop's own
-# module) draws the step's prompts and has them rolled out and scored. Here it samples exactly
-# this update's rollout; with `rollout_lag = k` (asynchronous GRPO: a sampler that runs ahead
-# of the trainer, as production trainers do) it keeps k more sampled ahead, each scored when it
-# is sampled and trained on k updates later. `roll_out` samples G completions of each prompt;
+# module) keeps the rollouts the updates need sampled: here exactly this update's; with
+# `rollout_lag = k` (asynchronous GRPO: a sampler that runs ahead of the trainer, as
+# production trainers do) k more, each scored when it is sampled and trained on k updates
+# later (chapter 10; `rollout_overlap` samples the newest beside the update, in a thread).
+# `sample_rollout` draws a rollout's prompts and has them rolled out and scored. `roll_out` samples G completions of each prompt;
 # `scoring.score` turns them into rewards,
 # group advantages and the mini-batch plan, and packs the step into the `RolloutBatch` of
 # chapters 3 and 4; `update.add_logprobs` adds the reference's log-probs (and pi_old's when
@@ -84,6 +85,7 @@ print(loop[loop.index("    while state.step < last:"):])
 
 # %%
 print(inspect.getsource(trainer.sample_ahead))
+print(inspect.getsource(trainer.sample_rollout))
 print(inspect.getsource(trainer.roll_out))
 print(inspect.getsource(scoring.score))
 print(inspect.getsource(update.add_logprobs))

@@ -109,13 +109,38 @@ for f in (0.3, 0.5, 0.6, 0.7, 0.8, 0.9):
     print(f"sampling {f:.0%} of a synchronous step: overlapped step {max(f, 1 - f):.0%} of it, x{1 / max(f, 1 - f):.2f}")
 f_cpu = phase["rollout"] / step_sync
 print(f"this CPU tier: sampling {f_cpu:.0%} of a step")
-#
-# What overlap buys on this CPU is another matter: the two lanes above would share the same
-# two cores, so a rollout sampled in the background slows the update running beside it.
-# Our trainer therefore samples the rollouts ahead in turn with the updates (so a lag costs
-# no time here and saves none), which reproduces exactly what a lagged trainer trains on.
-# The overlap itself, a sampler on hardware of its own syncing weights every k updates, is
-# not built yet (the README says what is).
+
+# %% [markdown]
+# What overlap buys on this CPU is another matter: the two lanes above share the same two
+# cores. The trainer has the overlap: `rollout_overlap = true` (with `rollout_lag` >= 1) samples
+# the next rollout in a background thread while the main thread updates, from the sampler's own
+# copy of the weights, synced from the policy between rollouts and never during one (as a vLLM
+# engine's are). It is the same run bit for bit (`tests/test_overlap.py`), so whether to use it
+# is a question of time only. `benchmarks/overlap.py` measured it on this book's 2-core machine
+# (the machine's own kernels, k = 1, 60 steps, each setting in a fresh process, twice):
+
+# %%
+measured = json.loads(Path("../benchmarks/results/overlap.json").read_text())
+print(f"{measured['machine']['cpu_count']} cores, threads = {measured['settings']['threads']}: "
+      f"median seconds per step, and per phase")
+for name, figures in measured["figures"].items():
+    print(f"  {name:<20} step {figures['seconds_per_step']:.3f}   " + "   ".join(
+        f"{p} {t:.3f}" for p, t in figures["phase_median_seconds"].items()))
+alone, beside = (measured["figures"][name] for name in ("sequential", "overlap"))
+print(f"overlap against sequential: x{alone['seconds_per_step'] / beside['seconds_per_step']:.2f} the speed; "
+      f"the update beside a rollout takes x{beside['phase_median_seconds']['update'] / alone['phase_median_seconds']['update']:.2f} "
+      f"its time alone, the rollout x{beside['phase_median_seconds']['rollout'] / alone['phase_median_seconds']['rollout']:.2f}")
+print("the same final weights in every setting:", len({w for f in measured["figures"].values() for w in f["weights"]}) == 1)
+
+# %% [markdown]
+# On two cores the lanes do not add hardware, they split it: each phase runs at about half
+# its speed beside the other, and the overlapped step is no faster than the sequential one
+# (slower, by the two thread teams' contention). With OpenMP's threads told to sleep while
+# they wait (`OMP_WAIT_POLICY=PASSIVE`) the overlap does beat the sequential run of that
+# setting, but only because sleeping threads slow a run that has the cores to itself even
+# more. So the book's runs keep `rollout_overlap = false`: a lag costs no time here and
+# saves none. The timeline's speed-up needs a sampler on hardware of its own, a GPU's
+# inference engine beside its trainer; the README says what of that is built.
 #
 # ## 2. Staleness on a batch you can see
 #

@@ -106,6 +106,10 @@ class TrainConfig:
                             "sampling policy (old_logprobs = 'recomputed' or 'sampler'), so the ratio and the clip "
                             "see the staleness, or the policy at the update ('proximal'). 0 = synchronous. Needs "
                             "one optimizer step per rollout (num_iterations = num_mini_batches = 1)", 0)
+    rollout_overlap: bool = _doc("with rollout_lag >= 1: sample the next rollout in a background thread while the "
+                                 "trainer updates (the sampler's own copy of the weights, synced from the policy "
+                                 "between rollouts, never during one); the same numbers as without it. One process, "
+                                 "engine 'fused' or 'hf'", False)
     tis_cap: float = _doc("truncated importance sampling: weigh each token's loss by min(pi_old / pi_sampler, "
                           "tis_cap), correcting for a sampler that differs from pi_old (vLLM's kernels, bf16; an "
                           "older policy under rollout_lag with old_logprobs = 'proximal'); 0 = off. Not with "
@@ -190,6 +194,12 @@ class TrainConfig:
             raise ValueError(f"config key 'rollout_lag' ({self.rollout_lag}) needs one optimizer step per rollout, "
                              f"so that the lag counts optimizer steps: num_iterations = num_mini_batches = 1, got "
                              f"num_iterations = {self.num_iterations}, num_mini_batches = {self.num_mini_batches}")
+        if self.rollout_overlap and not self.rollout_lag:
+            raise ValueError("config key 'rollout_overlap' is true with rollout_lag = 0: a rollout sampled while the "
+                             "trainer updates comes from the policy before that update, so it needs rollout_lag >= 1")
+        if self.rollout_overlap and self.engine == "vllm":
+            raise ValueError("config key 'rollout_overlap' is true with engine = 'vllm': background sampling is built "
+                             "for the 'fused' and 'hf' engines only (vLLM's is not yet); set rollout_overlap = false")
         if self.tis_cap < 0 or (self.tis_cap and self.tis_cap < 1):
             raise ValueError(f"config key 'tis_cap' must be 0 (off) or >= 1 (a cap below 1 would shrink every "
                              f"on-policy token's weight), got {self.tis_cap}")

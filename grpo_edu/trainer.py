@@ -72,6 +72,7 @@ from grpo_edu.faults import NONE as NO_FAULTS, Faults
 from grpo_edu.lagging import InFlight
 from grpo_edu.metrics import run_summary, step_metrics
 from grpo_edu.models import STARTING_POLICY, load_policy
+from grpo_edu.overlap import BackgroundSampler
 from grpo_edu.placement import Models, autocast, build_models, check_engine_settings, make_engine, make_reference
 from grpo_edu.rollout import HFEngine, Rollout, SamplingParams
 from grpo_edu.runlog import MetricsLog
@@ -140,21 +141,39 @@ def roll_out(config: TrainConfig, samples: list[dict], tokenizer, engine, world:
             return engine.generate(prompts["input_ids"], prompts["attention_mask"], sampling)
 
 
+def sample_rollout(run: "Run", engine, models: Models) -> InFlight:
+    """Steps 1-4 for the next rollout: prompts, completions from `engine`, rewards and
+    advantages, and (rollout_lag > 0) its pi_old from `models`, the policy that sampled it."""
+    config, state, world = run.config, run.state, run.world
+    t0 = time.perf_counter()
+    samples = sample_prompts(config, state, run.train_pool)
+    rollout = roll_out(config, samples, run.tokenizer, engine, world)
+    t1 = time.perf_counter()
+    batch, plan = score(config, samples, rollout, run.tokenizer, run.reward_functions, run.advantage_fn, world)
+    if config.rollout_lag and config.old_logprobs == "recomputed":   # the policy that sampled, now
+        batch = replace(batch, old_logp=policy_logprobs(config, models, batch, plan, world))
+    return InFlight(samples, batch, plan, sampled_at=state.step,
+                    seconds={"rollout": t1 - t0, "scoring": time.perf_counter() - t1})
+
+
 def sample_ahead(run: "Run") -> None:
     """Steps 1-4 for every rollout not yet sampled that the sampler may be ahead by: through
     the rollout of update step + rollout_lag (never past the run's last), each with the
-    current policy, scored, and (rollout_lag > 0) with its pi_old, the policy that sampled it."""
-    config, state, world = run.config, run.state, run.world
-    while len(state.in_flight) <= config.rollout_lag and state.step + len(state.in_flight) < config.steps:
-        t0 = time.perf_counter()
-        samples = sample_prompts(config, state, run.train_pool)
-        rollout = roll_out(config, samples, run.tokenizer, run.engine, world)
-        t1 = time.perf_counter()
-        batch, plan = score(config, samples, rollout, run.tokenizer, run.reward_functions, run.advantage_fn, world)
-        if config.rollout_lag and config.old_logprobs == "recomputed":   # the policy that sampled, now
-            batch = replace(batch, old_logp=policy_logprobs(config, run.models, batch, plan, world))
-        state.in_flight.append(InFlight(samples, batch, plan, sampled_at=state.step,
-                                        seconds={"rollout": t1 - t0, "scoring": time.perf_counter() - t1}))
+    current policy. With rollout_overlap the last of them is the background sampler's
+    (sample_in_background), so this samples one fewer."""
+    config, state = run.config, run.state
+    ahead = config.rollout_lag - (1 if run.background is not None else 0)
+    while len(state.in_flight) <= ahead and state.step + len(state.in_flight) < config.steps:
+        state.in_flight.append(sample_rollout(run, run.engine, run.models))
+
+
+def sample_in_background(run: "Run") -> None:
+    """rollout_overlap: start sampling the rollout of update step + rollout_lag (the one
+    sample_ahead would sample next, with the same policy: the current one) while this update
+    runs; the loop joins it after the update."""
+    state = run.state
+    if state.step + 1 + len(state.in_flight) < run.config.steps:
+        run.background.start(run.models.policy, lambda engine, models: sample_rollout(run, engine, models))
 
 
 # --------------------------------------------------------------------------- the loop
@@ -187,8 +206,11 @@ def train(config: TrainConfig, *, advantage_fn: AdvantageFn | None = None,
     accuracy, started = run.start_accuracy, time.perf_counter()
     while state.step < last:
         # -------------------------------------------------- 1-4: prompts, rollout, rewards, advantages
+        t0 = time.perf_counter()
         sample_ahead(run)   # this update's rollout; with rollout_lag = k, the next k too
         flight = state.in_flight.pop(0)
+        if run.background is not None:   # rollout_overlap: the newest of the k, beside this update
+            sample_in_background(run)
         # -------------------------------------------------- 5: log-probs
         t1 = time.perf_counter()
         batch = add_logprobs(config, models, flight.batch, flight.plan, world)
@@ -196,12 +218,16 @@ def train(config: TrainConfig, *, advantage_fn: AdvantageFn | None = None,
         t2 = time.perf_counter()
         update = run.optimise(config, models, run.optimizer, run.scheduler, batch, flight.plan, world)
         t3 = time.perf_counter()
+        if run.background is not None and (sampled := run.background.join()) is not None:
+            state.in_flight.append(sampled)
         staleness, state.step = state.step - flight.sampled_at, state.step + 1
         # -------------------------------------------------- 7: log, evaluate, re-sync, checkpoint
         seconds = {**flight.seconds, "scoring": flight.seconds["scoring"] + t2 - t1, "update": t3 - t2}
         metrics = {"step": state.step, **step_metrics(flight.plan, batch, update, seconds, world)}
         if config.rollout_lag:
             metrics["staleness"] = float(staleness)   # updates between the sampling policy and this one
+        if run.background is not None:   # the rollout's time overlapped the update: the step's own wall-clock
+            metrics["time/step"] = time.perf_counter() - t0
         if config.ref_sync_steps and state.step % config.ref_sync_steps == 0:
             models.sync_reference()
         if state.step % config.eval_every == 0 or state.step == config.steps:
@@ -244,6 +270,7 @@ class Run:
     faults: Faults
     doctor: LiveDoctor
     progress: object | None          # a tqdm bar on rank 0 (config.progress)
+    background: BackgroundSampler | None = None   # rollout_overlap (grpo_edu.overlap)
 
 
 def set_up(config: TrainConfig, *, advantage_fn: AdvantageFn | None, reward_functions, policy, tokenizer,
@@ -280,12 +307,13 @@ def set_up(config: TrainConfig, *, advantage_fn: AdvantageFn | None, reward_func
     models = _build_models(config, world, policy, reference, faults)
     optimizer, scheduler = make_optimizer(config, models.policy.parameters())
     engine = make_engine(config, models, tokenizer, world)
+    background = BackgroundSampler(config, world, models.policy, tokenizer) if config.rollout_overlap else None
     train_pool, held_out = tasks.task_pools(config, tokenizer)
     run = Run(config, world, models, tokenizer, engine, optimizer, scheduler,
               optimise_refreshing_old if faults.refresh_old_logprobs else optimise,
               reward_functions, advantage_fn, train_pool, held_out, state, output_dir, metrics_log,
               history=[], start_accuracy=0.0, elapsed=0.0, say=say, faults=faults,
-              doctor=LiveDoctor(config.to_dict()), progress=None)
+              doctor=LiveDoctor(config.to_dict()), progress=None, background=background)
     if saved is not None:
         distributed.load_full_optimizer_state(optimizer, saved["optimizer"])
         scheduler.load_state_dict(saved["scheduler"])

@@ -40,6 +40,8 @@ ONLY_VALUE = {"advantage_std": "sample", "advantage_fn": "", "kl_estimator": "k3
 # Keys carried in another form, or that do not change what is computed: what becomes of them.
 NOT_CARRIED = {
     "threads": "torch's CPU thread count: set it in the launching process (torch.set_num_threads)",
+    "rollout_overlap": "when grpo_edu's sampler runs (the numbers are the same either way); it needs rollout_lag, "
+                       "which the bridge refuses",
     "eval_every": "grpo_edu's held-out greedy accuracy; TRL evaluates an eval_dataset (eval_strategy)",
     "eval_size": "as eval_every",
     "eval_samples": "as eval_every (pass@k and maj@k on the held-out problems)",

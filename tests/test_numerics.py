@@ -166,7 +166,7 @@ def test_book_run_refuses_to_build_without_the_pin(monkeypatch):
 # (the ones that train) and this many of the others (arithmetic no kernel should change), each
 # in turn by commit: every chapter within a few commits, and the check's time does not grow
 # with every chapter the book gains.
-UNPINNED_TAGGED = 2
+UNPINNED_TAGGED = 1
 UNPINNED_SAMPLE = 1
 
 

@@ -26,6 +26,7 @@ PRINTED = {
     "grpo_edu.exercises.ch05.lenient_accuracy_reward": [5],
     "grpo_edu.trainer.train": [6],
     "grpo_edu.trainer.sample_ahead": [6],
+    "grpo_edu.trainer.sample_rollout": [6],
     "grpo_edu.trainer.roll_out": [6, 9],
     "grpo_edu.scoring.score": [6],
     "grpo_edu.update.add_logprobs": [6],

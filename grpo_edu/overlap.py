@@ -1,0 +1,81 @@
+"""Rollouts sampled in the background (config.rollout_overlap): the overlap that rollout_lag
+makes possible.
+
+With rollout_lag = k >= 1 the rollout of update t + k is sampled by the policy of update t
+(grpo_edu.lagging). Without overlap the trainer samples it, then updates; with it, a thread
+samples it while the main thread runs update t:
+
+    main thread    | sync | update t ............. | join | log, evaluate, checkpoint |
+    sampler thread        | sample + score rollout t + k |
+
+The sampler has weights of its own: a copy of the policy, synced from it between rollouts
+(before the thread starts, while nothing else writes them) and never during one, as a vLLM
+engine is. It draws the same random numbers in the same order (the update draws none), so a
+run with overlap is the run without it, bit for bit (tests/test_overlap.py); only the
+time/* metrics differ. One process, engine 'fused' or 'hf'.
+
+What it buys depends on free cores: on a GPU the sampler and the trainer are different
+engines' work; on a 2-core CPU both compete for the same two cores (benchmarks/overlap.py
+measures it; chapter 10 shows the figures).
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import replace
+from typing import Callable
+
+import torch
+
+from grpo_edu.config import TrainConfig
+from grpo_edu.distributed import World
+from grpo_edu.lagging import InFlight
+from grpo_edu.placement import Models, build_models, make_engine, make_reference
+
+
+class BackgroundSampler:
+    """The sampler's copy of the policy, its engine, and at most one rollout in flight."""
+
+    def __init__(self, config: TrainConfig, world: World, policy: torch.nn.Module, tokenizer):
+        if world.distributed:
+            raise ValueError(f"config key 'rollout_overlap' is true under {world.size} processes: background "
+                             f"sampling is built for one process (its thread would run collectives beside the "
+                             f"update's); set rollout_overlap = false")
+        self.policy = make_reference(policy)   # separate tensors: the update never writes them
+        # as the policy's: transformers' attention picks its kernel by whether the weights need a
+        # gradient, and pi_old must be the policy's forward to the last bit (no optimizer holds these)
+        self.policy.requires_grad_(any(p.requires_grad for p in policy.parameters()))
+        # Models over the copy, for its pi_old (old_logprobs = "recomputed"): no reference needed.
+        self.models: Models = build_models(replace(config, beta=0.0), world, self.policy)
+        self.engine = make_engine(config, self.models, tokenizer, world)
+        self._thread: threading.Thread | None = None
+        self._result: InFlight | None = None
+        self._error: BaseException | None = None
+
+    def start(self, policy: torch.nn.Module, sample: Callable[[object, Models], InFlight]) -> None:
+        """Sync the copy from `policy` (now, between rollouts), then run sample(engine, models)
+        in the background."""
+        if self._thread is not None:
+            raise RuntimeError("BackgroundSampler.start: the previous rollout was not joined")
+        with torch.no_grad():
+            for mine, theirs in zip(self.policy.state_dict().values(), policy.state_dict().values()):
+                mine.copy_(theirs)
+
+        def work():
+            try:
+                self._result = sample(self.engine, self.models)
+            except BaseException as error:   # re-raised by join, in the main thread
+                self._error = error
+        self._result, self._error = None, None
+        self._thread = threading.Thread(target=work, name="grpo-edu sampler", daemon=True)
+        self._thread.start()
+
+    def join(self) -> InFlight | None:
+        """The rollout the thread sampled (None if none was started); its error, if it raised."""
+        if self._thread is None:
+            return None
+        self._thread.join()
+        self._thread = None
+        if self._error is not None:
+            raise self._error
+        return self._result

@@ -1,0 +1,122 @@
+"""Rollouts sampled in the background (config.rollout_overlap, grpo_edu.overlap): the same run
+as the lagged one without overlap, bit for bit; the sampler's weights synced between rollouts,
+never during one; a checkpoint resumes it; settings it cannot serve refused in one line."""
+
+import hashlib
+import json
+
+import pytest
+import torch
+
+from grpo_edu import overlap, trainer
+from grpo_edu.config import TrainConfig
+from grpo_edu.distributed import World
+from test_lagging import run, without_time
+from test_trainer import _weights, small_config, tiny
+
+
+def digest(model) -> str:
+    h = hashlib.sha256()
+    for tensor in model.state_dict().values():
+        h.update(tensor.detach().contiguous().numpy().tobytes())
+    return h.hexdigest()
+
+
+@pytest.mark.parametrize("settings", [
+    {"rollout_lag": 1},
+    {"rollout_lag": 3},
+    {"rollout_lag": 2, "old_logprobs": "proximal", "tis_cap": 2.0},
+    {"rollout_lag": 2, "old_logprobs": "sampler"},
+    {"rollout_lag": 1, "engine": "hf"},
+], ids=["k1", "k3", "proximal-tis", "sampler", "hf"])
+def test_overlap_trains_the_lagged_run_bit_for_bit(tmp_path, settings):
+    alone = run(tmp_path, "alone", **settings)
+    beside = run(tmp_path, "beside", rollout_overlap=True, **settings)
+    for (name, a), b in zip(_weights(alone.policy).items(), _weights(beside.policy).values()):
+        assert torch.equal(a, b), f"{name} differs with rollout_overlap"
+    assert without_time(beside.history) == without_time(alone.history)
+    assert [m["staleness"] for m in beside.history] == [m["staleness"] for m in alone.history]
+
+
+def test_the_sampler_is_synced_between_rollouts_and_never_during_one(tmp_path, monkeypatch):
+    """Each background rollout starts from the weights the policy had when it was started (the
+    update then running writes only the policy's), and they do not change while it samples."""
+    seen = []   # per background rollout: policy at start, sampler at generate's start and end
+    start = overlap.BackgroundSampler.start
+
+    def spying_start(self, policy, sample):
+        at_start = digest(policy)
+        generate = type(self.engine).generate
+
+        def spying_generate(*args, **kwargs):
+            first = digest(self.policy)
+            out = generate(self.engine, *args, **kwargs)
+            seen.append((at_start, first, digest(self.policy)))
+            return out
+        self.engine.generate = spying_generate   # this rollout's spy (an instance attribute, replaced each time)
+        start(self, policy, sample)
+    monkeypatch.setattr(overlap.BackgroundSampler, "start", spying_start)
+    result = run(tmp_path, "spied", rollout_lag=2, rollout_overlap=True, steps=6)
+    assert len(seen) == 6 - 2   # rollouts 2..5 in the background; 0 and 1 before the first update
+    for at_start, first, last in seen:
+        assert at_start == first == last
+    assert len({at_start for at_start, _, _ in seen}) == len(seen)   # synced anew each time: the policy moved
+    assert result.summary["steps"] == 6
+
+
+def test_an_overlapped_run_resumes_bitwise(tmp_path):
+    full = run(tmp_path, "full", rollout_lag=2, rollout_overlap=True)
+    run(tmp_path, "resumed", rollout_lag=2, rollout_overlap=True, stop_after=3)
+    saved = torch.load(tmp_path / "resumed" / "checkpoints" / "step-000003" / "trainer_state.pt", weights_only=True)
+    assert [r["sampled_at"] for r in saved["in_flight"][0]] == [1, 2]   # the joined rollout is in it
+    resumed = run(tmp_path, "resumed", rollout_lag=2, rollout_overlap=True, resume=tmp_path / "resumed")
+    for (name, a), b in zip(_weights(full.policy).items(), _weights(resumed.policy).values()):
+        assert torch.equal(a, b), f"{name} differs after resume"
+    lines = [json.loads(line) for line in (tmp_path / "resumed" / "metrics.jsonl").read_text().splitlines()]
+    assert without_time(lines) == without_time(full.history)
+
+
+def test_an_error_in_the_sampler_thread_reaches_the_trainer(tmp_path, monkeypatch):
+    def broken(run, engine, models):
+        if run.state.step >= 1:
+            raise RuntimeError("the sampler broke")
+        return sample_rollout(run, engine, models)
+    sample_rollout = trainer.sample_rollout
+    monkeypatch.setattr(trainer, "sample_rollout", broken)
+    with pytest.raises(RuntimeError, match="the sampler broke"):
+        run(tmp_path, "broken", rollout_lag=1, rollout_overlap=True)
+
+
+def test_settings_it_cannot_serve_are_refused_in_one_line(tmp_path):
+    with pytest.raises(ValueError) as error:
+        TrainConfig(rollout_overlap=True)
+    assert "'rollout_overlap' is true with rollout_lag = 0" in str(error.value) and "\n" not in str(error.value)
+    with pytest.raises(ValueError, match="'rollout_overlap' is true with engine = 'vllm'"):
+        TrainConfig(rollout_overlap=True, rollout_lag=1, engine="vllm")
+    policy, tokenizer = tiny()
+    config = small_config(tmp_path, rollout_lag=1, rollout_overlap=True)
+    with pytest.raises(ValueError, match="'rollout_overlap' is true under 2 processes"):
+        overlap.BackgroundSampler(config, World(rank=0, size=2), policy, tokenizer)
+
+
+def test_the_benchmark_measures_every_setting_and_the_readme_quotes_its_file(tmp_path):
+    """benchmarks/overlap.py at toy length (its figures are its own; the committed file's are
+    the README's and chapter 10's); every setting trains the same weights."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from hang_guard import HANG_SECONDS
+    root = Path(__file__).resolve().parent.parent
+    out = tmp_path / "overlap.json"
+    done = subprocess.run([sys.executable, str(root / "benchmarks" / "overlap.py"), "--steps", "3", "--repeats", "1",
+                           "--out", str(out)], capture_output=True, text=True, cwd=tmp_path, timeout=HANG_SECONDS)
+    assert done.returncode == 0, done.stderr[-3000:]
+    figures = json.loads(out.read_text())["figures"]
+    assert set(figures) == {"sequential", "overlap", "sequential, passive", "overlap, passive"}
+    assert len({w for f in figures.values() for w in f["weights"]}) == 1
+    assert "s/step" in done.stdout and "wrote" in done.stdout
+    committed = json.loads((root / "benchmarks" / "results" / "overlap.json").read_text())["figures"]
+    readme = (root / "README.md").read_text()
+    sequential, overlapped = (committed[name]["seconds_per_step"] for name in ("sequential", "overlap"))
+    assert f"{sequential:.3f} s per step sequential, {overlapped:.3f} s overlapped" in " ".join(readme.split())
