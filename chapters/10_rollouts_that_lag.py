@@ -140,7 +140,9 @@ print("the same final weights in every setting:", len({w for f in measured["figu
 # setting, but only because sleeping threads slow a run that has the cores to itself even
 # more. So the book's runs keep `rollout_overlap = false`: a lag costs no time here and
 # saves none. The timeline's speed-up needs a sampler on hardware of its own, a GPU's
-# inference engine beside its trainer; the README says what of that is built.
+# inference engine beside its trainer: `configs/gpu-1x-async.toml` is that run on one GPU
+# (vLLM's own weights are the sampler's, synced between rollouts), and `grpo-edu doctor --gpu`
+# measures both ways there.
 #
 # ## 2. Staleness on a batch you can see
 #

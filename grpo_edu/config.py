@@ -108,8 +108,8 @@ class TrainConfig:
                             "one optimizer step per rollout (num_iterations = num_mini_batches = 1)", 0)
     rollout_overlap: bool = _doc("with rollout_lag >= 1: sample the next rollout in a background thread while the "
                                  "trainer updates (the sampler's own copy of the weights, synced from the policy "
-                                 "between rollouts, never during one); the same numbers as without it. One process, "
-                                 "engine 'fused' or 'hf'", False)
+                                 "between rollouts, never during one); the same numbers as without it. One process; "
+                                 "a colocated vLLM without vllm_sleep_mode", False)
     tis_cap: float = _doc("truncated importance sampling: weigh each token's loss by min(pi_old / pi_sampler, "
                           "tis_cap), correcting for a sampler that differs from pi_old (vLLM's kernels, bf16; an "
                           "older policy under rollout_lag with old_logprobs = 'proximal'); 0 = off. Not with "
@@ -197,9 +197,9 @@ class TrainConfig:
         if self.rollout_overlap and not self.rollout_lag:
             raise ValueError("config key 'rollout_overlap' is true with rollout_lag = 0: a rollout sampled while the "
                              "trainer updates comes from the policy before that update, so it needs rollout_lag >= 1")
-        if self.rollout_overlap and self.engine == "vllm":
-            raise ValueError("config key 'rollout_overlap' is true with engine = 'vllm': background sampling is built "
-                             "for the 'fused' and 'hf' engines only (vLLM's is not yet); set rollout_overlap = false")
+        if self.rollout_overlap and self.engine == "vllm" and self.vllm_mode == "colocate" and self.vllm_sleep_mode:
+            raise ValueError("config key 'rollout_overlap' is true with vllm_sleep_mode = true: a colocated vLLM that "
+                             "samples while the trainer updates must stay awake; set vllm_sleep_mode = false")
         if self.tis_cap < 0 or (self.tis_cap and self.tis_cap < 1):
             raise ValueError(f"config key 'tis_cap' must be 0 (off) or >= 1 (a cap below 1 would shrink every "
                              f"on-policy token's weight), got {self.tis_cap}")

@@ -44,6 +44,9 @@ CHECKS = [
                     f"again, and checks vLLM now samples the new policy (gap < {GAP_LIMIT}), not the old "
                     f"(gap > {MOVED})"),
     ("training", "two GRPO training steps with engine = 'vllm': finite losses, the gap logged"),
+    ("background", "four steps with rollout_lag = 1 sampled in turn, then with rollout_overlap (vLLM samples in a "
+                   "thread while the trainer updates, its weights synced between rollouts): finite losses, the gap "
+                   "logged, whether the two runs' rewards agree, and each one's seconds per step"),
 ]
 
 
@@ -169,8 +172,9 @@ def run_checks(device: torch.device, output: Callable[[str], None] = print, *,
                 f"(limit {GAP_LIMIT}, T = {TEMPERATURE}); after a weight change: {after['sampler_gap/mean_abs']:.2e} "
                 f"to the new policy, {stale:.3f} to the old (expected > {MOVED})")
 
-    def training() -> str:
-        # In a process of its own, as a reader runs it: one vLLM engine per process.
+    def train_steps(steps: int, *extra: str) -> list[dict]:
+        """`grpo-edu train` with engine = 'vllm' for `steps` steps, in a process of its own, as a
+        reader runs it (one vLLM engine per process); its metrics, checked finite and with the gap."""
         import json
         import subprocess
         import sys
@@ -178,9 +182,9 @@ def run_checks(device: torch.device, output: Callable[[str], None] = print, *,
         gc.collect()
         if device.type == "cuda":
             torch.cuda.empty_cache()
-        settings = ["engine=vllm", f"device={device.type}", "steps=2", "prompts_per_step=4", "num_generations=4",
-                    "eval_size=8", "eval_every=1000", "checkpoint_every=0", "progress=false",
-                    "vllm_gpu_memory_utilization=0.2"]
+        settings = ["engine=vllm", f"device={device.type}", f"steps={steps}", "prompts_per_step=4",
+                    "num_generations=4", "eval_size=8", "eval_every=1000", "checkpoint_every=0", "progress=false",
+                    "vllm_gpu_memory_utilization=0.2", *extra]
         with tempfile.TemporaryDirectory() as directory:
             command = [sys.executable, "-m", "grpo_edu", "train", *[f"--set={s}" for s in settings],
                        f"--set=output_dir={directory}/run"]
@@ -189,13 +193,32 @@ def run_checks(device: torch.device, output: Callable[[str], None] = print, *,
                 raise RuntimeError(f"grpo-edu train exited {done.returncode}: "
                                    f"{(done.stderr.strip().splitlines() or ['(no output)'])[-1]}")
             history = [json.loads(line) for line in open(f"{directory}/run/metrics.jsonl")]
-        if len(history) != 2 or not all(math.isfinite(m["loss"]) for m in history):
-            raise RuntimeError(f"expected 2 steps with finite losses, got {[m.get('loss') for m in history]}")
+        if len(history) != steps or not all(math.isfinite(m["loss"]) for m in history):
+            raise RuntimeError(f"expected {steps} steps with finite losses, got {[m.get('loss') for m in history]}")
         if not all("sampler_gap/mean_abs" in m for m in history):
             raise RuntimeError("sampler_gap/mean_abs missing from the steps' metrics")
-        seconds = [sum(m[f"time/{k}"] for k in ("rollout", "scoring", "update")) for m in history]
+        return history
+
+    def step_seconds(m: dict) -> float:
+        return m.get("time/step", sum(m[f"time/{k}"] for k in ("rollout", "scoring", "update")))
+
+    def training() -> str:
+        history = train_steps(2)
         return (f"grpo-edu train --set engine=vllm, 2 steps: losses {history[0]['loss']:.2e}, "
-                f"{history[1]['loss']:.2e}; step {seconds[-1]:.2f} s; gap mean {history[-1]['sampler_gap/mean_abs']:.2e}")
+                f"{history[1]['loss']:.2e}; step {step_seconds(history[-1]):.2f} s; "
+                f"gap mean {history[-1]['sampler_gap/mean_abs']:.2e}")
+
+    def background() -> str:
+        lagged = ("rollout_lag=1", "vllm_sleep_mode=false")
+        in_turn = train_steps(4, *lagged)
+        beside = train_steps(4, *lagged, "rollout_overlap=true")
+        if not all("time/step" in m for m in beside):
+            raise RuntimeError("the overlapped run logged no time/step: it did not sample in the background")
+        same = [m["reward/mean"] for m in beside] == [m["reward/mean"] for m in in_turn]
+        alone, overlapped = (sorted(step_seconds(m) for m in h[1:])[1] for h in (in_turn, beside))
+        return (f"rollout_lag = 1, 4 steps: in turn {alone:.2f} s per step, overlapped {overlapped:.2f} s "
+                f"(median of steps 2-4); rewards {'the same' if same else 'differ'} step by step; "
+                f"gap mean {beside[-1]['sampler_gap/mean_abs']:.2e}")
 
     output(f"{'check':<13} {'result':<6} detail")
     check("CUDA", [], cuda)
@@ -204,6 +227,7 @@ def run_checks(device: torch.device, output: Callable[[str], None] = print, *,
     check("engine", ["CUDA", "vLLM"], engine)
     check("weight sync", ["engine"], weight_sync)
     check("training", ["weight sync"], training)
+    check("background", ["training"], background)
     passed = sum(r.status == "PASS" for r in rows)
     output(f"\n{passed} of {len(rows)} checks passed")
     return rows

@@ -307,7 +307,7 @@ def set_up(config: TrainConfig, *, advantage_fn: AdvantageFn | None, reward_func
     models = _build_models(config, world, policy, reference, faults)
     optimizer, scheduler = make_optimizer(config, models.policy.parameters())
     engine = make_engine(config, models, tokenizer, world)
-    background = BackgroundSampler(config, world, models.policy, tokenizer) if config.rollout_overlap else None
+    background = BackgroundSampler(config, world, models.policy, tokenizer, engine) if config.rollout_overlap else None
     train_pool, held_out = tasks.task_pools(config, tokenizer)
     run = Run(config, world, models, tokenizer, engine, optimizer, scheduler,
               optimise_refreshing_old if faults.refresh_old_logprobs else optimise,

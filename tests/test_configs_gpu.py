@@ -21,7 +21,7 @@ from grpo_edu.scoring import plan_mini_batches
 ROOT = Path(__file__).resolve().parents[1]
 # Each file and the number of processes it is written for: the GPU tier's configs (the committed
 # tiny policy), and the hub recipes (Qwen2.5-0.5B-Instruct on GSM8K and Countdown).
-GPU_TIER = {"gpu-1x.toml": 1, "h100-8x.toml": 8}
+GPU_TIER = {"gpu-1x.toml": 1, "gpu-1x-async.toml": 1, "h100-8x.toml": 8}
 RECIPES = {f"qwen2.5-0.5b-{task}-{n}x.toml": n for task in ("gsm8k", "countdown") for n in (1, 8)}
 FROM_SCRATCH = {"gpu-countdown-from-scratch.toml": 1}   # the download-free recipe
 WORLD_SIZE = {**GPU_TIER, **RECIPES, **FROM_SCRATCH}
@@ -293,3 +293,32 @@ def test_every_hub_recipe_leaves_room_for_the_reported_completion_lengths(name):
         assert said in comment, f"configs/{name}: the comment on max_completion_length lacks {said!r}"
     if config.task == "gsm8k":
         assert f"~{lognormal_share_above(L):.0%} above {L}" in comment
+
+
+def test_the_asynchronous_variant_is_the_one_gpu_config_with_the_sampler_one_rollout_ahead():
+    """configs/gpu-1x-async.toml differs from configs/gpu-1x.toml in the keys its comments name,
+    and those make it asynchronous: a lag of one update, sampled in the background, by a vLLM
+    that stays awake; the same optimizer steps, each on as many completions; the correction its
+    comments call chapter 10's best at k = 1 is the best in chapter 10's results file."""
+    import json
+    sync, _ = load("gpu-1x.toml")
+    lagged, text = load("gpu-1x-async.toml")
+    differ = {k for k, v in dataclasses.asdict(lagged).items() if v != getattr(sync, k)}
+    assert differ == {"prompts_per_step", "num_mini_batches", "steps", "rollout_lag", "rollout_overlap",
+                      "vllm_sleep_mode", "eval_every", "checkpoint_every", "output_dir"}
+    comments = " ".join(normalised_comments(text))
+    for key in differ - {"output_dir"}:
+        assert key in comments, f"the comments do not name {key}"
+    assert (lagged.rollout_lag, lagged.rollout_overlap, lagged.vllm_sleep_mode) == (1, True, False)
+    assert lagged.old_logprobs == "recomputed" and lagged.num_iterations * lagged.num_mini_batches == 1
+
+    def optimizer_steps(c):
+        return c.steps * c.num_iterations * c.num_mini_batches
+    assert optimizer_steps(lagged) == optimizer_steps(sync) == 1600
+    assert (lagged.prompts_per_step * lagged.num_generations // lagged.num_mini_batches
+            == sync.prompts_per_step * sync.num_generations // sync.num_mini_batches)
+    assert lagged.eval_every == sync.eval_every * sync.num_mini_batches   # the same optimizer steps apart
+    results = json.loads((ROOT / "benchmarks" / "results" / "lag.json").read_text())["runs"]
+    at_1 = {name: sum(r["final_accuracy"] for r in results if (r["correction"], r["lag"]) == (name, 1))
+            for name in {r["correction"] for r in results}}
+    assert max(at_1, key=at_1.get) == "clip"   # old_logprobs = "recomputed": the clip sees the staleness

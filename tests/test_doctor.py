@@ -54,6 +54,8 @@ def test_every_check_passes_on_the_cpu_against_the_stand_in(tmp_path, monkeypatc
     assert "gap mean" in detail and "to the new policy" in detail and "to the old" in detail, detail
     assert rows["engine"].detail.startswith("built in") and "bfloat16" in rows["engine"].detail
     assert "losses" in rows["training"].detail
+    # the stand-in samples in a thread what it samples in turn: the same rewards, step by step
+    assert "rewards the same step by step" in rows["background"].detail, rows["background"].detail
     assert printed.splitlines()[-1] == f"{len(doctor.CHECKS)} of {len(doctor.CHECKS)} checks passed"
 
 
@@ -64,6 +66,7 @@ def test_a_wrong_vllm_version_fails_naming_both(monkeypatch):
     assert rows["vLLM"].status == "FAIL"
     assert "found vllm 0.30.0, the engine is written for 0.31.0" in rows["vLLM"].detail
     assert rows["engine"].status == rows["weight sync"].status == rows["training"].status == "SKIP"
+    assert rows["background"].status == "SKIP"
 
 
 def test_a_weight_sync_that_does_not_load_fails(monkeypatch):
@@ -97,7 +100,7 @@ def test_a_weight_sync_that_does_not_load_fails(monkeypatch):
     assert len(syncs) == 2
     assert rows["weight sync"].status == "FAIL", rows["weight sync"].detail
     assert "the sync did not take" in rows["weight sync"].detail
-    assert rows["training"].status == "SKIP"
+    assert rows["training"].status == rows["background"].status == "SKIP"
 
 
 def test_raw_log_probs_fail_the_gap(monkeypatch):

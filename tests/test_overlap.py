@@ -87,12 +87,56 @@ def test_an_error_in_the_sampler_thread_reaches_the_trainer(tmp_path, monkeypatc
         run(tmp_path, "broken", rollout_lag=1, rollout_overlap=True)
 
 
+def vllm_run(tmp_path, name, **overrides):
+    torch.manual_seed(0)
+    config = small_config(tmp_path, output_dir=str(tmp_path / name), steps=5, engine="vllm", vllm_sleep_mode=False,
+                          checkpoint_every=0, eval_every=5, **overrides)
+    return trainer.train(config, log=lambda _: None)
+
+
+def test_through_vllm_the_engines_weights_are_synced_in_the_main_thread_between_rollouts(tmp_path, monkeypatch):
+    """engine = 'vllm' (the stand-in): vLLM's own weights are the sampler's. Every sync runs in
+    the main thread, never while a rollout samples, once per rollout; the run is the one
+    without overlap, bit for bit."""
+    import threading
+
+    from grpo_edu import vllm_engine
+    from vllm_fake import fake_vllm
+    with fake_vllm():
+        alone = vllm_run(tmp_path, "alone", rollout_lag=2)
+        events = []
+        generate, sync = vllm_engine.VLLMEngine.generate, vllm_engine.VLLMEngine.sync_weights
+
+        def spying_generate(self, *args, **kwargs):
+            events.append(("generate", threading.current_thread() is threading.main_thread()))
+            try:
+                return generate(self, *args, **kwargs)
+            finally:
+                events.append(("generated", None))
+
+        def spying_sync(self):
+            sampling = sum(e == "generate" for e, _ in events) - sum(e == "generated" for e, _ in events)
+            events.append(("sync", threading.current_thread() is threading.main_thread() and sampling == 0))
+            return sync(self)
+        monkeypatch.setattr(vllm_engine.VLLMEngine, "generate", spying_generate)
+        monkeypatch.setattr(vllm_engine.VLLMEngine, "sync_weights", spying_sync)
+        beside = vllm_run(tmp_path, "beside", rollout_lag=2, rollout_overlap=True)
+    syncs = [ok for event, ok in events if event == "sync"]
+    rollouts = [in_main for event, in_main in events if event == "generate"]
+    assert len(syncs) == 5 and all(syncs)   # one per rollout, each in the main thread while nothing samples
+    assert rollouts == [True, True, False, False, False]   # rollouts 0, 1 before the first update; 2-4 beside one
+    for (name, a), b in zip(_weights(alone.policy).items(), _weights(beside.policy).values()):
+        assert torch.equal(a, b), f"{name} differs with rollout_overlap"
+    assert without_time(beside.history) == without_time(alone.history)
+
+
 def test_settings_it_cannot_serve_are_refused_in_one_line(tmp_path):
     with pytest.raises(ValueError) as error:
         TrainConfig(rollout_overlap=True)
     assert "'rollout_overlap' is true with rollout_lag = 0" in str(error.value) and "\n" not in str(error.value)
-    with pytest.raises(ValueError, match="'rollout_overlap' is true with engine = 'vllm'"):
+    with pytest.raises(ValueError, match="'rollout_overlap' is true with vllm_sleep_mode = true"):
         TrainConfig(rollout_overlap=True, rollout_lag=1, engine="vllm")
+    TrainConfig(rollout_overlap=True, rollout_lag=1, engine="vllm", vllm_mode="server")   # no engine of its own to sleep
     policy, tokenizer = tiny()
     config = small_config(tmp_path, rollout_lag=1, rollout_overlap=True)
     with pytest.raises(ValueError, match="'rollout_overlap' is true under 2 processes"):

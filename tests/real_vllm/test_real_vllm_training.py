@@ -73,3 +73,18 @@ def test_two_processes_train_through_vllm_what_one_does(tmp_path, one_process, p
     summaries = [json.loads((run_dir / "summary.json").read_text()) for run_dir in (one, two)]
     assert summaries[0]["eval_curve"] == summaries[1]["eval_curve"]
     assert (one / "samples_after.txt").read_text() == (two / "samples_after.txt").read_text()
+
+
+def test_sampling_in_the_background_trains_what_sampling_in_turn_does(tmp_path):
+    """rollout_overlap = true through the CPU build (rollout_lag = 1, no sleep mode): vLLM
+    samples rollouts 2 and 3 in a thread while the trainer updates, its weights synced in the
+    main thread between rollouts; rewards, final weights and evaluation are those of the same
+    lagged run sampled in turn."""
+    settings = ("rollout_lag=1", "vllm_sleep_mode=false")
+    alone, _ = train(tmp_path, "alone", 1, *settings)
+    beside, _ = train(tmp_path, "beside", 1, *settings, "rollout_overlap=true")
+    assert [m["reward/mean"] for m in metrics(beside)] == [m["reward/mean"] for m in metrics(alone)]
+    assert all("time/step" in m for m in metrics(beside))
+    assert largest_difference(alone, beside) == 0.0
+    summaries = [json.loads((run_dir / "summary.json").read_text()) for run_dir in (alone, beside)]
+    assert summaries[0]["eval_curve"] == summaries[1]["eval_curve"]
