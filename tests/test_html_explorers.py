@@ -386,8 +386,11 @@ def test_length_bias_explorer_keeps_its_lengths_in_range(page, specs):
     assert shown["readouts"]["grpo-control-max-length"] == "4096"
 
 
-def test_an_update_takes_under_a_frame(page):
-    """Dragging a slider recomputes and redraws synchronously, well inside a 60 Hz frame."""
+def test_an_update_runs_within_the_input_event_and_records_its_time(page):
+    """Dragging a slider recomputes and redraws synchronously, inside the `input` event (the
+    explorer's lastUpdateMs, cleared before each event, is set when dispatchEvent returns), and
+    records how long it took: the figure benchmarks/site.py measures against a 60 Hz frame. No
+    deadline here: a busy machine is slower, not wrong."""
     times = page.evaluate("""() => {
         const times = {};
         for (const [kind, css, values] of [['advantage', 'grpo-reward-p0-r0', [-1, 0.5, 1]],
@@ -396,6 +399,7 @@ def test_an_update_takes_under_a_frame(page):
             const root = document.querySelector(`.grpo-live[data-explorer="${kind}"]`);
             const input = root.querySelector(`input.${css}`);
             times[kind] = values.map(v => {
+                root.grpoExplorer.lastUpdateMs = null;
                 input.value = String(v);
                 input.dispatchEvent(new Event('input', {bubbles: true}));
                 return root.grpoExplorer.lastUpdateMs;
@@ -403,9 +407,9 @@ def test_an_update_takes_under_a_frame(page):
         }
         return times;
     }""")
-    slowest = {kind: max(ms) for kind, ms in times.items()}
-    print(f"explorer update times (ms, slowest of 3): {slowest}")
-    assert all(ms < 16 for ms in slowest.values()), slowest
+    print(f"explorer update times (ms): {times}")
+    assert set(times) == {"advantage", "clipping", "kl", "length_bias"}
+    assert all(isinstance(ms, (int, float)) and 0 <= ms < float("inf") for ms in sum(times.values(), [])), times
 
 
 def test_a_bad_block_says_what_is_wrong(page):

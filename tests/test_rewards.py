@@ -276,10 +276,10 @@ def test_adversarial_completions_are_scored_quickly(name):
     values = _all_rewards(text)
     seconds = time.perf_counter() - start
     _assert_defined(values)
-    # Linear time: a megabyte takes at most a few tenths of a second on an idle
-    # core. The limit leaves room for a shared machine; quadratic regex
-    # backtracking on a megabyte would take hours.
-    assert seconds < 2.0, f"{name}: {seconds:.2f} s for all five rewards"
+    # Linear time: a megabyte takes a few tenths of a second on an idle core;
+    # quadratic regex backtracking on a megabyte would take hours. The limit is a
+    # guard against that, far above any busy machine's linear time, not a deadline.
+    assert seconds < 60.0, f"{name}: {seconds:.2f} s for all five rewards"
 
 
 def test_huge_reasoning_with_a_good_answer_still_scores():
