@@ -12,15 +12,11 @@ import pytest
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config, items):
-    """Longest first, so that no long file starts last and leaves the other worker idle: the
-    chapters by budget (book.toml), then the test files by how many of their tests are marked
-    slow (more than a few seconds each), then the rest. xdist hands out files in this order."""
+    """The chapters first, longest budget first (book.toml), then the tests: xdist hands out
+    files in this order, so the longest ones do not start last and leave a worker idle."""
     from grpo_edu import book
 
     budgets = {c.path.name: c.budget_seconds for c in book.load_book().chapters}
-    slow: dict[str, int] = {}
-    for item in items:
-        file = item.nodeid.split("::")[0]
-        slow[file] = slow.get(file, 0) + (item.get_closest_marker("slow") is not None)
-    order = {file: i for i, file in enumerate(sorted(slow, key=lambda f: (-budgets.get(Path(f).name, 0), -slow[f])))}
+    files = list(dict.fromkeys(item.nodeid.split("::")[0] for item in items))
+    order = {name: i for i, name in enumerate(sorted(files, key=lambda f: -budgets.get(Path(f).name, 0)))}
     items.sort(key=lambda item: order[item.nodeid.split("::")[0]])   # stable: a file keeps its order
