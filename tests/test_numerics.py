@@ -198,8 +198,10 @@ def unpinned_chapters(turn: int | None = None) -> list[Path]:
     return [ROOT / c.path for c in chapters if c in sample]
 
 
-def test_the_unpinned_check_takes_every_chapter_in_turn_and_the_same_few_per_commit():
+def test_the_unpinned_check_takes_every_chapter_in_turn_and_the_same_few_per_commit(monkeypatch):
     from grpo_edu.book import notebooks
+
+    monkeypatch.delenv("GRPO_EDU_UNPINNED_CHAPTERS", raising=False)   # the rotation itself, not an override
 
     chapters = book.load_book(ROOT).chapters
     tagged = {c.path.name for c in chapters if any(numerics.PLATFORM_TAG in cell.metadata.get("tags", [])
