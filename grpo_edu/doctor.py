@@ -199,16 +199,15 @@ def run_checks(device: torch.device, output: Callable[[str], None] = print, *,
             raise RuntimeError("sampler_gap/mean_abs missing from the steps' metrics")
         return history
 
-    def step_seconds(m: dict) -> float:
-        return m.get("time/step", sum(m[f"time/{k}"] for k in ("rollout", "scoring", "update")))
-
     def training() -> str:
+        from grpo_edu.metrics import step_seconds
         history = train_steps(2)
         return (f"grpo-edu train --set engine=vllm, 2 steps: losses {history[0]['loss']:.2e}, "
                 f"{history[1]['loss']:.2e}; step {step_seconds(history[-1]):.2f} s; "
                 f"gap mean {history[-1]['sampler_gap/mean_abs']:.2e}")
 
     def background() -> str:
+        from grpo_edu.metrics import step_seconds
         lagged = ("rollout_lag=1", "vllm_sleep_mode=false")
         in_turn = train_steps(4, *lagged)
         beside = train_steps(4, *lagged, "rollout_overlap=true")

@@ -147,13 +147,18 @@ def step_metrics(plan: Plan, batch: RolloutBatch, update: dict[str, float], seco
     return metrics
 
 
+def step_seconds(metrics: dict) -> float:
+    """A step's time: its phases' sum, or with rollout_overlap (whose rollout ran beside an
+    update) its wall-clock, time/step."""
+    return metrics.get("time/step", sum(metrics[f"time/{key}"] for key in TIME_SPLIT))
+
+
 def run_summary(config: dict, history: list[dict], start_accuracy: float, seconds: float,
                 finished: bool, eval_problems: int) -> dict:
     """summary.json: the run's held-out accuracies (with 95% Wilson intervals over the
     eval_problems problems), its evaluation curve, its speed and the config (as a dict)."""
     evals = [(m["step"], m["eval/greedy_accuracy"]) for m in history if "eval/greedy_accuracy" in m]
-    # a step's time: its phases' sum, or with rollout_overlap (whose rollout ran beside an update) its wall-clock
-    step_times = [m.get("time/step", sum(m[f"time/{key}"] for key in TIME_SPLIT)) for m in history]
+    step_times = [step_seconds(m) for m in history]
     final_accuracy = evals[-1][1] if evals else start_accuracy
 
     def interval(accuracy: float) -> list[float]:

@@ -2,7 +2,6 @@
 as the lagged one without overlap, bit for bit; the sampler's weights synced between rollouts,
 never during one; a checkpoint resumes it; settings it cannot serve refused in one line."""
 
-import hashlib
 import json
 
 import pytest
@@ -12,14 +11,8 @@ from grpo_edu import overlap, trainer
 from grpo_edu.config import TrainConfig
 from grpo_edu.distributed import World
 from test_lagging import run, without_time
+from numerics_probe import weights_digest as digest
 from test_trainer import _weights, small_config, tiny
-
-
-def digest(model) -> str:
-    h = hashlib.sha256()
-    for tensor in model.state_dict().values():
-        h.update(tensor.detach().contiguous().numpy().tobytes())
-    return h.hexdigest()
 
 
 @pytest.mark.parametrize("settings", [
