@@ -141,8 +141,9 @@ print("the same final weights in every setting:", len({w for f in measured["figu
 # more. So the book's runs keep `rollout_overlap = false`: a lag costs no time here and
 # saves none. The timeline's speed-up needs a sampler on hardware of its own, a GPU's
 # inference engine beside its trainer: `configs/gpu-1x-async.toml` is that run on one GPU
-# (vLLM's own weights are the sampler's, synced between rollouts), and `grpo-edu doctor --gpu`
-# measures both ways there.
+# (vLLM's own weights are the sampler's, synced between rollouts), `configs/h100-8x-async.toml`
+# on eight under torchrun (each rank's sampler gathers its rewards in a process group of its
+# own, beside the update's collectives), and `grpo-edu doctor --gpu` measures both ways there.
 #
 # ## 2. Staleness on a batch you can see
 #

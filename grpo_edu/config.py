@@ -108,8 +108,9 @@ class TrainConfig:
                             "one optimizer step per rollout (num_iterations = num_mini_batches = 1)", 0)
     rollout_overlap: bool = _doc("with rollout_lag >= 1: sample the next rollout in a background thread while the "
                                  "trainer updates (the sampler's own copy of the weights, synced from the policy "
-                                 "between rollouts, never during one); the same numbers as without it. One process; "
-                                 "a colocated vLLM without vllm_sleep_mode", False)
+                                 "between rollouts, never during one); the same numbers as without it. Under "
+                                 "torchrun every rank samples its share so. A colocated vLLM: without "
+                                 "vllm_sleep_mode", False)
     tis_cap: float = _doc("truncated importance sampling: weigh each token's loss by min(pi_old / pi_sampler, "
                           "tis_cap), correcting for a sampler that differs from pi_old (vLLM's kernels, bf16; an "
                           "older policy under rollout_lag with old_logprobs = 'proximal'); 0 = off. Not with "

@@ -40,7 +40,7 @@ from __future__ import annotations
 import contextlib
 import datetime
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 
 import torch
 import torch.distributed as dist
@@ -56,6 +56,14 @@ class World:
     size: int = 1
     local_rank: int = 0
     device: torch.device = torch.device("cpu")
+    # None: the collectives below run in the default process group, on `device`. A side
+    # group (side_world): they run in it instead, on CPU tensors (gloo), so that a second
+    # thread's collectives never interleave with the main thread's in one group.
+    group: object = field(default=None, compare=False, repr=False)
+
+    @property
+    def _comm_device(self) -> torch.device:
+        return torch.device("cpu") if self.group is not None else self.device
 
     @property
     def is_main(self) -> bool:
@@ -84,9 +92,9 @@ class World:
         """Every rank's tensor of the same shape, concatenated along dim 0 in rank order."""
         if not self.distributed:
             return tensor
-        local = tensor.to(self.device).contiguous()
+        local = tensor.to(self._comm_device).contiguous()
         parts = [torch.empty_like(local) for _ in range(self.size)]
-        dist.all_gather(parts, local)
+        dist.all_gather(parts, local, group=self.group)
         return torch.cat(parts).to(tensor.device)
 
     def gather_objects(self, values: list) -> list:
@@ -94,21 +102,33 @@ class World:
         if not self.distributed:
             return list(values)
         parts: list = [None] * self.size
-        dist.all_gather_object(parts, list(values))
+        dist.all_gather_object(parts, list(values), group=self.group)
         return [value for part in parts for value in part]
 
     def reduce(self, tensor: torch.Tensor, op: str = "sum") -> torch.Tensor:
         """The elementwise sum, min or max over ranks (a new tensor)."""
         if not self.distributed:
             return tensor.clone()
-        result = tensor.to(self.device).clone()
+        result = tensor.to(self._comm_device).clone()
         dist.all_reduce(result, {"sum": dist.ReduceOp.SUM, "min": dist.ReduceOp.MIN,
-                                 "max": dist.ReduceOp.MAX}[op])
+                                 "max": dist.ReduceOp.MAX}[op], group=self.group)
         return result.to(tensor.device)
 
     def barrier(self) -> None:
         if self.distributed:
-            dist.barrier()
+            dist.barrier(group=self.group)
+
+
+def side_world(world: World) -> World:
+    """The same ranks in a process group of their own (gloo, CPU tensors), for collectives
+    that a second thread runs while the main thread runs others (grpo_edu.overlap: the
+    background sampler gathers each rollout's rewards while the update all-reduces gradients).
+    Two threads that share one group could enter their collectives in different orders on
+    different ranks and hang; each group keeps its own order. Every rank must call this, at
+    the same point (creating a group is itself collective). A world of one is returned as it is."""
+    if not world.distributed:
+        return world
+    return replace(world, group=dist.new_group(backend="gloo"))
 
 
 def resolve_device(device: str, local_rank: int = 0) -> torch.device:

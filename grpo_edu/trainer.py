@@ -141,10 +141,11 @@ def roll_out(config: TrainConfig, samples: list[dict], tokenizer, engine, world:
             return engine.generate(prompts["input_ids"], prompts["attention_mask"], sampling)
 
 
-def sample_rollout(run: "Run", engine, models: Models) -> InFlight:
+def sample_rollout(run: "Run", engine, models: Models, world: World | None = None) -> InFlight:
     """Steps 1-4 for the next rollout: prompts, completions from `engine`, rewards and
-    advantages, and (rollout_lag > 0) its pi_old from `models`, the policy that sampled it."""
-    config, state, world = run.config, run.state, run.world
+    advantages, and (rollout_lag > 0) its pi_old from `models`, the policy that sampled it.
+    world: the run's, or the background sampler's (its collectives in a group of their own)."""
+    config, state, world = run.config, run.state, run.world if world is None else world
     t0 = time.perf_counter()
     samples = sample_prompts(config, state, run.train_pool)
     rollout = roll_out(config, samples, run.tokenizer, engine, world)
@@ -173,7 +174,7 @@ def sample_in_background(run: "Run") -> None:
     runs; the loop joins it after the update."""
     state = run.state
     if state.step + 1 + len(state.in_flight) < run.config.steps:
-        run.background.start(run.models.policy, lambda engine, models: sample_rollout(run, engine, models))
+        run.background.start(run.models, lambda engine, models, world: sample_rollout(run, engine, models, world))
 
 
 # --------------------------------------------------------------------------- the loop
@@ -307,7 +308,7 @@ def set_up(config: TrainConfig, *, advantage_fn: AdvantageFn | None, reward_func
     models = _build_models(config, world, policy, reference, faults)
     optimizer, scheduler = make_optimizer(config, models.policy.parameters())
     engine = make_engine(config, models, tokenizer, world)
-    background = BackgroundSampler(config, world, models.policy, tokenizer, engine) if config.rollout_overlap else None
+    background = BackgroundSampler(config, world, models, tokenizer, engine) if config.rollout_overlap else None
     train_pool, held_out = tasks.task_pools(config, tokenizer)
     run = Run(config, world, models, tokenizer, engine, optimizer, scheduler,
               optimise_refreshing_old if faults.refresh_old_logprobs else optimise,

@@ -21,7 +21,7 @@ from grpo_edu.scoring import plan_mini_batches
 ROOT = Path(__file__).resolve().parents[1]
 # Each file and the number of processes it is written for: the GPU tier's configs (the committed
 # tiny policy), and the hub recipes (Qwen2.5-0.5B-Instruct on GSM8K and Countdown).
-GPU_TIER = {"gpu-1x.toml": 1, "gpu-1x-async.toml": 1, "h100-8x.toml": 8}
+GPU_TIER = {"gpu-1x.toml": 1, "gpu-1x-async.toml": 1, "h100-8x.toml": 8, "h100-8x-async.toml": 8}
 RECIPES = {f"qwen2.5-0.5b-{task}-{n}x.toml": n for task in ("gsm8k", "countdown") for n in (1, 8)}
 FROM_SCRATCH = {"gpu-countdown-from-scratch.toml": 1}   # the download-free recipe
 WORLD_SIZE = {**GPU_TIER, **RECIPES, **FROM_SCRATCH}
@@ -322,3 +322,42 @@ def test_the_asynchronous_variant_is_the_one_gpu_config_with_the_sampler_one_rol
     at_1 = {name: sum(r["final_accuracy"] for r in results if (r["correction"], r["lag"]) == (name, 1))
             for name in {r["correction"] for r in results}}
     assert max(at_1, key=at_1.get) == "clip"   # old_logprobs = "recomputed": the clip sees the staleness
+
+
+def test_the_asynchronous_eight_gpu_variant_samples_in_the_background_on_every_rank():
+    """configs/h100-8x-async.toml differs from configs/h100-8x.toml in the keys its comments name:
+    a lag of one update sampled in the background by an awake vLLM, pi_old at the update with
+    TIS (no whole copy per rank); its accuracy figures are chapter 10's results file's, and its
+    memory arithmetic is recomputed here."""
+    import json
+    from statistics import mean
+    sync, sync_text = load("h100-8x.toml")
+    lagged, text = load("h100-8x-async.toml")
+    differ = {k for k, v in dataclasses.asdict(lagged).items() if v != getattr(sync, k)}
+    assert differ == {"rollout_lag", "rollout_overlap", "old_logprobs", "vllm_sleep_mode", "output_dir"}
+    def prose(source):   # the comments as running text, without their '#'
+        return " ".join(" ".join(line.split("#", 1)[1].split()) for line in source.splitlines() if "#" in line)
+    comments = prose(text)
+    for key in differ:
+        assert key in comments, f"the comments do not name {key}"
+    assert (lagged.rollout_lag, lagged.rollout_overlap, lagged.vllm_sleep_mode) == (1, True, False)
+    assert (lagged.old_logprobs, lagged.tis_cap, lagged.parallelism) == ("proximal", 2.0, "fsdp2")
+    results = json.loads((ROOT / "benchmarks" / "results" / "lag.json").read_text())
+    at_1 = {name: mean(r["final_accuracy"] for r in results["runs"] if (r["correction"], r["lag"]) == (name, 1))
+            for name in ("tis", "clip")}
+    assert results["corrections"]["tis"] == {"old_logprobs": "proximal", "tis_cap": lagged.tis_cap}
+    assert f"{len(results['seeds'])} seeds, k = 1) TIS ended at {at_1['tis']:.3f}" in comments
+    assert f"the clip at {at_1['clip']:.3f}" in comments
+    # The memory: 16 bytes per parameter sharded 8 ways plus the reference's 4 / 8 (fsdp2, from
+    # configs/h100-8x.toml), vLLM's share of an 80 GB H100 held awake, the evaluation's copy.
+    params, gpu = 7e9, 80
+    N = WORLD_SIZE["h100-8x-async.toml"]
+    sharded = params * (16 + 4) / N / 1e9
+    awake = lagged.vllm_gpu_memory_utilization * gpu
+    copy = params * 4 / 1e9
+    assert f"7e9 x (2 + 0.5) = {sharded:g} GB" in prose(sync_text)
+    assert (f"{sharded:g} GB (fsdp2, see configs/h100-8x.toml) + {lagged.vllm_gpu_memory_utilization} x {gpu} = "
+            f"{awake:.1f} GB = {sharded + awake:.1f} GB per GPU before activations") in comments
+    assert f"{sharded + awake + copy:.1f} GB while an evaluation holds its gathered float32 copy ({copy:g} GB)" in comments
+    assert sharded + awake + copy < gpu
+    assert f"(4 bytes per parameter: {copy:g} GB for a 7B model, beside fsdp2's {sharded:g} GB)" in comments

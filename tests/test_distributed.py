@@ -147,6 +147,38 @@ def test_resume_on_the_same_number_of_processes_is_bitwise_and_on_one_is_close(t
     assert largest_difference(whole, on_one) < TOLERANCE
 
 
+@pytest.mark.parametrize("parallelism", ["ddp", "fsdp2"])
+def test_sampling_in_the_background_on_two_processes_trains_the_lagged_run_bit_for_bit(tmp_path, parallelism):
+    """rollout_overlap under torchrun: each rank's sampler thread gathers the rollout's rewards
+    in a process group of its own while the update all-reduces (DDP) or all-gathers and
+    reduce-scatters (FSDP2) in the default one; pi_old (recomputed by the sampler's whole copy)
+    and every update are the in-turn run's, bit for bit, and the run resumes bitwise."""
+    overrides = COMMON + ["rollout_lag=2", "checkpoint_every=2", f"parallelism={parallelism}"]
+    names = ("in-turn", "beside", "stopped") if parallelism == "fsdp2" else ("in-turn", "beside")  # one resume
+    runs = {name: tmp_path / name for name in names}
+    first = [{"output_dir": str(runs["in-turn"]), "overrides": overrides},
+             {"output_dir": str(runs["beside"]), "overrides": overrides + ["rollout_overlap=true"]}]
+    if "stopped" in runs:
+        first.append({"output_dir": str(runs["stopped"]), "overrides": overrides + ["rollout_overlap=true"],
+                      "stop_after": 3})
+    sweep(tmp_path, first, 2)
+    if "stopped" in runs:
+        sweep(tmp_path, [{"output_dir": str(runs["stopped"]), "overrides": overrides + ["rollout_overlap=true"],
+                          "resume": str(runs["stopped"])}], 2)
+    in_turn = final_policy(runs["in-turn"])
+    for name in names[1:]:
+        policy = final_policy(runs[name])
+        assert all(torch.equal(in_turn[key], policy[key]) for key in in_turn), name
+    logged = {name: [{k: v for k, v in json.loads(line).items() if not k.startswith("time/")}
+                     for line in (path / "metrics.jsonl").read_text().splitlines()] for name, path in runs.items()}
+    for name in names[1:]:
+        for a, b in zip(logged["in-turn"], logged[name], strict=True):
+            assert a == b, (name, {k: (a[k], b.get(k)) for k in a if a[k] != b.get(k)})
+    assert [m["staleness"] for m in logged["beside"]] == [0.0, 1.0, 2.0, 2.0, 2.0]
+    time_logged = [json.loads(line) for line in (runs["beside"] / "metrics.jsonl").read_text().splitlines()]
+    assert all("time/step" in m for m in time_logged)   # it did sample in the background
+
+
 def test_fsdp2_holds_half_of_the_parameters_gradients_and_optimizer_state_per_rank(tmp_path):
     runs = [{"output_dir": str(tmp_path / p), "overrides": COMMON + ["steps=1", f"parallelism={p}"]}
             for p in ("ddp", "fsdp2")]

@@ -9,7 +9,6 @@ import torch
 
 from grpo_edu import overlap, trainer
 from grpo_edu.config import TrainConfig
-from grpo_edu.distributed import World
 from test_lagging import run, without_time
 from numerics_probe import weights_digest as digest
 from test_trainer import _weights, small_config, tiny
@@ -31,14 +30,42 @@ def test_overlap_trains_the_lagged_run_bit_for_bit(tmp_path, settings):
     assert [m["staleness"] for m in beside.history] == [m["staleness"] for m in alone.history]
 
 
+def test_the_samplers_copy_sits_at_the_policys_alignment_and_samples_what_it_samples():
+    """The committed starting policy's tensors sit 56 bytes past a 64-byte boundary (read from
+    its safetensors file); a plain copy is 64-aligned, and the CPU kernels round some of its
+    log-probs differently (an overlapped torchrun run logged another sampler_gap). The
+    sampler's copy keeps each tensor's address modulo 64, so it samples bit for bit."""
+    import copy
+
+    from grpo_edu import fused_llama
+    from grpo_edu.models import load_policy
+    from grpo_edu.rollout import SamplingParams
+    policy, tokenizer = load_policy()
+    mirrored, plain = overlap._mirrored_copy(policy), copy.deepcopy(policy)
+    offsets = {name: p.data_ptr() % overlap.ALIGNMENT for name, p in policy.named_parameters()}
+    assert set(offsets.values()) != {0}   # the case this guards: a policy whose tensors are not 64-aligned
+    assert {n: p.data_ptr() % overlap.ALIGNMENT for n, p in mirrored.named_parameters()} == offsets
+    assert {n: p.data_ptr() % overlap.ALIGNMENT for n, p in plain.named_parameters()} != offsets
+    for (name, a), b in zip(policy.state_dict().items(), mirrored.state_dict().values()):
+        assert torch.equal(a, b) and a.data_ptr() != b.data_ptr(), name
+    prompts = tokenizer(["12+34=", "7*8=", "100-1=", "5+5="] * 4, return_tensors="pt", padding=True,
+                        add_special_tokens=False)
+    for trial in range(8):   # here the plain copy's differ in 2 of 30 such batches (kernels vary by CPU)
+        torch.manual_seed(trial)
+        uniforms, sampling = torch.rand(16 * 8, 32), SamplingParams(8, 32, 1.0)
+        mine, theirs = (fused_llama.FusedEngine(model, tokenizer).generate(
+            prompts["input_ids"], prompts["attention_mask"], sampling, uniforms=uniforms) for model in (mirrored, policy))
+        assert torch.equal(mine.completion_ids, theirs.completion_ids) and torch.equal(mine.sampler_logp, theirs.sampler_logp)
+
+
 def test_the_sampler_is_synced_between_rollouts_and_never_during_one(tmp_path, monkeypatch):
     """Each background rollout starts from the weights the policy had when it was started (the
     update then running writes only the policy's), and they do not change while it samples."""
     seen = []   # per background rollout: policy at start, sampler at generate's start and end
     start = overlap.BackgroundSampler.start
 
-    def spying_start(self, policy, sample):
-        at_start = digest(policy)
+    def spying_start(self, models, sample):
+        at_start = digest(models.policy)
         generate = type(self.engine).generate
 
         def spying_generate(*args, **kwargs):
@@ -47,7 +74,7 @@ def test_the_sampler_is_synced_between_rollouts_and_never_during_one(tmp_path, m
             seen.append((at_start, first, digest(self.policy)))
             return out
         self.engine.generate = spying_generate   # this rollout's spy (an instance attribute, replaced each time)
-        start(self, policy, sample)
+        start(self, models, sample)
     monkeypatch.setattr(overlap.BackgroundSampler, "start", spying_start)
     result = run(tmp_path, "spied", rollout_lag=2, rollout_overlap=True, steps=6)
     assert len(seen) == 6 - 2   # rollouts 2..5 in the background; 0 and 1 before the first update
@@ -70,10 +97,10 @@ def test_an_overlapped_run_resumes_bitwise(tmp_path):
 
 
 def test_an_error_in_the_sampler_thread_reaches_the_trainer(tmp_path, monkeypatch):
-    def broken(run, engine, models):
+    def broken(run, engine, models, world=None):
         if run.state.step >= 1:
             raise RuntimeError("the sampler broke")
-        return sample_rollout(run, engine, models)
+        return sample_rollout(run, engine, models, world)
     sample_rollout = trainer.sample_rollout
     monkeypatch.setattr(trainer, "sample_rollout", broken)
     with pytest.raises(RuntimeError, match="the sampler broke"):
@@ -123,6 +150,29 @@ def test_through_vllm_the_engines_weights_are_synced_in_the_main_thread_between_
     assert without_time(beside.history) == without_time(alone.history)
 
 
+def test_through_vllm_with_pi_old_at_the_update_the_sampler_holds_no_copy(tmp_path, monkeypatch):
+    """engine = 'vllm' with old_logprobs = 'proximal' (pi_old is the update's forward; TIS
+    weighs the staleness): the sampler needs no weights but vLLM's, so it keeps no copy (under
+    FSDP2 that copy would be whole weights on every rank), and the run is the in-turn one."""
+    from vllm_fake import fake_vllm
+    built = []
+    init = overlap.BackgroundSampler.__init__
+
+    def spying_init(self, *args, **kwargs):
+        init(self, *args, **kwargs)
+        built.append(self)
+    monkeypatch.setattr(overlap.BackgroundSampler, "__init__", spying_init)
+    settings = {"rollout_lag": 2, "old_logprobs": "proximal", "tis_cap": 2.0}
+    with fake_vllm():
+        alone = vllm_run(tmp_path, "alone", **settings)
+        beside = vllm_run(tmp_path, "beside", rollout_overlap=True, **settings)
+    assert len(built) == 1 and built[0].policy is None and built[0].models is None
+    for (name, a), b in zip(_weights(alone.policy).items(), _weights(beside.policy).values()):
+        assert torch.equal(a, b), f"{name} differs with rollout_overlap"
+    assert without_time(beside.history) == without_time(alone.history)
+    assert any(m["tis/mean"] != 1.0 for m in beside.history)   # the correction acted: pi_old is not the sampler
+
+
 def test_settings_it_cannot_serve_are_refused_in_one_line(tmp_path):
     with pytest.raises(ValueError) as error:
         TrainConfig(rollout_overlap=True)
@@ -130,10 +180,6 @@ def test_settings_it_cannot_serve_are_refused_in_one_line(tmp_path):
     with pytest.raises(ValueError, match="'rollout_overlap' is true with vllm_sleep_mode = true"):
         TrainConfig(rollout_overlap=True, rollout_lag=1, engine="vllm")
     TrainConfig(rollout_overlap=True, rollout_lag=1, engine="vllm", vllm_mode="server")   # no engine of its own to sleep
-    policy, tokenizer = tiny()
-    config = small_config(tmp_path, rollout_lag=1, rollout_overlap=True)
-    with pytest.raises(ValueError, match="'rollout_overlap' is true under 2 processes"):
-        overlap.BackgroundSampler(config, World(rank=0, size=2), policy, tokenizer)
 
 
 def test_the_benchmark_measures_every_setting_and_the_readme_quotes_its_file(tmp_path):

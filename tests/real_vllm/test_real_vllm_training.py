@@ -75,12 +75,14 @@ def test_two_processes_train_through_vllm_what_one_does(tmp_path, one_process, p
     assert (one / "samples_after.txt").read_text() == (two / "samples_after.txt").read_text()
 
 
-def test_sampling_in_the_background_trains_what_sampling_in_turn_does(tmp_path):
+@pytest.mark.parametrize("pi_old", [(), ("old_logprobs=proximal", "tis_cap=2.0")], ids=["recomputed", "proximal"])
+def test_sampling_in_the_background_trains_what_sampling_in_turn_does(tmp_path, pi_old):
     """rollout_overlap = true through the CPU build (rollout_lag = 1, no sleep mode): vLLM
     samples rollouts 2 and 3 in a thread while the trainer updates, its weights synced in the
     main thread between rollouts; rewards, final weights and evaluation are those of the same
-    lagged run sampled in turn."""
-    settings = ("rollout_lag=1", "vllm_sleep_mode=false")
+    lagged run sampled in turn. With pi_old recomputed by the sampling policy (the sampler's
+    copy computes it) and taken at the update (no copy: configs/h100-8x-async.toml's way)."""
+    settings = ("rollout_lag=1", "vllm_sleep_mode=false", *pi_old)
     alone, _ = train(tmp_path, "alone", 1, *settings)
     beside, _ = train(tmp_path, "beside", 1, *settings, "rollout_overlap=true")
     assert [m["reward/mean"] for m in metrics(beside)] == [m["reward/mean"] for m in metrics(alone)]
