@@ -17,6 +17,10 @@ row, and the logits at column P - 1 predict it.
     advantages      (B, G)     one advantage per completion
     sampler_logp    (B, G, S)  the rollout engine's log-probs of its samples, or None
                                (the trainer compares them with its own: the sampler gap)
+    env_mask        (B, G, S)  multi-turn episodes (grpo_edu.episodes): 1 on the tokens the
+                               environment wrote, or None. They are context: attended to
+                               (attention_mask), never scored (not in completion_mask, which
+                               then marks the policy's tokens only and may have gaps)
 
 The trainer's step data is this type too (grpo_edu.scoring builds one per rank per
 rollout): its mini-batches are `select`s of whole groups and its micro-batches
@@ -35,7 +39,7 @@ import torch
 from grpo_edu.advantages import check_rewards
 from grpo_edu.loss import check_logprob_values
 
-_OPTIONAL = ("old_logp", "ref_logp", "sampler_logp")
+_OPTIONAL = ("old_logp", "ref_logp", "sampler_logp", "env_mask")
 _INTEGER_DTYPES = (torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64)
 
 
@@ -65,6 +69,7 @@ class RolloutBatch:
     advantages: torch.Tensor
     ref_logp: torch.Tensor | None = None
     sampler_logp: torch.Tensor | None = None
+    env_mask: torch.Tensor | None = None
 
     def __post_init__(self):
         for f in fields(self):
@@ -204,7 +209,13 @@ class RolloutBatch:
                                  f"got {tuple(value.shape)}")
         self._check_group_shapes(B, G)
 
+    def _check_env_mask_shape(self) -> None:
+        if self.env_mask is not None and self.env_mask.shape != self.completion_mask.shape:
+            raise ValueError(f"env_mask must have the shape of completion_mask {tuple(self.completion_mask.shape)}, "
+                             f"got {tuple(self.env_mask.shape)}")
+
     def _check_group_shapes(self, B: int, G: int) -> None:
+        self._check_env_mask_shape()
         for name in ("rewards", "advantages"):
             if getattr(self, name).shape != (B, G):
                 raise ValueError(f"{name} must have shape (B, G) = ({B}, {G}), got {tuple(getattr(self, name).shape)}")
@@ -216,8 +227,9 @@ class RolloutBatch:
             value = getattr(self, name)
             if value is not None and not value.is_floating_point():
                 raise TypeError(f"{name} must be a floating-point tensor, got dtype {value.dtype}")
-        for name in ("attention_mask", "completion_mask"):
-            _as_bool_mask(getattr(self, name), name)
+        for name in ("attention_mask", "completion_mask", "env_mask"):
+            if getattr(self, name) is not None:
+                _as_bool_mask(getattr(self, name), name)
 
     def _check_layout(self) -> None:
         attention = _as_bool_mask(self.attention_mask, "attention_mask")
@@ -227,11 +239,20 @@ class RolloutBatch:
         if (lengths == 0).any():
             raise ValueError(f"every completion needs at least one token in completion_mask; "
                              f"{_where(lengths == 0)} has none")
+        # An episode's columns hold the policy's tokens and the environment's, never both at once.
+        written = completion
+        if self.env_mask is not None:
+            env = _as_bool_mask(self.env_mask, "env_mask")
+            if (env & completion).any():
+                raise ValueError(f"env_mask and completion_mask both mark a token (each is written by the policy "
+                                 f"or by the environment): {_where(env & completion)}")
+            written = completion | env
         # Right padding: the mask is 1...1 0...0, so it never increases along the row.
-        restarts = completion[..., 1:] & ~completion[..., :-1]
+        restarts = written[..., 1:] & ~written[..., :-1]
         if restarts.any():
             b, g, s = (int(i) for i in restarts.nonzero()[0])
-            raise ValueError(f"completion_mask must be right-padded (1s then 0s); it restarts after a 0 "
+            name = "completion_mask" if self.env_mask is None else "completion_mask | env_mask"
+            raise ValueError(f"{name} must be right-padded (1s then 0s); it restarts after a 0 "
                              f"at prompt {b}, completion {g}, completion column {s + 1}")
         # Left padding: the prompt mask never decreases, and its last column is real.
         prompt = attention[..., :P]
@@ -243,11 +264,11 @@ class RolloutBatch:
         if gaps.any():
             raise ValueError(f"prompts must be left-padded (0s then 1s in attention_mask[..., :P]); "
                              f"a gap follows a real token at {_where(gaps)}")
-        # The completion columns hold exactly the completion's real tokens.
-        mismatch = attention[..., P:] != completion
+        # The completion columns hold exactly the completion's real tokens (an episode's: both writers').
+        mismatch = attention[..., P:] != written
         if mismatch.any():
             b, g, s = (int(i) for i in mismatch.nonzero()[0])
-            if completion[b, g, s]:
+            if written[b, g, s]:
                 raise ValueError(f"completion_mask marks a token that attention_mask marks as padding: "
                                  f"prompt {b}, completion {g}, completion column {s}")
             raise ValueError(f"attention_mask marks a real token in the completion columns that "
@@ -260,7 +281,7 @@ class RolloutBatch:
         bad = ~torch.isfinite(self.advantages)
         if bad.any():
             raise ValueError(f"advantages must be finite, got {self.advantages[bad][0].item()} at {_where(bad)}")
-        for name in _OPTIONAL:
+        for name in ("old_logp", "ref_logp", "sampler_logp"):
             value = getattr(self, name)
             if value is None:
                 continue
@@ -274,7 +295,7 @@ class MicroBatch:
 
         input_ids, attention_mask                  (n, T)
         completion_mask, old_logp, ref_logp,       (n, S)
-        sampler_logp
+        sampler_logp, env_mask
         rewards, advantages                        (n,)
 
     Not re-validated: its rows come from a validated batch.
@@ -288,6 +309,7 @@ class MicroBatch:
     advantages: torch.Tensor
     ref_logp: torch.Tensor | None = None
     sampler_logp: torch.Tensor | None = None
+    env_mask: torch.Tensor | None = None
 
     @property
     def num_completions(self) -> int:

@@ -78,6 +78,13 @@ class TrainConfig:
     num_generations: int = _doc("G: completions sampled per prompt", 8)
     max_completion_length: int = _doc("L: most tokens generated per completion", 16)
     temperature: float = _doc("sampling temperature (training log-probs use the same one)", 1.0)
+    environment: str = _doc("multi-turn episodes: an environment class, 'module:Class' (grpo_edu.episodes; "
+                            "'grpo_edu.episodes:Calculator' is a calculator tool); the policy writes until EOS or "
+                            "the environment's stop token, the environment answers, the policy goes on. Its tokens "
+                            "are context, never trained on; max_completion_length holds the whole episode. '' = "
+                            "single-turn completions", "")
+    max_turns: int = _doc("with environment: the most policy turns in an episode (a hand-over on the last one is "
+                          "left unanswered, and the episode ends truncated)", 4)
 
     # --- optimisation
     steps: int = _doc("training steps in the run: rollouts, each giving num_iterations x num_mini_batches "
@@ -168,7 +175,7 @@ class TrainConfig:
             if getattr(self, key) not in allowed:
                 raise ValueError(f"config key {key!r} must be one of {allowed}, got {getattr(self, key)!r}")
         positive = ("threads", "prompts_per_step", "max_completion_length", "steps", "num_iterations",
-                    "num_mini_batches", "micro_batch_size", "eval_every", "eval_size")
+                    "num_mini_batches", "micro_batch_size", "eval_every", "eval_size", "max_turns")
         for key in positive:
             if getattr(self, key) < 1:
                 raise ValueError(f"config key {key!r} must be >= 1, got {getattr(self, key)}")
@@ -181,6 +188,13 @@ class TrainConfig:
                              f"got {self.num_generations}")
         if self.temperature <= 0:
             raise ValueError(f"config key 'temperature' must be > 0, got {self.temperature}")
+        if self.environment and not (self.environment.count(":") == 1 and all(self.environment.split(":"))):
+            raise ValueError(f"config key 'environment' must be 'module:Class' (or '' for single-turn "
+                             f"completions), got {self.environment!r}")
+        if self.environment and self.eval_samples:
+            raise ValueError(f"config keys 'eval_samples' ({self.eval_samples}) and 'environment' "
+                             f"({self.environment!r}): sampled evaluation (pass@k) runs single-turn completions; "
+                             f"with an environment the held-out greedy episodes are evaluated, set eval_samples = 0")
         if self.prompts_per_step % self.num_mini_batches:
             raise ValueError(f"config key 'num_mini_batches' ({self.num_mini_batches}) must divide "
                              f"prompts_per_step ({self.prompts_per_step}): mini-batches hold whole groups")

@@ -70,6 +70,16 @@ TRUNCATED_SHARE = 0.5
 # nothing). With the clip or a correction the same staleness costs far less (chapter 10), and
 # nothing here reads it: the clipped share stays at or below 0.082 up to k = 64.
 STALE_GAP = 0.06
+# Multi-turn episodes (config.environment) whose environment tokens are scored as the policy's
+# (Faults.env_tokens_in_loss): the sampler never drew those tokens (its log-prob there is 0),
+# so the sampler gap holds -log pi of every environment token, diluted by the policy's tokens.
+# With an environment answering at the digit 1 (tests/episode_envs.py): the committed policy
+# (12 steps, 24-token episodes) healthy 1.6e-7 to 3.6e-7 nats per token, leaking 1.09 to 2.42;
+# a random tiny policy (6 steps, 40-token episodes holding 0.56 to 1.8 answer tokens) leaking
+# 0.086 to 0.18. The threshold is GAP_MISMATCH's: a bf16 sampler's healthy gap stays below it.
+# In an episode run a gap past the threshold is read as this first (the finding's advice names
+# the other causes), not as sampler_mismatch or misaligned_tokens.
+ENV_GAP = GAP_MISMATCH
 
 
 @dataclass(frozen=True)
@@ -203,7 +213,7 @@ def _early_gap(history, config=None) -> tuple[float, int, int] | None:
 
 def sampler_mismatch(history, config):
     early = _early_gap(history, config)
-    if early is None or not GAP_MISMATCH <= early[0] < GAP_MISALIGNED:
+    if early is None or not GAP_MISMATCH <= early[0] < GAP_MISALIGNED or config.get("environment"):
         return None
     ratio = series(history, "ratio/max")
     note = ""
@@ -219,7 +229,7 @@ def sampler_mismatch(history, config):
 
 def misaligned_tokens(history, config):
     early = _early_gap(history, config)
-    if early is None or early[0] < GAP_MISALIGNED:
+    if early is None or early[0] < GAP_MISALIGNED or config.get("environment"):
         return None
     return Finding("misaligned_tokens", "the trainer scores other tokens than the sampler drew (a mask or label "
                    "off by one)",
@@ -228,6 +238,22 @@ def misaligned_tokens(history, config):
                    f"gap)",
                    "print one completion's tokens beside its mask and its log-probs: the token at column j is "
                    "predicted by the logits at column j - 1")
+
+
+def environment_tokens_trained(history, config):
+    early = _early_gap(history, config)
+    if not config.get("environment") or early is None or early[0] < ENV_GAP:
+        return None
+    tokens = series(history, "episode/env_tokens")
+    per_episode = window_median(tokens, late=False)[0] if tokens else float("nan")
+    return Finding("environment_tokens_trained", "the environment's tokens are trained on as if the policy had "
+                   "written them",
+                   f"mean |log pi_trainer - log pi_sampler| {early[0]:.3g} nats per token over steps {early[1]}-"
+                   f"{early[2]} (threshold {ENV_GAP}; a healthy episode run: ~2e-7) in episodes holding "
+                   f"{per_episode:.3g} environment tokens each, which the sampler never draws",
+                   "score the policy's tokens only: completion_mask without the environment's spans (env_mask), "
+                   "which stay in attention_mask as context; if they are, the gap is the sampler's (temperature, "
+                   "precision, stale weights) or a mask off by one")
 
 
 def old_logprobs_refreshed(history, config):
@@ -322,6 +348,7 @@ DETECTORS: dict[str, Callable[[list[dict], dict], Finding | None]] = {
     "kl_runaway": kl_runaway,
     "sampler_mismatch": sampler_mismatch,
     "misaligned_tokens": misaligned_tokens,
+    "environment_tokens_trained": environment_tokens_trained,
     "old_logprobs_refreshed": old_logprobs_refreshed,
     "grad_explosion": grad_explosion,
     "truncated_completions": truncated_completions,

@@ -20,15 +20,41 @@ from grpo_edu.models import generate_completions
 SAMPLE_SEED = 2   # the seed of evaluate's pass@k samples
 
 
-def greedy_scores(model, tokenizer, samples: list[dict], *, max_new_tokens: int = 16) -> list[tuple[float, float]]:
+def greedy_scores(model, tokenizer, samples: list[dict], *, max_new_tokens: int = 16, environment: str = "",
+                  max_turns: int = 1) -> list[tuple[float, float]]:
     """(accuracy, format) of the greedy completion of each problem, in order: per-problem
-    scores that processes evaluating shares of a held-out set can gather."""
+    scores that processes evaluating shares of a held-out set can gather. With an
+    environment (grpo_edu.episodes) the completion is the greedy episode, both writers' text."""
     if not samples:
         return []
-    prompts = [s["prompt"] for s in samples]
     columns = {key: [s.get(key) for s in samples] for key in ("answer", "task", "numbers")}
-    greedy = [group[0] for group in generate_completions(model, tokenizer, prompts, max_new_tokens=max_new_tokens)]
+    greedy = (greedy_episodes(model, tokenizer, samples, environment, max_turns, max_new_tokens)[0] if environment
+              else [group[0] for group in generate_completions(model, tokenizer, [s["prompt"] for s in samples],
+                                                               max_new_tokens=max_new_tokens)])
     return list(zip(rewards.accuracy_reward(greedy, **columns), rewards.format_reward(greedy)))
+
+
+def greedy_episodes(model, tokenizer, samples: list[dict], environment: str, max_turns: int,
+                    max_new_tokens: int) -> tuple[list[str], list[bool]]:
+    """The greedy episode of each problem with `environment` (transformers' generate, one
+    request per turn): its text, both writers', and whether the environment answered in it."""
+    from grpo_edu.episodes import roll_out_episodes
+    from grpo_edu.rollout import HFEngine, SamplingParams
+    engine = HFEngine(model, tokenizer)
+    texts, answered = [], []
+    for start in range(0, len(samples), 256):
+        chunk = samples[start:start + 256]
+        batch = tokenizer([s["prompt"] for s in chunk], return_tensors="pt", padding=True, add_special_tokens=False)
+        batch = {k: v.to(model.device) for k, v in batch.items()}
+        rollout = roll_out_episodes(
+            lambda turn, ids, mask, sampling, rows: engine.generate(ids, mask, sampling, greedy=True),
+            chunk, batch["input_ids"], batch["attention_mask"], SamplingParams(1, max_new_tokens), tokenizer,
+            environment, max_turns)
+        written = rollout.completion_mask | rollout.env_mask
+        texts += tokenizer.batch_decode(rollout.completion_ids.masked_fill(~written, tokenizer.pad_token_id),
+                                        skip_special_tokens=True)
+        answered += rollout.env_mask.any(-1).tolist()
+    return texts, answered
 
 
 def sampled_scores(model, tokenizer, samples: list[dict], *, k: int, max_new_tokens: int = 16,
@@ -76,7 +102,7 @@ def sampled_metrics(scores: list[tuple[int, bool]], k: int) -> dict[str, object]
 
 
 def held_out_metrics(model, tokenizer, problems: list[dict], world: World = World(), *, max_new_tokens: int,
-                     samples: int = 0) -> dict[str, object]:
+                     samples: int = 0, environment: str = "", max_turns: int = 1) -> dict[str, object]:
     """A training run's evaluation of `model` (whole weights) on its held-out problems, each
     rank scoring its share (world.split) and the scores gathered, so every rank returns
     the same:
@@ -85,14 +111,24 @@ def held_out_metrics(model, tokenizer, problems: list[dict], world: World = Worl
       eval/pass_at_1, ...         with samples = k > 0, from k samples per problem at
                                   temperature 1: sampled_metrics' pass@1, pass@k and maj@k
                                   with their 95% intervals (config key eval_samples)
+      eval/tool_call_rate         with an environment: share of greedy episodes it answered in
     """
     share = problems[world.split(len(problems))]
     model.eval()
-    greedy = greedy_scores(model, tokenizer, share, max_new_tokens=max_new_tokens)
+    called = []
+    if environment:
+        texts, called = greedy_episodes(model, tokenizer, share, environment, max_turns, max_new_tokens)
+        columns = {key: [s.get(key) for s in share] for key in ("answer", "task", "numbers")}
+        greedy = list(zip(rewards.accuracy_reward(texts, **columns), rewards.format_reward(texts))) if share else []
+    else:
+        greedy = greedy_scores(model, tokenizer, share, max_new_tokens=max_new_tokens)
     sampled = sampled_scores(model, tokenizer, share, k=samples, max_new_tokens=max_new_tokens) if samples else []
     model.train()
     correct = world.gather_objects([accuracy for accuracy, _ in greedy])
     metrics: dict[str, object] = {"eval/greedy_accuracy": sum(correct) / len(correct)}
+    if environment:
+        calls = world.gather_objects(called)
+        metrics["eval/tool_call_rate"] = sum(calls) / len(calls)
     if samples:
         metrics.update({f"eval/{key}": value
                         for key, value in sampled_metrics(world.gather_objects(sampled), samples).items()})

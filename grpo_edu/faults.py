@@ -21,6 +21,9 @@ one on by accident, and every run that has one says so in its log and its summar
     split_groups          each group's advantages computed in this many separate parts, as
                           when a careless sampler puts a prompt's G completions on several
                           ranks and each normalises its share: the 2-shard simulation
+    env_tokens_in_loss    multi-turn episodes (config.environment) whose environment tokens
+                          are scored as if the policy had written them: in the loss, the KL,
+                          the ratio and every normaliser (a trainer that masks only padding)
 """
 
 from __future__ import annotations
@@ -37,6 +40,7 @@ class Faults:
     alias_reference: bool = False
     refresh_old_logprobs: bool = False
     split_groups: int = 1
+    env_tokens_in_loss: bool = False
 
     def __post_init__(self):
         if self.trainer_temperature is not None and not (
@@ -57,6 +61,9 @@ class Faults:
                              f"({config.num_generations}), got {self.split_groups}")
         if self.alias_reference and config.beta == 0.0:
             raise ValueError("Faults.alias_reference: expected a run with a reference (beta > 0), got beta = 0")
+        if self.env_tokens_in_loss and not config.environment:
+            raise ValueError("Faults.env_tokens_in_loss: expected a multi-turn run (config key 'environment' set), "
+                             "got environment = ''")
         if self.refresh_old_logprobs and config.num_iterations == 1:
             raise ValueError("Faults.refresh_old_logprobs: expected num_iterations > 1 (one pass has nothing "
                              "to refresh), got 1")
@@ -87,3 +94,10 @@ class Faults:
 
 
 NONE = Faults()
+
+
+def leak_environment(rollout):
+    """env_tokens_in_loss: the episode's environment tokens marked as the policy's (scored, and
+    with the sampler's log-prob 0 there: the sampler never drew them), env_mask gone."""
+    from dataclasses import replace
+    return replace(rollout, completion_mask=rollout.completion_mask | rollout.env_mask, env_mask=None)

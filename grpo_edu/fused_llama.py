@@ -411,6 +411,8 @@ class FusedEngine:
             tokens[rows, t] = token
             logp[rows, t] = step_logp.gather(-1, token[:, None]).squeeze(-1)
             done |= token == eos
+            for stop in sampling.stop_token_ids:   # a turn handed to the environment (grpo_edu.episodes)
+                done |= token == stop
             steps = t + 1
             if t == L - 1 or bool(done.all()):
                 break
@@ -439,7 +441,7 @@ class FusedEngine:
             position = position + 1
 
         completion_ids = tokens[:, :steps]
-        completion_mask, finished = completion_mask_from_ids(completion_ids, eos)
+        completion_mask, finished = completion_mask_from_ids(completion_ids, eos, sampling.stop_token_ids)
         sampler_logp = logp[:, :steps].masked_fill(~completion_mask, 0.0)
         completion_ids = completion_ids.masked_fill(~completion_mask, pad)
         return Rollout(prompt_ids.repeat_interleave(G, dim=0), prompt_mask.repeat_interleave(G, dim=0),

@@ -135,6 +135,7 @@ def step_metrics(plan: Plan, batch: RolloutBatch, update: dict[str, float], seco
         "completion_length/mean": lengths.mean().item(), "completion_length/min": lengths.min().item(),
         "completion_length/max": lengths.max().item(),
         "truncated": 1.0 - plan.finished.double().mean().item(),
+        **{f"episode/{name}": values.mean().item() for name, values in plan.episode.items()},
         # Mean over completion tokens of -log pi(token): a Monte-Carlo estimate of the sampling
         # policy's entropy per token (exact in expectation).
         "entropy": float(entropy[0] / entropy[1]),

@@ -29,6 +29,9 @@ class SamplingParams:
     num_generations: int
     max_new_tokens: int
     temperature: float = 1.0
+    # Tokens that end a completion beside EOS, kept in it: a multi-turn episode's hand-over to
+    # its environment (grpo_edu.episodes). Empty: EOS alone.
+    stop_token_ids: tuple[int, ...] = ()
 
     def __post_init__(self):
         if self.num_generations < 1:
@@ -50,6 +53,13 @@ class Rollout:
     sampler_logp: torch.Tensor     # (N, S) log softmax(logits / T) at the sampled ids, 0 on padding
     finished: torch.Tensor         # (N,) True if the completion ended with EOS (else truncated at S)
     num_generations: int           # G
+    # Multi-turn episodes (grpo_edu.episodes) only; None for a single-turn rollout. The
+    # completion columns then hold the whole episode: completion_mask marks the policy's
+    # tokens, env_mask the environment's (context, never trained on; disjoint from it).
+    env_mask: torch.Tensor | None = None     # (N, S) 1 on tokens the environment wrote
+    # (N,) float64 per episode, on the CPU: env_reward (the environment's reward contributions,
+    # summed), turns (the policy's), env_tokens, cut_answers and turn_limit (1 where it ended so)
+    episode: dict[str, torch.Tensor] | None = None
 
     @property
     def num_prompts(self) -> int:
@@ -73,10 +83,13 @@ class RolloutEngine(Protocol):
         """prompt_ids, prompt_mask: (B, P) left-padded -> Rollout of B * G completions."""
 
 
-def completion_mask_from_ids(completion_ids: torch.Tensor, eos_token_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+def completion_mask_from_ids(completion_ids: torch.Tensor, eos_token_id: int,
+                             stop_token_ids: tuple[int, ...] = ()) -> tuple[torch.Tensor, torch.Tensor]:
     """(N, S) ids -> (mask (N, S), finished (N,)): tokens up to and including the
-    first EOS are real; everything after it is padding."""
+    first EOS (or stop token) are real; everything after it is padding."""
     is_eos = completion_ids == eos_token_id
+    for stop in stop_token_ids:
+        is_eos |= completion_ids == stop
     finished = is_eos.any(dim=1)
     # Position of the first EOS, or S when there is none.
     first_eos = torch.where(finished, is_eos.int().argmax(dim=1),
@@ -113,11 +126,14 @@ class HFEngine:
         out = self.model.generate(
             input_ids=ids, attention_mask=mask, max_new_tokens=sampling.max_new_tokens,
             do_sample=not greedy, temperature=None if greedy else T, top_k=0, top_p=1.0,
-            pad_token_id=self.tokenizer.pad_token_id, eos_token_id=self.tokenizer.eos_token_id,
+            pad_token_id=self.tokenizer.pad_token_id,
+            eos_token_id=[self.tokenizer.eos_token_id, *sampling.stop_token_ids] if sampling.stop_token_ids
+            else self.tokenizer.eos_token_id,
             output_logits=True, return_dict_in_generate=True)
         self.model.train(was_training)
         completion_ids = out.sequences[:, ids.shape[1]:]
-        completion_mask, finished = completion_mask_from_ids(completion_ids, self.tokenizer.eos_token_id)
+        completion_mask, finished = completion_mask_from_ids(completion_ids, self.tokenizer.eos_token_id,
+                                                             sampling.stop_token_ids)
         # out.logits: one (N, V) tensor per generated position, before temperature. Each becomes
         # its sampled token's log-prob on its own: stacking them first would hold N x S x V floats
         # several times over (a 151,936-token vocabulary, 64 completions of 256 tokens: 10 GB each).

@@ -10,7 +10,7 @@ into group advantages, and plan the update's mini-batches.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 import torch
 
 from grpo_edu.advantages import zero_std_groups
@@ -43,6 +43,9 @@ class Plan:
     mini_batches: list[torch.Tensor]    # num_mini_batches tensors of global prompt indices
     owned: slice                        # this rank's prompts
     group_size: int
+    # Multi-turn episodes: name -> (B, G) float64 (turns, env_tokens, cut_answers, turn_limit);
+    # empty for single-turn completions
+    episode: dict[str, torch.Tensor] = field(default_factory=dict)
 
     def local_groups(self, k: int) -> torch.Tensor:
         """(B / N,) bool: which of this rank's prompts mini-batch k holds."""
@@ -120,8 +123,17 @@ def score(config: TrainConfig, samples: list[dict], rollout: Rollout, tokenizer,
             raise ValueError(f"reward function {name!r} must return {b * G} finite floats, got {values.tolist()}")
         local[i] = values
         local[0] += weight * values
-    lengths = rollout.completion_mask.sum(-1).cpu()
-    per_completion = torch.cat([local, lengths[None].double(), rollout.finished.cpu()[None].double()])
+    names = list(reward_functions)
+    episode = {} if rollout.episode is None else {   # the environment's reward is one more term
+        "turns": rollout.episode["turns"], "env_tokens": rollout.episode["env_tokens"],
+        "cut_answers": rollout.episode["cut_answers"], "turn_limit": rollout.episode["turn_limit"]}
+    if rollout.episode is not None:
+        local = torch.cat([local, rollout.episode["env_reward"][None]])
+        local[0] += rollout.episode["env_reward"]
+        names.append("environment")
+    lengths = rollout.completion_mask.sum(-1).cpu()   # the policy's tokens (an episode's: without the environment's)
+    per_completion = torch.cat([local, *(value[None] for value in episode.values()), lengths[None].double(),
+                                rollout.finished.cpu()[None].double()])
     gathered = world.gather(per_completion.view(-1, b, G).transpose(0, 1)).transpose(0, 1)  # (rows, B, G)
     reward_matrix = gathered[0]
     advantages = advantage_fn(reward_matrix)
@@ -131,18 +143,22 @@ def score(config: TrainConfig, samples: list[dict], rollout: Rollout, tokenizer,
     if not torch.isfinite(advantages).all():
         raise ValueError(f"advantage_fn returned non-finite advantages for rewards {reward_matrix.tolist()}")
     advantages = advantages.to(torch.float32)
-    plan = Plan(rewards=reward_matrix, components={name: gathered[i] for i, name in enumerate(reward_functions, 1)},
+    plan = Plan(rewards=reward_matrix, components={name: gathered[i] for i, name in enumerate(names, 1)},
                 advantages=advantages, lengths=gathered[-2].long(), finished=gathered[-1].bool(),
-                mini_batches=plan_mini_batches(config, reward_matrix), owned=owned, group_size=G)
+                mini_batches=plan_mini_batches(config, reward_matrix), owned=owned, group_size=G,
+                episode={name: gathered[1 + len(names) + i] for i, name in enumerate(episode)})
 
     P, S = rollout.prompt_ids.shape[1], rollout.completion_ids.shape[1]
     sampled_on = rollout.completion_ids.device
+    # attended: every token the completion columns hold (an episode's: the environment's too)
+    written = rollout.completion_mask if rollout.env_mask is None else rollout.completion_mask | rollout.env_mask
     batch = RolloutBatch(
         input_ids=torch.cat([rollout.prompt_ids, rollout.completion_ids], dim=1).view(b, G, P + S),
-        attention_mask=torch.cat([rollout.prompt_mask, rollout.completion_mask.long()], dim=1).view(b, G, P + S),
+        attention_mask=torch.cat([rollout.prompt_mask, written.long()], dim=1).view(b, G, P + S),
         completion_mask=rollout.completion_mask.view(b, G, S), old_logp=None,
         rewards=reward_matrix[owned].to(sampled_on), advantages=advantages[owned].to(sampled_on),
-        sampler_logp=rollout.sampler_logp.view(b, G, S))
+        sampler_logp=rollout.sampler_logp.view(b, G, S),
+        env_mask=None if rollout.env_mask is None else rollout.env_mask.view(b, G, S))
     # The step's data lives where the policy does (the sampler may be elsewhere: another
     # device, another process); the plan's bookkeeping stays on the CPU.
     return batch.to(world.device), plan

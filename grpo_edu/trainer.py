@@ -66,9 +66,10 @@ import torch
 from grpo_edu import checkpoint, distributed, fused_llama, tasks
 from grpo_edu.config import TrainConfig
 from grpo_edu.diagnose import LiveDoctor, diagnose
+from grpo_edu.episodes import load_environment, roll_out_episodes, stop_token, turn_sampler
 from grpo_edu.distributed import World
 from grpo_edu.evaluation import held_out_metrics, samples_table
-from grpo_edu.faults import NONE as NO_FAULTS, Faults
+from grpo_edu.faults import NONE as NO_FAULTS, Faults, leak_environment
 from grpo_edu.lagging import InFlight
 from grpo_edu.metrics import run_summary, step_metrics
 from grpo_edu.models import STARTING_POLICY, load_policy
@@ -127,6 +128,10 @@ def roll_out(config: TrainConfig, samples: list[dict], tokenizer, engine, world:
                         add_special_tokens=False).to(world.device)
     sampling = SamplingParams(G, L, config.temperature)
     engine.sync_weights()   # vLLM: the trainer's current weights (fused, hf: the policy itself)
+    if config.environment:   # multi-turn episodes, one policy turn at a time (grpo_edu.episodes)
+        generate = turn_sampler(config, engine, world, B, share)
+        return roll_out_episodes(generate, mine, prompts["input_ids"], prompts["attention_mask"], sampling,
+                                 tokenizer, config.environment, config.max_turns)
     with autocast(config, world.device):
         if isinstance(engine, fused_llama.FusedEngine):
             uniforms = torch.rand(B * G, L)[share.start * G:share.stop * G].to(world.device)
@@ -149,6 +154,8 @@ def sample_rollout(run: "Run", engine, models: Models, world: World | None = Non
     t0 = time.perf_counter()
     samples = sample_prompts(config, state, run.train_pool)
     rollout = roll_out(config, samples, run.tokenizer, engine, world)
+    if run.faults.env_tokens_in_loss:   # the failure lab's bug: the environment's tokens trained on
+        rollout = leak_environment(rollout)
     t1 = time.perf_counter()
     batch, plan = score(config, samples, rollout, run.tokenizer, run.reward_functions, run.advantage_fn, world)
     if config.rollout_lag and config.old_logprobs == "recomputed":   # the policy that sampled, now
@@ -305,6 +312,8 @@ def set_up(config: TrainConfig, *, advantage_fn: AdvantageFn | None, reward_func
         # Whole weights into the plain models, before they are placed and sharded.
         reference = make_reference(policy) if config.beta != 0.0 else None
         saved = checkpoint.load_weights(Path(resume), policy, reference, log=say)
+    if config.environment:   # importable, with a one-token stop: checked before anything is built
+        stop_token(config.environment, load_environment(config.environment), tokenizer)
     models = _build_models(config, world, policy, reference, faults)
     optimizer, scheduler = make_optimizer(config, models.policy.parameters())
     engine = make_engine(config, models, tokenizer, world)
@@ -384,7 +393,8 @@ def evaluate_held_out(run: Run, samples: int = 0) -> dict[str, object]:
     pass@k and maj@k from `samples` samples per problem. Every rank takes part."""
     with run.models.whole() as model, autocast(run.config, run.world.device):
         return held_out_metrics(model, run.tokenizer, run.held_out, run.world,
-                                max_new_tokens=run.config.max_completion_length, samples=samples)
+                                max_new_tokens=run.config.max_completion_length, samples=samples,
+                                environment=run.config.environment, max_turns=run.config.max_turns)
 
 
 def record(run: Run, metrics: dict, accuracy: float) -> None:

@@ -35,13 +35,15 @@ CARRIED = {
 }
 # Keys with the one value TRL reproduces: any other is refused (_refusals).
 ONLY_VALUE = {"advantage_std": "sample", "advantage_fn": "", "kl_estimator": "k3", "filter_zero_std_groups": False,
-              "rollout_lag": 0}
+              "rollout_lag": 0, "environment": ""}
 
 # Keys carried in another form, or that do not change what is computed: what becomes of them.
 NOT_CARRIED = {
     "threads": "torch's CPU thread count: set it in the launching process (torch.set_num_threads)",
     "rollout_overlap": "when grpo_edu's sampler runs (the numbers are the same either way); it needs rollout_lag, "
                        "which the bridge refuses",
+    "max_turns": "used with environment only, which the bridge refuses (TRL 1.16's tool training calls Python "
+                 "functions through the chat template's tool-call format, not a text environment with a stop token)",
     "eval_every": "grpo_edu's held-out greedy accuracy; TRL evaluates an eval_dataset (eval_strategy)",
     "eval_size": "as eval_every",
     "eval_samples": "as eval_every (pass@k and maj@k on the held-out problems)",
@@ -96,6 +98,10 @@ def _refusals(config: TrainConfig) -> list[str]:
     if config.rollout_lag:
         out.append(f"rollout_lag = {config.rollout_lag}: TRL's GRPOTrainer samples each rollout with the current "
                    f"policy (its experimental AsyncGRPOTrainer, with max_staleness, is another trainer)")
+    if config.environment:
+        out.append(f"environment = {config.environment!r}: TRL 1.16's tool training calls Python functions through "
+                   f"the chat template's tool-call format (tools, max_tool_calling_iterations), not a text "
+                   f"environment that answers at a stop token")
     if config.tis_cap and config.engine != "vllm":
         out.append(f"tis_cap = {config.tis_cap} with engine = {config.engine!r}: TRL corrects vLLM's samples only")
     if config.is_mask == "sequence":

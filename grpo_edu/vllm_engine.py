@@ -314,7 +314,7 @@ class VLLMEngine:
         return self._vllm.SamplingParams(
             n=sampling.num_generations, temperature=sampling.temperature, top_p=1.0, top_k=0,
             max_tokens=sampling.max_new_tokens, logprobs=0, seed=seed,
-            stop_token_ids=[self.tokenizer.eos_token_id], detokenize=False)
+            stop_token_ids=[self.tokenizer.eos_token_id, *sampling.stop_token_ids], detokenize=False)
 
 
 def _to_rollout(prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, completions: list[list],
@@ -335,11 +335,14 @@ def _to_rollout(prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, completions
             raise RuntimeError("vLLM returned no log-prob for some sampled token (logprobs=0 asks for one each)")
         ids[i, :len(tokens)] = torch.tensor(tokens, dtype=torch.long)
         logp[i, :len(tokens)] = torch.tensor([position[token].logprob for position, token in zip(c.logprobs, tokens)])
-    mask, finished = completion_mask_from_ids(ids, tokenizer.eos_token_id)
+    mask, finished = completion_mask_from_ids(ids, tokenizer.eos_token_id, sampling.stop_token_ids)
     # A pad id that equals EOS would make padding look like an ending: only real tokens count.
     lengths = torch.tensor([len(c.token_ids) for c in rows])
     mask &= torch.arange(S)[None, :] < lengths[:, None]
-    finished = (ids == tokenizer.eos_token_id).logical_and(mask).any(dim=1)
+    ends = ids == tokenizer.eos_token_id
+    for stop in sampling.stop_token_ids:
+        ends |= ids == stop
+    finished = ends.logical_and(mask).any(dim=1)
     device = prompt_ids.device
     return Rollout(prompt_ids.repeat_interleave(G, dim=0), prompt_mask.repeat_interleave(G, dim=0),
                    ids.masked_fill(~mask, pad).to(device), mask.to(device),
@@ -385,7 +388,8 @@ class VLLMServerEngine:
             extra = {} if seeds is None else {"seed": seeds[i]}
             out = self.client.generate(prompts=[prompt], n=G, temperature=sampling.temperature, top_p=1.0,
                                        top_k=0, max_tokens=sampling.max_new_tokens, logprobs=0,
-                                       generation_kwargs={"stop_token_ids": [self.tokenizer.eos_token_id], **extra})
+                                       generation_kwargs={"stop_token_ids": [self.tokenizer.eos_token_id,
+                                                                            *sampling.stop_token_ids], **extra})
             completions.append([_ServerCompletion(g, ids, [row[0] for row in logps])
                                 for g, (ids, logps) in enumerate(zip(out["completion_ids"], out["logprobs"]))])
         return _to_rollout(prompt_ids, prompt_mask, completions, sampling, self.tokenizer)

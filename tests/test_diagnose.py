@@ -278,3 +278,4 @@ def test_the_readme_lists_every_detector_with_its_threshold():
         "sampler_mismatch"] and f"{dx.GRAD_GROWTH:g}x" in rows["grad_explosion"] and f"{dx.TIE_SPREAD:.0e}".replace("e-0", "e-") in rows[
         "split_groups"] and f"{dx.TRUNCATED_SHARE:g}" in rows["truncated_completions"]
     assert f"{dx.STALE_GAP:g}" in rows["stale_rollouts"]
+    assert f"gap {dx.ENV_GAP:g} nats per token or more" in rows["environment_tokens_trained"]

@@ -90,3 +90,19 @@ def test_sampling_in_the_background_trains_what_sampling_in_turn_does(tmp_path, 
     assert largest_difference(alone, beside) == 0.0
     summaries = [json.loads((run_dir / "summary.json").read_text()) for run_dir in (alone, beside)]
     assert summaries[0]["eval_curve"] == summaries[1]["eval_curve"]
+
+
+def test_multi_turn_episodes_through_vllm(tmp_path):
+    """environment = tests/episode_envs.py:Echo (it answers at the digit 1, which the starting
+    policy writes often) through the CPU build: one vLLM request per turn with the growing
+    context. vLLM's log-probs of every policy turn, sampled from a prompt that holds the
+    environment's answers, are the trainer's forward over the whole episode (float32 both: the
+    gap of a single-turn run), and the environment's tokens are in no sampler gap."""
+    from pathlib import Path
+    echo = Path(__file__).resolve().parents[1] / "episode_envs.py"
+    out, _ = train(tmp_path, "episodes", 1, f"environment={json.dumps(str(echo) + ':Echo')}", "max_turns=3",
+                   "max_completion_length=24", "vllm_sleep_mode=false")
+    history = metrics(out)
+    assert all(m["episode/turns"] > 1 and m["episode/env_tokens"] > 0 for m in history)
+    assert all(math.isfinite(m["loss"]) and m["sampler_gap/mean_abs"] < 1e-5 for m in history)
+    assert 0 <= history[-1]["eval/tool_call_rate"] <= 1
