@@ -317,3 +317,39 @@ def test_the_environments_tokens_in_the_loss_are_a_failure_the_doctor_names(tmp_
     assert [f.detector for f in diagnose(leak.history, config.to_dict())] == ["environment_tokens_trained"]
     with pytest.raises(ValueError, match="Faults.env_tokens_in_loss: expected a multi-turn run"):
         Faults(env_tokens_in_loss=True).check(TrainConfig())
+
+
+def test_a_failed_episode_stops_the_run_at_set_up_or_in_the_step_with_one_line(tmp_path):
+    """What the trainer does with an environment that fails: it stops, saying which environment
+    did what (no episode is dropped or trained on silently). One whose stop text is not one
+    token stops before anything is built; one that raises stops at its first answer."""
+    with pytest.raises(ValueError) as error:
+        episode_run(tmp_path, "two-token", environment="tests.episode_envs:TwoTokenStop")
+    assert "must be one token" in str(error.value) and "\n" not in str(error.value)
+    assert not (tmp_path / "two-token").exists()
+    with pytest.raises(RuntimeError) as error:
+        episode_run(tmp_path, "raises", environment="tests.episode_envs:Raises")
+    assert str(error.value).startswith("environment 'tests.episode_envs:Raises' raised KeyError")
+    assert "\n" not in str(error.value)
+
+
+def test_the_episode_benchmark_measures_both_and_the_readme_quotes_its_file(tmp_path):
+    """benchmarks/episodes.py at toy length; the README's figures are the committed file's."""
+    import json
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from hang_guard import HANG_SECONDS
+    root = Path(__file__).resolve().parent.parent
+    out = tmp_path / "episodes.json"
+    done = subprocess.run([sys.executable, str(root / "benchmarks" / "episodes.py"), "--steps", "2", "--threads", "1",
+                           "--out", str(out)], capture_output=True, text=True, cwd=tmp_path, timeout=HANG_SECONDS)
+    assert done.returncode == 0, done.stderr[-3000:]
+    figures = json.loads(out.read_text())["figures"]
+    assert set(figures) == {"single-turn", "episodes"} and figures["episodes"]["turns_per_episode"] > 1
+    committed = json.loads((root / "benchmarks" / "results" / "episodes.json").read_text())["figures"]
+    single, multi = (committed[name]["phase_median_seconds"]["rollout"] for name in ("single-turn", "episodes"))
+    readme = " ".join((root / "README.md").read_text().split())
+    assert (f"a rollout of {committed['episodes']['turns_per_episode']:.2f} turns per episode takes {multi:.3f} s "
+            f"against {single:.3f} s single-turn (x{multi / single:.2f}") in readme
