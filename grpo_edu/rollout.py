@@ -125,7 +125,8 @@ class HFEngine:
         self.model.eval()
         out = self.model.generate(
             input_ids=ids, attention_mask=mask, max_new_tokens=sampling.max_new_tokens,
-            do_sample=not greedy, temperature=None if greedy else T, top_k=0, top_p=1.0,
+            do_sample=not greedy, temperature=None if greedy else T, top_k=None if greedy else 0,
+            top_p=None if greedy else 1.0,
             pad_token_id=self.tokenizer.pad_token_id,
             eos_token_id=[self.tokenizer.eos_token_id, *sampling.stop_token_ids] if sampling.stop_token_ids
             else self.tokenizer.eos_token_id,
