@@ -20,18 +20,22 @@ from grpo_edu.models import generate_completions
 SAMPLE_SEED = 2   # the seed of evaluate's pass@k samples
 
 
-def greedy_scores(model, tokenizer, samples: list[dict], *, max_new_tokens: int = 16, environment: str = "",
-                  max_turns: int = 1) -> list[tuple[float, float]]:
+def greedy_scores(model, tokenizer, samples: list[dict], *, max_new_tokens: int = 16) -> list[tuple[float, float]]:
     """(accuracy, format) of the greedy completion of each problem, in order: per-problem
-    scores that processes evaluating shares of a held-out set can gather. With an
-    environment (grpo_edu.episodes) the completion is the greedy episode, both writers' text."""
+    scores that processes evaluating shares of a held-out set can gather."""
+    if not samples:
+        return []
+    greedy = [group[0] for group in generate_completions(model, tokenizer, [s["prompt"] for s in samples],
+                                                         max_new_tokens=max_new_tokens)]
+    return _scored(greedy, samples)
+
+
+def _scored(texts: list[str], samples: list[dict]) -> list[tuple[float, float]]:
+    """(accuracy, format) of each problem's completion text."""
     if not samples:
         return []
     columns = {key: [s.get(key) for s in samples] for key in ("answer", "task", "numbers")}
-    greedy = (greedy_episodes(model, tokenizer, samples, environment, max_turns, max_new_tokens)[0] if environment
-              else [group[0] for group in generate_completions(model, tokenizer, [s["prompt"] for s in samples],
-                                                               max_new_tokens=max_new_tokens)])
-    return list(zip(rewards.accuracy_reward(greedy, **columns), rewards.format_reward(greedy)))
+    return list(zip(rewards.accuracy_reward(texts, **columns), rewards.format_reward(texts)))
 
 
 def greedy_episodes(model, tokenizer, samples: list[dict], environment: str, max_turns: int,
@@ -118,8 +122,7 @@ def held_out_metrics(model, tokenizer, problems: list[dict], world: World = Worl
     called = []
     if environment:
         texts, called = greedy_episodes(model, tokenizer, share, environment, max_turns, max_new_tokens)
-        columns = {key: [s.get(key) for s in share] for key in ("answer", "task", "numbers")}
-        greedy = list(zip(rewards.accuracy_reward(texts, **columns), rewards.format_reward(texts))) if share else []
+        greedy = _scored(texts, share)
     else:
         greedy = greedy_scores(model, tokenizer, share, max_new_tokens=max_new_tokens)
     sampled = sampled_scores(model, tokenizer, share, k=samples, max_new_tokens=max_new_tokens) if samples else []

@@ -124,9 +124,8 @@ def score(config: TrainConfig, samples: list[dict], rollout: Rollout, tokenizer,
         local[i] = values
         local[0] += weight * values
     names = list(reward_functions)
-    episode = {} if rollout.episode is None else {   # the environment's reward is one more term
-        "turns": rollout.episode["turns"], "env_tokens": rollout.episode["env_tokens"],
-        "cut_answers": rollout.episode["cut_answers"], "turn_limit": rollout.episode["turn_limit"]}
+    # An episode's statistics are gathered beside the rewards; the environment's reward is one more term.
+    episode = {k: v for k, v in (rollout.episode or {}).items() if k != "env_reward"}
     if rollout.episode is not None:
         local = torch.cat([local, rollout.episode["env_reward"][None]])
         local[0] += rollout.episode["env_reward"]
