@@ -109,13 +109,15 @@ def _check_model_and_device(config) -> None:
 
     path = Path(config.model).expanduser()
     looks_local = path.exists() or config.model.startswith((".", "/", "~"))  # as models.load_policy decides
-    if config.model != "start" and looks_local and not path.exists():
-        raise UsageError(f"model: expected 'start', a saved model folder (holding config.json) or a hub id, "
+    from grpo_edu.models import COMMITTED_POLICIES
+    committed = " or ".join(repr(name) for name in COMMITTED_POLICIES)
+    if config.model not in COMMITTED_POLICIES and looks_local and not path.exists():
+        raise UsageError(f"model: expected {committed}, a saved model folder (holding config.json) or a hub id, "
                          f"got {config.model!r}: no such folder. If an earlier step writes it (a pretraining "
                          f"run, python -m grpo_edu.pretrain --output-dir {config.model}), run that step first: "
                          f"it writes the folder only once it reaches its --target-accuracy")
-    if config.model != "start" and looks_local and not (path / "config.json").is_file():
-        raise UsageError(f"model: expected 'start', a saved model folder (holding config.json) or a hub id, "
+    if config.model not in COMMITTED_POLICIES and looks_local and not (path / "config.json").is_file():
+        raise UsageError(f"model: expected {committed}, a saved model folder (holding config.json) or a hub id, "
                          f"got {config.model!r}, which holds no config.json")
     if config.device == "cuda" and not torch.cuda.is_available():
         raise UsageError("device: expected a device this machine has, got 'cuda' (torch sees no CUDA GPU)")

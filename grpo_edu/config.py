@@ -34,8 +34,10 @@ def _doc(text: str, default, **kwargs):
 @dataclass
 class TrainConfig:
     # --- what to train
-    model: str = _doc("starting policy: a local model directory or a hub id ('start' = the committed tiny policy)", "start")
-    task: str = _doc("task: 'arithmetic' or 'countdown' (generated), or 'gsm8k' (read from `dataset`)", "arithmetic")
+    model: str = _doc("starting policy: a local model directory or a hub id ('start' = the committed tiny policy, "
+                     "'multiply-start' = the committed one that calls a calculator)", "start")
+    task: str = _doc("task: 'arithmetic', 'multiply' (needs a tool: environment = 'grpo_edu.episodes:Calculator') or "
+                     "'countdown' (generated), or 'gsm8k' (read from `dataset`)", "arithmetic")
     dataset: str = _doc("task = 'gsm8k': a hub id (downloads) or a local folder holding train.jsonl and test.jsonl "
                         "(GSM8K's own layout); unused by the generated tasks", "openai/gsm8k")
     chat_template: bool = _doc("wrap each prompt in the tokenizer's chat template as a user message (instruct "
@@ -164,7 +166,7 @@ class TrainConfig:
         self.validate()
 
     def validate(self) -> None:
-        choices = {"task": ("arithmetic", "countdown", "gsm8k"), "lr_schedule": ("constant", "linear", "cosine"),
+        choices = {"task": ("arithmetic", "multiply", "countdown", "gsm8k"), "lr_schedule": ("constant", "linear", "cosine"),
                    "loss_type": ("grpo", "bnpo", "dr_grpo", "dapo"), "kl_estimator": ("k1", "k2", "k3"),
                    "importance_sampling_level": ("token", "sequence"), "is_mask": ("none", "token", "sequence"),
                    "advantage_scale": ("group", "batch", "none"), "advantage_std": ("population", "sample"),

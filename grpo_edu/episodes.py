@@ -246,6 +246,34 @@ def _as_rollout(episodes: list[_Episode], prompt_ids, prompt_mask, G: int, pad: 
                    env_mask=by_env.to(device), episode=episode)
 
 
+def writers(text: str, path: str, sample: dict) -> list[tuple[str, bool]]:
+    """A whole episode's text (a solution written out, say) split into who wrote each piece,
+    (piece, by the environment), by playing it against the environment: after each `stop`
+    the environment's reply must be the text that follows. Supervised pretraining keeps the
+    environment's pieces out of its loss this way (grpo_edu.pretrain). Raises ValueError
+    where the text is not an episode the environment would play."""
+    environment = load_environment(path)()
+    environment.reset(sample)
+    pieces, start, done = [], 0, False
+    while start < len(text) and not done:
+        end = text.find(environment.stop, start)
+        if end < 0:
+            break
+        end += len(environment.stop)
+        action = text[start:end]
+        reply = _checked_reply(path, environment.step(action), action)
+        if not text.startswith(reply.text, end):
+            raise ValueError(f"environment {path!r} answers {action!r} with {reply.text!r}, but the text goes on "
+                             f"{text[end:end + len(reply.text) + 8]!r}")
+        pieces += [(action, False), (reply.text, True)]
+        start, done = end + len(reply.text), reply.done
+    if start < len(text):
+        if done:
+            raise ValueError(f"environment {path!r} ended the episode, but the text goes on {text[start:][:40]!r}")
+        pieces.append((text[start:], False))
+    return [(piece, by_env) for piece, by_env in pieces if piece]
+
+
 # --------------------------------------------------------------------------- sampling turns
 
 _TURN_STRIDE = 1_000_003   # transformers' turn t of rank r seeds seed + r + t x this (ranks never collide)

@@ -13,6 +13,8 @@ import random
 from collections import Counter
 from statistics import NormalDist
 
+import torch
+
 from grpo_edu import rewards
 from grpo_edu.distributed import World
 from grpo_edu.models import generate_completions
@@ -38,27 +40,37 @@ def _scored(texts: list[str], samples: list[dict]) -> list[tuple[float, float]]:
     return list(zip(rewards.accuracy_reward(texts, **columns), rewards.format_reward(texts)))
 
 
-def greedy_episodes(model, tokenizer, samples: list[dict], environment: str, max_turns: int,
-                    max_new_tokens: int) -> tuple[list[str], list[bool]]:
-    """The greedy episode of each problem with `environment` (transformers' generate, one
-    request per turn): its text, both writers', and whether the environment answered in it."""
+def played_episodes(model, tokenizer, samples: list[dict], environment: str, max_turns: int,
+                    max_new_tokens: int, *, k: int = 1, seed: int | None = None) -> dict[str, list]:
+    """Each problem's episodes with `environment` (transformers' generate, one request per
+    turn): greedy (seed None, k = 1), or k sampled at temperature 1 from torch's generator
+    seeded with `seed` (the caller's stream untouched). Per episode, problem-major (problem
+    i's are [i k, (i + 1) k)): "texts", both writers'; "called", whether the environment
+    answered in it; "turns", the policy's turns."""
     from grpo_edu.episodes import roll_out_episodes
     from grpo_edu.rollout import HFEngine, SamplingParams
+    if seed is None and k != 1:
+        raise ValueError(f"k must be 1 for greedy episodes (seed None), got {k}")
     engine = HFEngine(model, tokenizer)
-    texts, answered = [], []
-    for start in range(0, len(samples), 256):
-        chunk = samples[start:start + 256]
-        batch = tokenizer([s["prompt"] for s in chunk], return_tensors="pt", padding=True, add_special_tokens=False)
-        batch = {k: v.to(model.device) for k, v in batch.items()}
-        rollout = roll_out_episodes(
-            lambda turn, ids, mask, sampling, rows: engine.generate(ids, mask, sampling, greedy=True),
-            chunk, batch["input_ids"], batch["attention_mask"], SamplingParams(1, max_new_tokens), tokenizer,
-            environment, max_turns)
-        written = rollout.completion_mask | rollout.env_mask
-        texts += tokenizer.batch_decode(rollout.completion_ids.masked_fill(~written, tokenizer.pad_token_id),
-                                        skip_special_tokens=True)
-        answered += rollout.env_mask.any(-1).tolist()
-    return texts, answered
+    played: dict[str, list] = {"texts": [], "called": [], "turns": []}
+    with torch.random.fork_rng(devices=[]):
+        if seed is not None:
+            torch.manual_seed(seed)
+        for start in range(0, len(samples), 256):
+            chunk = samples[start:start + 256]
+            batch = tokenizer([s["prompt"] for s in chunk], return_tensors="pt", padding=True,
+                              add_special_tokens=False)
+            batch = {key: value.to(model.device) for key, value in batch.items()}
+            rollout = roll_out_episodes(
+                lambda turn, ids, mask, sampling, rows: engine.generate(ids, mask, sampling, greedy=seed is None),
+                chunk, batch["input_ids"], batch["attention_mask"], SamplingParams(k, max_new_tokens), tokenizer,
+                environment, max_turns)
+            written = rollout.completion_mask | rollout.env_mask
+            played["texts"] += tokenizer.batch_decode(
+                rollout.completion_ids.masked_fill(~written, tokenizer.pad_token_id), skip_special_tokens=True)
+            played["called"] += rollout.env_mask.any(-1).tolist()
+            played["turns"] += [int(t) for t in rollout.episode["turns"].tolist()]
+    return played
 
 
 def sampled_scores(model, tokenizer, samples: list[dict], *, k: int, max_new_tokens: int = 16,
@@ -121,8 +133,8 @@ def held_out_metrics(model, tokenizer, problems: list[dict], world: World = Worl
     model.eval()
     called = []
     if environment:
-        texts, called = greedy_episodes(model, tokenizer, share, environment, max_turns, max_new_tokens)
-        greedy = _scored(texts, share)
+        played = played_episodes(model, tokenizer, share, environment, max_turns, max_new_tokens)
+        greedy, called = _scored(played["texts"], share), played["called"]
     else:
         greedy = greedy_scores(model, tokenizer, share, max_new_tokens=max_new_tokens)
     sampled = sampled_scores(model, tokenizer, share, k=samples, max_new_tokens=max_new_tokens) if samples else []
@@ -138,12 +150,17 @@ def held_out_metrics(model, tokenizer, problems: list[dict], world: World = Worl
     return metrics
 
 
-def samples_table(model, tokenizer, samples: list[dict], max_new_tokens: int) -> str:
-    """One line per problem: its prompt, the greedy completion and whether it is right (a run's
-    samples_before.txt and samples_after.txt)."""
+def samples_table(model, tokenizer, samples: list[dict], config) -> str:
+    """One line per problem: its prompt, the greedy completion (with config.environment the
+    greedy episode, both writers' text) and whether it is right (a run's samples_before.txt
+    and samples_after.txt)."""
     model.eval()
-    completions = generate_completions(model, tokenizer, [s["prompt"] for s in samples],
-                                       max_new_tokens=max_new_tokens)
+    if config.environment:
+        completions = [[text] for text in played_episodes(model, tokenizer, samples, config.environment,
+                                                          config.max_turns, config.max_completion_length)["texts"]]
+    else:
+        completions = generate_completions(model, tokenizer, [s["prompt"] for s in samples],
+                                           max_new_tokens=config.max_completion_length)
     model.train()
     lines = []
     for sample, (completion,) in zip(samples, completions):
@@ -154,7 +171,7 @@ def samples_table(model, tokenizer, samples: list[dict], max_new_tokens: int) ->
 
 
 def evaluate(model, tokenizer, samples: list[dict], *, pass_k: int = 0, max_new_tokens: int = 16,
-             seed: int = SAMPLE_SEED) -> dict[str, float]:
+             seed: int = SAMPLE_SEED, environment: str = "", max_turns: int = 4) -> dict[str, float]:
     """Held-out metrics of a policy on `samples`.
 
     greedy_accuracy, greedy_format: share of problems whose greedy completion is
@@ -163,19 +180,35 @@ def evaluate(model, tokenizer, samples: list[dict], *, pass_k: int = 0, max_new_
     sample_accuracy (pass@1 estimated from the samples), pass_at_k (at least one
         correct), mixed_groups (share of problems whose samples are neither all
         right nor all wrong: the groups that give GRPO a signal).
+    With an environment ("module:Class", grpo_edu.episodes) every completion is an episode
+    of at most max_turns policy turns, scored on its whole text, and also:
+    tool_call_rate, mean_turns: share of greedy episodes the environment answered in, and
+        their mean policy turns; sample_tool_call_rate: the same share of the samples.
     """
     prompts = [s["prompt"] for s in samples]
     columns = {key: [s.get(key) for s in samples] for key in ("answer", "task", "numbers")}
-    scores = greedy_scores(model, tokenizer, samples, max_new_tokens=max_new_tokens)
+    if environment:
+        played = played_episodes(model, tokenizer, samples, environment, max_turns, max_new_tokens)
+        scores = _scored(played["texts"], samples)
+    else:
+        scores = greedy_scores(model, tokenizer, samples, max_new_tokens=max_new_tokens)
     metrics = {
         "problems": len(samples),
         "greedy_accuracy": _mean(accuracy for accuracy, _ in scores),
         "greedy_format": _mean(formatted for _, formatted in scores),
     }
+    if environment:
+        metrics.update(tool_call_rate=_mean(played["called"]), mean_turns=_mean(played["turns"]))
     if pass_k > 0:
-        groups = generate_completions(model, tokenizer, prompts, num_samples=pass_k, temperature=1.0,
-                                      max_new_tokens=max_new_tokens, seed=seed)
-        flat = [c for group in groups for c in group]
+        if environment:
+            sampled = played_episodes(model, tokenizer, samples, environment, max_turns, max_new_tokens,
+                                      k=pass_k, seed=seed)
+            flat = sampled["texts"]
+            metrics["sample_tool_call_rate"] = _mean(sampled["called"])
+        else:
+            groups = generate_completions(model, tokenizer, prompts, num_samples=pass_k, temperature=1.0,
+                                          max_new_tokens=max_new_tokens, seed=seed)
+            flat = [c for group in groups for c in group]
         repeated = {key: [v for v in values for _ in range(pass_k)] for key, values in columns.items()}
         correct = rewards.accuracy_reward(flat, **repeated)
         per_problem = [correct[i * pass_k:(i + 1) * pass_k] for i in range(len(samples))]

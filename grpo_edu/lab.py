@@ -28,20 +28,21 @@ SETTINGS = {"eval_every": 25, "eval_size": 128, "checkpoint_every": 0, "progress
 
 @dataclass(frozen=True)
 class LabRun:
-    failure: int                      # the textbook's failure mode, 1..9 (0: the healthy run)
+    failure: int                      # the textbook's failure mode, 1..9 (0: a healthy run; 10: chapter 11's)
     knob: str                         # the one thing changed, in words
     steps: int
     overrides: dict = field(default_factory=dict)
     faults: Faults | None = None
     expected: frozenset = frozenset()  # the detectors it must trigger
     also: frozenset = frozenset()      # those it may trigger as a consequence of its knob; no other
+    base: Path = DEFAULT_CONFIG        # the config it changes (TOOL_RUNS: configs/cpu-tools.toml)
 
     def diagnosed_as_expected(self, found: set[str]) -> bool:
         """`found` (the detectors that fired) holds every expected one, and nothing beyond `also`."""
         return self.expected <= found <= self.expected | self.also
 
     def config(self, output_dir: str | Path, seed: int = 0) -> TrainConfig:
-        return TrainConfig.from_dict({**TrainConfig.from_toml(DEFAULT_CONFIG).to_dict(), **SETTINGS,
+        return TrainConfig.from_dict({**TrainConfig.from_toml(self.base).to_dict(), **SETTINGS,
                                       "steps": self.steps, "seed": seed, "output_dir": str(output_dir),
                                       **self.overrides})
 
@@ -111,12 +112,28 @@ RUNS: dict[str, LabRun] = {
 }
 
 
+# The failures of multi-turn episodes (chapter 11, "Tools and multi-turn episodes"; chapter 7
+# trains RUNS): the tool run of configs/cpu-tools.toml, and the same run with the environment's
+# tokens scored as if the policy had written them.
+TOOLS_CONFIG = DEFAULT_CONFIG.parent / "cpu-tools.toml"
+TOOL_RUNS: dict[str, LabRun] = {
+    "tool": LabRun(0, "none: configs/cpu-tools.toml", 20, base=TOOLS_CONFIG),
+    # the calculator's tokens in the KL too: the policy learns to predict text the reference never
+    # did (the answers), and the KL, measured over them, runs away (kl_runaway, 3 seeds of 3 at
+    # 100 steps in benchmarks/results/tools.json)
+    "env_leak": LabRun(10, "Faults(env_tokens_in_loss=True)", 20, faults=Faults(env_tokens_in_loss=True),
+                       expected=frozenset({"environment_tokens_trained"}), also=frozenset({"kl_runaway"}),
+                       base=TOOLS_CONFIG),
+}
+
+
 def run(name: str, root: str | Path, seed: int = 0, log: Callable[[str], None] = lambda line: None):
-    """Train lab run `name` into root/name; returns the trainer's RunResult."""
+    """Train lab run `name` (RUNS or TOOL_RUNS) into root/name; returns the trainer's RunResult."""
     from grpo_edu.trainer import train
-    if name not in RUNS:
-        raise ValueError(f"name: expected one of {sorted(RUNS)}, got {name!r}")
-    spec = RUNS[name]
+    runs = {**RUNS, **TOOL_RUNS}
+    if name not in runs:
+        raise ValueError(f"name: expected one of {sorted(runs)}, got {name!r}")
+    spec = runs[name]
     return train(spec.config(Path(root) / name, seed=seed), faults=spec.faults, log=log)
 
 

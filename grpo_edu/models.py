@@ -38,9 +38,17 @@ MARKUP_TOKENS = (THINK_OPEN, THINK_CLOSE, BOXED_OPEN)
 # and English reasoning. Any other character encodes as <unk>.
 CHARACTERS = "\n" + "".join(chr(c) for c in range(32, 127))
 
-# The starting policy committed with the package (see grpo_edu/pretrain.py).
+# The starting policies committed with the package (see grpo_edu/pretrain.py), by the names a
+# config's `model` key gives them: "start" (arithmetic) and "multiply-start" (calls a calculator).
 ASSETS = Path(__file__).resolve().parent / "assets"
 STARTING_POLICY = ASSETS / "tiny-arithmetic-start"
+TOOL_POLICY = ASSETS / "tiny-multiply-start"
+COMMITTED_POLICIES = {"start": STARTING_POLICY, "multiply-start": TOOL_POLICY}
+
+
+def policy_source(model: str) -> str | Path:
+    """A config's `model`: a committed policy's name -> its folder; anything else as it is."""
+    return COMMITTED_POLICIES.get(model, model)
 
 
 def char_tokenizer(max_length: int = 64) -> PreTrainedTokenizerFast:

@@ -37,6 +37,7 @@ import argparse
 import dataclasses
 import json
 import platform
+import random
 import sys
 import time
 from dataclasses import dataclass, field
@@ -45,6 +46,7 @@ from pathlib import Path
 import torch
 
 from grpo_edu import tasks
+from grpo_edu.episodes import writers
 from grpo_edu.evaluation import SAMPLE_SEED, evaluate
 from grpo_edu.models import ASSETS, char_tokenizer, save_policy, tiny_llama
 
@@ -71,8 +73,13 @@ class PretrainConfig:
     eval_problems: int = _doc("held-out problems in each evaluation that decides when to stop", 256)
     target_accuracy: float = _doc("stop at the first evaluation with at least this greedy accuracy", 0.35)
     pass_k: int = _doc("samples per problem for pass@k in the model card", 8)
-    task: str = _doc("what to pretrain on: 'arithmetic' (the committed policy) or 'countdown' (the GPU tier's "
-                     "download-free recipe)", "arithmetic")
+    task: str = _doc("what to pretrain on: 'arithmetic' (the committed policy), 'multiply' (the tool policy: "
+                     "grpo_edu/assets/tiny-multiply-start) or 'countdown' (the GPU tier's download-free recipe)",
+                     "arithmetic")
+    tool_share: float = _doc("task 'multiply': the share of training solutions that call the calculator "
+                             "([47*85], its answer =3995 kept out of the loss: the environment writes it); the "
+                             "rest answer in the head", 0.0)
+    max_turns: int = _doc("task 'multiply': the most policy turns of an evaluation episode", 2)
     device: str = _doc("'cpu' or 'cuda'", "cpu")
     max_position_embeddings: int = _doc("positions the model has: prompt + completion must fit "
                                         "(arithmetic: 64; countdown: 128)", 64)
@@ -80,10 +87,12 @@ class PretrainConfig:
     num_layers: int = _doc("transformer layers", 2)
     num_heads: int = _doc("attention heads", 4)
     intermediate_size: int = _doc("SwiGLU hidden width", 256)
-    max_new_tokens: int = _doc("generation limit; a correct completion is at most 12 tokens", 16)
+    max_new_tokens: int = _doc("generation limit; a correct completion is at most 12 tokens (multiply with the "
+                               "calculator: 21, both writers')", 16)
 
 
 EVAL_SEED = 0
+CALCULATOR = "grpo_edu.episodes:Calculator"   # task 'multiply': the tool its solutions call
 
 
 # --------------------------------------------------------------------------- where it writes
@@ -130,16 +139,23 @@ def not_reached_message(config: PretrainConfig, result: "PretrainResult") -> str
 
 # --------------------------------------------------------------------------- training
 
-def sft_batch(tokenizer, samples: list[dict]) -> dict[str, torch.Tensor]:
+def sft_batch(tokenizer, samples: list[dict], environment: str = "") -> dict[str, torch.Tensor]:
     """prompt + solution + <eos>, right-padded; labels are -100 on the prompt and
-    the padding, so the loss is the completion's cross-entropy only."""
+    the padding, so the loss is the completion's cross-entropy only. With an environment
+    the solution is an episode: the environment's text (`=3995` after a calculator call,
+    grpo_edu.episodes.writers) is -100 too, as GRPO's loss never counts it: the policy
+    learns to call and to read the answer, not to predict it."""
     rows, labels = [], []
     for sample in samples:
         prompt = tokenizer(sample["prompt"], add_special_tokens=False)["input_ids"]
-        completion = tokenizer(sample["solution"], add_special_tokens=False)["input_ids"]
-        completion = completion + [tokenizer.eos_token_id]
-        rows.append(prompt + completion)
-        labels.append([-100] * len(prompt) + completion)
+        pieces = writers(sample["solution"], environment, sample) if environment else [(sample["solution"], False)]
+        completion, label = [], []
+        for piece, by_env in pieces:
+            ids = tokenizer(piece, add_special_tokens=False)["input_ids"]
+            completion += ids
+            label += [-100] * len(ids) if by_env else ids
+        rows.append(prompt + completion + [tokenizer.eos_token_id])
+        labels.append([-100] * len(prompt) + label + [tokenizer.eos_token_id])
     width = max(map(len, rows))
     pad = tokenizer.pad_token_id
     return {
@@ -168,6 +184,13 @@ def validate(config: PretrainConfig) -> None:
             raise ValueError(f"{name} must be positive, got {getattr(config, name)}")
     if config.task not in tasks.GENERATED_TASKS:
         raise ValueError(f"task must be one of {tasks.GENERATED_TASKS}, got {config.task!r}")
+    if not 0 <= config.tool_share <= 1:
+        raise ValueError(f"tool_share must be in [0, 1], got {config.tool_share}")
+    if config.tool_share and config.task != "multiply":
+        raise ValueError(f"tool_share is for task 'multiply' (the task with a calculator), got "
+                         f"tool_share {config.tool_share} with task {config.task!r}")
+    if config.max_turns <= 0:
+        raise ValueError(f"max_turns must be positive, got {config.max_turns}")
     if config.device not in ("cpu", "cuda") or (config.device == "cuda" and not torch.cuda.is_available()):
         raise ValueError(f"device must be 'cpu' or a 'cuda' torch can see, got {config.device!r}")
 
@@ -187,14 +210,16 @@ def pretrain(config: PretrainConfig, log=print) -> PretrainResult:
                                   weight_decay=config.weight_decay, betas=(0.9, 0.99))
     schedule = torch.optim.lr_scheduler.LambdaLR(
         optimizer, lambda step: min(1.0, (step + 1) / max(1, config.warmup_steps)))
-    stream = tasks.iterate_samples(config.task, "train", seed=config.seed)
+    stream = training_stream(config)
     held_out = tasks.make_dataset(config.task, config.eval_problems, "test", seed=EVAL_SEED)
+    episodes = _episodes(config)
 
     history, step, reached, losses = [], 0, False, []
     while step < config.max_steps and not reached:
         model.train()
         batch = {k: v.to(config.device) for k, v in
-                 sft_batch(tokenizer, [next(stream) for _ in range(config.batch_size)]).items()}
+                 sft_batch(tokenizer, [next(stream) for _ in range(config.batch_size)],
+                           episodes.get("environment", "")).items()}
         loss = model(**batch).loss
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
@@ -205,15 +230,33 @@ def pretrain(config: PretrainConfig, log=print) -> PretrainResult:
         step += 1
         if step % config.eval_every == 0:
             model.eval()
-            metrics = evaluate(model, tokenizer, held_out, max_new_tokens=config.max_new_tokens)
+            metrics = evaluate(model, tokenizer, held_out, max_new_tokens=config.max_new_tokens, **episodes)
             record = {"step": step, "loss": sum(losses) / len(losses), **metrics}
             losses = []
             history.append(record)
             log(f"step {step:5d}  loss {record['loss']:.4f}  held-out greedy accuracy "
-                f"{metrics['greedy_accuracy']:.4f}  format {metrics['greedy_format']:.4f}")
+                f"{metrics['greedy_accuracy']:.4f}  format {metrics['greedy_format']:.4f}"
+                + (f"  tool calls {metrics['tool_call_rate']:.4f}" if episodes else ""))
             reached = metrics["greedy_accuracy"] >= config.target_accuracy
     model.eval().to("cpu")   # written and evaluated for the card on the CPU, as it is loaded
     return PretrainResult(model, tokenizer, step, reached, history, time.perf_counter() - start)
+
+
+def _episodes(config: PretrainConfig) -> dict:
+    """evaluate()'s episode arguments: task 'multiply' is evaluated with its calculator."""
+    return {"environment": CALCULATOR, "max_turns": config.max_turns} if config.task == "multiply" else {}
+
+
+def training_stream(config: PretrainConfig):
+    """The task's training samples, endless and seeded; for 'multiply' each draw's solution
+    calls the calculator with probability tool_share (its own seeded coin), else it is the
+    direct one, so the policy learns both and GRPO has something to choose between."""
+    stream = tasks.iterate_samples(config.task, "train", seed=config.seed)
+    if config.task != "multiply":
+        return stream
+    coin = random.Random(f"tool-share/{config.seed}")
+    return ({**sample, "solution": sample["solution"] if coin.random() < config.tool_share
+             else sample["direct_solution"]} for sample in stream)
 
 
 # --------------------------------------------------------------------------- the model card
@@ -227,6 +270,16 @@ supervised fine-tuning on two-digit addition and subtraction (`grpo_edu.tasks`,
 e.g. `47+85=` -> `<think>12</think>\\boxed{{132}}`, the reasoning being the units
 column) and stopped on purpose while it is still often wrong: it is the policy
 GRPO starts from in chapters 5 and 6.""",
+    "multiply": """# {name}: a starting policy that calls a calculator sometimes
+
+A {layers}-layer, {width}-wide Llama ({parameters:,} parameters, float32)
+with a character-level tokenizer (`grpo_edu.models.char_tokenizer`), trained by
+supervised fine-tuning on two-digit multiplication (`grpo_edu.tasks`, task "multiply"),
+{tool_percent:.0f}% of its solutions calling the calculator (`47*85=` ->
+`<think>[47*85]=3995</think>\\boxed{{3995}}`, the `=3995` written by
+`grpo_edu.episodes.Calculator` and kept out of the loss), the rest answering in the head
+(`<think>35</think>\\boxed{{3995}}`): the policy chapter 11's GRPO runs start from,
+able to call the tool and to skip it.""",
     "countdown": """# {name}: a Countdown starting policy
 
 A {layers}-layer, {width}-wide Llama ({parameters:,} parameters, float32)
@@ -238,17 +291,37 @@ recipe (configs/gpu-countdown-from-scratch.toml).""",
 }
 REPORT_SETS = {
     "arithmetic": ('`grpo_edu.tasks.arithmetic_problems("test")`', lambda: tasks.arithmetic_problems("test")),
+    "multiply": ('`grpo_edu.tasks.make_dataset("multiply", 816, "test", seed=0)`, every held-out one',
+                 lambda: tasks.make_dataset("multiply", 816, "test", seed=0)),
     "countdown": ('`grpo_edu.tasks.make_dataset("countdown", 1000, "test", seed=0)`',
                   lambda: tasks.make_dataset("countdown", 1000, "test", seed=0)),
 }
+
+def use_lines(config: PretrainConfig) -> str:
+    """How a card's "Use" section loads its policy."""
+    if config.task == "arithmetic":
+        return "from grpo_edu.models import load_policy\nmodel, tokenizer = load_policy()  # this directory"
+    if config.task == "multiply":
+        return ("from grpo_edu.models import TOOL_POLICY, load_policy\nmodel, tokenizer = load_policy(TOOL_POLICY)  "
+                "# this directory; in a run's config: model = \"multiply-start\" (configs/cpu-tools.toml)")
+    return f"from grpo_edu.models import load_policy\nmodel, tokenizer = load_policy({config.output_dir!r})"
+
 
 def model_card(config: PretrainConfig, result: PretrainResult, report: dict, seconds: float,
                cpu_seconds: float, command: str) -> str:
     parameters = sum(p.numel() for p in result.model.parameters())
     k = config.pass_k
     jump = ", ".join(f"{r['step']}: {r['greedy_accuracy']:.3f}" for r in result.history[-6:])
+    tools = "" if config.task != "multiply" else f"""
+| greedy tool-call rate | {report['tool_call_rate']:.4f} |
+| greedy mean policy turns | {report['mean_turns']:.4f} |
+| sampled tool-call rate (temperature 1) | {report['sample_tool_call_rate']:.4f} |"""
+    episodes = "" if config.task != "multiply" else (
+        f"; every completion an episode with the calculator\n(`{CALCULATOR}`, at most {config.max_turns} "
+        f"policy turns), scored on its whole text")
     return f"""{TASK_CARDS[config.task].format(name=Path(config.output_dir).name, layers=config.num_layers,
-                                          width=config.hidden_size, parameters=parameters)}
+                                          width=config.hidden_size, parameters=parameters,
+                                          tool_percent=100 * config.tool_share)}
 
 ## How it was made
 
@@ -270,7 +343,7 @@ two differ, other processes shared the CPU.
 
 All {report['problems']:,} held-out problems ({REPORT_SETS[config.task][0]};
 train and held-out problems never overlap), at most {config.max_new_tokens} new tokens,
-{k} samples per problem at temperature 1 (seed {SAMPLE_SEED}):
+{k} samples per problem at temperature 1 (seed {SAMPLE_SEED}){episodes}:
 
 | metric | value |
 |---|---|
@@ -279,7 +352,7 @@ train and held-out problems never overlap), at most {config.max_new_tokens} new 
 | sampled accuracy (pass@1, temperature 1) | {report['sample_accuracy']:.4f} |
 | sampled format rate | {report['sample_format']:.4f} |
 | pass@{k} (temperature 1) | {report[f'pass_at_{k}']:.4f} |
-| problems whose {k} samples disagree | {report['mixed_groups']:.4f} |
+| problems whose {k} samples disagree | {report['mixed_groups']:.4f} |{tools}
 
 Accuracy and format are `grpo_edu.rewards.accuracy_reward` and `format_reward`.
 `tests/test_pretrain.py` recomputes the greedy figures from these weights.
@@ -287,8 +360,7 @@ Accuracy and format are `grpo_edu.rewards.accuracy_reward` and `format_reward`.
 ## Use
 
 ```python
-from grpo_edu.models import load_policy
-model, tokenizer = load_policy()  # this directory
+{use_lines(config)}
 ```
 """
 
@@ -303,7 +375,7 @@ def write_policy(config: PretrainConfig, result: PretrainResult, command: str,
     check_output_dir(config)
     report_set = REPORT_SETS[config.task][1]()
     report = evaluate(result.model, result.tokenizer, report_set, pass_k=config.pass_k,
-                      max_new_tokens=config.max_new_tokens)
+                      max_new_tokens=config.max_new_tokens, **_episodes(config))
     seconds, cpu_seconds = time.perf_counter() - started[0], time.process_time() - started[1]
     output = save_policy(result.model, result.tokenizer, config.output_dir)
     (output / "README.md").write_text(model_card(config, result, report, seconds, cpu_seconds, command))

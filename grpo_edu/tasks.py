@@ -5,14 +5,20 @@ for TRL) with at least
 
     prompt    the text the policy continues
     answer    the reference final answer, as a string ("132")
-    task      "arithmetic" | "countdown" | "gsm8k" (tells the accuracy reward
-              how to check an answer)
+    task      "arithmetic" | "multiply" | "countdown" | "gsm8k" (tells the
+              accuracy reward how to check an answer)
 
 and, for the generated tasks, `solution`: a correct completion in the format the
 rewards expect, used for supervised pretraining and as an example:
 
     arithmetic   prompt "47+85="                solution "<think>12</think>\\boxed{132}"
     countdown    prompt "Use 3 5 7 to make 22:" solution "<think>3*5=15 15+7=22</think>\\boxed{3*5+7}"
+    multiply     prompt "47*85="                solution "<think>[47*85]=3995</think>\\boxed{3995}"
+                                                direct_solution "<think>35</think>\\boxed{3995}"
+
+Multiply is the task that needs a tool: a two-digit product is beyond what the tiny
+policy does reliably in its head, and `[47*85]` is a call of grpo_edu.episodes'
+Calculator, whose answer `=3995` the environment writes, not the policy.
 
 Arithmetic is the CPU tier's task: completions are at most ten tokens, so a tiny
 model can roll out hundreds of them a second. The reasoning is the units
@@ -90,6 +96,36 @@ def _arithmetic_pool(split: str) -> tuple[dict, ...]:
     low, high = ARITHMETIC_OPERAND_RANGE
     samples = (arithmetic_sample(a, op, b) for a in range(low, high + 1) for op in "+-"
                for b in range(low, high + 1))
+    return tuple(s for s in samples if split_of(s["prompt"]) == split)
+
+
+# --------------------------------------------------------------------------- multiply (with a calculator)
+
+MULTIPLY_OPERAND_RANGE = (10, 99)  # two-digit factors: 90 * 90 = 8,100 problems
+
+
+def multiply_sample(a: int, b: int) -> dict:
+    """The sample for `a*b`, with two solutions:
+
+        solution          "<think>[47*85]=3995</think>\\boxed{3995}": a call of the calculator
+                          (grpo_edu.episodes.Calculator), its answer "=3995" written by the
+                          environment, then the boxed answer copied from it
+        direct_solution   "<think>35</think>\\boxed{3995}": in the head, the reasoning being the
+                          units digits' product (7*5 = 35), as arithmetic's is the units column
+    """
+    for name, value in (("a", a), ("b", b)):
+        if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+            raise ValueError(f"{name} must be a non-negative integer, got {value!r}")
+    product = a * b
+    return {"prompt": f"{a}*{b}=", "answer": str(product), "task": "multiply",
+            "solution": completion_text(f"[{a}*{b}]={product}", str(product)),
+            "direct_solution": completion_text(str(a % 10 * (b % 10)), str(product))}
+
+
+@functools.lru_cache(maxsize=None)
+def _multiply_pool(split: str) -> tuple[dict, ...]:
+    low, high = MULTIPLY_OPERAND_RANGE
+    samples = (multiply_sample(a, b) for a in range(low, high + 1) for b in range(low, high + 1))
     return tuple(s for s in samples if split_of(s["prompt"]) == split)
 
 
@@ -213,12 +249,13 @@ def expression_numbers(text: str) -> list[int]:
 
 # --------------------------------------------------------------------------- datasets
 
-GENERATED_TASKS = ("arithmetic", "countdown")
+GENERATED_TASKS = ("arithmetic", "multiply", "countdown")
+_POOLS = {"arithmetic": _arithmetic_pool, "multiply": _multiply_pool}   # small spaces, listed whole
 
 
 def _check_task_and_split(task: str, split: str) -> None:
     if task not in GENERATED_TASKS:
-        raise ValueError(f"task must be 'arithmetic' or 'countdown' (gsm8k: use load_gsm8k), got {task!r}")
+        raise ValueError(f"task must be one of {GENERATED_TASKS} (gsm8k: use load_gsm8k), got {task!r}")
     if split not in SPLITS:
         raise ValueError(f"split must be one of {SPLITS}, got {split!r}")
 
@@ -228,8 +265,8 @@ def iterate_samples(task: str = "arithmetic", split: str = "train", seed: int = 
     problems (duplicates possible)."""
     _check_task_and_split(task, split)
     rng = random.Random(f"{task}/{split}/{seed}")
-    if task == "arithmetic":  # small space: draw from the split's list
-        pool = _arithmetic_pool(split)
+    if task in _POOLS:  # small space: draw from the split's list
+        pool = _POOLS[task](split)
         while True:
             yield dict(rng.choice(pool))
     while True:  # countdown: draw, keep the split's (its space is far too big to list)
@@ -246,16 +283,16 @@ def make_dataset(task: str = "arithmetic", n: int = 1000, split: str = "train", 
     """`n` samples of one split, distinct prompts unless unique=False. Same arguments,
     same list.
 
-    The arithmetic space is small (16,200 problems: 14,624 train and 1,576
-    held-out), so asking for more distinct problems than a split holds is an
-    error, not an endless loop.
+    The arithmetic and multiply spaces are small (16,200 problems: 14,624 train and
+    1,576 held-out; 8,100), so asking for more distinct problems than a split holds is
+    an error, not an endless loop.
     """
     _check_task_and_split(task, split)
     if n < 0:
         raise ValueError(f"n must be >= 0, got {n}")
-    if task == "arithmetic" and unique and n > len(_arithmetic_pool(split)):
-        raise ValueError(f"n = {n} distinct arithmetic problems requested from split {split!r}, which "
-                         f"holds {len(_arithmetic_pool(split)):,}; ask for fewer or pass unique=False")
+    if task in _POOLS and unique and n > len(_POOLS[task](split)):
+        raise ValueError(f"n = {n} distinct {task} problems requested from split {split!r}, which "
+                         f"holds {len(_POOLS[task](split)):,}; ask for fewer or pass unique=False")
     samples, seen, misses = [], set(), 0
     stream = iterate_samples(task, split, seed)
     while len(samples) < n:
@@ -328,6 +365,9 @@ def load_gsm8k(split: str = "train", dataset: str = "openai/gsm8k") -> list[dict
 INSTRUCTIONS = {
     "arithmetic": ("Compute the result. Think step by step inside <think> and </think>, then give the "
                    "final answer as \\boxed{number}."),
+    "multiply": ("Compute the product. You may call a calculator: write [expression] and it answers "
+                 "=value. Think step by step inside <think> and </think>, then give the final answer as "
+                 "\\boxed{number}."),
     "countdown": ("Write an expression that uses each of the numbers exactly once, with + - * / and "
                   "parentheses, and equals the target. Think step by step inside <think> and </think>, "
                   "then give the expression itself (not its value) as \\boxed{expression}, for example "
@@ -350,7 +390,7 @@ def with_instruction(sample: dict) -> dict:
 
 # --------------------------------------------------------------------------- a run's problems
 
-TRAIN_POOL = 10_000  # distinct training problems a run's prompts are drawn from (with replacement)
+TRAIN_POOL = 10_000  # distinct training problems a run's prompts are drawn from (with replacement; multiply: all 7,284)
 
 
 def task_pools(config: "TrainConfig", tokenizer) -> tuple[list[dict], list[dict]]:
@@ -363,7 +403,8 @@ def task_pools(config: "TrainConfig", tokenizer) -> tuple[list[dict], list[dict]
         train_pool = load_gsm8k("train", config.dataset)
         held_out = load_gsm8k("test", config.dataset)[:config.eval_size]
     else:
-        train_pool = make_dataset(config.task, n=TRAIN_POOL, split="train", seed=0)
+        pool = min(TRAIN_POOL, len(_POOLS[config.task]("train"))) if config.task in _POOLS else TRAIN_POOL
+        train_pool = make_dataset(config.task, n=pool, split="train", seed=0)
         held_out = make_dataset(config.task, n=config.eval_size, split="test", seed=0)
     if config.task_instruction:
         train_pool, held_out = [with_instruction(s) for s in train_pool], [with_instruction(s) for s in held_out]

@@ -25,7 +25,7 @@ from grpo_edu import __version__, checkpoint, tasks
 from grpo_edu.config import TrainConfig
 from grpo_edu.distributed import resolve_device
 from grpo_edu.evaluation import greedy_scores, sampled_metrics, sampled_scores, wilson_interval
-from grpo_edu.models import STARTING_POLICY, generate_completions, load_policy, save_policy
+from grpo_edu.models import generate_completions, load_policy, policy_source, save_policy
 from grpo_edu.placement import autocast
 
 MODEL_DIR = "model"   # RUN_DIR/model: the finished run's policy
@@ -99,7 +99,7 @@ def load_trained(run_dir: str | Path) -> Trained:
     if not checkpoint.checkpoint_folders(run / "checkpoints"):
         raise TrainedModelError(f"RUN_DIR: {run} has no {MODEL_DIR}/ (the run has not finished) and no checkpoint "
                                 f"to take the policy from")
-    model, tokenizer = load_policy(STARTING_POLICY if config.model == "start" else config.model)
+    model, tokenizer = load_policy(policy_source(config.model))
     try:
         saved = checkpoint.load_weights(run, model, None)
     except checkpoint.CheckpointError as error:

@@ -72,7 +72,7 @@ from grpo_edu.evaluation import held_out_metrics, samples_table
 from grpo_edu.faults import NONE as NO_FAULTS, Faults, leak_environment
 from grpo_edu.lagging import InFlight
 from grpo_edu.metrics import run_summary, step_metrics
-from grpo_edu.models import STARTING_POLICY, load_policy
+from grpo_edu.models import load_policy, policy_source
 from grpo_edu.overlap import BackgroundSampler
 from grpo_edu.placement import Models, autocast, build_models, check_engine_settings, make_engine, make_reference
 from grpo_edu.rollout import HFEngine, Rollout, SamplingParams
@@ -303,7 +303,7 @@ def set_up(config: TrainConfig, *, advantage_fn: AdvantageFn | None, reward_func
         advantage_fn = functools.partial(faults.split_advantages, advantage_fn)
     reward_functions = configured_rewards if reward_functions is None else reward_functions
     if policy is None:
-        policy, tokenizer = load_policy(STARTING_POLICY if config.model == "start" else config.model)
+        policy, tokenizer = load_policy(policy_source(config.model))
     state = TrainState(prompt_rng=random.Random(config.seed))
     output_dir = Path(config.output_dir)
     metrics_log = MetricsLog(output_dir)
@@ -341,7 +341,7 @@ def set_up(config: TrainConfig, *, advantage_fn: AdvantageFn | None, reward_func
                 output_dir.mkdir(parents=True, exist_ok=True)
                 metrics_log.start()
                 (output_dir / "config.json").write_text(json.dumps(config.to_dict(), indent=2) + "\n")
-                before = samples_table(model, tokenizer, held_out[:4], config.max_completion_length)
+                before = samples_table(model, tokenizer, held_out[:4], config)
                 (output_dir / "samples_before.txt").write_text(before)
         say(f"start: held-out greedy accuracy {run.start_accuracy:.4f}")
     world.barrier()
@@ -431,7 +431,7 @@ def finish(run: Run, seconds: float) -> RunResult:
         if world.is_main:
             (run.output_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
             if finished:
-                after = samples_table(model, run.tokenizer, run.held_out[:4], config.max_completion_length)
+                after = samples_table(model, run.tokenizer, run.held_out[:4], config)
                 (run.output_dir / "samples_after.txt").write_text(after)
                 save_trained(model, run.tokenizer, run.output_dir, summary)
     world.barrier()

@@ -219,10 +219,10 @@ def grpo_trainer(config: TrainConfig, *, model=None, tokenizer=None, dataset=Non
     policy), task and rewards. trainer_kwargs go to GRPOTrainer (peft_config, callbacks, ...)."""
     from trl import GRPOTrainer
 
-    from grpo_edu.models import STARTING_POLICY, load_policy
+    from grpo_edu.models import load_policy, policy_source
     args = grpo_config(config)
     if model is None:
-        model, tokenizer = load_policy(STARTING_POLICY if config.model == "start" else config.model)
+        model, tokenizer = load_policy(policy_source(config.model))
     functions, weights = reward_functions(config)
     args.reward_weights = weights
     return GRPOTrainer(model=model, args=args, reward_funcs=functions,

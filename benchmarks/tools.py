@@ -1,0 +1,200 @@
+"""Chapter 11's measurement: does a policy that may call a calculator learn to, and does it beat
+one that may not? configs/cpu-tools.toml (two-digit products, the committed tool policy
+grpo_edu/assets/tiny-multiply-start, max_turns 2, 100 steps), three ways, 3 seeds each:
+
+    tool      the config as it is: the policy's `[47*85]` is answered `=3995` by
+              grpo_edu.episodes.Calculator, and the answer is context, never trained on
+    no_tool   environment = "": the same policy, single-turn; a call is answered by nobody (the
+              policy writes what follows itself), so only products in the head earn reward
+    leak      the tool, with the environment's tokens in the loss, the KL and the ratio
+              (grpo_edu.faults.Faults(env_tokens_in_loss=True)): the failure on purpose
+
+    .venv/bin/python benchmarks/tools.py [--variants tool no_tool leak] [--seeds 0 1 2]
+                                         [--steps 100] [--out FILE]
+    .venv/bin/python benchmarks/tools.py --check FILE [--steps 10] [--runs tool:0 ...]
+
+Each run's policy is measured before (once: the same starting policy for all) and after, on
+all 816 held-out problems (HELD_OUT), the way the run itself plays them (episodes with the
+calculator where it has one, single-turn where not):
+    greedy_accuracy, tool_call_rate, mean_turns   greedy decoding
+    sample_accuracy, sample_tool_call_rate         4 samples per problem at temperature 1
+and once more with the tool taken away (single-turn greedy, "unaided"): its accuracy, and the
+share of completions in which the policy writes a number itself between its call's `]` and
+`</think>`, where the calculator's answer would stand ("self_answer_rate"), with the share of
+those numbers that are the product; and "answer_logp", the mean log-prob per token the policy
+gives the calculator's answer (`=3995` after `<think>[47*85]`, teacher-forced): what a leak
+teaches.
+From the run's own metrics: its training accuracy, KL, sampler gap and environment tokens per
+step, and the doctor's findings on them.
+
+The first form writes FILE (default benchmarks/results/tools.json), after every run. Run it
+under the book's pinned kernels (grpo_edu.numerics), as `grpo-edu book run` runs chapters:
+chapter 11 reads the file. The second re-trains the named runs (variant:seed; all when not
+given) for the first --steps steps and compares every kept per-step number with FILE's,
+exactly (tests/test_tools.py runs it, pinned, for one run).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import re
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+from grpo_edu import rewards, tasks
+from grpo_edu.config import TrainConfig
+from grpo_edu.diagnose import diagnose
+from grpo_edu.episodes import writers
+from grpo_edu.evaluation import evaluate
+from grpo_edu.faults import Faults
+from grpo_edu.models import generate_completions, load_policy, policy_source
+from grpo_edu.trainer import train
+
+ROOT = Path(__file__).resolve().parents[1]
+CONFIG = ROOT / "configs" / "cpu-tools.toml"
+CALCULATOR = "grpo_edu.episodes:Calculator"
+OUT = Path(__file__).parent / "results" / "tools.json"
+SETTINGS = {"checkpoint_every": 0, "progress": False}
+VARIANTS = {"tool": {}, "no_tool": {"environment": ""}, "leak": {}}
+FAULTS = {"leak": Faults(env_tokens_in_loss=True)}
+HELD_OUT = 816          # every held-out multiply problem
+SAMPLES = 4             # per problem at temperature 1
+# What the file keeps of each step (absent from a step: None).
+KEPT = ("reward/accuracy", "reward/mean", "kl", "entropy", "grad_norm", "sampler_gap/mean_abs",
+        "episode/turns", "episode/env_tokens", "completion_length/mean", "zero_std_groups")
+SELF_ANSWER = re.compile(r"\]([^<]*?)(\d+)[^<]*</think>")   # digits after the call, before </think>
+
+
+def self_answers(texts: list[str], samples: list[dict]) -> dict[str, float]:
+    """Of single-turn completions: the share that write a number themselves after a call
+    (between its `]` and `</think>`, where the calculator's answer would stand), and the share
+    of those whose first such number is the product."""
+    written = [(SELF_ANSWER.search(text), sample) for text, sample in zip(texts, samples) if "[" in text]
+    written = [(match, sample) for match, sample in written if match]
+    right = sum(match.group(2) == sample["answer"] for match, sample in written)
+    return {"self_answer_rate": len(written) / len(texts), "self_answers_right": right / len(written) if written else 0.0}
+
+
+@torch.no_grad()
+def answer_logp(model, tokenizer, samples: list[dict]) -> float:
+    """The mean log-prob per token the policy gives the calculator's answer in each sample's
+    calling solution, teacher-forced (prompt, the call, then the answer's tokens scored)."""
+    total, count = 0.0, 0
+    for sample in samples:
+        pieces = writers(sample["solution"], CALCULATOR, sample)
+        context = sample["prompt"] + "".join(piece for piece, _ in pieces[:1])
+        answer = pieces[1][0]
+        ids = tokenizer(context + answer, return_tensors="pt", add_special_tokens=False)["input_ids"]
+        n = len(tokenizer(answer, add_special_tokens=False)["input_ids"])
+        logp = model(ids).logits[0, :-1].float().log_softmax(-1).gather(-1, ids[0, 1:, None])[:, 0]
+        total, count = total + float(logp[-n:].sum()), count + n
+    return total / count
+
+
+def measure(model, tokenizer, config: TrainConfig) -> dict:
+    """The held-out figures of `model` as `config` plays (see the module's docstring)."""
+    held_out = tasks.make_dataset("multiply", HELD_OUT, "test", seed=0)
+    played = evaluate(model, tokenizer, held_out, pass_k=SAMPLES, max_new_tokens=config.max_completion_length,
+                      environment=config.environment, max_turns=config.max_turns)
+    texts = [group[0] for group in generate_completions(model, tokenizer, [s["prompt"] for s in held_out],
+                                                        max_new_tokens=config.max_completion_length)]
+    if not config.environment:   # a call in a single-turn completion: its text holds "["
+        played["tool_call_rate"] = sum("[" in text for text in texts) / len(texts)
+    figures = {key: played.get(key) for key in ("greedy_accuracy", "tool_call_rate", "mean_turns",
+                                                 "sample_accuracy", "sample_tool_call_rate")}
+    unaided = rewards.accuracy_reward(texts, answer=[s["answer"] for s in held_out], task=["multiply"] * len(texts))
+    figures.update(unaided_accuracy=sum(unaided) / len(unaided), **self_answers(texts, held_out),
+                   answer_logp=answer_logp(model, tokenizer, held_out))
+    return figures
+
+
+def run(variant: str, seed: int, steps: int, stop_after: int | None = None) -> dict:
+    with tempfile.TemporaryDirectory() as directory:
+        config = config_for(variant, seed, steps, directory)
+        started = time.perf_counter()
+        result = train(config, log=lambda line: None, stop_after=stop_after, faults=FAULTS.get(variant))
+        seconds = time.perf_counter() - started
+    history = result.history
+    out = {"variant": variant, "seed": seed, "seconds": round(seconds, 1),
+           "eval": [[m["step"], m["eval/greedy_accuracy"]] for m in history if "eval/greedy_accuracy" in m],
+           "steps": {key: [m.get(key) for m in history] for key in KEPT}}
+    if stop_after is None:
+        out["after"] = measure(result.policy, result.tokenizer, config)
+        out["findings"] = [finding.detector for finding in diagnose(history, config.to_dict())]
+    return out
+
+
+def parse_runs(values: list[str] | None, variants, seeds) -> list[tuple[str, int]]:
+    if not values:
+        return [(variant, seed) for variant in variants for seed in seeds]
+    runs = []
+    for value in values:
+        parts = value.split(":")
+        if len(parts) != 2 or parts[0] not in VARIANTS or not parts[1].isdigit():
+            raise SystemExit(f"--runs: expected variant:seed with a variant of {list(VARIANTS)}, got {value!r}")
+        runs.append((parts[0], int(parts[1])))
+    return runs
+
+
+def write(args) -> None:
+    out = Path(args.out)
+    model, tokenizer = load_policy(policy_source(TrainConfig.from_toml(CONFIG).model))
+    before = {variant: measure(model, tokenizer, config_for(variant, 0, args.steps, "unused"))
+              for variant in ("tool", "no_tool")}
+    runs = []
+    for variant, seed in parse_runs(args.runs, args.variants, args.seeds):
+        runs.append(run(variant, seed, args.steps))
+        last = runs[-1]
+        print(f"{variant:<8} seed {seed}: greedy accuracy {last['after']['greedy_accuracy']:.3f}, sampled "
+              f"{last['after']['sample_accuracy']:.3f}, tool calls {last['after']['tool_call_rate']:.3f}, "
+              f"findings {last['findings']} in {last['seconds']:.0f} s", flush=True)
+        payload = {"steps": args.steps, "seeds": args.seeds, "variants": args.variants, "config": CONFIG.name,
+                   "held_out": HELD_OUT, "samples": SAMPLES, "machine": platform.machine(),
+                   "before": before, "runs": runs}
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps(payload, separators=(",", ":")) + "\n")   # after every run: a stop loses one
+    print(f"wrote {out}")
+
+
+def check(args) -> None:
+    stored = json.loads(Path(args.check).read_text())
+    by_key = {(r["variant"], r["seed"]): r for r in stored["runs"]}
+    failures = 0
+    for variant, seed in parse_runs(args.runs, stored["variants"], stored["seeds"]):
+        want, n = by_key[(variant, seed)], args.steps
+        got = run(variant, seed, stored["steps"], stop_after=n)
+        diffs = [f"{key} differs in steps 1-{n}" for key in KEPT if got["steps"][key] != want["steps"][key][:n]]
+        if got["eval"] != [e for e in want["eval"] if e[0] <= n]:
+            diffs.append(f"evaluations {got['eval']} against {[e for e in want['eval'] if e[0] <= n]}")
+        failures += bool(diffs)
+        print(f"{variant}:{seed} first {n} steps: " + ("equal to the file" if not diffs else "; ".join(diffs)),
+              flush=True)
+    if failures:
+        raise SystemExit(f"{failures} run(s) differ from {args.check}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=list(VARIANTS))
+    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    parser.add_argument("--steps", type=int, default=None, help="steps per run (100), or with --check the "
+                                                                "steps re-trained (10)")
+    parser.add_argument("--runs", nargs="+", help="variant:seed, e.g. tool:0 (default: every variant and seed)")
+    parser.add_argument("--out", default=str(OUT))
+    parser.add_argument("--check", metavar="FILE", help="re-train and compare with FILE instead of writing")
+    args = parser.parse_args()
+    if args.check:
+        args.steps = args.steps or 10
+        check(args)
+    else:
+        args.steps = args.steps or 100
+        write(args)
+
+
+if __name__ == "__main__":
+    main()
