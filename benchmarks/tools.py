@@ -67,6 +67,12 @@ SAMPLES = 4             # per problem at temperature 1
 # What the file keeps of each step (absent from a step: None).
 KEPT = ("reward/accuracy", "reward/mean", "kl", "entropy", "grad_norm", "sampler_gap/mean_abs",
         "episode/turns", "episode/env_tokens", "completion_length/mean", "zero_std_groups")
+def config_for(variant: str, seed: int, steps: int, output_dir: str) -> TrainConfig:
+    base = TrainConfig.from_toml(CONFIG).to_dict()
+    return TrainConfig.from_dict({**base, **SETTINGS, "steps": steps, "seed": seed, "output_dir": output_dir,
+                                  **VARIANTS[variant]})
+
+
 SELF_ANSWER = re.compile(r"\]([^<]*?)(\d+)[^<]*</think>")   # digits after the call, before </think>
 
 
@@ -161,16 +167,21 @@ def write(args) -> None:
     print(f"wrote {out}")
 
 
+def differences(got: dict, want: dict, n: int) -> list[str]:
+    """What differs between a run re-trained for its first n steps and the file's run."""
+    diffs = [f"{key} differs in steps 1-{n}" for key in KEPT if got["steps"][key] != want["steps"][key][:n]]
+    if got["eval"] != [e for e in want["eval"] if e[0] <= n]:
+        diffs.append(f"evaluations {got['eval']} against {[e for e in want['eval'] if e[0] <= n]}")
+    return diffs
+
+
 def check(args) -> None:
     stored = json.loads(Path(args.check).read_text())
     by_key = {(r["variant"], r["seed"]): r for r in stored["runs"]}
     failures = 0
     for variant, seed in parse_runs(args.runs, stored["variants"], stored["seeds"]):
         want, n = by_key[(variant, seed)], args.steps
-        got = run(variant, seed, stored["steps"], stop_after=n)
-        diffs = [f"{key} differs in steps 1-{n}" for key in KEPT if got["steps"][key] != want["steps"][key][:n]]
-        if got["eval"] != [e for e in want["eval"] if e[0] <= n]:
-            diffs.append(f"evaluations {got['eval']} against {[e for e in want['eval'] if e[0] <= n]}")
+        diffs = differences(run(variant, seed, stored["steps"], stop_after=n), want, n)
         failures += bool(diffs)
         print(f"{variant}:{seed} first {n} steps: " + ("equal to the file" if not diffs else "; ".join(diffs)),
               flush=True)

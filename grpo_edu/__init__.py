@@ -3,7 +3,7 @@
 The modules, in the order the data goes through one GRPO step (B prompts, G completions
 per prompt, S completion tokens):
 
-    tasks.py        prompts with answers a program can check (arithmetic, countdown, GSM8K)
+    tasks.py        prompts with answers a program can check (arithmetic, multiply, countdown, GSM8K)
     rollout.py      G sampled completions per prompt with the sampler's log-probs: the
                     engine protocol, Rollout, and the transformers-generate engine
     fused_llama.py  the fast engine: the same Llama maths fused (KV-cache sampler,

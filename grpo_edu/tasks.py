@@ -393,6 +393,12 @@ def with_instruction(sample: dict) -> dict:
 TRAIN_POOL = 10_000  # distinct training problems a run's prompts are drawn from (with replacement; multiply: all 7,284)
 
 
+def training_pool_size(task: str, size: int = TRAIN_POOL) -> int:
+    """How many distinct training problems a run draws from: `size`, or all of a smaller
+    task's train split (multiply: 7,284)."""
+    return min(size, len(_POOLS[task]("train"))) if task in _POOLS else size
+
+
 def task_pools(config: "TrainConfig", tokenizer) -> tuple[list[dict], list[dict]]:
     """A training run's problems (its config's task, dataset, eval_size, task_instruction and
     chat_template): the pool prompts are drawn from, and the held-out problems (the first
@@ -403,8 +409,7 @@ def task_pools(config: "TrainConfig", tokenizer) -> tuple[list[dict], list[dict]
         train_pool = load_gsm8k("train", config.dataset)
         held_out = load_gsm8k("test", config.dataset)[:config.eval_size]
     else:
-        pool = min(TRAIN_POOL, len(_POOLS[config.task]("train"))) if config.task in _POOLS else TRAIN_POOL
-        train_pool = make_dataset(config.task, n=pool, split="train", seed=0)
+        train_pool = make_dataset(config.task, n=training_pool_size(config.task), split="train", seed=0)
         held_out = make_dataset(config.task, n=config.eval_size, split="test", seed=0)
     if config.task_instruction:
         train_pool, held_out = [with_instruction(s) for s in train_pool], [with_instruction(s) for s in held_out]

@@ -204,7 +204,7 @@ def train_dataset(config: TrainConfig, size: int = 10_000):
     the rewards read."""
     from datasets import Dataset
     samples = (tasks.load_gsm8k("train", config.dataset) if config.task == "gsm8k" else
-               tasks.make_dataset(config.task, n=size, split="train", seed=0))
+               tasks.make_dataset(config.task, n=tasks.training_pool_size(config.task, size), split="train", seed=0))
     rows = []
     for sample in samples:
         row = tasks.with_instruction(sample) if config.task_instruction else dict(sample)

@@ -17,7 +17,8 @@ import torch
 
 from checker_support import all_values, assert_rejected_without_answer, expected_values
 from grpo_edu.advantages import group_advantages
-from grpo_edu.exercises import ch00, ch01, ch02, ch03, ch04, ch05, ch06, ch07, ch08, ch10
+from grpo_edu.episodes import Reply
+from grpo_edu.exercises import ch00, ch01, ch02, ch03, ch04, ch05, ch06, ch07, ch08, ch10, ch11
 from grpo_edu.loss import grpo_loss
 
 COVERED: set[str] = set()
@@ -348,6 +349,74 @@ def test_sequence_mask_per_token():
         return ((r >= band[0]) & (r <= band[1])).double()
     report = rejected(ch10.check_sequence_mask, per_token)
     assert "do not all get the same weight" in report
+
+
+# --------------------------------------------------------------------------- chapter 11
+
+class _Strict:
+    """The exercise's answer, with a mistake switched on by a subclass."""
+
+    stop = "]"
+    ordered = False      # the factors only in the prompt's order
+    spaces = True        # spaces inside the call allowed
+    penalty = ch11.INVALID_CALL
+    limit = ch11.MAX_CALLS
+
+    def reset(self, sample):
+        self.factors = [int(x) for x in sample["prompt"].rstrip("=").split("*")]
+        self.calls = 0
+
+    def step(self, action):
+        self.calls += 1
+        if self.calls > self.limit:
+            return Reply("=!", self.penalty, done=True)
+        call = re.search(r"\[([^\[\]]*)\]$", action)
+        body = call.group(1) if call else ""
+        parts = (body.replace(" ", "") if self.spaces else body).split("*")
+        if len(parts) == 2 and all(p.isdigit() for p in parts):
+            got = [int(p) for p in parts]
+            if got == self.factors or (not self.ordered and sorted(got) == sorted(self.factors)):
+                return Reply(f"={self.factors[0] * self.factors[1]}")
+        return Reply("=?", self.penalty)
+
+
+@covers("11.1")
+def test_strict_calculator_in_the_prompts_order_only():
+    report = rejected(ch11.check_strict_calculator, type("Ordered", (_Strict,), {"ordered": True}))
+    assert "its factors the other way round" in report and "its text is not the product" in report
+
+
+def test_strict_calculator_without_the_validity_reward():
+    report = rejected(ch11.check_strict_calculator, type("NoPenalty", (_Strict,), {"penalty": 0.0}))
+    assert "a sum of the factors" in report and "the reward" in report
+
+
+def test_strict_calculator_that_allows_a_third_call():
+    report = rejected(ch11.check_strict_calculator, type("ThreeCalls", (_Strict,), {"limit": 3}))
+    assert "one call too many" in report and "the episode must end here" in report
+
+
+def test_strict_calculator_whose_state_survives_reset():
+    class Sticky(_Strict):
+        def reset(self, sample):
+            self.factors = [int(x) for x in sample["prompt"].rstrip("=").split("*")]
+            self.calls = getattr(self, "calls", 0)
+    report = rejected(ch11.check_strict_calculator, Sticky)
+    assert "(the instance reset from another episode)" in report
+    assert "spaces inside the call:" not in report   # fresh instances pass
+
+
+def test_strict_calculator_with_another_stop():
+    report = rejected(ch11.check_strict_calculator, type("Stop", (_Strict,), {"stop": "]="}))
+    assert "its stop is ']='" in report
+
+
+def test_strict_calculator_that_returns_a_string():
+    class Text(_Strict):
+        def step(self, action):
+            return super().step(action).text
+    report = rejected(ch11.check_strict_calculator, Text)
+    assert "raised TypeError" in report and "step must return a grpo_edu.episodes.Reply" in report
 
 
 # --------------------------------------------------------------------------- the list is complete

@@ -22,7 +22,7 @@ def test_arithmetic_sample_is_right_and_shows_the_units_column():
         arithmetic_sample(1, "*", 2)
 
 
-@pytest.mark.parametrize("task", ["arithmetic", "countdown"])
+@pytest.mark.parametrize("task", ["arithmetic", "multiply", "countdown"])
 def test_solutions_earn_full_accuracy_and_format(task):
     samples = make_dataset(task, 300, "train", seed=3)
     columns = {key: [s.get(key) for s in samples] for key in ("answer", "task", "numbers")}
@@ -39,7 +39,7 @@ def test_countdown_solution_uses_every_number_once_and_reaches_the_target():
         assert sample["prompt"] == f"Use {' '.join(map(str, sample['numbers']))} to make {sample['target']}:"
 
 
-@pytest.mark.parametrize("task", ["arithmetic", "countdown"])
+@pytest.mark.parametrize("task", ["arithmetic", "multiply", "countdown"])
 def test_splits_are_disjoint_and_seeded(task):
     train = make_dataset(task, 500, "train", seed=0)
     test = make_dataset(task, 200, "test", seed=0)
@@ -81,7 +81,7 @@ def test_asking_for_more_distinct_problems_than_a_split_holds_is_an_error():
 
 
 def test_bad_arguments_name_themselves():
-    with pytest.raises(ValueError, match="task must be 'arithmetic' or 'countdown'"):
+    with pytest.raises(ValueError, match=r"task must be one of \('arithmetic', 'multiply', 'countdown'\)"):
         next(tasks.iterate_samples("chess"))
     with pytest.raises(ValueError, match="split must be one of"):
         next(tasks.iterate_samples("arithmetic", "validation"))
@@ -200,7 +200,7 @@ def test_the_cpu_tiers_prompts_stay_bare():
 def test_a_gsm8k_prompt_carries_its_instruction_either_way():
     sample = gsm8k_sample("How many legs do 3 cats have?", "3 * 4 = 12\n#### 12")
     assert tasks.with_instruction(sample) == sample and sample["prompt"].endswith(f"{tasks.GSM8K_INSTRUCTION}\n")
-    with pytest.raises(ValueError, match=r"sample\['task'\] must be one of \('arithmetic', 'countdown', 'gsm8k'\), "
+    with pytest.raises(ValueError, match=r"sample\['task'\] must be one of \('arithmetic', 'multiply', 'countdown', 'gsm8k'\), "
                                          r"got 'sudoku'"):
         tasks.with_instruction({"prompt": "?", "task": "sudoku"})
 

@@ -15,11 +15,12 @@ import pytest
 import torch
 from hang_guard import HANG_SECONDS
 
-from grpo_edu import episodes, numerics, pretrain, tasks
+from grpo_edu import episodes, lab, numerics, pretrain, tasks
 from grpo_edu.config import TrainConfig
 from grpo_edu.evaluation import evaluate, played_episodes, samples_table
 from grpo_edu.models import TOOL_POLICY, char_tokenizer, load_policy, policy_source
 from grpo_edu.pretrain import PretrainConfig, sft_batch
+from grpo_edu.rewards import accuracy_reward
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results" / "tools.json"
@@ -44,6 +45,7 @@ def test_a_product_has_a_calculator_solution_and_one_in_the_head():
     assert sample == {"prompt": "47*85=", "answer": "3995", "task": "multiply",
                       "solution": "<think>[47*85]=3995</think>\\boxed{3995}",
                       "direct_solution": "<think>35</think>\\boxed{3995}"}
+    assert accuracy_reward([sample["solution"], sample["direct_solution"]], answer="3995") == [1.0, 1.0]
     with pytest.raises(ValueError, match="a must be a non-negative integer, got -1"):
         tasks.multiply_sample(-1, 3)
 
@@ -66,6 +68,11 @@ def test_a_run_draws_from_every_training_product(tool_policy):
     train_pool, held_out = tasks.task_pools(config, tool_policy[1])
     assert len(train_pool) == 7284 and len({s["prompt"] for s in train_pool}) == 7284
     assert len(held_out) == config.eval_size
+    assert tasks.training_pool_size("multiply") == 7284 and tasks.training_pool_size("countdown") == 10_000
+    # TRL's dataset of the same run (without the calculator, which the bridge refuses): every product
+    from grpo_edu import trl_bridge
+    single_turn = TrainConfig.from_toml(ROOT / "configs" / "cpu-tools.toml", ['environment=""'])
+    assert len(trl_bridge.train_dataset(single_turn)) == 7284
 
 
 def test_a_solution_is_split_into_who_wrote_each_piece_by_playing_it():
@@ -244,8 +251,11 @@ def test_the_tool_beats_no_tool_and_the_doctor_names_the_leak_alone():
     by = {v: [r for r in results["runs"] if r["variant"] == v] for v in tools.VARIANTS}
     assert min(r["after"]["greedy_accuracy"] for r in by["tool"]) > max(r["after"]["greedy_accuracy"]
                                                                          for r in by["no_tool"]) + 0.5
-    assert all(r["findings"] == ["environment_tokens_trained"] for r in by["leak"])
-    assert all("environment_tokens_trained" not in r["findings"] for r in by["tool"] + by["no_tool"])
+    # The doctor names the leak in every leak seed (and, as the failure lab allows, the KL it runs
+    # away with: lab.TOOL_RUNS["env_leak"].also), and in no other run; no tool's groups are all wrong.
+    assert all(lab.TOOL_RUNS["env_leak"].diagnosed_as_expected(set(r["findings"])) for r in by["leak"])
+    assert all(r["findings"] == [] for r in by["tool"])
+    assert all(r["findings"] == ["zero_std_groups"] for r in by["no_tool"])
 
 
 def test_bad_runs_are_named():
@@ -261,16 +271,48 @@ def check(path, run="leak:0", steps=6):
 
 
 @needs_pin
-def test_the_results_file_is_what_the_trainer_computes(tmp_path):
+def test_the_results_file_is_what_the_trainer_computes():
     """Re-train the leak, seed 0, for 6 steps under the pin: every kept number of those steps
-    equals the file's. A changed file is caught."""
+    equals the file's."""
     done = check(RESULTS)
     assert done.returncode == 0, done.stdout + done.stderr[-3000:]
     assert "leak:0 first 6 steps: equal to the file" in done.stdout
-    results = json.loads(RESULTS.read_text())
-    run = next(r for r in results["runs"] if (r["variant"], r["seed"]) == ("leak", 0))
-    run["steps"]["sampler_gap/mean_abs"][3] *= 1.0001
-    changed = tmp_path / "tools.json"
-    changed.write_text(json.dumps(results))
-    done = check(changed)
-    assert done.returncode != 0 and "sampler_gap/mean_abs differs in steps 1-6" in done.stdout
+
+
+def test_a_changed_number_or_evaluation_is_caught():
+    want = next(r for r in json.loads(RESULTS.read_text())["runs"] if (r["variant"], r["seed"]) == ("leak", 0))
+    got = json.loads(json.dumps({"steps": {key: values[:30] for key, values in want["steps"].items()},
+                                 "eval": [e for e in want["eval"] if e[0] <= 30]}))
+    assert tools.differences(got, want, 30) == []
+    got["steps"]["sampler_gap/mean_abs"][3] *= 1.0001
+    got["eval"][0][1] += 0.004
+    assert tools.differences(got, want, 30) == ["sampler_gap/mean_abs differs in steps 1-30",
+                                               f"evaluations {got['eval']} against {want['eval'][:1]}"]
+
+
+def readme_figures(results: dict) -> list[str]:
+    """The figures README.md quotes from benchmarks/results/tools.json, as it writes them."""
+    def span(variant, key):
+        values = [r["after"][key] for r in results["runs"] if r["variant"] == variant]
+        return f"{sum(values) / len(values):.3f} ({min(values):.3f}-{max(values):.3f})"
+    before = results["before"]
+    logp = {v: [r["after"]["answer_logp"] for r in results["runs"] if r["variant"] == v] for v in ("tool", "leak")}
+    kl = {v: [sorted(r["steps"]["kl"])[len(r["steps"]["kl"]) // 2] for r in results["runs"] if r["variant"] == v]
+          for v in ("tool", "leak")}
+    return [f"held-out greedy accuracy {before['tool']['greedy_accuracy']:.3f} -> {span('tool', 'greedy_accuracy')}",
+            f"sampled tool-call rate {before['tool']['sample_tool_call_rate']:.3f} -> "
+            f"{span('tool', 'sample_tool_call_rate')}",
+            f"sampled accuracy {before['tool']['sample_accuracy']:.3f} -> {span('tool', 'sample_accuracy')}",
+            f"without it {span('no_tool', 'greedy_accuracy')}",
+            f"log-prob per answer token {before['tool']['answer_logp']:.2f} -> {max(logp['leak']):.2f} to "
+            f"{min(logp['leak']):.2f} (the tool runs: {max(logp['tool']):.2f} to {min(logp['tool']):.2f})",
+            f"a number of its own where the answer would stand in {span('leak', 'self_answer_rate')} of its "
+            f"held-out completions",
+            f"median KL {min(kl['leak']):.2f}-{max(kl['leak']):.2f} against {min(kl['tool']):.3f}-{max(kl['tool']):.3f}",
+            f"sampled accuracy {span('leak', 'sample_accuracy')}"]
+
+
+def test_the_readme_quotes_the_tools_benchmark():
+    readme = " ".join((ROOT / "README.md").read_text().split())
+    for figure in readme_figures(json.loads(RESULTS.read_text())):
+        assert figure in readme, figure

@@ -1,0 +1,449 @@
+# ---
+# jupyter:
+#   jupytext:
+#     formats: py:percent,ipynb
+#     text_representation:
+#       extension: .py
+#       format_name: percent
+# ---
+
+# %% [markdown]
+# # Chapter 11. Tools and multi-turn episodes
+#
+# Every completion so far was written by the policy alone. The models trained with RL today
+# call tools: they write a call, a program answers, and they go on writing with the answer in
+# front of them. TRL 1.16 trains with tools (`max_tool_calling_iterations`), verl has an agent
+# loop, OpenRLHF multi-turn agents, SkyRL gym environments. A completion becomes an
+# **episode**: the policy writes until it hands over (a tool call) or ends; the
+# **environment** answers; the policy writes its next **turn** with the prompt, everything
+# written so far and the answer as its context.
+#
+# The first trap is the kind this book exists for. The environment's tokens sit in the
+# completion like the policy's, but the policy never chose them. A trainer that masks only the
+# padding puts them in the loss, the KL, the ratio and every normaliser, and trains the policy
+# on text it never sampled. This chapter draws an episode token by token with who wrote each,
+# shows the mask that keeps the environment's tokens out of everything but the attention,
+# trains a tiny policy to use a calculator (and, on purpose, with the environment's tokens in
+# its loss), and measures both on three seeds against a run that may not call.
+
+# %%
+import json
+from pathlib import Path
+
+import matplotlib.pyplot as plt
+import numpy as np
+import torch
+
+from grpo_edu import lab, rewards, tasks
+from grpo_edu.advantages import group_advantages
+from grpo_edu.config import TrainConfig
+from grpo_edu.diagnose import diagnose
+from grpo_edu.episodes import Calculator, roll_out_episodes
+from grpo_edu.evaluation import wilson_interval
+from grpo_edu.logprobs import completion_logprobs
+from grpo_edu.loss import grpo_loss
+from grpo_edu.models import TOOL_POLICY, load_policy
+from grpo_edu.rollout import HFEngine, SamplingParams
+
+torch.set_num_threads(2)
+ROOT = Path("..").resolve()
+RESULTS = json.loads((ROOT / "benchmarks/results/tools.json").read_text())
+CALCULATOR = "grpo_edu.episodes:Calculator"
+
+
+def show_claims(claims):
+    for claim, holds in claims.items():
+        print(f"{'holds' if holds else 'FAILS'}: {claim}")
+
+
+# %% [markdown]
+# ## 1. A task that needs a tool
+#
+# Two-digit products (`grpo_edu.tasks`, task `"multiply"`: 8,100 problems, a tenth of them
+# held out). The tiny policy of chapters 5-10 learned two-digit sums in its head; a product
+# is beyond it. The tool is `grpo_edu.episodes.Calculator`: the policy writes a call in
+# brackets, and the closing bracket hands the turn over (the environment's `stop`); the
+# calculator answers `=value`, `=?` for a call it cannot read, `=!` (and the episode ends)
+# after four calls. Each problem has two solutions, one that calls and one in the head:
+
+# %%
+sample = tasks.multiply_sample(47, 85)
+for key in ("prompt", "answer", "solution", "direct_solution"):
+    print(f"{key:<16} {sample[key]}")
+calculator = Calculator()
+calculator.reset(sample)
+for action in ("<think>[47*85]", "[7/2]", "[forty*2]"):
+    print(f"{action!r:<18} -> {calculator.step(action)}")
+
+# %% [markdown]
+# The starting policy (`grpo_edu/assets/tiny-multiply-start`, the model `multiply-start` in a
+# config) was pretrained by `python -m grpo_edu.pretrain --task multiply --tool-share 0.5`:
+# half of its training solutions call, half answer in the head, and the calculator's answers
+# were kept out of its loss (`grpo_edu.episodes.writers` splits a solution by playing it
+# against the environment: what follows a call is the environment's). Its model card, measured
+# on all 816 held-out products, as episodes with the calculator:
+
+# %%
+card = json.loads((TOOL_POLICY / "pretrain.json").read_text())["held_out"]
+for key in ("sample_tool_call_rate", "sample_accuracy", "mixed_groups", "tool_call_rate", "greedy_accuracy"):
+    print(f"{key:<24} {card[key]:.4f}")
+
+# %% [markdown]
+# Sampled at temperature 1 it calls in about half of its episodes, and its groups disagree:
+# GRPO has a choice to learn from.
+#
+# ## 2. An episode, token by token
+#
+# The trainer rolls out episodes with `grpo_edu.episodes.roll_out_episodes`: turn 0 samples G
+# completions of the prompt, each stopping at EOS or at the calculator's `]`; the calculator
+# answers each call; the next turn samples one continuation per open episode, from the prompt
+# and everything the episode holds. Four episodes of `47*85=`, sampled by transformers'
+# `generate` (the fused engine and vLLM run the same turns), the environment's text in `⟦ ⟧`:
+
+# %% tags=["platform-numerics"]
+policy, tokenizer = load_policy(TOOL_POLICY)
+engine = HFEngine(policy, tokenizer)
+prompt = tokenizer([sample["prompt"]], return_tensors="pt", add_special_tokens=False)
+G, L = 4, 24
+torch.manual_seed(11)
+rollout = roll_out_episodes(lambda turn, ids, mask, sampling, rows: engine.generate(ids, mask, sampling),
+                            [sample], prompt["input_ids"], prompt["attention_mask"], SamplingParams(G, L, 1.0),
+                            tokenizer, CALCULATOR, max_turns=2)
+
+
+def token_text(token):
+    return tokenizer.convert_ids_to_tokens(int(token))
+
+
+def episode_text(i):
+    out, in_env = "", False
+    for s in range(rollout.completion_ids.shape[1]):
+        env, mine = bool(rollout.env_mask[i, s]), bool(rollout.completion_mask[i, s])
+        if not (env or mine):
+            break
+        if env != in_env:
+            out += "⟦" if env else "⟧"
+            in_env = env
+        out += token_text(rollout.completion_ids[i, s])
+    return out + ("⟧" if in_env else "")
+
+
+written = rollout.completion_mask | rollout.env_mask
+texts = tokenizer.batch_decode(rollout.completion_ids.masked_fill(~written, tokenizer.pad_token_id),
+                               skip_special_tokens=True)
+accuracy = rewards.accuracy_reward(texts, answer=[sample["answer"]] * G, task=["multiply"] * G)
+formatted = rewards.format_reward(texts)
+reward = torch.tensor([a + 0.5 * f for a, f in zip(accuracy, formatted)], dtype=torch.float64)
+for i in range(G):
+    print(f"episode {i}  turns {int(rollout.episode['turns'][i])}  reward {reward[i]:.2f}  {episode_text(i)}")
+
+# %% [markdown]
+# Every token carries who wrote it: `completion_mask` marks the policy's, `env_mask` the
+# calculator's; the two never overlap, and their union is what the forward attends to in the
+# completion. The sampler's log-prob exists for the policy's tokens only; for the
+# calculator's tokens the table also shows what the policy *would* have given them, from one
+# forward over the whole episode: text it was never trained to predict.
+
+# %% tags=["platform-numerics"]
+called = [i for i in range(G) if bool(rollout.env_mask[i].any())]
+row = called[0]
+ids = torch.cat([rollout.prompt_ids, rollout.completion_ids], dim=1)
+attention = torch.cat([rollout.prompt_mask, written.long()], dim=1)
+with torch.no_grad():
+    every_token = completion_logprobs(policy, ids, attention, written)   # log pi at every written token
+print(f"episode {row}: {'token':<9} {'writer':<11} completion_mask  env_mask  attention  sampler logp  "
+      f"policy logp")
+for s in range(int(written[row].sum())):
+    writer = "calculator" if rollout.env_mask[row, s] else "policy"
+    sampler = f"{rollout.sampler_logp[row, s]:.4f}" if rollout.completion_mask[row, s] else "-"
+    print(f"{s:>3} {token_text(rollout.completion_ids[row, s])!r:<13} {writer:<11} "
+          f"{int(rollout.completion_mask[row, s]):^15} {int(rollout.env_mask[row, s]):^9} "
+          f"{int(written[row, s]):^10} {sampler:>12}  {every_token[row, s]:11.4f}")
+
+# %% [markdown]
+# ## 3. The environment's tokens are context, not actions
+#
+# The loss sees an episode through `completion_mask`. Give `grpo_loss` the policy's mask, and
+# the gradient with respect to the log-prob of every calculator token is exactly zero; give it
+# the union of the two masks (a trainer that masks only the padding), and every calculator
+# token is pushed like an action, up in the episodes with a positive advantage, down in the
+# others. The same mask sets every normaliser: the token counts below are grpo's per-sequence
+# lengths. (The ratio is 1 and the KL 0 here, pi_old and the reference being this policy: the
+# gradient is the advantage's alone.)
+
+# %%
+advantages = group_advantages(reward[None, :])[0]
+for name, mask in (("the policy's tokens", rollout.completion_mask), ("every written token", written)):
+    logp = every_token.detach().clone().requires_grad_(True)
+    out = grpo_loss(logp, logp.detach(), advantages.float(), mask, ref_logp=logp.detach(), beta=0.04)
+    out.loss.backward()
+    on_env = logp.grad[rollout.env_mask]
+    print(f"mask = {name:<20} tokens per episode {mask.sum(-1).tolist()}   "
+          f"max |d loss / d logp| at the calculator's tokens {on_env.abs().max().item():.6f}")
+print("advantages", [round(a, 4) for a in advantages.tolist()])
+
+# %% [markdown]
+# The sampler gap (mean |log pi_trainer - log pi_sampler| per token, chapter 9) tells the two
+# apart from a run's metrics alone. Over the policy's tokens the trainer's forward recomputes
+# what the sampler drew, equal up to float rounding; over every written token it compares the
+# policy's log-prob of the calculator's text with a sampler that never drew it (0 in the
+# rollout):
+
+# %%
+from grpo_edu.diagnose import ENV_GAP
+
+sampler_logp = rollout.sampler_logp.double()
+for name, mask in (("the policy's tokens", rollout.completion_mask), ("every written token", written)):
+    gap = ((every_token.double() - sampler_logp).abs() * mask).sum() / mask.sum()
+    print(f"sampler gap over {name:<20} {gap.item():.3g} nats per token")
+print(f"the doctor's threshold, grpo_edu.diagnose.ENV_GAP: {ENV_GAP} nats per token")
+
+# %% [markdown]
+# The doctor's `environment_tokens_trained` reads exactly this: with an environment set, a gap
+# of 0.03 nats per token or more over the early steps (`grpo_edu.diagnose.ENV_GAP`, chapter
+# 9's mismatch threshold); the tool run of section 4 measures a gap more than five orders of
+# magnitude below it, the leak run more than ten times above it.
+#
+# ## 4. GRPO learns to call
+#
+# `configs/cpu-tools.toml` is the CPU tier's config with the multiply task, the tool policy,
+# the calculator and two turns. Twenty steps of it, and the same twenty with the calculator's
+# tokens in the loss (`grpo_edu.faults.Faults(env_tokens_in_loss=True)`; both are
+# `grpo_edu.lab.TOOL_RUNS`, the failure lab's runs of this chapter). Per step, from the runs'
+# metrics: the sampled episodes' accuracy, their mean policy turns (2: it called), the
+# sampler gap and the KL:
+
+# %% tags=["platform-numerics"]
+live = {name: lab.run(name, ROOT / "runs" / "chapter11") for name in lab.TOOL_RUNS}
+print(f"{'step':>4}  " + "".join(f"{name + ': accuracy turns gap kl':<44}" for name in live))
+for step in (1, 5, 10, 15, 20):
+    cells = []
+    for result in live.values():
+        m = result.history[step - 1]
+        cells.append(f"{m['reward/accuracy']:8.3f} {m['episode/turns']:5.2f} {m['sampler_gap/mean_abs']:9.3g} "
+                     f"{m['kl']:8.4f}".ljust(44))
+    print(f"{step:>4}  " + "".join(cells))
+found = {name: [f.detector for f in diagnose(result.history, lab.TOOL_RUNS[name].config("unused").to_dict())]
+         for name, result in live.items()}
+for name, result in live.items():
+    print(f"{name}: held-out greedy accuracy {result.summary['start_accuracy']:.3f} -> "
+          f"{result.summary['final_accuracy']:.3f}; the doctor finds {found[name] or 'nothing'}")
+
+# %% [markdown]
+# ## 5. Measured: the tool, no tool, the leak, 3 seeds
+#
+# `benchmarks/tools.py` trains `configs/cpu-tools.toml` for 100 steps three ways, seeds 0, 1
+# and 2: with the calculator (**tool**); single-turn, the same policy with nobody to answer
+# its calls (**no tool**: only products in the head earn reward); and with the calculator's
+# tokens in the loss (**leak**). Before and after, on all 816 held-out products and the way
+# each run plays them: greedy accuracy and tool-call rate, the mean policy turns, and the
+# accuracy and tool-call rate of 4 samples per problem at temperature 1. Mean over the seeds
+# (min-max), and for the greedy accuracy the 95% Wilson interval of the seeds' pooled problems:
+
+# %%
+runs = RESULTS["runs"]
+VARIANTS = ["tool", "no_tool", "leak"]
+KEYS = ["greedy_accuracy", "tool_call_rate", "mean_turns", "sample_accuracy", "sample_tool_call_rate"]
+
+
+def cell(values):
+    values = [v for v in values if v is not None]
+    if not values:
+        return "-"
+    return f"{np.mean(values):.3f} ({min(values):.3f}-{max(values):.3f})" if len(values) > 1 else f"{values[0]:.3f}"
+
+
+def pooled_interval(variant):
+    mine = [r for r in runs if r["variant"] == variant]
+    right = sum(round(r["after"]["greedy_accuracy"] * RESULTS["held_out"]) for r in mine)
+    return wilson_interval(right, RESULTS["held_out"] * len(mine))
+
+
+print(f"{'':<16}" + "".join(f"{key:<24}" for key in KEYS))
+for name, before in RESULTS["before"].items():
+    print(f"{'start, ' + name:<16}" + "".join(f"{cell([before[key]]):<24}" for key in KEYS))
+for variant in VARIANTS:
+    mine = [r["after"] for r in runs if r["variant"] == variant]
+    print(f"{variant:<16}" + "".join(f"{cell([m[key] for m in mine]):<24}" for key in KEYS))
+for variant in VARIANTS:
+    low, high = pooled_interval(variant)
+    print(f"{variant}: greedy accuracy, 95% interval of the {3 * RESULTS['held_out']:,} pooled problems "
+          f"[{low:.3f}, {high:.3f}]")
+
+# %% [markdown]
+# The training accuracy per step (sampled episodes; the mean of 3 seeds, the band their range):
+
+# %%
+figure, axis = plt.subplots(figsize=(8, 3.2))
+colors = {"tool": "tab:green", "no_tool": "tab:gray", "leak": "tab:red"}
+for variant in VARIANTS:
+    curves = np.array([r["steps"]["reward/accuracy"] for r in runs if r["variant"] == variant], dtype=float)
+    steps = np.arange(1, curves.shape[1] + 1)
+    axis.plot(steps, curves.mean(0), color=colors[variant], label=variant)
+    axis.fill_between(steps, curves.min(0), curves.max(0), color=colors[variant], alpha=0.2)
+axis.set_xlabel("step")
+axis.set_ylabel("accuracy of the sampled episodes")
+axis.legend()
+plt.show()
+
+# %% [markdown]
+# ## 6. The failure, measured
+#
+# With its tokens in the loss, the calculator's answers are trained on as actions: after a
+# call, `=3995` is pushed up in the episodes that scored above their group and down in the
+# others, and the KL to the reference (which never learned to predict an answer) counts them
+# too. Three things measure what that teaches, on each run's policy after its 100 steps:
+#
+# - **answer log-prob**: the mean log-prob per token the policy gives the calculator's answer
+#   after its call (teacher-forced, the 816 held-out calling solutions). The policy is
+#   learning to predict the tool instead of reading it.
+# - **writes a number itself**: with the calculator taken away (single-turn, greedy), the
+#   share of completions with a number of the policy's own between its call's `]` and
+#   `</think>`, where the answer would stand, and how many of those numbers are the product:
+#   hallucinated results.
+# - the median over the run's steps of the **sampler gap** and the **KL**, and what the doctor
+#   finds in its metrics.
+
+# %%
+print(f"{'':<11}{'answer log-prob':<17}{'writes a number':<17}{'of those right':<16}{'sampled accuracy':<18}"
+      f"{'sampler gap':<13}{'kl':<9}doctor")
+print(f"{'start':<11}{RESULTS['before']['tool']['answer_logp']:<17.3f}{RESULTS['before']['tool']['self_answer_rate']:<17.3f}")
+for variant in VARIANTS:
+    for r in (r for r in runs if r["variant"] == variant):
+        gap = np.median([g for g in r["steps"]["sampler_gap/mean_abs"] if g is not None])
+        kl = np.median([k for k in r["steps"]["kl"] if k is not None])
+        after = r["after"]
+        print(f"{variant + ' ' + str(r['seed']):<11}{after['answer_logp']:<17.3f}{after['self_answer_rate']:<17.3f}"
+              f"{after['self_answers_right']:<16.3f}{after['sample_accuracy']:<18.3f}{gap:<13.3g}{kl:<9.4f}"
+              f"{', '.join(r['findings']) or '-'}")
+
+# %% [markdown]
+# What this chapter claims, checked against the numbers above:
+
+# %%
+after = {v: [r["after"] for r in runs if r["variant"] == v] for v in VARIANTS}
+start = RESULTS["before"]["tool"]
+median_kl = {v: [np.median(r["steps"]["kl"]) for r in runs if r["variant"] == v] for v in VARIANTS}
+claims = {
+    "every tool seed ends above every no-tool seed in held-out greedy accuracy, by more than 0.5":
+        min(a["greedy_accuracy"] for a in after["tool"]) > max(a["greedy_accuracy"] for a in after["no_tool"]) + 0.5,
+    "the pooled 95% intervals of tool and no tool do not overlap":
+        pooled_interval("tool")[0] > pooled_interval("no_tool")[1],
+    "every tool seed raises the sampled tool-call rate above 0.95 from the start's":
+        all(a["sample_tool_call_rate"] > 0.95 > start["sample_tool_call_rate"] for a in after["tool"]),
+    "every tool seed raises the sampled accuracy by more than 0.3":
+        all(a["sample_accuracy"] > start["sample_accuracy"] + 0.3 for a in after["tool"]),
+    "every leak seed gives the calculator's answers a higher log-prob than the start and every tool seed":
+        min(a["answer_logp"] for a in after["leak"]) > max([start["answer_logp"]] + [a["answer_logp"]
+                                                                                     for a in after["tool"]]),
+    "every leak seed writes numbers of its own after a call more often than every tool seed":
+        min(a["self_answer_rate"] for a in after["leak"]) > max(a["self_answer_rate"] for a in after["tool"]),
+    "every leak seed ends below every tool seed in sampled accuracy":
+        max(a["sample_accuracy"] for a in after["leak"]) < min(a["sample_accuracy"] for a in after["tool"]),
+    "the leak's median KL is more than 10 times every tool seed's":
+        min(median_kl["leak"]) > 10 * max(median_kl["tool"]),
+    "the doctor names the leak (environment_tokens_trained) in every leak seed, and in no other run":
+        all(("environment_tokens_trained" in r["findings"]) == (r["variant"] == "leak") for r in runs),
+    "the live runs of section 4: the doctor names the leak, as the failure lab expects, and nothing in the tool run":
+        found["tool"] == [] and lab.TOOL_RUNS["env_leak"].diagnosed_as_expected(set(found["env_leak"])),
+}
+show_claims(claims)
+
+# %% [markdown]
+# ## 7. What an episode costs
+#
+# Each turn is one more request to the engine, with the whole context so far as its prompt:
+# our engines compute the prompt again every turn (no key-value cache is kept across turns).
+# `benchmarks/episodes.py` measured the rollout of the default task as episodes with an
+# environment that answers at the digit 1 against the same task single-turn, on this book's
+# CPU:
+
+# %%
+cost = json.loads((ROOT / "benchmarks/results/episodes.json").read_text())
+for name, figures in cost["figures"].items():
+    extra = (f", {figures['turns_per_episode']:.2f} turns and {figures['environment_tokens_per_episode']:.2f} "
+             f"environment tokens per episode" if "turns_per_episode" in figures else "")
+    print(f"{name:<12} rollout {figures['phase_median_seconds']['rollout']:.3f} s per step{extra}")
+ratio = cost["figures"]["episodes"]["phase_median_seconds"]["rollout"] / \
+    cost["figures"]["single-turn"]["phase_median_seconds"]["rollout"]
+print(f"an episode's rollout costs x{ratio:.2f} a single-turn completion's")
+
+# %% [markdown]
+# ## Exercises
+#
+# **11.1 A strict calculator.** Write a class `StrictCalculator`, an environment as
+# `grpo_edu.episodes` defines one: a class attribute `stop = "]"`, `reset(sample)` for a new
+# episode (the sample's prompt is `"47*85="`), and `step(action) -> Reply`. It answers only
+# the problem's own product: a call `[a*b]` whose two factors are the prompt's (either order,
+# spaces allowed) gets `Reply("=" + product)`; any other call, or text that is not a call,
+# gets `Reply("=?", ch11.INVALID_CALL)` (a reward of -0.1: the per-call validity reward the
+# environment adds to the episode's). An episode may call `ch11.MAX_CALLS` = 2 times; a third
+# call gets `Reply("=!", ch11.INVALID_CALL, done=True)`. The checker plays scripted episodes
+# against it, in fresh instances and in an instance reset from another episode. Saved in a
+# file, it trains: `environment = "my_env.py:StrictCalculator"` in a config.
+#
+# <details><summary>Hint</summary>
+#
+# `action` is everything the policy wrote in this turn, ending with `]`: the call is the text
+# between the last `[` and that `]`. Keep the episode's state (the factors, the calls so far)
+# on the instance, and set all of it in `reset`: the trainer plays each episode in a fresh
+# instance, but nothing in the protocol promises that. Count a call before you judge it.
+#
+# </details>
+#
+# <details><summary>Solution</summary>
+#
+# ```python
+# import re
+#
+# from grpo_edu.episodes import Reply
+#
+#
+# class StrictCalculator:
+#     stop = "]"
+#
+#     def reset(self, sample):
+#         self.factors = sorted(int(x) for x in sample["prompt"].rstrip("=").split("*"))
+#         self.calls = 0
+#
+#     def step(self, action):
+#         self.calls += 1
+#         if self.calls > ch11.MAX_CALLS:
+#             return Reply("=!", ch11.INVALID_CALL, done=True)
+#         call = re.search(r"\[([^\[\]]*)\]$", action)
+#         parts = call.group(1).replace(" ", "").split("*") if call else []
+#         if len(parts) == 2 and all(p.isdigit() for p in parts) and sorted(map(int, parts)) == self.factors:
+#             return Reply(f"={self.factors[0] * self.factors[1]}")
+#         return Reply("=?", ch11.INVALID_CALL)
+#
+#
+# ch11.check_strict_calculator(StrictCalculator)
+# ```
+#
+# </details>
+
+# %%
+import re
+
+from grpo_edu.episodes import Reply
+from grpo_edu.exercises import ch11
+
+print(f"ch11.INVALID_CALL = {ch11.INVALID_CALL}, ch11.MAX_CALLS = {ch11.MAX_CALLS}")
+
+
+class StrictCalculator:
+    stop = "]"
+
+    def reset(self, sample):
+        self.factors = [int(x) for x in sample["prompt"].rstrip("=").split("*")]
+        self.calls = 0
+
+    def step(self, action):
+        self.calls += 1
+        call = re.search(r"\[(\d+)\*(\d+)\]$", action)
+        if call and [int(call.group(1)), int(call.group(2))] == self.factors:   # fix me: see the exercise
+            return Reply(f"={self.factors[0] * self.factors[1]}")
+        return Reply("=?")
+
+
+ch11.check_strict_calculator(StrictCalculator)
