@@ -171,7 +171,7 @@ for s in range(int(written[row].sum())):
 # lengths. (The ratio is 1 and the KL 0 here, pi_old and the reference being this policy: the
 # gradient is the advantage's alone.)
 
-# %%
+# %% tags=["platform-numerics"]
 advantages = group_advantages(reward[None, :])[0]
 for name, mask in (("the policy's tokens", rollout.completion_mask), ("every written token", written)):
     logp = every_token.detach().clone().requires_grad_(True)
@@ -189,7 +189,7 @@ print("advantages", [round(a, 4) for a in advantages.tolist()])
 # policy's log-prob of the calculator's text with a sampler that never drew it (0 in the
 # rollout):
 
-# %%
+# %% tags=["platform-numerics"]
 from grpo_edu.diagnose import ENV_GAP
 
 sampler_logp = rollout.sampler_logp.double()
