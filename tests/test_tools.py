@@ -316,3 +316,14 @@ def test_the_readme_quotes_the_tools_benchmark():
     readme = " ".join((ROOT / "README.md").read_text().split())
     for figure in readme_figures(json.loads(RESULTS.read_text())):
         assert figure in readme, figure
+
+
+def test_the_failure_labs_tool_runs_change_one_thing_of_the_tools_config():
+    from grpo_edu import diagnose as dx
+    tool, leak = (lab.TOOL_RUNS[name].config("unused") for name in ("tool", "env_leak"))
+    assert tool == leak and tool.environment == CALCULATOR and tool.task == "multiply"
+    assert lab.TOOL_RUNS["tool"].faults is None and lab.TOOL_RUNS["env_leak"].faults.env_tokens_in_loss
+    for spec in lab.TOOL_RUNS.values():
+        assert spec.expected | spec.also <= set(dx.DETECTORS) and not spec.expected & spec.also
+    with pytest.raises(ValueError, match="name: expected one of .*'env_leak'.*got 'leak'"):
+        lab.run("leak", "unused")
