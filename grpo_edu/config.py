@@ -152,6 +152,9 @@ class TrainConfig:
                                         "sampling would sample replacements, this does not)", False)
     ref_sync_steps: int = _doc("copy the policy into the reference every K training steps (rollouts; 0 = never; "
                                 "R1: every 400 optimizer steps = 25 rollouts of 16 optimizer steps)", 0)
+    ref_mixup_alpha: float = _doc("with ref_sync_steps: at each sync the reference moves toward the policy by this "
+                                  "share, ref = alpha x policy + (1 - alpha) x ref (Polyak averaging; TRL's "
+                                  "ref_model_mixup_alpha); 1 = a hard copy", 1.0)
 
     # --- evaluation, logging, checkpoints
     eval_every: int = _doc("held-out greedy accuracy every N steps (and at the start and end)", 100)
@@ -243,6 +246,13 @@ class TrainConfig:
             raise ValueError(f"config key 'advantage_scale' / 'advantage_std' ({self.advantage_scale!r}, "
                              f"{self.advantage_std!r}) set with advantage_fn = {self.advantage_fn!r}: they configure "
                              f"the built-in function, which advantage_fn replaces; leave them at their defaults")
+        if not 0.0 < self.ref_mixup_alpha <= 1.0:
+            raise ValueError(f"config key 'ref_mixup_alpha' must be in (0, 1] (1 = a hard copy), got "
+                             f"{self.ref_mixup_alpha}")
+        if self.ref_mixup_alpha != 1.0 and not (self.ref_sync_steps and self.beta):
+            raise ValueError(f"config key 'ref_mixup_alpha' ({self.ref_mixup_alpha}) moves the reference at each "
+                             f"sync, but there is none: ref_sync_steps = {self.ref_sync_steps}, beta = {self.beta} "
+                             f"(set ref_sync_steps >= 1 and beta > 0, or ref_mixup_alpha = 1)")
         if not self.rewards:
             raise ValueError("config key 'rewards' must name at least one reward function")
 

@@ -130,10 +130,19 @@ class Models:
             if not keep:
                 self.full_policy.to("meta")
 
-    def sync_reference(self) -> None:
-        """The reference becomes a copy of the current policy (config key ref_sync_steps)."""
-        if self.reference is not None:
+    def sync_reference(self, alpha: float = 1.0) -> None:
+        """The reference moves toward the current policy (config keys ref_sync_steps, ref_mixup_alpha):
+        alpha = 1, a copy of it; else ref = alpha x policy + (1 - alpha) x ref per parameter, in
+        place (Polyak averaging, TRL's SyncRefModelCallback to the bit; under FSDP2 each rank
+        averages its own shards, so the reference stays sharded). Buffers are not averaged."""
+        if self.reference is None:
+            return
+        if alpha == 1.0:
             self.reference.load_state_dict(self.policy.state_dict())
+            return
+        with torch.no_grad():
+            for reference, policy in zip(self.reference.parameters(), self.policy.parameters(), strict=True):
+                reference.mul_(1.0 - alpha).add_(policy, alpha=alpha)
 
 
 def build_models(config: TrainConfig, world: World, policy: torch.nn.Module,

@@ -237,7 +237,7 @@ def train(config: TrainConfig, *, advantage_fn: AdvantageFn | None = None,
         if run.background is not None:   # the rollout's time overlapped the update: the step's own wall-clock
             metrics["time/step"] = time.perf_counter() - t0
         if config.ref_sync_steps and state.step % config.ref_sync_steps == 0:
-            models.sync_reference()
+            models.sync_reference(config.ref_mixup_alpha)
         if state.step % config.eval_every == 0 or state.step == config.steps:
             metrics.update(evaluate_held_out(run, samples=config.eval_samples))
             accuracy = metrics["eval/greedy_accuracy"]

@@ -68,7 +68,8 @@ NOT_CARRIED = {
     "lr_schedule": "lr_scheduler_type",
     "warmup_steps": "warmup_steps x optimizer steps per rollout",
     "steps": "max_steps = steps x optimizer steps per rollout",
-    "ref_sync_steps": "sync_ref_model, ref_model_sync_steps (in optimizer steps), ref_model_mixup_alpha = 1",
+    "ref_sync_steps": "sync_ref_model, ref_model_sync_steps (in optimizer steps)",
+    "ref_mixup_alpha": "ref_model_mixup_alpha",
     "advantage_scale": "scale_rewards",
     "tis_cap": "vllm_importance_sampling_correction with mode 'token_truncate' and clip_max",
     "is_mask": "'token': vllm_importance_sampling_correction with mode 'token_mask' ('sequence' is refused: TRL's "
@@ -159,7 +160,7 @@ def grpo_config(config: TrainConfig, output_dir: str | None = None, **overrides)
         epsilon_high=config.epsilon_high, importance_sampling_level=config.importance_sampling_level,
         scale_rewards=config.advantage_scale, use_bias_correction_kl=False, mask_truncated_completions=False,
         sync_ref_model=bool(config.ref_sync_steps), ref_model_sync_steps=max(1, config.ref_sync_steps * K),
-        ref_model_mixup_alpha=1.0, bf16=bf16, use_cpu=config.device == "cpu", disable_tqdm=not config.progress,
+        ref_model_mixup_alpha=config.ref_mixup_alpha, bf16=bf16, use_cpu=config.device == "cpu", disable_tqdm=not config.progress,
         save_strategy="steps" if config.checkpoint_every else "no",
         save_steps=max(1, config.checkpoint_every * K), report_to="none", logging_strategy="steps", logging_steps=1,
         use_vllm=config.engine == "vllm",
