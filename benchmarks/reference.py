@@ -19,12 +19,13 @@ for their first --steps steps and compares every kept number with FILE's, exactl
 
 from __future__ import annotations
 
-import argparse
 import json
 import platform
 import tempfile
 import time
 from pathlib import Path
+
+import variant_grid
 
 from grpo_edu.config import DEFAULT_CONFIG, TrainConfig
 from grpo_edu.trainer import train
@@ -59,23 +60,11 @@ def run(variant: str, seed: int, steps: int, stop_after: int | None = None) -> d
 
 
 def parse_runs(values: list[str] | None, variants, seeds) -> list[tuple[str, int]]:
-    if not values:
-        return [(variant, seed) for variant in variants for seed in seeds]
-    runs = []
-    for value in values:
-        parts = value.split(":")
-        if len(parts) != 2 or parts[0] not in VARIANTS or not parts[1].isdigit():
-            raise SystemExit(f"--runs: expected variant:seed with a variant of {list(VARIANTS)}, got {value!r}")
-        runs.append((parts[0], int(parts[1])))
-    return runs
+    return variant_grid.parse_runs(values, variants, seeds, VARIANTS)
 
 
 def differences(got: dict, want: dict, n: int) -> list[str]:
-    """What differs between a run re-trained for its first n steps and the file's run."""
-    diffs = [f"{key} differs in steps 1-{n}" for key in KEPT if got["steps"][key] != want["steps"][key][:n]]
-    if got["eval"] != [e for e in want["eval"] if e[0] <= n]:
-        diffs.append(f"evaluations {got['eval']} against {[e for e in want['eval'] if e[0] <= n]}")
-    return diffs
+    return variant_grid.differences(got, want, n, KEPT)
 
 
 def write(args) -> None:
@@ -92,35 +81,11 @@ def write(args) -> None:
     print(f"wrote {out}")
 
 
-def check(args) -> None:
-    stored = json.loads(Path(args.check).read_text())
-    by_key = {(r["variant"], r["seed"]): r for r in stored["runs"]}
-    failures = 0
-    for variant, seed in parse_runs(args.runs, list(stored["variants"]), stored["seeds"]):
-        diffs = differences(run(variant, seed, stored["steps"], stop_after=args.steps), by_key[(variant, seed)],
-                            args.steps)
-        failures += bool(diffs)
-        print(f"{variant}:{seed} first {args.steps} steps: " + ("equal to the file" if not diffs else "; ".join(diffs)),
-              flush=True)
-    if failures:
-        raise SystemExit(f"{failures} run(s) differ from {args.check}")
-
-
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=list(VARIANTS))
-    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
-    parser.add_argument("--steps", type=int, default=None, help="steps per run (150), or with --check the "
-                                                                "steps re-trained (4)")
-    parser.add_argument("--runs", nargs="+", help="variant:seed, e.g. ema:0 (default: every variant and seed)")
-    parser.add_argument("--out", default=str(OUT))
-    parser.add_argument("--check", metavar="FILE", help="re-train and compare with FILE instead of writing")
-    args = parser.parse_args()
+    args = variant_grid.arguments(__doc__, VARIANTS, OUT, steps=150, check_steps=4, example="ema:0")
     if args.check:
-        args.steps = args.steps or 4
-        check(args)
+        variant_grid.check(args, VARIANTS, KEPT, run)
     else:
-        args.steps = args.steps or 150
         write(args)
 
 

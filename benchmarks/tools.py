@@ -36,7 +36,6 @@ exactly (tests/test_tools.py runs it, pinned, for one run).
 
 from __future__ import annotations
 
-import argparse
 import json
 import platform
 import re
@@ -45,6 +44,7 @@ import time
 from pathlib import Path
 
 import torch
+import variant_grid
 
 from grpo_edu import rewards, tasks
 from grpo_edu.config import TrainConfig
@@ -67,6 +67,8 @@ SAMPLES = 4             # per problem at temperature 1
 # What the file keeps of each step (absent from a step: None).
 KEPT = ("reward/accuracy", "reward/mean", "kl", "entropy", "grad_norm", "sampler_gap/mean_abs",
         "episode/turns", "episode/env_tokens", "completion_length/mean", "zero_std_groups")
+
+
 def config_for(variant: str, seed: int, steps: int, output_dir: str) -> TrainConfig:
     base = TrainConfig.from_toml(CONFIG).to_dict()
     return TrainConfig.from_dict({**base, **SETTINGS, "steps": steps, "seed": seed, "output_dir": output_dir,
@@ -87,6 +89,8 @@ def self_answers(texts: list[str], samples: list[dict]) -> dict[str, float]:
 
 
 @torch.no_grad()
+
+
 def answer_logp(model, tokenizer, samples: list[dict]) -> float:
     """The mean log-prob per token the policy gives the calculator's answer in each sample's
     calling solution, teacher-forced (prompt, the call, then the answer's tokens scored)."""
@@ -136,15 +140,7 @@ def run(variant: str, seed: int, steps: int, stop_after: int | None = None) -> d
 
 
 def parse_runs(values: list[str] | None, variants, seeds) -> list[tuple[str, int]]:
-    if not values:
-        return [(variant, seed) for variant in variants for seed in seeds]
-    runs = []
-    for value in values:
-        parts = value.split(":")
-        if len(parts) != 2 or parts[0] not in VARIANTS or not parts[1].isdigit():
-            raise SystemExit(f"--runs: expected variant:seed with a variant of {list(VARIANTS)}, got {value!r}")
-        runs.append((parts[0], int(parts[1])))
-    return runs
+    return variant_grid.parse_runs(values, variants, seeds, VARIANTS)
 
 
 def write(args) -> None:
@@ -168,42 +164,14 @@ def write(args) -> None:
 
 
 def differences(got: dict, want: dict, n: int) -> list[str]:
-    """What differs between a run re-trained for its first n steps and the file's run."""
-    diffs = [f"{key} differs in steps 1-{n}" for key in KEPT if got["steps"][key] != want["steps"][key][:n]]
-    if got["eval"] != [e for e in want["eval"] if e[0] <= n]:
-        diffs.append(f"evaluations {got['eval']} against {[e for e in want['eval'] if e[0] <= n]}")
-    return diffs
-
-
-def check(args) -> None:
-    stored = json.loads(Path(args.check).read_text())
-    by_key = {(r["variant"], r["seed"]): r for r in stored["runs"]}
-    failures = 0
-    for variant, seed in parse_runs(args.runs, stored["variants"], stored["seeds"]):
-        want, n = by_key[(variant, seed)], args.steps
-        diffs = differences(run(variant, seed, stored["steps"], stop_after=n), want, n)
-        failures += bool(diffs)
-        print(f"{variant}:{seed} first {n} steps: " + ("equal to the file" if not diffs else "; ".join(diffs)),
-              flush=True)
-    if failures:
-        raise SystemExit(f"{failures} run(s) differ from {args.check}")
+    return variant_grid.differences(got, want, n, KEPT)
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=list(VARIANTS))
-    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
-    parser.add_argument("--steps", type=int, default=None, help="steps per run (100), or with --check the "
-                                                                "steps re-trained (10)")
-    parser.add_argument("--runs", nargs="+", help="variant:seed, e.g. tool:0 (default: every variant and seed)")
-    parser.add_argument("--out", default=str(OUT))
-    parser.add_argument("--check", metavar="FILE", help="re-train and compare with FILE instead of writing")
-    args = parser.parse_args()
+    args = variant_grid.arguments(__doc__, VARIANTS, OUT, steps=100, check_steps=10, example="tool:0")
     if args.check:
-        args.steps = args.steps or 10
-        check(args)
+        variant_grid.check(args, VARIANTS, KEPT, run)
     else:
-        args.steps = args.steps or 100
         write(args)
 
 

@@ -355,7 +355,7 @@ train and held-out problems never overlap), at most {config.max_new_tokens} new 
 | problems whose {k} samples disagree | {report['mixed_groups']:.4f} |{tools}
 
 Accuracy and format are `grpo_edu.rewards.accuracy_reward` and `format_reward`.
-`tests/test_pretrain.py` recomputes the greedy figures from these weights.
+`{'tests/test_tools.py' if config.task == 'multiply' else 'tests/test_pretrain.py'}` recomputes the greedy figures from these weights.
 
 ## Use
 

@@ -1,0 +1,61 @@
+"""What benchmarks/tools.py and benchmarks/reference.py share: a grid of named variants x seeds,
+each run kept per step in a results file, and --check, which re-trains named runs for their
+first steps and compares every kept number with the file's, exactly."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+from typing import Callable
+
+
+def parse_runs(values: list[str] | None, variants, seeds, known) -> list[tuple[str, int]]:
+    """--runs values ("variant:seed") -> [(variant, seed)]; none given: every variant x seed."""
+    if not values:
+        return [(variant, seed) for variant in variants for seed in seeds]
+    runs = []
+    for value in values:
+        parts = value.split(":")
+        if len(parts) != 2 or parts[0] not in known or not parts[1].isdigit():
+            raise SystemExit(f"--runs: expected variant:seed with a variant of {list(known)}, got {value!r}")
+        runs.append((parts[0], int(parts[1])))
+    return runs
+
+
+def differences(got: dict, want: dict, n: int, kept) -> list[str]:
+    """What differs between a run re-trained for its first n steps and the file's run."""
+    diffs = [f"{key} differs in steps 1-{n}" for key in kept if got["steps"][key] != want["steps"][key][:n]]
+    if got["eval"] != [e for e in want["eval"] if e[0] <= n]:
+        diffs.append(f"evaluations {got['eval']} against {[e for e in want['eval'] if e[0] <= n]}")
+    return diffs
+
+
+def check(args, known, kept, run: Callable[..., dict]) -> None:
+    """Re-train args.runs (all of the file's when none) for args.steps steps; exit 1 on a difference."""
+    stored = json.loads(Path(args.check).read_text())
+    by_key = {(r["variant"], r["seed"]): r for r in stored["runs"]}
+    failures = 0
+    for variant, seed in parse_runs(args.runs, list(stored["variants"]), stored["seeds"], known):
+        diffs = differences(run(variant, seed, stored["steps"], stop_after=args.steps), by_key[(variant, seed)],
+                            args.steps, kept)
+        failures += bool(diffs)
+        print(f"{variant}:{seed} first {args.steps} steps: " + ("equal to the file" if not diffs else "; ".join(diffs)),
+              flush=True)
+    if failures:
+        raise SystemExit(f"{failures} run(s) differ from {args.check}")
+
+
+def arguments(doc: str, known, out: Path, steps: int, check_steps: int, example: str) -> argparse.Namespace:
+    """The command line both scripts take; --steps defaults to `steps`, or `check_steps` with --check."""
+    parser = argparse.ArgumentParser(description=doc.splitlines()[0])
+    parser.add_argument("--variants", nargs="+", default=list(known), choices=list(known))
+    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    parser.add_argument("--steps", type=int, default=None, help=f"steps per run ({steps}), or with --check the "
+                                                                f"steps re-trained ({check_steps})")
+    parser.add_argument("--runs", nargs="+", help=f"variant:seed, e.g. {example} (default: every variant and seed)")
+    parser.add_argument("--out", default=str(out))
+    parser.add_argument("--check", metavar="FILE", help="re-train and compare with FILE instead of writing")
+    args = parser.parse_args()
+    args.steps = args.steps or (check_steps if args.check else steps)
+    return args
