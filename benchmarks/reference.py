@@ -19,16 +19,9 @@ for their first --steps steps and compares every kept number with FILE's, exactl
 
 from __future__ import annotations
 
-import json
-import platform
-import tempfile
-import time
 from pathlib import Path
 
 import variant_grid
-
-from grpo_edu.config import DEFAULT_CONFIG, TrainConfig
-from grpo_edu.trainer import train
 
 OUT = Path(__file__).parent / "results" / "reference.json"
 SETTINGS = {"eval_every": 25, "eval_size": 256, "checkpoint_every": 0, "progress": False}
@@ -39,55 +32,12 @@ VARIANTS = {
     "ema": {"ref_sync_steps": 1, "ref_mixup_alpha": 0.05},
 }
 KEPT = ("kl", "reward/accuracy", "grad_norm", "entropy")
-
-
-def config_for(variant: str, seed: int, steps: int, output_dir: str) -> TrainConfig:
-    base = TrainConfig.from_toml(DEFAULT_CONFIG).to_dict()
-    return TrainConfig.from_dict({**base, **SETTINGS, "steps": steps, "seed": seed, "output_dir": output_dir,
-                                  **VARIANTS[variant]})
-
-
-def run(variant: str, seed: int, steps: int, stop_after: int | None = None) -> dict:
-    with tempfile.TemporaryDirectory() as directory:
-        started = time.perf_counter()
-        result = train(config_for(variant, seed, steps, directory), log=lambda line: None, stop_after=stop_after)
-        seconds = time.perf_counter() - started
-    history = result.history
-    return {"variant": variant, "seed": seed, "seconds": round(seconds, 1),
-            "start_accuracy": result.summary["start_accuracy"], "final_accuracy": result.summary.get("final_accuracy"),
-            "eval": [[m["step"], m["eval/greedy_accuracy"]] for m in history if "eval/greedy_accuracy" in m],
-            "steps": {key: [m.get(key) for m in history] for key in KEPT}}
-
-
-def parse_runs(values: list[str] | None, variants, seeds) -> list[tuple[str, int]]:
-    return variant_grid.parse_runs(values, variants, seeds, VARIANTS)
-
-
-def differences(got: dict, want: dict, n: int) -> list[str]:
-    return variant_grid.differences(got, want, n, KEPT)
-
-
-def write(args) -> None:
-    out, runs = Path(args.out), []
-    for variant, seed in parse_runs(args.runs, args.variants, args.seeds):
-        runs.append(run(variant, seed, args.steps))
-        last = runs[-1]
-        print(f"{variant:<7} seed {seed}: accuracy {last['start_accuracy']:.3f} -> {last['final_accuracy']:.3f}, "
-              f"last KL {last['steps']['kl'][-1]:.4f} in {last['seconds']:.0f} s", flush=True)
-        payload = {"steps": args.steps, "seeds": args.seeds, "variants": VARIANTS, "settings": SETTINGS,
-                   "config": DEFAULT_CONFIG.name, "machine": platform.machine(), "runs": runs}
-        out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text(json.dumps(payload, separators=(",", ":")) + "\n")   # after every run: a stop loses one
-    print(f"wrote {out}")
-
-
-def main() -> None:
-    args = variant_grid.arguments(__doc__, VARIANTS, OUT, steps=150, check_steps=4, example="ema:0")
-    if args.check:
-        variant_grid.check(args, VARIANTS, KEPT, run)
-    else:
-        write(args)
+GRID = variant_grid.DefaultRunGrid(
+    __doc__, OUT, VARIANTS, KEPT, SETTINGS, example="ema:0",
+    describe=lambda run: (f"accuracy {run['start_accuracy']:.3f} -> {run['final_accuracy']:.3f}, "
+                          f"last KL {run['steps']['kl'][-1]:.4f} in {run['seconds']:.0f} s"))
+config_for, run, parse_runs, differences = GRID.config_for, GRID.run, GRID.parse_runs, GRID.differences
 
 
 if __name__ == "__main__":
-    main()
+    GRID.main()

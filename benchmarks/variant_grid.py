@@ -1,6 +1,7 @@
-"""What benchmarks/tools.py and benchmarks/reference.py share: a grid of named variants x seeds,
+"""What benchmarks/tools.py, reference.py and entropy.py share: a grid of named variants x seeds,
 each run kept per step in a results file, and --check, which re-trains named runs for their
-first steps and compares every kept number with the file's, exactly."""
+first steps and compares every kept number with the file's, exactly. DefaultRunGrid: a grid
+whose variants are config keys over the CPU tier's default run (reference.py, entropy.py)."""
 
 from __future__ import annotations
 
@@ -59,3 +60,63 @@ def arguments(doc: str, known, out: Path, steps: int, check_steps: int, example:
     args = parser.parse_args()
     args.steps = args.steps or (check_steps if args.check else steps)
     return args
+
+
+class DefaultRunGrid:
+    """Variants of the CPU tier's default run (configs/cpu-tiny.toml plus `settings`), each a few
+    config keys: what benchmarks/reference.py and benchmarks/entropy.py are. `describe(run)` is
+    the line printed after each run."""
+
+    def __init__(self, doc: str, out: Path, variants: dict, kept: tuple, settings: dict, describe, example: str):
+        self.doc, self.out, self.variants, self.kept, self.settings = doc, out, variants, kept, settings
+        self.describe, self.example = describe, example
+
+    def config_for(self, variant: str, seed: int, steps: int, output_dir: str):
+        from grpo_edu.config import DEFAULT_CONFIG, TrainConfig
+        base = TrainConfig.from_toml(DEFAULT_CONFIG).to_dict()
+        return TrainConfig.from_dict({**base, **self.settings, "steps": steps, "seed": seed, "output_dir": output_dir,
+                                      **self.variants[variant]})
+
+    def run(self, variant: str, seed: int, steps: int, stop_after: int | None = None) -> dict:
+        import tempfile
+        import time
+
+        from grpo_edu.trainer import train
+        with tempfile.TemporaryDirectory() as directory:
+            started = time.perf_counter()
+            result = train(self.config_for(variant, seed, steps, directory), log=lambda line: None,
+                           stop_after=stop_after)
+            seconds = time.perf_counter() - started
+        history = result.history
+        return {"variant": variant, "seed": seed, "seconds": round(seconds, 1),
+                "start_accuracy": result.summary["start_accuracy"],
+                "final_accuracy": result.summary.get("final_accuracy"),
+                "eval": [[m["step"], m["eval/greedy_accuracy"]] for m in history if "eval/greedy_accuracy" in m],
+                "steps": {key: [m.get(key) for m in history] for key in self.kept}}
+
+    def parse_runs(self, values, variants, seeds) -> list[tuple[str, int]]:
+        return parse_runs(values, variants, seeds, self.variants)
+
+    def differences(self, got: dict, want: dict, n: int) -> list[str]:
+        return differences(got, want, n, self.kept)
+
+    def write(self, args) -> None:
+        import platform
+
+        from grpo_edu.config import DEFAULT_CONFIG
+        out, runs = Path(args.out), []
+        for variant, seed in self.parse_runs(args.runs, args.variants, args.seeds):
+            runs.append(self.run(variant, seed, args.steps))
+            print(f"{variant:<7} seed {seed}: " + self.describe(runs[-1]), flush=True)
+            payload = {"steps": args.steps, "seeds": args.seeds, "variants": self.variants, "settings": self.settings,
+                       "config": DEFAULT_CONFIG.name, "machine": platform.machine(), "runs": runs}
+            out.parent.mkdir(parents=True, exist_ok=True)
+            out.write_text(json.dumps(payload, separators=(",", ":")) + "\n")   # after every run: a stop loses one
+        print(f"wrote {out}")
+
+    def main(self, steps: int = 150, check_steps: int = 4) -> None:
+        args = arguments(self.doc, self.variants, self.out, steps=steps, check_steps=check_steps, example=self.example)
+        if args.check:
+            check(args, self.variants, self.kept, self.run)
+        else:
+            self.write(args)

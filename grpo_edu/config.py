@@ -143,6 +143,10 @@ class TrainConfig:
                             "token far off-policy keeps a gradient weighed at most c, where the clip gives it "
                             "none (epsilon and epsilon_high then unused)", 0.0)
     importance_sampling_level: str = _doc("'token' (GRPO) or 'sequence' (GSPO)", "token")
+    top_entropy_quantile: float = _doc("entropy masking: only the tokens whose next-token entropy is in this top "
+                                       "share of an optimizer step's tokens train their policy term (the 80/20 "
+                                       "finding: 0.2); the KL term and the normaliser keep every token "
+                                       "(grpo_edu.entropy_mask); 1 = every token", 1.0)
     advantage_fn: str = _doc("your own advantage function, 'module:function' or 'path/file.py:function' (rewards "
                              "(B, G) -> advantages (B, G); checked at start-up on a probe batch); '' = the built-in "
                              "group_advantages with advantage_scale and advantage_std", "")
@@ -164,6 +168,9 @@ class TrainConfig:
     checkpoint_every: int = _doc("checkpoint every N steps (0 = only at the end)", 500)
     output_dir: str = _doc("run directory: metrics.jsonl, summary.json, plot, checkpoints", "runs/cpu-tiny")
     progress: bool = _doc("show a tqdm progress bar", True)
+    log_entropy: bool = _doc("log the policy's exact entropy at every optimizer step (entropy/mean, /min, /max "
+                             "over completions; one extra forward per step), as top_entropy_quantile < 1 "
+                             "always does; the 'entropy' metric otherwise is the sampler's -log p estimate", False)
 
     def __post_init__(self):
         self.validate()
@@ -253,6 +260,9 @@ class TrainConfig:
             raise ValueError(f"config key 'ref_mixup_alpha' ({self.ref_mixup_alpha}) moves the reference at each "
                              f"sync, but there is none: ref_sync_steps = {self.ref_sync_steps}, beta = {self.beta} "
                              f"(set ref_sync_steps >= 1 and beta > 0, or ref_mixup_alpha = 1)")
+        if not 0.0 < self.top_entropy_quantile <= 1.0:
+            raise ValueError(f"config key 'top_entropy_quantile' must be in (0, 1] (the share of tokens, by "
+                             f"entropy, whose policy term trains; 1 = all), got {self.top_entropy_quantile}")
         if not self.rewards:
             raise ValueError("config key 'rewards' must name at least one reward function")
 

@@ -176,7 +176,8 @@ class LogprobModel(torch.nn.Module):
     """policy -> log-probs of completion tokens: the module DDP and FSDP2 wrap.
 
     forward(input_ids (n, T), attention_mask (n, T), completion_mask (n, S)) -> (n, S),
-    computed by `logprob_fn(model, ...)` (the fused CPU path or transformers' forward).
+    computed by `logprob_fn(model, ...)` (the fused CPU path or transformers' forward);
+    with entropy=True the entropies of the tokens' distributions instead (entropy masking).
     """
 
     def __init__(self, model: torch.nn.Module, logprob_fn):
@@ -184,8 +185,8 @@ class LogprobModel(torch.nn.Module):
         self.model = model
         self.logprob_fn = logprob_fn
 
-    def forward(self, input_ids, attention_mask, completion_mask):
-        logp = self.logprob_fn(self.model, input_ids, attention_mask, completion_mask)
+    def forward(self, input_ids, attention_mask, completion_mask, entropy=False):
+        logp = self.logprob_fn(self.model, input_ids, attention_mask, completion_mask, entropy=entropy)
         # A tensor of its own, not a view: FSDP2 hooks its backward on the output, and an
         # in-place op on a view would bypass the hook.
         return logp.clone() if logp._base is not None else logp

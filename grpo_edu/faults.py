@@ -69,18 +69,19 @@ class Faults:
                              "to refresh), got 1")
 
     def logprob_fn(self, logprob_fn):
-        """The trainer's log-prob function (model, input_ids, attention_mask, completion_mask)
-        -> (n, S), with off_by_one applied."""
+        """The trainer's log-prob function (model, input_ids, attention_mask, completion_mask,
+        entropy=False) -> (n, S), with off_by_one applied."""
         if not self.off_by_one:
             return logprob_fn
 
-        def misaligned(model, input_ids, attention_mask, completion_mask):
+        def misaligned(model, input_ids, attention_mask, completion_mask, entropy=False):
             mask = completion_mask.bool()
             wider = mask.clone()
             wider[..., 1:] |= mask[..., :-1]   # one column past each completion's end (the padding)
             attention = attention_mask.clone()   # the padding column attended too: causal, so
             attention[..., -mask.shape[-1]:] |= wider.to(attention.dtype)   # no earlier logit changes
-            logp = logprob_fn(model, input_ids, attention, wider.to(completion_mask.dtype))
+            logp = logprob_fn(model, input_ids, attention, wider.to(completion_mask.dtype),
+                              **({"entropy": True} if entropy else {}))
             shifted = torch.zeros_like(logp)
             shifted[..., :-1] = logp[..., 1:]   # position j: the log-prob of token j + 1
             return shifted.masked_fill(~mask, 0.0)

@@ -44,7 +44,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from grpo_edu.logprobs import check_completion_inputs, position_ids_from_attention_mask, token_logprobs
+from grpo_edu.logprobs import check_completion_inputs, position_ids_from_attention_mask, token_entropies, token_logprobs
 from grpo_edu.rollout import Rollout, SamplingParams, completion_mask_from_ids
 
 SUPPORTED_MODELS = ("LlamaForCausalLM", "Qwen2ForCausalLM")
@@ -230,13 +230,13 @@ def logits(model, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torc
 
 def group_logprobs(model, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, completion_ids: torch.Tensor,
                    completion_mask: torch.Tensor, *, temperature: float = 1.0,
-                   completion_attention: torch.Tensor | None = None) -> torch.Tensor:
+                   completion_attention: torch.Tensor | None = None, entropy: bool = False) -> torch.Tensor:
     """Log-probs of G completions of each prompt, with the prompt computed once: -> (B, G, S).
 
     prompt_ids, prompt_mask: (B, P) left-padded; completion_ids, completion_mask:
     (B, G, S) right-padded; completion_attention (default completion_mask): the
     completion tokens that later tokens attend to, as the attention mask of the
-    unpacked forward.
+    unpacked forward. entropy: the entropies the tokens were drawn at instead (token_entropies).
 
     Each row of the forward pass is one group, packed without padding:
 
@@ -290,13 +290,14 @@ def group_logprobs(model, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, c
     flat_index = (keep.reshape(-1).long().cumsum(0) - 1).view(B, -1)     # flat position of each entry
     picked = hidden[flat_index[:, predictor.reshape(-1)].clamp(min=0)]   # (B, G * S, H)
     logits = _project(picked, weights.head).view(B, G, S, -1)
-    logp = token_logprobs(logits, completion_ids, temperature=temperature)
+    logp = (token_entropies(logits, temperature=temperature) if entropy
+            else token_logprobs(logits, completion_ids, temperature=temperature))
     return logp.masked_fill(~scored, 0.0)
 
 
 def completion_logprobs(model, input_ids: torch.Tensor, attention_mask: torch.Tensor,
                         completion_mask: torch.Tensor, *, temperature: float = 1.0,
-                        group_size: int = 1) -> torch.Tensor:
+                        group_size: int = 1, entropy: bool = False) -> torch.Tensor:
     """grpo_edu.logprobs.completion_logprobs through the fused forward: (N, T) -> (N, S).
 
     group_size: rows come in consecutive groups of this many completions of one
@@ -317,7 +318,7 @@ def completion_logprobs(model, input_ids: torch.Tensor, attention_mask: torch.Te
         raise ValueError(f"group_size={G}: rows of one group must share their prompt columns")
     logp = group_logprobs(model, prompt_ids[:, 0], prompt_mask[:, 0], input_ids[:, P:].view(B, G, S),
                           completion_mask.view(B, G, S), temperature=temperature,
-                          completion_attention=attention_mask[:, P:].reshape(B, G, S))
+                          completion_attention=attention_mask[:, P:].reshape(B, G, S), entropy=entropy)
     return logp.view(N, S)
 
 

@@ -24,6 +24,8 @@ the backward pass.
 
 from __future__ import annotations
 
+import math
+
 import torch
 from torch.autograd.function import once_differentiable
 from torch.utils.checkpoint import checkpoint
@@ -147,6 +149,28 @@ def _apply(logits: torch.Tensor, token_ids: torch.Tensor, temperature: float, ch
     return logp.view(token_ids.shape)
 
 
+@torch.no_grad()
+def token_entropies(logits: torch.Tensor, *, temperature: float = 1.0,
+                    chunk_elements: int = CHUNK_ELEMENTS) -> torch.Tensor:
+    """The entropy of softmax(logits / temperature) at every position, in nats: (..., V) -> (...).
+
+    H = -sum_v p_v log p_v, a chunk of rows at a time as token_logprobs computes its log-softmax
+    (float32 maths for bf16 logits). Detached: it decides which tokens train (entropy masking,
+    grpo_edu.loss.high_entropy_mask) and is logged, but is not itself trained.
+    """
+    if not (isinstance(temperature, (int, float)) and temperature > 0):
+        raise ValueError(f"temperature must be a number > 0, got {temperature!r}")
+    compute_dtype = torch.promote_types(logits.dtype, torch.float32)
+    flat = logits.reshape(-1, logits.shape[-1])
+    rows = _rows_per_chunk(flat.shape[-1], chunk_elements)
+    entropy = torch.empty(flat.shape[0], dtype=compute_dtype, device=logits.device)
+    for start in range(0, flat.shape[0], rows):
+        log_p = torch.log_softmax(_scaled(flat[start:start + rows], compute_dtype, temperature), dim=-1)
+        # p log p -> 0 as p -> 0; a -inf logit (p = 0 exactly) must not give 0 x -inf = nan.
+        entropy[start:start + rows] = -torch.where(log_p > -math.inf, log_p.exp() * log_p, 0.0).sum(-1)
+    return entropy.view(logits.shape[:-1])
+
+
 # --------------------------------------------------------------------------- a causal LM
 
 def position_ids_from_attention_mask(attention_mask: torch.Tensor) -> torch.Tensor:
@@ -179,7 +203,7 @@ def check_completion_inputs(input_ids: torch.Tensor, attention_mask: torch.Tenso
 def completion_logprobs(model, input_ids: torch.Tensor, attention_mask: torch.Tensor,
                         completion_mask: torch.Tensor, *, temperature: float = 1.0,
                         chunk_tokens: int | None = None,
-                        chunk_elements: int = CHUNK_ELEMENTS) -> torch.Tensor:
+                        chunk_elements: int = CHUNK_ELEMENTS, entropy: bool = False) -> torch.Tensor:
     """Log-probs of the completion tokens under a causal LM: -> (..., S).
 
     model: a transformers causal LM (LlamaForCausalLM, Qwen2ForCausalLM, ...)
@@ -192,6 +216,8 @@ def completion_logprobs(model, input_ids: torch.Tensor, attention_mask: torch.Te
         An int: the LM head runs on this many positions at a time, recomputed
         in backward (activation checkpointing), so peak memory holds one
         chunk of logits, not N x S x V.
+    entropy: instead of the log-probs, the entropies of the distributions the completion
+        tokens were drawn from (token_entropies; detached), for entropy masking
     Leading dimensions ((B, G) or (N,)) are kept.
 
     The token at column j is predicted by the logits at column j - 1: the S
@@ -210,17 +236,20 @@ def completion_logprobs(model, input_ids: torch.Tensor, attention_mask: torch.Te
     if chunk_tokens is None:
         logits = model(input_ids=ids, attention_mask=mask, position_ids=positions,
                        logits_to_keep=S + 1, use_cache=False).logits[:, :-1]
-        logp = token_logprobs(logits, completion_ids, temperature=temperature,
-                              chunk_elements=chunk_elements)
+        if entropy:
+            logp = token_entropies(logits, temperature=temperature, chunk_elements=chunk_elements)
+        else:
+            logp = token_logprobs(logits, completion_ids, temperature=temperature,
+                                  chunk_elements=chunk_elements)
     else:
         logp = _chunked_head_logprobs(model, ids, mask, positions, completion_ids, temperature,
-                                      chunk_tokens, chunk_elements)
+                                      chunk_tokens, chunk_elements, entropy)
     logp = logp.masked_fill(~completion_mask.reshape(-1, S).bool(), 0.0)
     return logp.reshape(*lead, S)
 
 
 def _chunked_head_logprobs(model, ids, mask, positions, completion_ids, temperature, chunk_tokens,
-                           chunk_elements):
+                           chunk_elements, entropy=False):
     config = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
     for attribute in ("final_logit_softcapping", "logit_scale", "logits_scaling"):
         if getattr(config, attribute, None) not in (None, 1, 1.0):
@@ -229,6 +258,11 @@ def _chunked_head_logprobs(model, ids, mask, positions, completion_ids, temperat
     S = completion_ids.shape[-1]
     hidden = model.base_model(input_ids=ids, attention_mask=mask, position_ids=positions,
                               use_cache=False).last_hidden_state
+    if entropy:
+        head = model.get_output_embeddings()
+        rows = hidden[:, -S - 1:-1]
+        return torch.cat([token_entropies(head(part), temperature=temperature, chunk_elements=chunk_elements)
+                          for part in rows.reshape(-1, rows.shape[-1]).split(chunk_tokens)]).view(rows.shape[:-1])
     return lm_head_logprobs(hidden[:, -S - 1:-1], model.get_output_embeddings(), completion_ids,
                             temperature=temperature, chunk_tokens=chunk_tokens, chunk_elements=chunk_elements)
 

@@ -73,19 +73,20 @@ def check_engine_settings(config: TrainConfig, device: torch.device) -> None:
                          "in float32 only; set engine = 'hf' or 'vllm' for bf16 autocast")
 
 
-def sequence_logprobs(config: TrainConfig, model, input_ids, attention_mask, completion_mask):
-    """log pi(token) of the completion tokens of prompt-major rows: (n, P + S) -> (n, S).
+def sequence_logprobs(config: TrainConfig, model, input_ids, attention_mask, completion_mask, entropy=False):
+    """log pi(token) of the completion tokens of prompt-major rows: (n, P + S) -> (n, S); with
+    `entropy`, the entropies of the distributions they were drawn from instead (detached).
 
     The fused forward computes each prompt once for its G completions when the rows
     hold whole groups (every micro-batch does when micro_batch_size is a multiple of G).
     """
     if config.engine != "fused":
         return completion_logprobs(model, input_ids, attention_mask, completion_mask,
-                                   temperature=config.temperature)
+                                   temperature=config.temperature, entropy=entropy)
     G = config.num_generations
     group = G if config.micro_batch_size % G == 0 and input_ids.shape[0] % G == 0 else 1
     return fused_llama.completion_logprobs(model, input_ids, attention_mask, completion_mask,
-                                           temperature=config.temperature, group_size=group)
+                                           temperature=config.temperature, group_size=group, entropy=entropy)
 
 
 @dataclass
@@ -170,9 +171,9 @@ def build_models(config: TrainConfig, world: World, policy: torch.nn.Module,
     else:
         full_policy = make_reference(policy) if sharded else policy   # a plain copy, never trained
 
-    def logprob_fn(model, input_ids, attention_mask, completion_mask):
+    def logprob_fn(model, input_ids, attention_mask, completion_mask, entropy=False):
         with autocast(config, world.device):
-            return sequence_logprobs(config, model, input_ids, attention_mask, completion_mask)
+            return sequence_logprobs(config, model, input_ids, attention_mask, completion_mask, entropy)
     per_layer = config.engine != "fused"   # the fused path runs no layer's own forward
     train_logprobs = distributed.wrap(policy, logprob_fn, world, config.parallelism, trainable=True,
                                       per_layer=per_layer)

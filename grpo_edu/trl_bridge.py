@@ -31,7 +31,7 @@ CARRIED = {
     "learning_rate": "learning_rate", "weight_decay": "weight_decay", "max_grad_norm": "max_grad_norm",
     "loss_type": "loss_type", "beta": "beta", "epsilon": "epsilon", "epsilon_high": "epsilon_high",
     "importance_sampling_level": "importance_sampling_level", "vllm_mode": "vllm_mode",
-    "vllm_gpu_memory_utilization": "vllm_gpu_memory_utilization",
+    "vllm_gpu_memory_utilization": "vllm_gpu_memory_utilization", "top_entropy_quantile": "top_entropy_quantile",
 }
 # Keys with the one value TRL reproduces: any other is refused (_refusals).
 ONLY_VALUE = {"advantage_std": "sample", "advantage_fn": "", "kl_estimator": "k3", "filter_zero_std_groups": False,
@@ -62,6 +62,7 @@ NOT_CARRIED = {
     "device": "use_cpu for 'cpu'; otherwise accelerate's device",
     "precision": "bf16",
     "progress": "disable_tqdm",
+    "log_entropy": "TRL logs the policy's exact token entropy ('entropy') at every step, asked or not",
     "vllm_server_url": "vllm_server_base_url",
     "vllm_sleep_mode": "vllm_enable_sleep_mode",
     "adam_betas": "adam_beta1, adam_beta2",
@@ -113,10 +114,21 @@ def _refusals(config: TrainConfig) -> list[str]:
     if config.ratio_cap and (config.loss_type != "dapo" or config.importance_sampling_level != "token"):
         out.append(f"ratio_cap = {config.ratio_cap} with loss_type = {config.loss_type!r}, importance_sampling_level "
                    f"= {config.importance_sampling_level!r}: TRL's capped loss (cispo) aggregates as dapo, per token")
+    if config.top_entropy_quantile < 1 and _accumulation(config) > 1:
+        out.append(f"top_entropy_quantile = {config.top_entropy_quantile} with {_accumulation(config)} micro-batches "
+                   f"per optimizer step: TRL takes the entropy quantile per micro-batch, grpo_edu per optimizer step "
+                   f"(set micro_batch_size to the completions per process per optimizer step)")
     if config.parallelism == "fsdp2" and int(os.environ.get("WORLD_SIZE", "1")) > 1:
         out.append("parallelism = 'fsdp2': launch TRL with an accelerate FSDP2 config instead "
                    "(accelerate launch --config_file ...)")
     return out
+
+
+def _accumulation(config: TrainConfig) -> int:
+    try:
+        return batch_sizes(config, int(os.environ.get("WORLD_SIZE", "1")))["gradient_accumulation_steps"]
+    except ValueError:   # sizes TRL cannot split: grpo_config refuses them itself
+        return 1
 
 
 def batch_sizes(config: TrainConfig, processes: int = 1) -> dict[str, int]:
@@ -158,6 +170,7 @@ def grpo_config(config: TrainConfig, output_dir: str | None = None, **overrides)
         weight_decay=config.weight_decay, adam_beta1=config.adam_betas[0], adam_beta2=config.adam_betas[1],
         max_grad_norm=config.max_grad_norm, loss_type=config.loss_type, beta=config.beta, epsilon=config.epsilon,
         epsilon_high=config.epsilon_high, importance_sampling_level=config.importance_sampling_level,
+        top_entropy_quantile=config.top_entropy_quantile,
         scale_rewards=config.advantage_scale, use_bias_correction_kl=False, mask_truncated_completions=False,
         sync_ref_model=bool(config.ref_sync_steps), ref_model_sync_steps=max(1, config.ref_sync_steps * K),
         ref_model_mixup_alpha=config.ref_mixup_alpha, bf16=bf16, use_cpu=config.device == "cpu", disable_tqdm=not config.progress,

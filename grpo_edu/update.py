@@ -21,7 +21,7 @@ from typing import Callable
 
 import torch
 
-from grpo_edu import distributed
+from grpo_edu import distributed, entropy_mask
 from grpo_edu.batch import MicroBatch, RolloutBatch
 from grpo_edu.config import TrainConfig
 from grpo_edu.distributed import World
@@ -188,16 +188,18 @@ class LossSettings:
     is_mask: str
     is_mask_band: list
     ratio_cap: float
+    top_entropy_quantile: float
 
     @classmethod
     def of(cls, config: TrainConfig) -> "LossSettings":
         return cls(**{f.name: getattr(config, f.name) for f in fields(cls)})
 
 
-def micro_batch_loss(settings: LossSettings, model, part: MicroBatch, totals: LossTotals
-                     ) -> tuple[torch.Tensor, GRPOLossOutput, torch.Tensor]:
+def micro_batch_loss(settings: LossSettings, model, part: MicroBatch, totals: LossTotals,
+                     entropy_mask: torch.Tensor | None = None) -> tuple[torch.Tensor, GRPOLossOutput, torch.Tensor]:
     """The loss of a micro-batch's rows as its part of the mini-batch's loss (divided by
-    the whole mini-batch's counts, so the parts add up to it exactly).
+    the whole mini-batch's counts, so the parts add up to it exactly); entropy_mask: the
+    tokens whose policy term trains (top_entropy_quantile < 1, `entropy_pass`).
 
     Returns (loss, out, logp): the scalar part, grpo_loss's output and the rows' log-probs (detached).
     """
@@ -210,8 +212,31 @@ def micro_batch_loss(settings: LossSettings, model, part: MicroBatch, totals: Lo
                     kl_estimator=settings.kl_estimator, num_items=totals.num_items,
                     num_completions=totals.num_completions,
                     sampler_logp=part.sampler_logp, tis_cap=settings.tis_cap, is_mask=settings.is_mask,
-                    is_mask_band=settings.is_mask_band, ratio_cap=settings.ratio_cap)
+                    is_mask_band=settings.is_mask_band, ratio_cap=settings.ratio_cap, entropy_mask=entropy_mask)
     return out.loss, out, logp.detach()
+
+
+@torch.no_grad()
+def entropy_pass(config: TrainConfig, model, parts: list[MicroBatch | Padding],
+                 world: World = World()) -> tuple[list[torch.Tensor | None], dict[str, float]]:
+    """Before an optimizer step (top_entropy_quantile < 1 or log_entropy): the policy's exact
+    entropy at every token of the step's micro-batches, one forward each (Padding's too, for
+    the ranks' collectives), and from them each part's entropy mask (None: every token trains)
+    and the step's entropy metrics (grpo_edu.entropy_mask). The threshold is the whole step's,
+    on every rank: micro_batch_size and the number of processes do not change it."""
+    real = [(i, part) for i, part in enumerate(parts) if not isinstance(part, Padding)]
+    for part in parts:
+        if isinstance(part, Padding):
+            part.forward(model)
+    entropies = [model(part.input_ids, part.attention_mask, part.completion_mask, entropy=True) for _, part in real]
+    masks = [part.completion_mask for _, part in real]
+    q = config.top_entropy_quantile
+    tau = entropy_mask.threshold(entropies, masks, q, world) if q < 1 else 0.0
+    chosen: list[torch.Tensor | None] = [None] * len(parts)
+    if q < 1:
+        for (i, _), h, m in zip(real, entropies, masks):
+            chosen[i] = entropy_mask.high_entropy_mask(h, m, tau)
+    return chosen, entropy_mask.entropy_metrics(entropies, masks, q, tau, world)
 
 
 def optimise(config: TrainConfig, models: Models, optimizer, scheduler, batch: RolloutBatch, plan: Plan,
@@ -245,6 +270,8 @@ def optimise(config: TrainConfig, models: Models, optimizer, scheduler, batch: R
                 skip_optimizer_step(scheduler)
                 continue
             parts, totals = planned[k]
+            masks, entropy = (entropy_pass(config, model, parts, world) if config.top_entropy_quantile < 1
+                              or config.log_entropy else ([None] * len(parts), {}))
             optimizer.zero_grad(set_to_none=True)
             sums = MetricSums(config.importance_sampling_level == "sequence")
             for i, part in enumerate(parts):
@@ -252,7 +279,7 @@ def optimise(config: TrainConfig, models: Models, optimizer, scheduler, batch: R
                     if isinstance(part, Padding):   # this rank holds fewer rows: a zero-weight part
                         (part.forward(model).sum() * 0.0).backward()
                         continue
-                    loss, out, logp = micro_batch_loss(settings, model, part, totals)
+                    loss, out, logp = micro_batch_loss(settings, model, part, totals, masks[i])
                     (loss * world.size).backward()
                 if steps_taken == 0:   # the policy has not moved yet: it is the one that sampled
                     first_forward.append((part, logp))
@@ -264,7 +291,7 @@ def optimise(config: TrainConfig, models: Models, optimizer, scheduler, batch: R
             scheduler.step()
             steps_taken += 1
             if _last_nonempty(plan, iteration, k, config):
-                metrics = sums.reduce(world)
+                metrics = {**sums.reduce(world), **entropy}
                 metrics["grad_norm"] = float(distributed.full_tensor(norm))
     if models.sharded and not models.lazy:
         distributed.copy_full_weights(models.policy, models.full_policy)   # the sampler's weights

@@ -33,7 +33,8 @@ COMMON = ["steps=5", "eval_size=32", "eval_every=1000", "checkpoint_every=0", "p
 BY_LOSS = {
     "grpo": ["ref_sync_steps=2", "ref_mixup_alpha=0.5", "rollout_lag=2"],   # a Polyak reference, on shards under fsdp2
     "bnpo": ["num_iterations=2", f"environment={json.dumps(str(ROOT / 'tests' / 'episode_envs.py') + ':Echo')}"],
-    "dr_grpo": ["num_mini_batches=2", "filter_zero_std_groups=true", "micro_batch_size=24"],
+    # entropy masking: one threshold over a mini-batch's micro-batches on both ranks
+    "dr_grpo": ["num_mini_batches=2", "filter_zero_std_groups=true", "micro_batch_size=24", "top_entropy_quantile=0.5"],
     "dapo": ["num_mini_batches=2", "micro_batch_size=16", "beta=0.0", "old_logprobs=sampler"],
 }
 # bnpo's runs are multi-turn episodes (grpo_edu.episodes): its normaliser, the batch's tokens,

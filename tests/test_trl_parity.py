@@ -8,7 +8,7 @@ model forward (`_get_per_token_logps_and_entropies`), so both sides get the same
 log-probs and autograd can compare d loss / d logp directly.
 
 Settings: one process, gradient_accumulation_steps = 1, no vLLM importance
-correction, no entropy mask or bonus, and use_bias_correction_kl=False (TRL 1.16
+correction (except in its own test), no entropy bonus, and use_bias_correction_kl=False (TRL 1.16
 defaults it to True: the KL term is then multiplied by the ratio, which grpo_loss
 does not do). Advantages are inputs here: TRL's own advantage convention (sample
 std, + 1e-4) is a separate matter (tests/test_advantages.py).
@@ -104,11 +104,13 @@ def fabricated_batch(seed):
     return logp, old, ref, advantages, completion_mask
 
 
-def trl_loss(trainer, logp, old, ref, advantages, completion_mask, num_items, importance_sampling_ratio=None):
-    """TRL's _compute_loss on these inputs (with the vLLM correction's ratio, when given);
-    returns the loss and its metrics."""
+def trl_loss(trainer, logp, old, ref, advantages, completion_mask, num_items, importance_sampling_ratio=None,
+             entropies=None):
+    """TRL's _compute_loss on these inputs (with the vLLM correction's ratio, and the model's
+    entropies, when given); returns the loss and its metrics."""
     N = logp.shape[0]
-    trainer._get_per_token_logps_and_entropies = lambda *args, **kwargs: (logp, torch.zeros_like(logp), None)
+    entropies = torch.zeros_like(logp) if entropies is None else entropies
+    trainer._get_per_token_logps_and_entropies = lambda *args, **kwargs: (logp, entropies, None)
     inputs = {
         "prompt_ids": torch.ones(N, P, dtype=torch.long), "prompt_mask": torch.ones(N, P, dtype=torch.long),
         "completion_ids": torch.ones(N, S, dtype=torch.long), "completion_mask": completion_mask,
@@ -240,3 +242,39 @@ def test_the_capped_surrogate_matches_trls_cispo(trainers, seed):
     assert abs(ours.loss.item() - theirs.item()) <= 1e-6, (ours.loss.item(), theirs.item())
     torch.testing.assert_close(our_grad, their_grad, rtol=0, atol=1e-6)
     assert 0 < ours.metrics["ratio/capped"] < 1
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+@pytest.mark.parametrize("config", [dict(loss_type="grpo", beta=0.04, top_entropy_quantile=0.2),
+                                    dict(loss_type="dapo", beta=0.0, top_entropy_quantile=0.5),
+                                    dict(loss_type="bnpo", beta=0.04, top_entropy_quantile=0.5,
+                                         importance_sampling_level="sequence")], ids=config_id)
+def test_entropy_masking_matches_trls_top_entropy_quantile(trainers, config, seed):
+    """The threshold over the batch's real tokens (grpo_edu.entropy_mask), the policy term of the
+    tokens below it zeroed, their KL and normaliser kept: TRL's loss and gradient to 1e-6."""
+    from grpo_edu import entropy_mask
+    trainer = trainers(config)
+    logp, old, ref, advantages, completion_mask = fabricated_batch(seed)
+    entropies = 2 * torch.rand(logp.shape, generator=torch.Generator().manual_seed(10 + seed))
+    num_items = int(completion_mask.sum())
+    theirs_logp = logp.clone().requires_grad_()
+    theirs, _ = trl_loss(trainer, theirs_logp, old, ref, advantages, completion_mask, num_items, entropies=entropies)
+    (their_grad,) = torch.autograd.grad(theirs, theirs_logp)
+
+    q = config["top_entropy_quantile"]
+    tau = entropy_mask.threshold([entropies], [completion_mask], q)
+    keep = entropy_mask.high_entropy_mask(entropies, completion_mask, tau)
+    ours_logp = logp.clone().requires_grad_()
+    options = {key: value for key, value in config.items() if key != "top_entropy_quantile"}
+    ours = grpo_loss(ours_logp.view(B, G, S), old.view(B, G, S), advantages.view(B, G), completion_mask.view(B, G, S),
+                     ref_logp=ref.view(B, G, S), max_completion_length=MAX_COMPLETION_LENGTH, num_items=num_items,
+                     entropy_mask=keep.view(B, G, S), **options)
+    (our_grad,) = torch.autograd.grad(ours.loss, ours_logp)
+    assert abs(ours.loss.item() - theirs.item()) <= 1e-6, (ours.loss.item(), theirs.item())
+    torch.testing.assert_close(our_grad, their_grad, rtol=0, atol=1e-6)
+    real = int(completion_mask.sum())
+    assert 0 < int(keep.sum()) < real   # some tokens masked, some kept
+    unmasked = grpo_loss(logp.view(B, G, S), old.view(B, G, S), advantages.view(B, G), completion_mask.view(B, G, S),
+                         ref_logp=ref.view(B, G, S), max_completion_length=MAX_COMPLETION_LENGTH,
+                         num_items=num_items, **options)
+    assert abs(unmasked.loss.item() - theirs.item()) > 1e-4   # the mask mattered
