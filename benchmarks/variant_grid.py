@@ -1,7 +1,7 @@
-"""What benchmarks/tools.py, reference.py and entropy.py share: a grid of named variants x seeds,
+"""What benchmarks/tools.py, reference.py, entropy.py and overlong.py share: a grid of named variants x seeds,
 each run kept per step in a results file, and --check, which re-trains named runs for their
 first steps and compares every kept number with the file's, exactly. DefaultRunGrid: a grid
-whose variants are config keys over the CPU tier's default run (reference.py, entropy.py)."""
+whose variants are config keys over the CPU tier's default run (reference.py, entropy.py, overlong.py)."""
 
 from __future__ import annotations
 

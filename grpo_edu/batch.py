@@ -21,6 +21,9 @@ row, and the logits at column P - 1 predict it.
                                environment wrote, or None. They are context: attended to
                                (attention_mask), never scored (not in completion_mask, which
                                then marks the policy's tokens only and may have gaps)
+    truncated       (B, G)     overlong filtering (mask_truncated_completions): True for the
+                               completions cut at the length limit, whose tokens leave the
+                               loss (`loss_mask`), or None
 
 The trainer's step data is this type too (grpo_edu.scoring builds one per rank per
 rollout): its mini-batches are `select`s of whole groups and its micro-batches
@@ -39,7 +42,7 @@ import torch
 from grpo_edu.advantages import check_rewards
 from grpo_edu.loss import check_logprob_values
 
-_OPTIONAL = ("old_logp", "ref_logp", "sampler_logp", "env_mask")
+_OPTIONAL = ("old_logp", "ref_logp", "sampler_logp", "env_mask", "truncated")
 _INTEGER_DTYPES = (torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64)
 
 
@@ -70,6 +73,7 @@ class RolloutBatch:
     ref_logp: torch.Tensor | None = None
     sampler_logp: torch.Tensor | None = None
     env_mask: torch.Tensor | None = None
+    truncated: torch.Tensor | None = None
 
     def __post_init__(self):
         for f in fields(self):
@@ -216,6 +220,9 @@ class RolloutBatch:
 
     def _check_group_shapes(self, B: int, G: int) -> None:
         self._check_env_mask_shape()
+        if self.truncated is not None and (self.truncated.shape != (B, G) or self.truncated.dtype != torch.bool):
+            raise ValueError(f"truncated must be a bool tensor of shape (B, G) = ({B}, {G}), got "
+                             f"{self.truncated.dtype} of shape {tuple(self.truncated.shape)}")
         for name in ("rewards", "advantages"):
             if getattr(self, name).shape != (B, G):
                 raise ValueError(f"{name} must have shape (B, G) = ({B}, {G}), got {tuple(getattr(self, name).shape)}")
@@ -296,7 +303,7 @@ class MicroBatch:
         input_ids, attention_mask                  (n, T)
         completion_mask, old_logp, ref_logp,       (n, S)
         sampler_logp, env_mask
-        rewards, advantages                        (n,)
+        rewards, advantages, truncated             (n,)
 
     Not re-validated: its rows come from a validated batch.
     """
@@ -310,6 +317,14 @@ class MicroBatch:
     ref_logp: torch.Tensor | None = None
     sampler_logp: torch.Tensor | None = None
     env_mask: torch.Tensor | None = None
+    truncated: torch.Tensor | None = None
+
+    @property
+    def loss_mask(self) -> torch.Tensor:
+        """The tokens the loss counts: completion_mask, less the truncated completions' (overlong filtering)."""
+        if self.truncated is None:
+            return self.completion_mask
+        return self.completion_mask * (~self.truncated[:, None]).to(self.completion_mask.dtype)
 
     @property
     def num_completions(self) -> int:

@@ -152,6 +152,15 @@ class TrainConfig:
                              "group_advantages with advantage_scale and advantage_std", "")
     advantage_scale: str = _doc("advantage std: 'group', 'batch' or 'none' (Dr. GRPO)", "group")
     advantage_std: str = _doc("'population' (divide by G) or 'sample' (by G - 1, as TRL)", "population")
+    mask_truncated_completions: bool = _doc("overlong filtering (DAPO): the completions cut at "
+                                            "max_completion_length (no EOS; an episode that did not end) train "
+                                            "nothing: their tokens leave the loss (policy, KL, bnpo's and dapo's "
+                                            "token counts), their rewards stay in their group's advantages, and "
+                                            "they still count in grpo's and dr_grpo's completions (TRL 1.16's "
+                                            "mask_truncated_completions)", False)
+    overlong_cache: int = _doc("DAPO's soft overlong punishment: a reward term, 0 up to max_completion_length - "
+                               "overlong_cache tokens, then falling linearly to -1 at max_completion_length "
+                               "(logged as reward/overlong); 0 = off", 0)
     filter_zero_std_groups: bool = _doc("drop groups whose rewards are all equal (the zero-std filter; DAPO's dynamic "
                                         "sampling would sample replacements, this does not)", False)
     ref_sync_steps: int = _doc("copy the policy into the reference every K training steps (rollouts; 0 = never; "
@@ -263,6 +272,10 @@ class TrainConfig:
         if not 0.0 < self.top_entropy_quantile <= 1.0:
             raise ValueError(f"config key 'top_entropy_quantile' must be in (0, 1] (the share of tokens, by "
                              f"entropy, whose policy term trains; 1 = all), got {self.top_entropy_quantile}")
+        if not 0 <= self.overlong_cache < self.max_completion_length:
+            raise ValueError(f"config key 'overlong_cache' must be in [0, max_completion_length = "
+                             f"{self.max_completion_length}) (the stretch before the limit where the punishment "
+                             f"falls from 0 to -1; 0 = off), got {self.overlong_cache}")
         if not self.rewards:
             raise ValueError("config key 'rewards' must name at least one reward function")
 

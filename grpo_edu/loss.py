@@ -51,8 +51,8 @@ import torch
 
 # The constants and check_logprob_values are re-exported: grpo_edu.loss is where readers look for them.
 from grpo_edu.loss_checks import (IMPORTANCE_SAMPLING_LEVELS, KL_ESTIMATORS, LOSS_TYPES,  # noqa: F401
-                                  check_entropy_mask, check_inputs, check_logprob_values, check_loss_type,
-                                  check_options, check_ratio_cap, check_sampler)
+                                  check_entropy_mask, check_excluded, check_inputs, check_logprob_values,
+                                  check_loss_type, check_options, check_ratio_cap, check_sampler)
 from grpo_edu.offpolicy import Correction, correction_weights
 
 
@@ -137,7 +137,8 @@ def grpo_loss(logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Tens
               num_completions: int | None = None,
               sampler_logp: torch.Tensor | None = None, tis_cap: float = 0.0,
               is_mask: str = "none", is_mask_band: tuple[float, float] = (0.5, 2.0),
-              ratio_cap: float = 0.0, entropy_mask: torch.Tensor | None = None) -> GRPOLossOutput:
+              ratio_cap: float = 0.0, entropy_mask: torch.Tensor | None = None,
+              excluded: torch.Tensor | None = None) -> GRPOLossOutput:
     """The clipped GRPO surrogate + KL penalty, aggregated per `loss_type`.
 
     logp: (B, G, S) or (N, S) log pi_theta at the sampled tokens (requires grad)
@@ -174,6 +175,10 @@ def grpo_loss(logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Tens
     entropy_mask: None, or bool of logp's shape: the tokens whose policy term counts (entropy
         masking, grpo_edu.entropy_mask); the others keep their KL term and their place in the
         normaliser, as TRL 1.16's top_entropy_quantile
+    excluded: None, or bool of advantages' shape: completions left out of the loss (overlong
+        filtering: those cut at the length limit). Their tokens count nowhere (policy, KL,
+        bnpo's default num_items); they still count in grpo's and dr_grpo's n, as TRL 1.16's
+        mask_truncated_completions (which zeroes their completion mask)
     Metrics (floats):
       loss, policy_loss       the loss, and the loss without the KL term
       kl                      token mean of the KL estimate to pi_ref (when ref_logp is given)
@@ -200,6 +205,8 @@ def grpo_loss(logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Tens
     check_ratio_cap(ratio_cap)
     epsilon_high = epsilon if epsilon_high is None else epsilon_high
     mask = check_inputs(logp, old_logp, advantages, completion_mask, ref_logp, beta)
+    if excluded is not None:
+        mask = mask & ~check_excluded(excluded, advantages.shape)[..., None]
     shape = logp.shape
     S = shape[-1]
     if loss_type == "dr_grpo":
@@ -217,7 +224,7 @@ def grpo_loss(logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Tens
 
     log_ratio = logp - old_logp                                            # (N, S)
     if importance_sampling_level == "sequence":
-        log_ratio_used = (log_ratio * weights_mask).sum(-1, keepdim=True) / lengths  # (N, 1)
+        log_ratio_used = (log_ratio * weights_mask).sum(-1, keepdim=True) / lengths.clamp(min=1)  # (N, 1)
     else:
         log_ratio_used = log_ratio
     ratio = torch.exp(log_ratio_used)
@@ -264,6 +271,9 @@ def _metrics(loss, policy, kl, ratio, log_ratio, A, mask, lengths, epsilon, epsi
              loss_type, options, advantages, sequence_level, ratio_cap=0.0) -> dict[str, float]:
     def token_mean(x):
         return ((x * mask).sum() / mask.sum()).item()
+
+    if not mask.any():   # every completion excluded: there is nothing to average
+        return {"loss": loss.item(), "policy_loss": 0.0, "advantage/std": A.std(correction=0).item()}
 
     if sequence_level:  # one ratio per completion
         def unit_mean(x):
@@ -321,7 +331,7 @@ def _max_length(max_completion_length, lengths: torch.Tensor) -> int:
 
 def _num_items(num_items, mask: torch.Tensor):
     if num_items is None:
-        return mask.sum()
+        return mask.sum().clamp(min=1)   # 0 only when every completion is excluded: then the loss is 0
     value = float(num_items.item() if isinstance(num_items, torch.Tensor) else num_items)
     if not value > 0:
         raise ValueError(f"num_items (the token count bnpo and dapo divide by) must be > 0, "

@@ -35,6 +35,14 @@ def check_entropy_mask(entropy_mask: torch.Tensor, shape) -> torch.Tensor:
     return entropy_mask
 
 
+def check_excluded(excluded: torch.Tensor, shape) -> torch.Tensor:
+    if not isinstance(excluded, torch.Tensor) or excluded.shape != shape or excluded.dtype != torch.bool:
+        got = f"{excluded.dtype} of shape {tuple(excluded.shape)}" if isinstance(excluded, torch.Tensor) else \
+            type(excluded).__name__
+        raise ValueError(f"excluded must be a bool tensor of the advantages' shape {tuple(shape)}, got {got}")
+    return excluded
+
+
 def check_ratio_cap(ratio_cap) -> None:
     if isinstance(ratio_cap, bool) or not isinstance(ratio_cap, (int, float)) or not (
             ratio_cap == 0 or (ratio_cap > 1 and math.isfinite(ratio_cap))):

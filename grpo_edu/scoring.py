@@ -6,6 +6,7 @@ into group advantages, and plan the update's mini-batches.
     Plan                what every rank knows about the whole rollout (the same on all)
     plan_mini_batches   the prompts of each mini-batch, whole groups, dealt out in turn
     LossTotals          the counts a mini-batch's loss divides by, over all ranks
+    soft_overlong_punishment  DAPO's length penalty near the limit (config key overlong_cache)
 """
 
 from __future__ import annotations
@@ -68,9 +69,11 @@ class Plan:
         chosen = self.mini_batches[k]
         return int(((chosen >= rank * width) & (chosen < (rank + 1) * width)).sum()) * self.group_size
 
-    def totals(self, k: int, loss_type: str) -> LossTotals:
-        """Mini-batch k's LossTotals, for the config's loss_type."""
+    def totals(self, k: int, loss_type: str, mask_truncated: bool = False) -> LossTotals:
+        """Mini-batch k's LossTotals, for the config's loss_type (mask_truncated: the truncated
+        completions' tokens do not count, overlong filtering)."""
         chosen = self.mini_batches[k]
+        lengths = self.lengths * self.finished if mask_truncated else self.lengths
         if loss_type == "dapo":
             # dapo, as TRL 1.16: every token of the rollout weighs the same in every optimizer step,
             # 1 / (rollout tokens / num_mini_batches), whichever mini-batch holds it. TRL divides by
@@ -79,9 +82,9 @@ class Plan:
             # count, which would weigh the tokens of a short mini-batch more. Filtered groups do not
             # count: they are not trained on.
             trained = torch.cat(self.mini_batches)
-            items = int(self.lengths[trained].sum()) / len(self.mini_batches)
+            items = int(lengths[trained].sum()) / len(self.mini_batches)
         else:
-            items = float(self.lengths[chosen].sum())
+            items = float(lengths[chosen].sum())
         return LossTotals(num_completions=len(chosen) * self.group_size, num_items=items)
 
 
@@ -100,6 +103,19 @@ def plan_mini_batches(config: TrainConfig, rewards: torch.Tensor) -> list[torch.
     if config.filter_zero_std_groups:   # groups whose rewards all agree teach nothing: dropped
         groups = groups[~zero_std_groups(rewards)]
     return [groups[k::config.num_mini_batches] for k in range(config.num_mini_batches)]
+
+
+def soft_overlong_punishment(lengths: torch.Tensor, max_completion_length: int, cache: int) -> torch.Tensor:
+    """DAPO's soft overlong punishment (config key overlong_cache), a reward term from token counts:
+    0 up to L - cache tokens, then falling linearly to -1 at the limit L (= max_completion_length,
+    where a completion is cut): ((L - cache) - |o|) / cache. (N,) -> (N,) float64; TRL 1.16's
+    trl.rewards.get_soft_overlong_punishment(L, cache) to the bit (tests/test_overlong.py)."""
+    if not (isinstance(cache, int) and 0 < cache < max_completion_length):
+        raise ValueError(f"cache must be an int in [1, max_completion_length = {max_completion_length}), "
+                         f"got {cache!r}")
+    expected = max_completion_length - cache
+    over = lengths.to(torch.float64) - expected
+    return torch.where(over <= 0, 0.0, torch.where(lengths <= max_completion_length, -over / cache, -1.0))
 
 
 @torch.no_grad()
@@ -124,6 +140,12 @@ def score(config: TrainConfig, samples: list[dict], rollout: Rollout, tokenizer,
         local[i] = values
         local[0] += weight * values
     names = list(reward_functions)
+    if config.overlong_cache:   # DAPO's soft overlong punishment: one more term of the reward, weight 1
+        punishment = soft_overlong_punishment(rollout.completion_mask.sum(-1).cpu(), config.max_completion_length,
+                                              config.overlong_cache)
+        local = torch.cat([local, punishment[None]])
+        local[0] += punishment
+        names.append("overlong")
     # An episode's statistics are gathered beside the rewards; the environment's reward is one more term.
     episode = {k: v for k, v in (rollout.episode or {}).items() if k != "env_reward"}
     if rollout.episode is not None:
@@ -157,7 +179,8 @@ def score(config: TrainConfig, samples: list[dict], rollout: Rollout, tokenizer,
         completion_mask=rollout.completion_mask.view(b, G, S), old_logp=None,
         rewards=reward_matrix[owned].to(sampled_on), advantages=advantages[owned].to(sampled_on),
         sampler_logp=rollout.sampler_logp.view(b, G, S),
-        env_mask=None if rollout.env_mask is None else rollout.env_mask.view(b, G, S))
+        env_mask=None if rollout.env_mask is None else rollout.env_mask.view(b, G, S),
+        truncated=(~rollout.finished).cpu().view(b, G) if config.mask_truncated_completions else None)
     # The step's data lives where the policy does (the sampler may be elsewhere: another
     # device, another process); the plan's bookkeeping stays on the CPU.
     return batch.to(world.device), plan

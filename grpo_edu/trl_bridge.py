@@ -32,6 +32,7 @@ CARRIED = {
     "loss_type": "loss_type", "beta": "beta", "epsilon": "epsilon", "epsilon_high": "epsilon_high",
     "importance_sampling_level": "importance_sampling_level", "vllm_mode": "vllm_mode",
     "vllm_gpu_memory_utilization": "vllm_gpu_memory_utilization", "top_entropy_quantile": "top_entropy_quantile",
+    "mask_truncated_completions": "mask_truncated_completions",
 }
 # Keys with the one value TRL reproduces: any other is refused (_refusals).
 ONLY_VALUE = {"advantage_std": "sample", "advantage_fn": "", "kl_estimator": "k3", "filter_zero_std_groups": False,
@@ -62,6 +63,8 @@ NOT_CARRIED = {
     "device": "use_cpu for 'cpu'; otherwise accelerate's device",
     "precision": "bf16",
     "progress": "disable_tqdm",
+    "overlong_cache": "reward_functions adds TRL's get_soft_overlong_punishment(max_completion_length, "
+                      "overlong_cache) as the reward 'overlong', weight 1",
     "log_entropy": "TRL logs the policy's exact token entropy ('entropy') at every step, asked or not",
     "vllm_server_url": "vllm_server_base_url",
     "vllm_sleep_mode": "vllm_enable_sleep_mode",
@@ -171,7 +174,8 @@ def grpo_config(config: TrainConfig, output_dir: str | None = None, **overrides)
         max_grad_norm=config.max_grad_norm, loss_type=config.loss_type, beta=config.beta, epsilon=config.epsilon,
         epsilon_high=config.epsilon_high, importance_sampling_level=config.importance_sampling_level,
         top_entropy_quantile=config.top_entropy_quantile,
-        scale_rewards=config.advantage_scale, use_bias_correction_kl=False, mask_truncated_completions=False,
+        scale_rewards=config.advantage_scale, use_bias_correction_kl=False,
+        mask_truncated_completions=config.mask_truncated_completions,
         sync_ref_model=bool(config.ref_sync_steps), ref_model_sync_steps=max(1, config.ref_sync_steps * K),
         ref_model_mixup_alpha=config.ref_mixup_alpha, bf16=bf16, use_cpu=config.device == "cpu", disable_tqdm=not config.progress,
         save_strategy="steps" if config.checkpoint_every else "no",
@@ -201,6 +205,14 @@ def reward_functions(config: TrainConfig) -> tuple[list, list[float]]:
     for name, (function, weight) in reward_functions_from_config(config.rewards, config.unboxed_answers).items():
         functions.append(_named(function, name))
         weights.append(weight)
+    if config.overlong_cache:   # the term grpo_edu.scoring adds, weight 1: TRL's own function
+        from trl.rewards import get_soft_overlong_punishment
+        punishment = get_soft_overlong_punishment(config.max_completion_length, config.overlong_cache)
+
+        def overlong(completions, completion_ids, **kwargs):
+            return punishment(completion_ids)
+        functions.append(overlong)
+        weights.append(1.0)
     return functions, weights
 
 

@@ -212,7 +212,8 @@ def micro_batch_loss(settings: LossSettings, model, part: MicroBatch, totals: Lo
                     kl_estimator=settings.kl_estimator, num_items=totals.num_items,
                     num_completions=totals.num_completions,
                     sampler_logp=part.sampler_logp, tis_cap=settings.tis_cap, is_mask=settings.is_mask,
-                    is_mask_band=settings.is_mask_band, ratio_cap=settings.ratio_cap, entropy_mask=entropy_mask)
+                    is_mask_band=settings.is_mask_band, ratio_cap=settings.ratio_cap, entropy_mask=entropy_mask,
+                    excluded=part.truncated)
     return out.loss, out, logp.detach()
 
 
@@ -229,7 +230,7 @@ def entropy_pass(config: TrainConfig, model, parts: list[MicroBatch | Padding],
         if isinstance(part, Padding):
             part.forward(model)
     entropies = [model(part.input_ids, part.attention_mask, part.completion_mask, entropy=True) for _, part in real]
-    masks = [part.completion_mask for _, part in real]
+    masks = [part.loss_mask for _, part in real]
     q = config.top_entropy_quantile
     tau = entropy_mask.threshold(entropies, masks, q, world) if q < 1 else 0.0
     chosen: list[torch.Tensor | None] = [None] * len(parts)
@@ -261,9 +262,13 @@ def optimise(config: TrainConfig, models: Models, optimizer, scheduler, batch: R
     model, settings = models.train_logprobs, LossSettings.of(config)
     metrics: dict[str, float] = {}
     steps_taken, first_forward = 0, []
-    # Each mini-batch's micro-batches and loss denominators, the same in every pass.
-    planned = [(micro_batches(plan, batch, k, config.micro_batch_size, world), plan.totals(k, config.loss_type))
-               if len(groups) else None for k, groups in enumerate(plan.mini_batches)]
+    # Each mini-batch's micro-batches and loss denominators, the same in every pass; None: no
+    # token to train (no group, or with mask_truncated_completions every completion truncated).
+    truncating = config.mask_truncated_completions
+    planned = [(micro_batches(plan, batch, k, config.micro_batch_size, world), plan.totals(k, config.loss_type,
+                                                                                          truncating))
+               if len(groups) and (not truncating or plan.finished[groups].any()) else None
+               for k, groups in enumerate(plan.mini_batches)]
     for iteration in range(config.num_iterations):
         for k in range(config.num_mini_batches):
             if planned[k] is None:
@@ -283,14 +288,14 @@ def optimise(config: TrainConfig, models: Models, optimizer, scheduler, batch: R
                     (loss * world.size).backward()
                 if steps_taken == 0:   # the policy has not moved yet: it is the one that sampled
                     first_forward.append((part, logp))
-                sums.add(out.metrics, tokens=float(part.completion_mask.sum()),
+                sums.add(out.metrics, tokens=float(part.loss_mask.sum()),
                          completions=float(part.num_completions))
             # max_grad_norm 0: measure the norm (inf never clips) without clipping.
             norm = torch.nn.utils.clip_grad_norm_(models.policy.parameters(), config.max_grad_norm or math.inf)
             optimizer.step()
             scheduler.step()
             steps_taken += 1
-            if _last_nonempty(plan, iteration, k, config):
+            if iteration == config.num_iterations - 1 and all(later is None for later in planned[k + 1:]):
                 metrics = {**sums.reduce(world), **entropy}
                 metrics["grad_norm"] = float(distributed.full_tensor(norm))
     if models.sharded and not models.lazy:
@@ -321,13 +326,6 @@ def optimise_refreshing_old(config: TrainConfig, models: Models, optimizer, sche
     merged["optimizer_steps"] = sum(p["optimizer_steps"] for p in passes)
     merged.update({k: v for k, v in passes[0].items() if k.startswith("sampler_gap/")})
     return merged
-
-
-def _last_nonempty(plan: Plan, iteration: int, k: int, config: TrainConfig) -> bool:
-    """Whether (iteration, k) is the rollout's last optimizer step that is taken."""
-    if iteration != config.num_iterations - 1:
-        return False
-    return all(len(plan.mini_batches[j]) == 0 for j in range(k + 1, config.num_mini_batches))
 
 
 def _gap_before_update(config: TrainConfig, batch: RolloutBatch, plan: Plan,

@@ -19,12 +19,12 @@ from grpo_edu import distributed, scoring, trainer
 from grpo_edu.config import TrainConfig
 
 
-def per_rank_totals(plan, k, loss_type):
+def per_rank_totals(plan, k, loss_type, mask_truncated=False):
     """Each rank's own completions and tokens in mini-batch k, times the world size: with the
     trainer's x N on the loss and the ranks' gradient average, the mean of per-rank losses."""
     width = plan.owned.stop - plan.owned.start
     world_size = len(plan.rewards) // width
-    lengths = plan.lengths[plan.owned]
+    lengths = (plan.lengths * plan.finished if mask_truncated else plan.lengths)[plan.owned]
     keep = plan.local_groups(k)
     if loss_type == "dapo":
         items = int(lengths[plan.trained_groups()].sum()) / len(plan.mini_batches)

@@ -35,7 +35,10 @@ BY_LOSS = {
     "bnpo": ["num_iterations=2", f"environment={json.dumps(str(ROOT / 'tests' / 'episode_envs.py') + ':Echo')}"],
     # entropy masking: one threshold over a mini-batch's micro-batches on both ranks
     "dr_grpo": ["num_mini_batches=2", "filter_zero_std_groups=true", "micro_batch_size=24", "top_entropy_quantile=0.5"],
-    "dapo": ["num_mini_batches=2", "micro_batch_size=16", "beta=0.0", "old_logprobs=sampler"],
+    # overlong filtering and punishment at a limit that cuts a three-digit answer's EOS: the ranks'
+    # token counts without their truncated completions
+    "dapo": ["num_mini_batches=2", "micro_batch_size=16", "beta=0.0", "old_logprobs=sampler", "max_completion_length=9",
+             "mask_truncated_completions=true", "overlong_cache=2"],
 }
 # bnpo's runs are multi-turn episodes (grpo_edu.episodes): its normaliser, the batch's tokens,
 # counts the policy's only, each rank's share differing from the other's. (Not with pi_old the

@@ -278,3 +278,29 @@ def test_entropy_masking_matches_trls_top_entropy_quantile(trainers, config, see
                          ref_logp=ref.view(B, G, S), max_completion_length=MAX_COMPLETION_LENGTH,
                          num_items=num_items, **options)
     assert abs(unmasked.loss.item() - theirs.item()) > 1e-4   # the mask mattered
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+@pytest.mark.parametrize("config", [dict(loss_type="grpo", beta=0.04), dict(loss_type="bnpo", beta=0.04),
+                                    dict(loss_type="dr_grpo", beta=0.0), dict(loss_type="dapo", beta=0.04)],
+                         ids=config_id)
+def test_overlong_filtering_matches_trls_mask_truncated_completions(trainers, config, seed):
+    """TRL zeroes a truncated completion's mask (and num_items counts what is left); grpo_loss's
+    `excluded` leaves the same completions out: the same loss and gradient to 1e-6."""
+    trainer = trainers(config)
+    logp, old, ref, advantages, completion_mask = fabricated_batch(seed)
+    truncated = torch.zeros(B * G, dtype=torch.bool)
+    truncated[[0, 3, 6]] = True
+    trl_mask = completion_mask * (~truncated)[:, None].long()
+    num_items = int(trl_mask.sum())
+    theirs_logp = logp.clone().requires_grad_()
+    theirs, _ = trl_loss(trainer, theirs_logp, old, ref, advantages, trl_mask, num_items)
+    (their_grad,) = torch.autograd.grad(theirs, theirs_logp)
+    ours_logp = logp.clone().requires_grad_()
+    ours = grpo_loss(ours_logp.view(B, G, S), old.view(B, G, S), advantages.view(B, G), completion_mask.view(B, G, S),
+                     ref_logp=ref.view(B, G, S), max_completion_length=MAX_COMPLETION_LENGTH, num_items=num_items,
+                     excluded=truncated.view(B, G), **config)
+    (our_grad,) = torch.autograd.grad(ours.loss, ours_logp)
+    assert abs(ours.loss.item() - theirs.item()) <= 1e-6, (ours.loss.item(), theirs.item())
+    torch.testing.assert_close(our_grad, their_grad, rtol=0, atol=1e-6)
+    assert (our_grad[truncated] == 0).all() and their_grad.abs().max() > 1e-3
