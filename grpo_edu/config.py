@@ -163,6 +163,12 @@ class TrainConfig:
                                "(logged as reward/overlong); 0 = off", 0)
     filter_zero_std_groups: bool = _doc("drop groups whose rewards are all equal (the zero-std filter; DAPO's dynamic "
                                         "sampling would sample replacements, this does not)", False)
+    dynamic_sampling_rounds: int = _doc("DAPO's dynamic sampling: the groups whose rewards are all equal are "
+                                        "replaced by the differing groups of fresh prompts, sampled in up to this "
+                                        "many more rollouts of prompts_per_step prompts; at the limit the slots "
+                                        "left keep all-equal groups, which are not trained on (logged: "
+                                        "dynamic_sampling/rounds, /first_zero_std, /short); 0 = off "
+                                        "(grpo_edu.dynamic_sampling)", 0)
     ref_sync_steps: int = _doc("copy the policy into the reference every K training steps (rollouts; 0 = never; "
                                 "R1: every 400 optimizer steps = 25 rollouts of 16 optimizer steps)", 0)
     ref_mixup_alpha: float = _doc("with ref_sync_steps: at each sync the reference moves toward the policy by this "
@@ -272,6 +278,9 @@ class TrainConfig:
         if not 0.0 < self.top_entropy_quantile <= 1.0:
             raise ValueError(f"config key 'top_entropy_quantile' must be in (0, 1] (the share of tokens, by "
                              f"entropy, whose policy term trains; 1 = all), got {self.top_entropy_quantile}")
+        if self.dynamic_sampling_rounds < 0:
+            raise ValueError(f"config key 'dynamic_sampling_rounds' must be >= 0 (0 = off), got "
+                             f"{self.dynamic_sampling_rounds}")
         if not 0 <= self.overlong_cache < self.max_completion_length:
             raise ValueError(f"config key 'overlong_cache' must be in [0, max_completion_length = "
                              f"{self.max_completion_length}) (the stretch before the limit where the punishment "

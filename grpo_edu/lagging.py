@@ -49,7 +49,8 @@ def to_record(flight: InFlight) -> dict:
         "plan": {"rewards": plan.rewards.cpu(), "components": {k: v.cpu() for k, v in plan.components.items()},
                  "advantages": plan.advantages.cpu(), "lengths": plan.lengths.cpu(), "finished": plan.finished.cpu(),
                  "mini_batches": [m.cpu() for m in plan.mini_batches], "owned": (plan.owned.start, plan.owned.stop),
-                 "group_size": plan.group_size, "episode": {k: v.cpu() for k, v in plan.episode.items()}},
+                 "group_size": plan.group_size, "episode": {k: v.cpu() for k, v in plan.episode.items()},
+                 "sampling": dict(plan.sampling)},
         "sampled_at": flight.sampled_at,
         "seconds": dict(flight.seconds),
     }
@@ -61,5 +62,6 @@ def from_record(record: dict, device: torch.device | str = "cpu") -> InFlight:
     p = record["plan"]
     plan = Plan(rewards=p["rewards"], components=dict(p["components"]), advantages=p["advantages"],
                 lengths=p["lengths"], finished=p["finished"], mini_batches=list(p["mini_batches"]),
-                owned=slice(*p["owned"]), group_size=p["group_size"], episode=dict(p.get("episode", {})))
+                owned=slice(*p["owned"]), group_size=p["group_size"], episode=dict(p.get("episode", {})),
+                sampling=dict(p.get("sampling", {})))
     return InFlight(list(record["samples"]), batch, plan, int(record["sampled_at"]), dict(record["seconds"]))

@@ -136,6 +136,7 @@ def step_metrics(plan: Plan, batch: RolloutBatch, update: dict[str, float], seco
         "completion_length/max": lengths.max().item(),
         "truncated": 1.0 - plan.finished.double().mean().item(),
         **{f"episode/{name}": values.mean().item() for name, values in plan.episode.items()},
+        **{f"dynamic_sampling/{name}": value for name, value in plan.sampling.items()},
         # Mean over completion tokens of -log pi(token): a Monte-Carlo estimate of the sampling
         # policy's entropy per token (exact in expectation).
         "entropy": float(entropy[0] / entropy[1]),

@@ -47,6 +47,8 @@ class Plan:
     # Multi-turn episodes: name -> (B, G) float64 (turns, env_tokens, cut_answers, turn_limit);
     # empty for single-turn completions
     episode: dict[str, torch.Tensor] = field(default_factory=dict)
+    # dynamic_sampling_rounds: rounds, first_zero_std, short (grpo_edu.dynamic_sampling); else empty
+    sampling: dict[str, float] = field(default_factory=dict)
 
     def local_groups(self, k: int) -> torch.Tensor:
         """(B / N,) bool: which of this rank's prompts mini-batch k holds."""
@@ -100,7 +102,7 @@ def plan_mini_batches(config: TrainConfig, rewards: torch.Tensor) -> list[torch.
     (the update skips them).
     """
     groups = torch.arange(rewards.shape[0])
-    if config.filter_zero_std_groups:   # groups whose rewards all agree teach nothing: dropped
+    if config.filter_zero_std_groups or config.dynamic_sampling_rounds:   # all-equal groups teach nothing: dropped
         groups = groups[~zero_std_groups(rewards)]
     return [groups[k::config.num_mini_batches] for k in range(config.num_mini_batches)]
 

@@ -63,7 +63,7 @@ from typing import Callable
 
 import torch
 
-from grpo_edu import checkpoint, distributed, fused_llama, tasks
+from grpo_edu import checkpoint, distributed, dynamic_sampling, fused_llama, tasks
 from grpo_edu.config import TrainConfig
 from grpo_edu.diagnose import LiveDoctor, diagnose
 from grpo_edu.episodes import load_environment, roll_out_episodes, stop_token, turn_sampler
@@ -146,22 +146,34 @@ def roll_out(config: TrainConfig, samples: list[dict], tokenizer, engine, world:
             return engine.generate(prompts["input_ids"], prompts["attention_mask"], sampling)
 
 
+def draw_rollout(run: "Run", engine, world: World) -> tuple[list[dict], Rollout]:
+    """Steps 1-2: the next B prompts, and this rank's rollout of its share of them."""
+    samples = sample_prompts(run.config, run.state, run.train_pool)
+    rollout = roll_out(run.config, samples, run.tokenizer, engine, world)
+    if run.faults.env_tokens_in_loss:   # the failure lab's bug: the environment's tokens trained on
+        rollout = leak_environment(rollout)
+    return samples, rollout
+
+
 def sample_rollout(run: "Run", engine, models: Models, world: World | None = None) -> InFlight:
     """Steps 1-4 for the next rollout: prompts, completions from `engine`, rewards and
     advantages, and (rollout_lag > 0) its pi_old from `models`, the policy that sampled it.
     world: the run's, or the background sampler's (its collectives in a group of their own)."""
     config, state, world = run.config, run.state, run.world if world is None else world
     t0 = time.perf_counter()
-    samples = sample_prompts(config, state, run.train_pool)
-    rollout = roll_out(config, samples, run.tokenizer, engine, world)
-    if run.faults.env_tokens_in_loss:   # the failure lab's bug: the environment's tokens trained on
-        rollout = leak_environment(rollout)
+    samples, rollout = draw_rollout(run, engine, world)
     t1 = time.perf_counter()
-    batch, plan = score(config, samples, rollout, run.tokenizer, run.reward_functions, run.advantage_fn, world)
+    scoring = functools.partial(score, config, tokenizer=run.tokenizer, reward_functions=run.reward_functions,
+                                advantage_fn=run.advantage_fn, world=world)
+    batch, plan = scoring(samples, rollout)
+    more = 0.0   # DAPO's dynamic sampling: all-equal groups replaced by fresh prompts' (grpo_edu.dynamic_sampling)
+    if config.dynamic_sampling_rounds:
+        batch, plan, more = dynamic_sampling.refill(config, samples, rollout, batch, plan, lambda: draw_rollout(
+            run, engine, world), scoring, run.tokenizer.pad_token_id, world)
     if config.rollout_lag and config.old_logprobs == "recomputed":   # the policy that sampled, now
         batch = replace(batch, old_logp=policy_logprobs(config, models, batch, plan, world))
     return InFlight(samples, batch, plan, sampled_at=state.step,
-                    seconds={"rollout": t1 - t0, "scoring": time.perf_counter() - t1})
+                    seconds={"rollout": t1 - t0 + more, "scoring": time.perf_counter() - t1 - more})
 
 
 def sample_ahead(run: "Run") -> None:

@@ -31,7 +31,8 @@ COMMON = ["steps=5", "eval_size=32", "eval_every=1000", "checkpoint_every=0", "p
 # micro-batches smaller than a rank's share; and the reference re-synced with rollouts that lag
 # (each rank's in-flight share, its pi_old taken at sampling), pi_old the sampler's.
 BY_LOSS = {
-    "grpo": ["ref_sync_steps=2", "ref_mixup_alpha=0.5", "rollout_lag=2"],   # a Polyak reference, on shards under fsdp2
+    # a Polyak reference, on shards under fsdp2; dynamic sampling: groups chosen from every rank's rounds
+    "grpo": ["ref_sync_steps=2", "ref_mixup_alpha=0.5", "rollout_lag=2", "dynamic_sampling_rounds=2"],
     "bnpo": ["num_iterations=2", f"environment={json.dumps(str(ROOT / 'tests' / 'episode_envs.py') + ':Echo')}"],
     # entropy masking: one threshold over a mini-batch's micro-batches on both ranks
     "dr_grpo": ["num_mini_batches=2", "filter_zero_std_groups=true", "micro_batch_size=24", "top_entropy_quantile=0.5"],
@@ -111,6 +112,11 @@ def test_two_processes_train_the_one_process_policy_for_every_loss_type(tmp_path
             for key in a:
                 if not key.startswith("time/"):
                     assert b[key] == pytest.approx(a[key], rel=1e-4, abs=1e-6), (loss, a["step"], key)
+        if loss == "grpo":   # dynamic sampling did sample more rounds, and dr_grpo's entropy mask did mask
+            assert any(step["dynamic_sampling/rounds"] > 1 for step in two)
+        if loss == "dr_grpo":
+            kept = [step["entropy/kept"] for step in two if "entropy/kept" in step]
+            assert kept and all(0.4 < share < 0.6 for share in kept)
 
 
 def test_a_per_rank_normaliser_breaks_the_equality(tmp_path, one_process):

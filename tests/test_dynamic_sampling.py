@@ -1,0 +1,124 @@
+"""DAPO's dynamic sampling (config key dynamic_sampling_rounds): the all-equal groups of a rollout
+replaced by the differing groups of fresh prompts, up to a limit of rounds, and at the limit the
+slots left to all-equal groups, which are not trained on. Rollouts joined row by row; the batch
+the trainer trains on, by a reward that makes chosen prompts all-equal; nothing changes when no
+group is all-equal; resumed bitwise; refused by the TRL bridge. 2 processes equal 1:
+tests/test_distributed.py's grpo runs."""
+
+import pytest
+import torch
+
+from grpo_edu import dynamic_sampling, trainer, trl_bridge, update
+from grpo_edu.config import TrainConfig
+from grpo_edu.rollout import Rollout
+from test_trainer import _weights, small_config, tiny
+
+
+def rollout(P, S, rows, value, G=2, episodic=False):
+    return Rollout(prompt_ids=torch.full((rows, P), value), prompt_mask=torch.ones(rows, P, dtype=torch.long),
+                   completion_ids=torch.full((rows, S), value + 1), completion_mask=torch.ones(rows, S, dtype=torch.long),
+                   sampler_logp=torch.full((rows, S), -0.5), finished=torch.ones(rows, dtype=torch.bool),
+                   num_generations=G, env_mask=torch.zeros(rows, S, dtype=torch.long) if episodic else None,
+                   episode={"turns": torch.full((rows,), float(value))} if episodic else None)
+
+
+def test_rollouts_of_different_widths_join_padded_as_the_engines_pad():
+    a, b = rollout(3, 4, 2, 10), rollout(5, 2, 4, 20)
+    joined = dynamic_sampling.concat_rollouts([a, b], pad_token_id=0)
+    assert joined.prompt_ids.shape == (6, 5) and joined.completion_ids.shape == (6, 4)
+    assert joined.prompt_ids[0].tolist() == [0, 0, 10, 10, 10] and joined.prompt_mask[0].tolist() == [0, 0, 1, 1, 1]
+    assert joined.completion_ids[2].tolist() == [21, 21, 0, 0] and joined.completion_mask[2].tolist() == [1, 1, 0, 0]
+    assert joined.sampler_logp[2].tolist() == [-0.5, -0.5, 0.0, 0.0]
+    rows = dynamic_sampling.take_rows(joined, torch.tensor([4, 5, 0, 1]))
+    assert rows.prompt_ids[:, -1].tolist() == [20, 20, 10, 10]
+    episodic = dynamic_sampling.concat_rollouts([rollout(3, 4, 2, 1, episodic=True), rollout(3, 6, 2, 2, episodic=True)], 0)
+    assert episodic.env_mask.shape == (4, 6) and episodic.episode["turns"].tolist() == [1.0, 1.0, 2.0, 2.0]
+    with pytest.raises(ValueError, match="every part must be multi-turn"):
+        dynamic_sampling.concat_rollouts([rollout(3, 4, 2, 1, episodic=True), rollout(3, 4, 2, 1)], 0)
+
+
+def parity_reward(completions, answer, **kwargs):
+    """All-equal (1.0) for the prompts whose answer is even; the completion's length otherwise."""
+    return [1.0 if int(a) % 2 == 0 else float(len(c)) for c, a in zip(completions, answer)]
+
+
+def run(tmp_path, name, reward=parity_reward, monkeypatch=None, **overrides):
+    seen = []
+    if monkeypatch is not None:
+        original = update.optimise
+
+        def recording(config, models, optimizer, scheduler, batch, plan, world):
+            seen.append((batch, plan))
+            return original(config, models, optimizer, scheduler, batch, plan, world)
+        monkeypatch.setattr(trainer, "optimise", recording)
+    torch.manual_seed(0)
+    policy, tokenizer = tiny(seed=0)
+    config = small_config(tmp_path, output_dir=str(tmp_path / name), **{"steps": 2, "eval_every": 100,
+                                                                        "checkpoint_every": 0, **overrides})
+    result = trainer.train(config, policy=policy, tokenizer=tokenizer, log=lambda _: None,
+                           reward_functions={"parity": (reward, 1.0)})
+    return result, seen
+
+
+def test_the_all_equal_groups_are_replaced_by_fresh_differing_ones(tmp_path, monkeypatch):
+    result, seen = run(tmp_path, "refill", monkeypatch=monkeypatch, dynamic_sampling_rounds=4)
+    for step, (batch, plan) in zip(result.history, seen):
+        assert step["dynamic_sampling/short"] == 0.0
+        assert step["dynamic_sampling/rounds"] > 1.0 and step["dynamic_sampling/first_zero_std"] > 0
+        assert step["zero_std_groups"] == 0.0
+        assert len(torch.cat(plan.mini_batches)) == 4   # every slot trains
+        assert plan.sampling == {key.split("/")[1]: value for key, value in step.items()
+                                 if key.startswith("dynamic_sampling/")}
+        # The batch's groups are the odd-answer prompts', whose rewards are the completions' lengths.
+        texts = result.tokenizer.batch_decode(batch.completion_ids.reshape(16, -1), skip_special_tokens=True)
+        assert plan.rewards.reshape(-1).tolist() == [float(len(text)) for text in texts]
+
+
+def test_at_the_limit_the_slots_left_keep_all_equal_groups_and_do_not_train(tmp_path):
+    result, _ = run(tmp_path, "limit", reward=lambda completions, **kw: [1.0] * len(completions),
+                    dynamic_sampling_rounds=2, steps=1)
+    step = result.history[0]
+    assert step["dynamic_sampling/rounds"] == 3.0 and step["dynamic_sampling/short"] == 1.0
+    assert step["dynamic_sampling/first_zero_std"] == 1.0
+    assert step["optimizer_steps"] == 0.0 and step["skipped_update"] == 1.0
+
+
+def test_with_no_all_equal_group_nothing_changes(tmp_path):
+    length = lambda completions, **kw: [float(len(c)) + 0.01 * i for i, c in enumerate(completions)]  # noqa: E731
+    plain, _ = run(tmp_path, "plain", reward=length)
+    dynamic, _ = run(tmp_path, "dynamic", reward=length, dynamic_sampling_rounds=3)
+    assert all(torch.equal(a, b) for a, b in zip(_weights(plain.policy).values(), _weights(dynamic.policy).values()))
+    assert [m["dynamic_sampling/rounds"] for m in dynamic.history] == [1.0, 1.0]
+    keep = [k for k in plain.history[0] if not k.startswith("time/")]
+    assert [{k: m[k] for k in keep} for m in plain.history] == [{k: m[k] for k in keep} for m in dynamic.history]
+
+
+def test_refilling_trains_more_groups_than_dropping(tmp_path):
+    dropped, _ = run(tmp_path, "drop", filter_zero_std_groups=True)
+    refilled, _ = run(tmp_path, "refill", dynamic_sampling_rounds=4)
+    assert all(m["zero_std_groups"] > 0 for m in dropped.history)
+    assert all(m["zero_std_groups"] == 0 for m in refilled.history)
+    assert any(not torch.equal(a, b) for a, b in zip(_weights(dropped.policy).values(),
+                                                     _weights(refilled.policy).values()))
+
+
+def test_a_dynamic_sampling_run_resumes_bitwise(tmp_path):
+    full, _ = run(tmp_path, "full", dynamic_sampling_rounds=4, steps=4, checkpoint_every=1)
+    torch.manual_seed(0)
+    policy, tokenizer = tiny(seed=0)
+    config = small_config(tmp_path, output_dir=str(tmp_path / "resumed"), steps=4, eval_every=100,
+                          checkpoint_every=1, dynamic_sampling_rounds=4)
+    common = dict(log=lambda _: None, reward_functions={"parity": (parity_reward, 1.0)})
+    trainer.train(config, policy=policy, tokenizer=tokenizer, stop_after=2, **common)
+    torch.manual_seed(0)
+    policy, tokenizer = tiny(seed=0)
+    resumed = trainer.train(config, policy=policy, tokenizer=tokenizer, resume=tmp_path / "resumed", **common)
+    assert all(torch.equal(a, b) for a, b in zip(_weights(full.policy).values(), _weights(resumed.policy).values()))
+
+
+def test_negative_rounds_and_the_trl_bridge_refuse():
+    with pytest.raises(ValueError, match=r"config key 'dynamic_sampling_rounds' must be >= 0 \(0 = off\), got -1"):
+        TrainConfig(dynamic_sampling_rounds=-1)
+    with pytest.raises(ValueError, match="config key 'dynamic_sampling_rounds' cannot be carried over to TRL: "
+                                         "dynamic_sampling_rounds = 2: TRL's GRPOTrainer trains every group"):
+        trl_bridge.grpo_config(TrainConfig(advantage_std="sample", dynamic_sampling_rounds=2), "unused")
