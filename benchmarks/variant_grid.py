@@ -1,7 +1,8 @@
-"""What benchmarks/tools.py, reference.py, entropy.py and overlong.py share: a grid of named variants x seeds,
-each run kept per step in a results file, and --check, which re-trains named runs for their
-first steps and compares every kept number with the file's, exactly. DefaultRunGrid: a grid
-whose variants are config keys over the CPU tier's default run (reference.py, entropy.py, overlong.py)."""
+"""What the variant benchmarks share (tools.py, reference.py, entropy.py, overlong.py,
+dynamic_sampling.py): a grid of named variants x seeds, each run kept per step in a results file,
+and --check, which re-trains named runs for their first steps and compares every kept number
+with the file's, exactly. DefaultRunGrid: a grid whose variants are config keys over the CPU
+tier's default run (all but tools.py)."""
 
 from __future__ import annotations
 
@@ -67,9 +68,11 @@ class DefaultRunGrid:
     config keys: what benchmarks/reference.py and benchmarks/entropy.py are. `describe(run)` is
     the line printed after each run."""
 
-    def __init__(self, doc: str, out: Path, variants: dict, kept: tuple, settings: dict, describe, example: str):
+    def __init__(self, doc: str, out: Path, variants: dict, kept: tuple, settings: dict, describe, example: str,
+                 compared: tuple | None = None):
         self.doc, self.out, self.variants, self.kept, self.settings = doc, out, variants, kept, settings
         self.describe, self.example = describe, example
+        self.compared = kept if compared is None else compared   # what --check compares (not the timings)
 
     def config_for(self, variant: str, seed: int, steps: int, output_dir: str):
         from grpo_edu.config import DEFAULT_CONFIG, TrainConfig
@@ -98,7 +101,7 @@ class DefaultRunGrid:
         return parse_runs(values, variants, seeds, self.variants)
 
     def differences(self, got: dict, want: dict, n: int) -> list[str]:
-        return differences(got, want, n, self.kept)
+        return differences(got, want, n, self.compared)
 
     def write(self, args) -> None:
         import platform
@@ -117,6 +120,6 @@ class DefaultRunGrid:
     def main(self, steps: int = 150, check_steps: int = 4) -> None:
         args = arguments(self.doc, self.variants, self.out, steps=steps, check_steps=check_steps, example=self.example)
         if args.check:
-            check(args, self.variants, self.kept, self.run)
+            check(args, self.variants, self.compared, self.run)
         else:
             self.write(args)

@@ -28,12 +28,12 @@
 # The variants change more than these. DAPO, besides its aggregation and clip-higher, drops
 # the KL term altogether, leaves truncated completions out of the loss (overlong
 # filtering), lowers the reward of completions that run close to the length limit (a soft
-# overlong penalty) and replaces groups whose rewards are all equal by sampling more
-# (dynamic sampling, the end of this chapter). In grpo_edu, `loss_type="dapo"` and
-# `epsilon_high` are DAPO's loss, `beta = 0` removes the KL term,
-# `filter_zero_std_groups` drops zero-std groups (without sampling replacements), and a
-# length penalty would be one more reward function (chapter 5). Overlong filtering is not
-# implemented; chapter 6's `truncated` metric says how often it would apply.
+# overlong punishment) and replaces groups whose rewards are all equal by sampling more
+# (dynamic sampling). In grpo_edu, `loss_type="dapo"` and `epsilon_high` are DAPO's loss,
+# `beta = 0` removes the KL term, `mask_truncated_completions`, `overlong_cache` and
+# `dynamic_sampling_rounds` are the other three (`filter_zero_std_groups` only drops the
+# all-equal groups), and `top_entropy_quantile` trains only the tokens where the policy was
+# uncertain (the "80/20" finding). The end of the chapter measures each on the tiny reasoner.
 
 # %%
 import inspect
@@ -265,8 +265,9 @@ for loss_type in ("grpo", "bnpo", "dr_grpo"):
 # completions, so they took the larger share of the denominator. That is why a batch in
 # which most groups saturate trains slowly even at a fixed learning rate, and why DAPO's
 # **dynamic sampling** keeps sampling until the batch is full of groups with non-zero
-# std, instead of just dropping them. `zero_std_groups` is the metric to watch: when it
-# approaches 1, the prompts are too easy (or too hard) for the policy.
+# std, instead of just dropping them (`dynamic_sampling_rounds`, measured at the end of the
+# chapter). `zero_std_groups` is the metric to watch: when it approaches 1, the prompts are
+# too easy (or too hard) for the policy.
 #
 # ## Dividing by the std: easy, hard and in-between prompts
 #
@@ -396,6 +397,247 @@ claims = {
         all(np.mean(final[v]) < np.mean(final["frozen"]) for v in moving),
     "every moving reference's range of final accuracies overlaps the frozen one's":
         all(max(final[v]) >= min(final["frozen"]) for v in moving),
+}
+for claim, holds in claims.items():
+    print(f"{'holds' if holds else 'FAILS'}: {claim}")
+
+# %% [markdown]
+# ## Which tokens train: entropy masking
+#
+# Every token of a completion so far gets its completion's advantage. Most of those tokens
+# were never in doubt: once a reasoning model has written `<think>`, the digits that follow
+# are a choice, the closing tag is not. Wang et al. ("Beyond the 80/20 Rule", 2025) measured
+# the policy's entropy at each token, $H_t = -\sum_v \pi(v \mid o_{<t}) \log \pi(v \mid o_{<t})$,
+# found the high-entropy minority to be the "forks" of a trace, and trained only on the top
+# 20% of tokens by entropy, to results as good as or better than training on all of them.
+# In grpo_edu that is `top_entropy_quantile = q` (TRL's key of the same name): before each
+# optimizer step the trainer computes the exact entropy of every token's distribution, takes
+# the threshold $\tau$ = the (1 - q)-quantile over the step's tokens, and zeroes the policy term
+# of every token below it. The KL term still covers every token, and the normaliser still
+# counts them (as TRL; `grpo_edu.entropy_mask`).
+#
+# The committed starting policy on one problem, four completions (right, a wrong last digit, a
+# wrong reasoning digit, a missing digit), each token with the entropy of the distribution it
+# was drawn from; in brackets the tokens q = 0.2 keeps:
+
+# %%
+from grpo_edu import entropy_mask, tasks
+from grpo_edu.logprobs import completion_logprobs
+from grpo_edu.models import load_policy, policy_source
+
+start_policy, tokenizer = load_policy(policy_source("start"))
+problem = tasks.make_dataset("arithmetic", n=1, split="test", seed=0)[0]
+texts = [problem["solution"], "<think>11</think>\\boxed{101}", "<think>1</think>\\boxed{111}",
+         "<think>11</think>\\boxed{11}"]
+prompt = tokenizer([problem["prompt"]] * len(texts), return_tensors="pt", add_special_tokens=False)
+tokenizer.padding_side = "right"                      # completions are right-padded
+written = tokenizer([t + tokenizer.eos_token for t in texts], return_tensors="pt", padding=True,
+                    add_special_tokens=False)
+with torch.no_grad():
+    H = completion_logprobs(start_policy, torch.cat([prompt.input_ids, written.input_ids], 1),
+                            torch.cat([prompt.attention_mask, written.attention_mask], 1),
+                            written.attention_mask, entropy=True)
+tau = entropy_mask.threshold([H], [written.attention_mask], 0.2)
+keep = entropy_mask.high_entropy_mask(H, written.attention_mask, tau)
+print(f"{problem['prompt']}  threshold tau = {tau:.3f}: {int(keep.sum())} of {int(written.attention_mask.sum())} "
+      f"tokens train their policy term")
+for row, text in enumerate(texts):
+    tokens = tokenizer.convert_ids_to_tokens(written.input_ids[row])
+    print("  " + "  ".join(f"[{t} {h:.3f}]" if k else f"{t} {h:.3f}"
+                           for t, h, k, m in zip(tokens, H[row].tolist(), keep[row].tolist(),
+                                                 written.attention_mask[row].tolist()) if m))
+
+# %% [markdown]
+# The kept tokens are the forks: the second digit of the reasoning (the carry, where 1.063 nats
+# of uncertainty sit) and the middle digit of the answer. The tags, the `\boxed{` and the EOS
+# cost the policy 0.012 to 0.049 nats: whatever their advantage, there is little left to learn
+# there. The entropy belongs to the position, not to the token written: the third completion
+# wrote `</think>` where the others wrote a digit, from the same distribution, 1.063 again.
+#
+# What it does to a run (`benchmarks/entropy.py`: the default run, 150 steps, seeds 0, 1, 2, at
+# q = 1, 0.5 and 0.2; final held-out greedy accuracy, mean (min-max), and the policy's entropy,
+# the mean over completions of their mean token entropy, averaged over the last 25 steps):
+
+# %%
+entropy_runs = json.loads(Path("../benchmarks/results/entropy.json").read_text())
+ent_variants = list(entropy_runs["variants"])
+ent_final = {v: [r["final_accuracy"] for r in entropy_runs["runs"] if r["variant"] == v] for v in ent_variants}
+late_entropy = {v: [float(np.mean(r["steps"]["entropy/mean"][-25:])) for r in entropy_runs["runs"]
+                    if r["variant"] == v] for v in ent_variants}
+kept_share = {v: [float(np.mean([k for k in r["steps"]["entropy/kept"] if k is not None] or [1.0]))
+                  for r in entropy_runs["runs"] if r["variant"] == v] for v in ent_variants}
+print(f"{'tokens':<8}{'settings':<58}{'final accuracy':<25}{'late entropy':<27}kept")
+for v in ent_variants:
+    settings = ", ".join(f"{k} = {x}" for k, x in entropy_runs["variants"][v].items())
+    print(f"{v:<8}{settings:<58}{np.mean(ent_final[v]):.3f} ({min(ent_final[v]):.3f}-{max(ent_final[v]):.3f})      "
+          f"{np.mean(late_entropy[v]):.4f} ({min(late_entropy[v]):.4f}-{max(late_entropy[v]):.4f})   "
+          f"{np.mean(kept_share[v]):.3f}")
+figure, axes = plt.subplots(1, 2, figsize=(10, 3))
+for v in ent_variants:
+    runs = [r for r in entropy_runs["runs"] if r["variant"] == v]
+    curves = np.array([r["steps"]["entropy/mean"] for r in runs], dtype=float)
+    axes[0].plot(np.arange(1, curves.shape[1] + 1), curves.mean(0), label=v)
+    evals = np.array([[a for _, a in r["eval"]] for r in runs])
+    axes[1].plot([s for s, _ in runs[0]["eval"]], evals.mean(0), marker="o", label=v)
+axes[0].set_xlabel("step")
+axes[0].set_ylabel("policy entropy (nats per token)")
+axes[1].set_xlabel("step")
+axes[1].set_ylabel("held-out accuracy (mean of 3 seeds)")
+axes[0].legend()
+plt.show()
+
+# %% [markdown]
+# On the tiny reasoner the 80/20 finding does not carry over at q = 0.2: training a fifth of the
+# tokens ends below training all of them in every seed, and the policy stays more uncertain
+# (higher entropy: the tokens that would have sharpened are not trained). Half the tokens
+# (q = 0.5) lands where all of them do. The paper's traces are thousands of tokens long with a
+# few hundred forks; this policy's are ten tokens with two or three, and at q = 0.2 some of
+# those are cut too. Checked against the numbers above:
+
+# %%
+claims = {
+    "q = 0.2 ends below q = 1 in mean held-out accuracy, and its best seed below q = 1's worst":
+        np.mean(ent_final["top20"]) < np.mean(ent_final["all"]) and max(ent_final["top20"]) < min(ent_final["all"]),
+    "q = 0.5 ends within 0.01 of q = 1 in mean held-out accuracy":
+        abs(np.mean(ent_final["top50"]) - np.mean(ent_final["all"])) < 0.01,
+    "q = 0.2 ends with a higher policy entropy than q = 1 in every seed":
+        min(late_entropy["top20"]) > max(late_entropy["all"]),
+    "each masked run trained its share of tokens, to within 0.01":
+        all(abs(np.mean(kept_share[v]) - entropy_runs["variants"][v]["top_entropy_quantile"]) < 0.01
+            for v in ("top50", "top20")),
+}
+for claim, holds in claims.items():
+    print(f"{'holds' if holds else 'FAILS'}: {claim}")
+
+# %% [markdown]
+# ## Completions cut at the limit
+#
+# A completion that reaches `max_completion_length` without its EOS is cut, and its reward
+# judges an unfinished text. DAPO offers two remedies: **overlong filtering** leaves truncated
+# completions out of the loss (`mask_truncated_completions`, TRL's name: their tokens count
+# nowhere, while their rewards stay in their group's advantages and they still count among
+# `grpo`'s N), and a **soft overlong punishment** (`overlong_cache` = c), a reward term that is
+# 0 up to L - c tokens and falls linearly to -1 at the limit L. Both assume that what the limit
+# cuts is rambling. At L = 9 tokens that is not so for the tiny reasoner, whose right answers
+# take 7 to 10 tokens, EOS included (the reasoning and the answer are one to three characters
+# each):
+
+# %%
+from grpo_edu.scoring import soft_overlong_punishment
+
+answers = tasks.make_dataset("arithmetic", n=816, split="test", seed=0)
+needed = torch.tensor([len(tokenizer(a["solution"] + tokenizer.eos_token, add_special_tokens=False).input_ids)
+                       for a in answers])
+for n in sorted(set(needed.tolist())):
+    print(f"right answers of {n} tokens: {int((needed == n).sum()):4d} of {len(answers)}")
+lengths = torch.arange(5, 10)
+print("punishment at L = 9, c = 2, by length", dict(zip(lengths.tolist(),
+                                                        soft_overlong_punishment(lengths, 9, 2).tolist())))
+
+# %% [markdown]
+# So at L = 9 every answer that needs 10 tokens is cut just before its EOS (it is still read,
+# and still right: the accuracy reward reads the boxed answer), and with c = 2 an answer of 8
+# tokens costs 0.5 and one of 9 costs 1. Measured (`benchmarks/overlong.py`: the default run at L = 9, 150 steps, seeds 0, 1, 2;
+# held-out greedy accuracy at the same limit, and over the last 25 steps the share of truncated
+# completions and the mean completion length):
+
+# %%
+overlong_runs = json.loads(Path("../benchmarks/results/overlong.json").read_text())
+ol_variants = list(overlong_runs["variants"])
+ol_final = {v: [r["final_accuracy"] for r in overlong_runs["runs"] if r["variant"] == v] for v in ol_variants}
+ol_late = {v: {key: [float(np.mean(r["steps"][key][-25:])) for r in overlong_runs["runs"] if r["variant"] == v]
+               for key in ("truncated", "completion_length/mean")} for v in ol_variants}
+print(f"{'variant':<8}{'settings':<36}{'final accuracy':<25}{'late truncated':<17}late length")
+for v in ol_variants:
+    settings = ", ".join(f"{k} = {x}" for k, x in overlong_runs["variants"][v].items()) or "-"
+    print(f"{v:<8}{settings:<36}{np.mean(ol_final[v]):.3f} ({min(ol_final[v]):.3f}-{max(ol_final[v]):.3f})      "
+          f"{np.mean(ol_late[v]['truncated']):.3f}            {np.mean(ol_late[v]['completion_length/mean']):.2f}")
+
+# %% [markdown]
+# Filtering costs accuracy here: the completions it leaves out are largely right ten-token
+# answers, so exactly the behaviour that earns reward goes untrained. The punishment does worse:
+# at the start most eight- and nine-token completions are wrong, so their accuracy does not pay
+# for their punishment, while a seven-token completion earns its format reward free of it. The
+# group-relative advantage prefers the short ones, and the policy learns to stop at seven
+# tokens, where only a one-character answer fits.
+# DAPO sets L - c well above the length its answers need (16,384 of 20,480 tokens); c must leave
+# the right answers alone. Checked against the numbers above:
+
+# %%
+claims = {
+    "overlong filtering ends below the plain run in every seed (its best below the plain run's worst)":
+        max(ol_final["filter"]) < min(ol_final["plain"]),
+    "the soft punishment collapses every seed: final accuracy below 0.01":
+        max(ol_final["soft"]) < 0.01,
+    "under the punishment the completions shrink to the 7 tokens of a one-character answer, or fewer":
+        max(ol_late["soft"]["completion_length/mean"]) < int(needed.min()) + 0.1,
+    "the plain run truncates a quarter of its completions at the end, and keeps its accuracy":
+        0.2 < np.mean(ol_late["plain"]["truncated"]) < 0.3 and np.mean(ol_final["plain"]) > 0.7,
+}
+for claim, holds in claims.items():
+    print(f"{'holds' if holds else 'FAILS'}: {claim}")
+
+# %% [markdown]
+# ## Dynamic sampling, measured
+#
+# Back to the groups that carry no signal. `filter_zero_std_groups` drops them, and the batch
+# trains on fewer groups; DAPO's dynamic sampling (`dynamic_sampling_rounds` = k) replaces them
+# with the differing groups of up to k more rollouts of fresh prompts, in order, until the batch
+# is full; at the limit the slots left keep all-equal groups, which do not train, and the step
+# says so (`dynamic_sampling/short`; verl's recipe raises an error there instead;
+# `grpo_edu.dynamic_sampling`). Chapter 7's countdown failure is the case it is made for: the
+# arithmetic policy cannot solve countdown, so most groups are all wrong and only the format
+# reward varies within some. `benchmarks/dynamic_sampling.py` runs it 40 steps, seeds 0, 1, 2,
+# keeping, dropping and refilling (k = 4) the all-equal groups; per step, the groups that carry
+# a gradient (whose rewards differ), the rollouts sampled, the steps that reached the limit, the
+# seconds spent sampling, and the KL over the last 10 steps:
+
+# %%
+dynamic_runs = json.loads(Path("../benchmarks/results/dynamic_sampling.json").read_text())
+ds_variants = list(dynamic_runs["variants"])
+B_countdown = 16                                      # prompts_per_step of configs/cpu-tiny.toml
+ds = {v: [r for r in dynamic_runs["runs"] if r["variant"] == v] for v in ds_variants}
+
+
+def per_run(v, value):
+    return [value(r["steps"]) for r in ds[v]]
+
+
+signal = {v: per_run(v, lambda st: B_countdown * (1 - np.mean(st["zero_std_groups"]))) for v in ds_variants}
+ds_kl = {v: per_run(v, lambda st: float(np.mean([k for k in st["kl"][-10:] if k is not None]))) for v in ds_variants}
+print(f"{'variant':<8}{'groups with signal':<22}{'rollouts':<10}{'at the limit':<14}{'s sampling':<12}"
+      f"{'late KL':<18}held-out accuracy")
+for v in ds_variants:
+    rounds = per_run(v, lambda st: np.mean([x if x is not None else 1.0 for x in st["dynamic_sampling/rounds"]]))
+    limit = per_run(v, lambda st: sum(1 for x in st["dynamic_sampling/short"] if x))
+    seconds = per_run(v, lambda st: np.mean(st["time/rollout"]))
+    groups = f"{np.mean(signal[v]):.1f} ({min(signal[v]):.1f}-{max(signal[v]):.1f})"
+    print(f"{v:<8}{groups:<22}{np.mean(rounds):<10.2f}{np.mean(limit):<14.1f}{np.mean(seconds):<12.3f}"
+          f"{np.mean(ds_kl[v]):.2f} ({min(ds_kl[v]):.2f}-{max(ds_kl[v]):.2f})  "
+          f"{max(r['final_accuracy'] for r in ds[v]):.3f}")
+print(f"first rollout's all-equal share under refill: "
+      f"{np.mean(per_run('refill', lambda st: np.mean(st['dynamic_sampling/first_zero_std']))):.3f}")
+
+# %% [markdown]
+# Refilling trains between two and three times as many groups that carry a gradient as dropping
+# does, and pays for it in rollouts: about four per step, reaching the limit in about half the
+# steps (0.711 of the first rollout's groups are all equal, and fresh prompts are no easier; the
+# sampling seconds are this machine's). What it cannot do
+# is make signal where there is none: no completion is ever right, so the groups it finds differ
+# in format only, the policy is pushed harder toward that (the KL grows faster), and held-out
+# accuracy stays 0. Dynamic sampling helps a policy that solves some prompts and not others; for
+# one that solves none, the task or the starting policy has to change (chapter 7). Checked:
+
+# %%
+claims = {
+    "refill trains more than twice as many groups with signal per step as drop, in every seed":
+        min(signal["refill"]) > 2 * max(signal["drop"]),
+    "refill samples more than 3 rollouts per step on average":
+        np.mean(per_run("refill", lambda st: np.mean(st["dynamic_sampling/rounds"]))) > 3,
+    "held-out countdown accuracy is 0 for every variant and seed":
+        all(e == 0.0 for v in ds_variants for r in ds[v] for _, e in r["eval"]),
+    "refill ends with a larger KL than every keep and drop seed":
+        min(ds_kl["refill"]) > max(max(ds_kl["keep"]), max(ds_kl["drop"])),
 }
 for claim, holds in claims.items():
     print(f"{'holds' if holds else 'FAILS'}: {claim}")

@@ -122,3 +122,71 @@ def test_negative_rounds_and_the_trl_bridge_refuse():
     with pytest.raises(ValueError, match="config key 'dynamic_sampling_rounds' cannot be carried over to TRL: "
                                          "dynamic_sampling_rounds = 2: TRL's GRPOTrainer trains every group"):
         trl_bridge.grpo_config(TrainConfig(advantage_std="sample", dynamic_sampling_rounds=2), "unused")
+
+
+# --------------------------------------------------------------------------- benchmarks/dynamic_sampling.py
+
+import json  # noqa: E402
+import subprocess  # noqa: E402
+import sys  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+from grpo_edu import numerics  # noqa: E402
+from hang_guard import HANG_SECONDS  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+RESULTS = ROOT / "benchmarks" / "results" / "dynamic_sampling.json"
+sys.path.insert(0, str(ROOT / "benchmarks"))
+import dynamic_sampling as benchmark  # noqa: E402
+
+
+def test_the_results_file_holds_every_variant_and_seed():
+    results = json.loads(RESULTS.read_text())
+    assert {(r["variant"], r["seed"]) for r in results["runs"]} == set(
+        benchmark.parse_runs(None, list(benchmark.VARIANTS), [0, 1, 2]))
+    assert results["variants"] == benchmark.VARIANTS and results["settings"]["task"] == "countdown"
+    for run_ in results["runs"]:
+        assert [step for step, _ in run_["eval"]] == list(range(10, results["steps"] + 1, 10))
+        rounds = run_["steps"]["dynamic_sampling/rounds"]
+        if run_["variant"] == "refill":
+            assert all(1 <= r <= 5 for r in rounds) and max(rounds) > 1
+            # a full batch has no all-equal group; at the limit, the share left is what stays all-equal
+            assert all(abs(z - s) < 1e-9 for z, s in zip(run_["steps"]["zero_std_groups"],
+                                                          run_["steps"]["dynamic_sampling/short"]))
+        else:
+            assert set(rounds) == {None}
+
+
+@pytest.mark.skipif(numerics.unpinnable_reason() is not None, reason=f"no pinned kernels here: "
+                                                                       f"{numerics.unpinnable_reason()}")
+def test_the_results_file_is_what_the_trainer_computes():
+    """Re-train refill, seed 0, for 3 steps under the pin."""
+    done = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "dynamic_sampling.py"), "--check", str(RESULTS),
+                           "--runs", "refill:0", "--steps", "3"], env=numerics.pinned_env(), cwd=ROOT,
+                          capture_output=True, text=True, timeout=HANG_SECONDS)
+    assert done.returncode == 0, done.stdout + done.stderr[-3000:]
+    assert "refill:0 first 3 steps: equal to the file" in done.stdout
+
+
+def test_a_changed_round_count_is_caught_and_timings_are_not_compared():
+    want = next(r for r in json.loads(RESULTS.read_text())["runs"] if (r["variant"], r["seed"]) == ("refill", 0))
+    got = json.loads(json.dumps({"steps": {key: values[:3] for key, values in want["steps"].items()}, "eval": []}))
+    got["steps"]["time/rollout"] = [0.0, 0.0, 0.0]
+    assert benchmark.differences(got, want, 3) == []
+    got["steps"]["dynamic_sampling/rounds"][1] += 1
+    assert benchmark.differences(got, want, 3) == ["dynamic_sampling/rounds differs in steps 1-3"]
+
+
+def test_the_readme_quotes_the_results_file():
+    """The groups that carry a gradient per step, dropped and refilled, and the rollouts refilling took."""
+    results = json.loads(RESULTS.read_text())
+    readme = " ".join((ROOT / "README.md").read_text().split())
+    B = benchmark.config_for("keep", 0, 1, "unused").prompts_per_step
+    for variant in ("drop", "refill"):
+        groups = [benchmark.differing_groups_per_step(r, B) for r in results["runs"] if r["variant"] == variant]
+        figure = f"{sum(groups) / len(groups):.1f} ({min(groups):.1f}-{max(groups):.1f})"
+        assert figure in readme, (variant, figure)
+    rounds = [sum(r["steps"]["dynamic_sampling/rounds"]) / results["steps"] for r in results["runs"]
+              if r["variant"] == "refill"]
+    assert f"{sum(rounds) / len(rounds):.1f} rollouts per step" in readme
+    assert all(r["final_accuracy"] == 0.0 for r in results["runs"]) and "held-out accuracy stays 0" in readme

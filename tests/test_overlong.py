@@ -217,3 +217,12 @@ def test_a_changed_truncation_share_is_caught():
     assert benchmark.differences(got, want, 4) == []
     got["steps"]["truncated"][1] += 1 / 128
     assert benchmark.differences(got, want, 4) == ["truncated differs in steps 1-4"]
+
+
+def test_the_readme_quotes_the_results_file():
+    results = json.loads(RESULTS.read_text())
+    readme = " ".join((ROOT / "README.md").read_text().split())
+    for variant in benchmark.VARIANTS:
+        final = [r["final_accuracy"] for r in results["runs"] if r["variant"] == variant]
+        figure = f"{sum(final) / len(final):.3f} ({min(final):.3f}-{max(final):.3f})"
+        assert figure in readme, (variant, figure)
