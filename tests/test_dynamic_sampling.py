@@ -126,27 +126,17 @@ def test_negative_rounds_and_the_trl_bridge_refuse():
 
 # --------------------------------------------------------------------------- benchmarks/dynamic_sampling.py
 
-import json  # noqa: E402
-import subprocess  # noqa: E402
 import sys  # noqa: E402
-from pathlib import Path  # noqa: E402
 
-from grpo_edu import numerics  # noqa: E402
-from hang_guard import HANG_SECONDS  # noqa: E402
+import grid_checks  # noqa: E402
 
-ROOT = Path(__file__).resolve().parents[1]
-RESULTS = ROOT / "benchmarks" / "results" / "dynamic_sampling.json"
-sys.path.insert(0, str(ROOT / "benchmarks"))
+RESULTS = grid_checks.ROOT / "benchmarks" / "results" / "dynamic_sampling.json"
+sys.path.insert(0, str(grid_checks.ROOT / "benchmarks"))
 import dynamic_sampling as benchmark  # noqa: E402
 
 
 def test_the_results_file_holds_every_variant_and_seed():
-    results = json.loads(RESULTS.read_text())
-    assert {(r["variant"], r["seed"]) for r in results["runs"]} == set(
-        benchmark.parse_runs(None, list(benchmark.VARIANTS), [0, 1, 2]))
-    assert results["variants"] == benchmark.VARIANTS and results["settings"]["task"] == "countdown"
-    for run_ in results["runs"]:
-        assert [step for step, _ in run_["eval"]] == list(range(10, results["steps"] + 1, 10))
+    for run_ in grid_checks.every_variant_and_seed(RESULTS, benchmark, eval_every=10):
         rounds = run_["steps"]["dynamic_sampling/rounds"]
         if run_["variant"] == "refill":
             assert all(1 <= r <= 5 for r in rounds) and max(rounds) > 1
@@ -155,38 +145,32 @@ def test_the_results_file_holds_every_variant_and_seed():
                                                           run_["steps"]["dynamic_sampling/short"]))
         else:
             assert set(rounds) == {None}
+    assert grid_checks.results(RESULTS)["settings"]["task"] == "countdown"
 
 
-@pytest.mark.skipif(numerics.unpinnable_reason() is not None, reason=f"no pinned kernels here: "
-                                                                       f"{numerics.unpinnable_reason()}")
+@grid_checks.PINNED
 def test_the_results_file_is_what_the_trainer_computes():
     """Re-train refill, seed 0, for 3 steps under the pin."""
-    done = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "dynamic_sampling.py"), "--check", str(RESULTS),
-                           "--runs", "refill:0", "--steps", "3"], env=numerics.pinned_env(), cwd=ROOT,
-                          capture_output=True, text=True, timeout=HANG_SECONDS)
-    assert done.returncode == 0, done.stdout + done.stderr[-3000:]
-    assert "refill:0 first 3 steps: equal to the file" in done.stdout
+    grid_checks.reproduces("dynamic_sampling.py", RESULTS, "refill:0", 3)
 
 
 def test_a_changed_round_count_is_caught_and_timings_are_not_compared():
-    want = next(r for r in json.loads(RESULTS.read_text())["runs"] if (r["variant"], r["seed"]) == ("refill", 0))
-    got = json.loads(json.dumps({"steps": {key: values[:3] for key, values in want["steps"].items()}, "eval": []}))
-    got["steps"]["time/rollout"] = [0.0, 0.0, 0.0]
-    assert benchmark.differences(got, want, 3) == []
-    got["steps"]["dynamic_sampling/rounds"][1] += 1
-    assert benchmark.differences(got, want, 3) == ["dynamic_sampling/rounds differs in steps 1-3"]
+    grid_checks.catches_a_change(RESULTS, benchmark, "refill", 0, 3, "dynamic_sampling/rounds", lambda value: value + 1)
+    stored = next(r for r in grid_checks.results(RESULTS)["runs"] if (r["variant"], r["seed"]) == ("refill", 0))
+    timed = {"steps": {**{k: v[:3] for k, v in stored["steps"].items()}, "time/rollout": [0.0] * 3}, "eval": []}
+    assert benchmark.differences(timed, stored, 3) == []
 
 
 def test_the_readme_quotes_the_results_file():
     """The groups that carry a gradient per step, dropped and refilled, and the rollouts refilling took."""
-    results = json.loads(RESULTS.read_text())
-    readme = " ".join((ROOT / "README.md").read_text().split())
+    stored = grid_checks.results(RESULTS)
+    readme = " ".join((grid_checks.ROOT / "README.md").read_text().split())
     B = benchmark.config_for("keep", 0, 1, "unused").prompts_per_step
     for variant in ("drop", "refill"):
-        groups = [benchmark.differing_groups_per_step(r, B) for r in results["runs"] if r["variant"] == variant]
+        groups = [benchmark.differing_groups_per_step(r, B) for r in stored["runs"] if r["variant"] == variant]
         figure = f"{sum(groups) / len(groups):.1f} ({min(groups):.1f}-{max(groups):.1f})"
         assert figure in readme, (variant, figure)
-    rounds = [sum(r["steps"]["dynamic_sampling/rounds"]) / results["steps"] for r in results["runs"]
+    rounds = [sum(r["steps"]["dynamic_sampling/rounds"]) / stored["steps"] for r in stored["runs"]
               if r["variant"] == "refill"]
     assert f"{sum(rounds) / len(rounds):.1f} rollouts per step" in readme
-    assert all(r["final_accuracy"] == 0.0 for r in results["runs"]) and "held-out accuracy stays 0" in readme
+    assert all(r["final_accuracy"] == 0.0 for r in stored["runs"]) and "held-out accuracy stays 0" in readme

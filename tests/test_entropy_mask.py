@@ -6,9 +6,7 @@ same update whatever the micro-batch size (where TRL's per-micro-batch quantile 
 its effect on the update; refusals and the TRL bridge. Equal to TRL's loss: tests/test_trl_parity.py;
 2 processes equal 1: tests/test_distributed.py's dr_grpo runs."""
 
-import json
 import math
-import subprocess
 import sys
 from pathlib import Path
 
@@ -16,11 +14,11 @@ import numpy as np
 import pytest
 import torch
 
-from grpo_edu import entropy_mask, fused_llama, numerics, trainer, trl_bridge, update
+import grid_checks
+from grpo_edu import entropy_mask, fused_llama, trainer, trl_bridge, update
 from grpo_edu.config import TrainConfig
 from grpo_edu.logprobs import completion_logprobs, token_entropies
 from grpo_edu.loss import grpo_loss
-from hang_guard import HANG_SECONDS
 from test_trainer import _weights, count_digits, small_config, tiny
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -276,13 +274,7 @@ import entropy as benchmark  # noqa: E402
 
 
 def test_the_results_file_holds_every_variant_and_seed():
-    results = json.loads(RESULTS.read_text())
-    assert {(r["variant"], r["seed"]) for r in results["runs"]} == set(
-        benchmark.parse_runs(None, list(benchmark.VARIANTS), [0, 1, 2]))
-    assert results["variants"] == benchmark.VARIANTS
-    for run_ in results["runs"]:
-        assert [step for step, _ in run_["eval"]] == list(range(25, results["steps"] + 1, 25))
-        assert run_["final_accuracy"] == run_["eval"][-1][1]
+    for run_ in grid_checks.every_variant_and_seed(RESULTS, benchmark, eval_every=25):
         q = benchmark.VARIANTS[run_["variant"]]["top_entropy_quantile"]
         kept = run_["steps"]["entropy/kept"]
         if q == 1:
@@ -292,29 +284,15 @@ def test_the_results_file_holds_every_variant_and_seed():
         assert all(value > 0 for value in run_["steps"]["entropy/mean"])
 
 
-@pytest.mark.skipif(numerics.unpinnable_reason() is not None, reason=f"no pinned kernels here: "
-                                                                       f"{numerics.unpinnable_reason()}")
+@grid_checks.PINNED
 def test_the_results_file_is_what_the_trainer_computes():
     """Re-train top20, seed 0, for 4 steps under the pin."""
-    done = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "entropy.py"), "--check", str(RESULTS),
-                           "--runs", "top20:0", "--steps", "4"], env=numerics.pinned_env(), cwd=ROOT,
-                          capture_output=True, text=True, timeout=HANG_SECONDS)
-    assert done.returncode == 0, done.stdout + done.stderr[-3000:]
-    assert "top20:0 first 4 steps: equal to the file" in done.stdout
+    grid_checks.reproduces("entropy.py", RESULTS, "top20:0", 4)
 
 
 def test_a_changed_threshold_is_caught():
-    want = next(r for r in json.loads(RESULTS.read_text())["runs"] if (r["variant"], r["seed"]) == ("top20", 0))
-    got = json.loads(json.dumps({"steps": {key: values[:4] for key, values in want["steps"].items()}, "eval": []}))
-    assert benchmark.differences(got, want, 4) == []
-    got["steps"]["entropy/threshold"][1] *= 1.0001
-    assert benchmark.differences(got, want, 4) == ["entropy/threshold differs in steps 1-4"]
+    grid_checks.catches_a_change(RESULTS, benchmark, "top20", 0, 4, "entropy/threshold", lambda value: value * 1.0001)
 
 
 def test_the_readme_quotes_the_results_file():
-    results = json.loads(RESULTS.read_text())
-    readme = " ".join((ROOT / "README.md").read_text().split())
-    for variant in benchmark.VARIANTS:
-        final = [r["final_accuracy"] for r in results["runs"] if r["variant"] == variant]
-        figure = f"{sum(final) / len(final):.3f} ({min(final):.3f}-{max(final):.3f})"
-        assert figure in readme, (variant, figure)
+    grid_checks.readme_quotes_final_accuracies(RESULTS, benchmark)

@@ -5,20 +5,18 @@ does with them, TRL's reward function to the bit and the TRL bridge. Equal to TR
 mask_truncated_completions: tests/test_trl_parity.py; 2 processes equal 1: tests/test_distributed.py's
 dapo runs."""
 
-import json
 import math
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 import torch
 
-from grpo_edu import numerics, trainer, trl_bridge, update
+import grid_checks
+from grpo_edu import trainer, trl_bridge, update
 from grpo_edu.config import TrainConfig
 from grpo_edu.loss import grpo_loss
 from grpo_edu.scoring import soft_overlong_punishment
-from hang_guard import HANG_SECONDS
 from grpo_edu.models import load_policy, policy_source
 from test_trainer import _weights, small_config
 
@@ -188,41 +186,22 @@ import overlong as benchmark  # noqa: E402
 
 
 def test_the_results_file_holds_every_variant_and_seed():
-    results = json.loads(RESULTS.read_text())
-    assert {(r["variant"], r["seed"]) for r in results["runs"]} == set(
-        benchmark.parse_runs(None, list(benchmark.VARIANTS), [0, 1, 2]))
-    assert results["variants"] == benchmark.VARIANTS and results["settings"]["max_completion_length"] == 9
-    for run_ in results["runs"]:
-        assert [step for step, _ in run_["eval"]] == list(range(25, results["steps"] + 1, 25))
-        assert run_["final_accuracy"] == run_["eval"][-1][1]
+    for run_ in grid_checks.every_variant_and_seed(RESULTS, benchmark, eval_every=25):
         overlong = run_["steps"]["reward/overlong"]
         assert (set(overlong) == {None}) == (run_["variant"] != "soft")
         assert run_["steps"]["truncated"][0] > 0.1   # the limit truncates often
+    assert grid_checks.results(RESULTS)["settings"]["max_completion_length"] == 9
 
 
-@pytest.mark.skipif(numerics.unpinnable_reason() is not None, reason=f"no pinned kernels here: "
-                                                                       f"{numerics.unpinnable_reason()}")
+@grid_checks.PINNED
 def test_the_results_file_is_what_the_trainer_computes():
     """Re-train filter, seed 0, for 4 steps under the pin."""
-    done = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "overlong.py"), "--check", str(RESULTS),
-                           "--runs", "filter:0", "--steps", "4"], env=numerics.pinned_env(), cwd=ROOT,
-                          capture_output=True, text=True, timeout=HANG_SECONDS)
-    assert done.returncode == 0, done.stdout + done.stderr[-3000:]
-    assert "filter:0 first 4 steps: equal to the file" in done.stdout
+    grid_checks.reproduces("overlong.py", RESULTS, "filter:0", 4)
 
 
 def test_a_changed_truncation_share_is_caught():
-    want = next(r for r in json.loads(RESULTS.read_text())["runs"] if (r["variant"], r["seed"]) == ("filter", 0))
-    got = json.loads(json.dumps({"steps": {key: values[:4] for key, values in want["steps"].items()}, "eval": []}))
-    assert benchmark.differences(got, want, 4) == []
-    got["steps"]["truncated"][1] += 1 / 128
-    assert benchmark.differences(got, want, 4) == ["truncated differs in steps 1-4"]
+    grid_checks.catches_a_change(RESULTS, benchmark, "filter", 0, 4, "truncated", lambda value: value + 1 / 128)
 
 
 def test_the_readme_quotes_the_results_file():
-    results = json.loads(RESULTS.read_text())
-    readme = " ".join((ROOT / "README.md").read_text().split())
-    for variant in benchmark.VARIANTS:
-        final = [r["final_accuracy"] for r in results["runs"] if r["variant"] == variant]
-        figure = f"{sum(final) / len(final):.3f} ({min(final):.3f}-{max(final):.3f})"
-        assert figure in readme, (variant, figure)
+    grid_checks.readme_quotes_final_accuracies(RESULTS, benchmark)

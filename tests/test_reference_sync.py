@@ -121,28 +121,18 @@ def test_a_mixup_that_would_do_nothing_is_refused(overrides, message):
 
 # --------------------------------------------------------------------------- benchmarks/reference.py
 
-import subprocess  # noqa: E402
 import sys  # noqa: E402
-from pathlib import Path  # noqa: E402
 
-from grpo_edu import numerics  # noqa: E402
-from hang_guard import HANG_SECONDS  # noqa: E402
+import grid_checks  # noqa: E402
 
-ROOT = Path(__file__).resolve().parents[1]
-RESULTS = ROOT / "benchmarks" / "results" / "reference.json"
-sys.path.insert(0, str(ROOT / "benchmarks"))
+RESULTS = grid_checks.ROOT / "benchmarks" / "results" / "reference.json"
+sys.path.insert(0, str(grid_checks.ROOT / "benchmarks"))
 import reference as benchmark  # noqa: E402
 
 
 def test_the_results_file_holds_every_variant_and_seed():
-    results = json.loads(RESULTS.read_text())
-    assert {(r["variant"], r["seed"]) for r in results["runs"]} == set(
-        benchmark.parse_runs(None, list(benchmark.VARIANTS), [0, 1, 2]))
-    assert results["variants"] == benchmark.VARIANTS
-    for run_ in results["runs"]:
-        assert [step for step, _ in run_["eval"]] == list(range(25, results["steps"] + 1, 25))
-        assert run_["final_accuracy"] == run_["eval"][-1][1]
-        assert all(len(values) == results["steps"] for values in run_["steps"].values())
+    for run_ in grid_checks.every_variant_and_seed(RESULTS, benchmark, eval_every=25):
+        assert all(len(values) == 150 for values in run_["steps"].values())
         config = benchmark.config_for(run_["variant"], run_["seed"], 10, "unused")
         kl = run_["steps"]["kl"]
         if config.ref_sync_steps and config.ref_mixup_alpha == 1.0:   # right after a copy the KL is 0
@@ -151,29 +141,15 @@ def test_the_results_file_holds_every_variant_and_seed():
             assert all(value > 0 for value in kl[1:])
 
 
-@pytest.mark.skipif(numerics.unpinnable_reason() is not None, reason=f"no pinned kernels here: "
-                                                                       f"{numerics.unpinnable_reason()}")
+@grid_checks.PINNED
 def test_the_results_file_is_what_the_trainer_computes():
     """Re-train ema, seed 0 (a Polyak sync after every rollout), for 4 steps under the pin."""
-    done = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "reference.py"), "--check", str(RESULTS),
-                           "--runs", "ema:0", "--steps", "4"], env=numerics.pinned_env(), cwd=ROOT,
-                          capture_output=True, text=True, timeout=HANG_SECONDS)
-    assert done.returncode == 0, done.stdout + done.stderr[-3000:]
-    assert "ema:0 first 4 steps: equal to the file" in done.stdout
+    grid_checks.reproduces("reference.py", RESULTS, "ema:0", 4)
 
 
 def test_a_changed_kl_is_caught():
-    want = next(r for r in json.loads(RESULTS.read_text())["runs"] if (r["variant"], r["seed"]) == ("ema", 0))
-    got = json.loads(json.dumps({"steps": {key: values[:4] for key, values in want["steps"].items()}, "eval": []}))
-    assert benchmark.differences(got, want, 4) == []
-    got["steps"]["kl"][2] *= 1.0001
-    assert benchmark.differences(got, want, 4) == ["kl differs in steps 1-4"]
+    grid_checks.catches_a_change(RESULTS, benchmark, "ema", 0, 4, "kl", lambda value: value * 1.0001)
 
 
 def test_the_readme_quotes_the_results_file():
-    results = json.loads(RESULTS.read_text())
-    readme = " ".join((ROOT / "README.md").read_text().split())
-    for variant in benchmark.VARIANTS:
-        final = [r["final_accuracy"] for r in results["runs"] if r["variant"] == variant]
-        figure = f"{sum(final) / len(final):.3f} ({min(final):.3f}-{max(final):.3f})"
-        assert figure in readme, (variant, figure)
+    grid_checks.readme_quotes_final_accuracies(RESULTS, benchmark)
