@@ -5,6 +5,8 @@ the trainer trains on, by a reward that makes chosen prompts all-equal; nothing 
 group is all-equal; resumed bitwise; refused by the TRL bridge. 2 processes equal 1:
 tests/test_distributed.py's grpo runs."""
 
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -91,6 +93,18 @@ def test_with_no_all_equal_group_nothing_changes(tmp_path):
     assert [m["dynamic_sampling/rounds"] for m in dynamic.history] == [1.0, 1.0]
     keep = [k for k in plain.history[0] if not k.startswith("time/")]
     assert [{k: m[k] for k in keep} for m in plain.history] == [{k: m[k] for k in keep} for m in dynamic.history]
+
+
+def test_episodes_refill_too(tmp_path, monkeypatch):
+    """Multi-turn rollouts join with their environment masks and episode statistics: the batch
+    trained on holds only differing groups, the environment's tokens still unscored."""
+    monkeypatch.syspath_prepend(str(Path(__file__).parent.parent))
+    result, seen = run(tmp_path, "episodes", monkeypatch=monkeypatch, dynamic_sampling_rounds=4,
+                       environment="tests.episode_envs:Echo", max_turns=3, max_completion_length=10)
+    for step, (batch, plan) in zip(result.history, seen):
+        assert step["dynamic_sampling/rounds"] > 1 and step["zero_std_groups"] == 0.0
+        assert batch.env_mask is not None and not (batch.env_mask.bool() & batch.completion_mask.bool()).any()
+        assert set(plan.episode) >= {"turns", "env_tokens"} and "episode/turns" in step
 
 
 def test_refilling_trains_more_groups_than_dropping(tmp_path):
