@@ -439,20 +439,22 @@ with torch.no_grad():
                             written.attention_mask, entropy=True)
 tau = entropy_mask.threshold([H], [written.attention_mask], 0.2)
 keep = entropy_mask.high_entropy_mask(H, written.attention_mask, tau)
-print(f"{problem['prompt']}  threshold tau = {tau:.3f}: {int(keep.sum())} of {int(written.attention_mask.sum())} "
+print(f"{problem['prompt']}  threshold tau = {tau:.2f}: {int(keep.sum())} of {int(written.attention_mask.sum())} "
       f"tokens train their policy term")
 for row, text in enumerate(texts):
     tokens = tokenizer.convert_ids_to_tokens(written.input_ids[row])
-    print("  " + "  ".join(f"[{t} {h:.3f}]" if k else f"{t} {h:.3f}"
+    print("  " + "  ".join(f"[{t} {h:.2f}]" if k else f"{t} {h:.2f}"
                            for t, h, k, m in zip(tokens, H[row].tolist(), keep[row].tolist(),
                                                  written.attention_mask[row].tolist()) if m))
 
 # %% [markdown]
-# The kept tokens are the forks: the second digit of the reasoning (the carry, where 1.063 nats
+# The kept tokens are the forks: the second digit of the reasoning (the carry, where 1.06 nats
 # of uncertainty sit) and the middle digit of the answer. The tags, the `\boxed{` and the EOS
-# cost the policy 0.012 to 0.049 nats: whatever their advantage, there is little left to learn
+# cost the policy 0.01 to 0.05 nats: whatever their advantage, there is little left to learn
 # there. The entropy belongs to the position, not to the token written: the third completion
-# wrote `</think>` where the others wrote a digit, from the same distribution, 1.063 again.
+# wrote `</think>` where the others wrote a digit, from the same distribution, 1.06 again.
+# (Two decimals: at three, one of these values sits so close to a rounding boundary that another
+# CPU's kernels could tip it.)
 #
 # What it does to a run (`benchmarks/entropy.py`: the default run, 150 steps, seeds 0, 1, 2, at
 # q = 1, 0.5 and 0.2; final held-out greedy accuracy, mean (min-max), and the policy's entropy,
