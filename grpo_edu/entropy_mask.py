@@ -20,7 +20,8 @@ accumulation; here it is the optimizer step's whole mini-batch, so micro_batch_s
 number of processes change nothing (tests/test_entropy_mask.py). With one micro-batch per
 optimizer step the two are the same.
 
-    high_entropy_mask   entropies, mask, q -> the tokens that train, and tau
+    threshold           tau over every part of the step on every rank
+    high_entropy_mask   entropies, mask, tau -> the tokens that train
     entropy_metrics     entropy/mean, /min, /max over completions (each its token mean), and
                         with q < 1 entropy/threshold and entropy/kept
 """
@@ -60,24 +61,25 @@ def high_entropy_mask(entropies: torch.Tensor, mask: torch.Tensor, tau: float) -
     return ((entropies * mask) >= tau) & mask.bool()
 
 
-def entropy_metrics(entropies: list[torch.Tensor], masks: list[torch.Tensor], top_quantile: float,
+def entropy_metrics(entropies: list[torch.Tensor], masks: list[torch.Tensor], kept: list[torch.Tensor] | None,
                     tau: float, world: World = World()) -> dict[str, float]:
     """The step's entropy metrics over every part on every rank (ms-swift's names):
-    entropy/mean, /min, /max of the completions' mean token entropies; with top_quantile < 1
-    entropy/threshold (tau) and entropy/kept (the share of real tokens whose policy term trains)."""
-    per_completion, kept, tokens = [], 0.0, 0.0
-    for h, m in zip(entropies, masks, strict=True):
+    entropy/mean, /min, /max of the completions' mean token entropies; with the parts' masks of
+    kept tokens (high_entropy_mask; None when every token trains) entropy/threshold (tau) and
+    entropy/kept (the share of real tokens whose policy term trains)."""
+    per_completion, kept_tokens, tokens = [], 0.0, 0.0
+    for i, (h, m) in enumerate(zip(entropies, masks, strict=True)):
         m = m.bool()
         if m.shape[0]:
             per_completion.append(((h * m).sum(-1) / m.sum(-1).clamp(min=1)).double().cpu())
-        kept += float(high_entropy_mask(h, m, tau).sum()) if top_quantile < 1 else 0.0
+        kept_tokens += float(kept[i].sum()) if kept is not None else 0.0
         tokens += float(m.sum())
     means = torch.cat([part for part in world.gather_objects(per_completion)] or [torch.zeros(0, dtype=torch.float64)])
     if means.numel() == 0:
         return {}
     metrics = {"entropy/mean": means.mean().item(), "entropy/min": means.min().item(),
                "entropy/max": means.max().item()}
-    if top_quantile < 1:
-        counts = world.reduce(torch.tensor([kept, tokens], dtype=torch.float64))
+    if kept is not None:
+        counts = world.reduce(torch.tensor([kept_tokens, tokens], dtype=torch.float64))
         metrics.update({"entropy/threshold": tau, "entropy/kept": float(counts[0] / counts[1])})
     return metrics

@@ -188,7 +188,6 @@ class LossSettings:
     is_mask: str
     is_mask_band: list
     ratio_cap: float
-    top_entropy_quantile: float
 
     @classmethod
     def of(cls, config: TrainConfig) -> "LossSettings":
@@ -233,11 +232,11 @@ def entropy_pass(config: TrainConfig, model, parts: list[MicroBatch | Padding],
     masks = [part.loss_mask for _, part in real]
     q = config.top_entropy_quantile
     tau = entropy_mask.threshold(entropies, masks, q, world) if q < 1 else 0.0
+    kept = [entropy_mask.high_entropy_mask(h, m, tau) for h, m in zip(entropies, masks)] if q < 1 else None
     chosen: list[torch.Tensor | None] = [None] * len(parts)
-    if q < 1:
-        for (i, _), h, m in zip(real, entropies, masks):
-            chosen[i] = entropy_mask.high_entropy_mask(h, m, tau)
-    return chosen, entropy_mask.entropy_metrics(entropies, masks, q, tau, world)
+    for (i, _), mask in zip(real, kept or []):
+        chosen[i] = mask
+    return chosen, entropy_mask.entropy_metrics(entropies, masks, kept, tau, world)
 
 
 def optimise(config: TrainConfig, models: Models, optimizer, scheduler, batch: RolloutBatch, plan: Plan,

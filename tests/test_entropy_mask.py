@@ -115,11 +115,12 @@ def test_a_quantile_outside_0_1_is_refused(value):
 def test_the_metrics_over_completions():
     entropies = [torch.tensor([[1.0, 3.0, 0.0], [0.5, 0.5, 0.5]]), torch.tensor([[4.0, 9.0, 9.0]])]
     masks = [torch.tensor([[1, 1, 0], [1, 1, 1]]), torch.tensor([[1, 0, 0]])]
-    metrics = entropy_mask.entropy_metrics(entropies, masks, 0.5, 1.0)
+    kept = [entropy_mask.high_entropy_mask(h, m, 1.0) for h, m in zip(entropies, masks)]
+    metrics = entropy_mask.entropy_metrics(entropies, masks, kept, 1.0)
     assert metrics == {"entropy/mean": pytest.approx((2.0 + 0.5 + 4.0) / 3), "entropy/min": 0.5,
                        "entropy/max": 4.0, "entropy/threshold": 1.0, "entropy/kept": 3 / 6}
-    assert set(entropy_mask.entropy_metrics(entropies, masks, 1.0, 0.0)) == {"entropy/mean", "entropy/min",
-                                                                            "entropy/max"}
+    assert set(entropy_mask.entropy_metrics(entropies, masks, None, 0.0)) == {"entropy/mean", "entropy/min",
+                                                                             "entropy/max"}
 
 
 # --------------------------------------------------------------------------- the loss
