@@ -22,6 +22,12 @@ Parts (--part, repeatable; default all):
   qwen2.5-1.5b        published config.json, below; random weights, nothing downloaded) through
                       full GRPO steps with engine = "hf", bf16: median step time, completion
                       tokens per second, peak memory, beside chapter 9's memory table.
+  qwen2.5-1.5b-lora   the same steps training LoRA adapters (rank 16, alpha 32, every linear layer
+  qwen2.5-7b-lora     of every decoder layer; the reference is the base with the adapters off), for
+                      the 1.5B shape and for Qwen2.5-7B's, which chapter 9 finds too large to
+                      train whole on one H100.
+  qwen2.5-7b-lora-mb8 the 7B LoRA steps with micro-batches of 8 completions instead of 32 (the
+                      activations of a 32-completion micro-batch take an H100's room).
   countdown = both countdown parts; qwen = both Qwen parts; all = every part, in this order.
 
 A lent GPU machine runs a command for at most 10 minutes, so run one part per command:
@@ -31,6 +37,7 @@ A lent GPU machine runs a command for at most 10 minutes, so run one part per co
     python benchmarks/gpu.py --part countdown-grpo     # again while its status is "interrupted"
     python benchmarks/gpu.py --part qwen2.5-0.5b
     python benchmarks/gpu.py --part qwen2.5-1.5b
+    python benchmarks/gpu.py --part lora               # both LoRA parts (about 4 minutes on an H100)
 
 Each part stops itself after --budget-seconds (default 480) of wall-clock. A GRPO part
 (tiny, countdown-grpo) checkpoints at every evaluation and stops after the first checkpoint
@@ -116,15 +123,16 @@ import torch  # noqa: E402
 import transformers  # noqa: E402
 from transformers import Qwen2Config, Qwen2ForCausalLM  # noqa: E402
 
-from grpo_edu import checkpoint, distributed, pretrain, trainer  # noqa: E402
+from grpo_edu import checkpoint, distributed, lora, pretrain, trainer  # noqa: E402
 from grpo_edu.config import TrainConfig  # noqa: E402
 from grpo_edu.durable import replace as write_atomically  # noqa: E402
 from grpo_edu.models import char_tokenizer, save_policy  # noqa: E402
 from grpo_edu.runlog import MetricsLog  # noqa: E402
 from grpo_edu.update import optimizer_steps_per_rollout  # noqa: E402
 
-PARTS = ("tiny", "countdown-pretrain", "countdown-grpo", "qwen2.5-0.5b", "qwen2.5-1.5b")
-GROUPS = {"all": PARTS, "countdown": PARTS[1:3], "qwen": PARTS[3:]}
+PARTS = ("tiny", "countdown-pretrain", "countdown-grpo", "qwen2.5-0.5b", "qwen2.5-1.5b", "qwen2.5-1.5b-lora",
+         "qwen2.5-7b-lora", "qwen2.5-7b-lora-mb8")
+GROUPS = {"all": PARTS, "countdown": PARTS[1:3], "qwen": PARTS[3:], "lora": PARTS[5:]}
 STATUSES = ("done", "not_reached", "interrupted", "failed")
 TINY_TARGET = 0.90
 COUNTDOWN_RECIPE = "configs/gpu-countdown-from-scratch.toml"
@@ -139,6 +147,14 @@ QWEN_SHAPES = {
     "qwen2.5-1.5b": dict(hidden_size=1536, intermediate_size=8960, num_hidden_layers=28, num_attention_heads=12,
                          num_key_value_heads=2, **QWEN_COMMON),
 }
+# Qwen/Qwen2.5-7B-Instruct's config.json: the model chapter 9 finds too large to train whole on one H100.
+QWEN_7B = dict(QWEN_COMMON, hidden_size=3584, intermediate_size=18944, num_hidden_layers=28, num_attention_heads=28,
+               num_key_value_heads=4, vocab_size=152064, tie_word_embeddings=False)
+# The LoRA parts: the same steps with adapters of rank 16 (alpha 32) on every linear layer of every decoder layer.
+LORA = {"lora_rank": 16, "lora_alpha": 32.0}
+QWEN_PARTS = {"qwen2.5-0.5b": (QWEN_SHAPES["qwen2.5-0.5b"], {}), "qwen2.5-1.5b": (QWEN_SHAPES["qwen2.5-1.5b"], {}),
+              "qwen2.5-1.5b-lora": (QWEN_SHAPES["qwen2.5-1.5b"], LORA), "qwen2.5-7b-lora": (QWEN_7B, LORA),
+              "qwen2.5-7b-lora-mb8": (QWEN_7B, dict(LORA, micro_batch_size=8))}
 # --toy: a Qwen2 of the same kind (GQA, tied embeddings, QKV bias), small enough for a CPU.
 TOY_QWEN_SHAPE = dict(QWEN_COMMON, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
                       num_key_value_heads=2, vocab_size=1024, max_position_embeddings=512)
@@ -466,8 +482,9 @@ def qwen_shaped(shape: dict, tokenizer, device: str) -> Qwen2ForCausalLM:
 
 
 def part_qwen(part: str, args, device: str, previous: dict) -> dict:
-    shape = TOY_QWEN_SHAPE if args.toy else QWEN_SHAPES[part]
-    workload = dict(QWEN_WORKLOAD, **(TOY_QWEN_WORKLOAD if args.toy else {}))
+    shape, lora_keys = QWEN_PARTS[part]
+    shape = TOY_QWEN_SHAPE if args.toy else shape
+    workload = {**QWEN_WORKLOAD, **lora_keys, **(TOY_QWEN_WORKLOAD if args.toy else {})}
     warmup, timed = 1, (2 if args.toy else args.qwen_steps)
     run_dir = args.work_dir / part
     shutil.rmtree(run_dir, ignore_errors=True)
@@ -516,6 +533,7 @@ def part_qwen(part: str, args, device: str, previous: dict) -> dict:
                      "max_completion_length": config.max_completion_length,
                      "micro_batch_size": config.micro_batch_size, "num_mini_batches": config.num_mini_batches,
                      "loss_type": config.loss_type, "precision": config.precision, "engine": config.engine,
+                     "lora_rank": config.lora_rank, "lora_alpha": config.lora_alpha,
                      "prompt_tokens_mean": statistics.mean(prompt_tokens),
                      "reward": "stand-in: crc32 of the completion's text & 1"},
         "recipe": QWEN_RECIPE, "warmup_steps": warmup, "timed_steps": len(timed_metrics),
@@ -524,7 +542,7 @@ def part_qwen(part: str, args, device: str, previous: dict) -> dict:
         "completion_tokens_per_step": statistics.mean(tokens),
         "sampled_tokens_per_second": sum(tokens) / sum(m["time/rollout"] for m in timed_metrics),
         "trained_tokens_per_second": sum(tokens) / sum(m["time/update"] for m in timed_metrics),
-        "chapter9_prediction_bytes": {"weights_gradients_adamw": 16 * P, "reference": 4 * P, "total": 20 * P},
+        "chapter9_prediction_bytes": prediction(P, run.models.policy),
         "state_bytes": held,
         "rollout_logits_bytes": N * config.max_completion_length * shape["vocab_size"] * 4,
         "allocated_after_step_bytes": torch.cuda.memory_allocated() if memory.cuda else None,
@@ -538,9 +556,19 @@ def part_qwen(part: str, args, device: str, previous: dict) -> dict:
     return entry
 
 
+def prediction(P: int, policy: torch.nn.Module) -> dict:
+    """Chapter 9's table: full fine-tuning holds 16 bytes a parameter (float32 weights, gradients,
+    AdamW's two moments) and the float32 reference 4; LoRA holds the frozen base's float32 weights
+    (4 a parameter), 16 a parameter of its adapters, and no reference (the adapters off)."""
+    adapters = sum(p.numel() for name, p in policy.named_parameters() if lora.is_adapter(name))
+    if not adapters:
+        return {"weights_gradients_adamw": 16 * P, "reference": 4 * P, "total": 20 * P}
+    return {"base_weights": 4 * P, "adapter_parameters": adapters, "adapters_gradients_adamw": 16 * adapters,
+            "reference": 0, "total": 4 * P + 16 * adapters}
+
+
 RUNNERS = {"tiny": part_tiny, "countdown-pretrain": part_countdown_pretrain, "countdown-grpo": part_countdown_grpo,
-           "qwen2.5-0.5b": lambda a, d, p: part_qwen("qwen2.5-0.5b", a, d, p),
-           "qwen2.5-1.5b": lambda a, d, p: part_qwen("qwen2.5-1.5b", a, d, p)}
+           **{name: (lambda name: lambda a, d, p: part_qwen(name, a, d, p))(name) for name in QWEN_PARTS}}
 
 
 # --------------------------------------------------------------------------- the results file
@@ -595,7 +623,7 @@ def report(results: dict) -> str:
     qwen = [(n, e) for n, e in parts.items() if n.startswith("qwen") and e["status"] == "done"]
     if qwen:
         lines += ["", "| model (random weights) | parameters | B x G x L | median step, s (rollout / scoring / update) "
-                      "| completion tokens/s | chapter 9: 20P, GB | tensors held, GB | peak, GB |",
+                      "| completion tokens/s | chapter 9's prediction, GB | tensors held, GB | peak, GB |",
                   "|---|---|---|---|---|---|---|---|"]
         for name, e in qwen:
             w, split = e["workload"], e["time_split_median_s"]

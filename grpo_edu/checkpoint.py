@@ -3,7 +3,8 @@ never unpickle foreign code.
 
 A checkpoint is a folder run_dir/checkpoints/step-NNNNNN/ holding
 
-    policy.safetensors      the policy's weights
+    policy.safetensors      the policy's weights (with LoRA: its adapters only; the
+                            frozen base is the run's config.model, loaded again)
     reference.safetensors   the reference's weights (it can differ from the
                             start when ref_sync_steps re-syncs it)
     trainer_state.pt        optimizer, LR schedule, step, the torch and prompt
@@ -39,7 +40,7 @@ from typing import Callable
 import torch
 from safetensors.torch import load_model, save_file
 
-from grpo_edu import distributed, durable, lagging
+from grpo_edu import distributed, durable, lagging, lora
 
 KEEP = 2  # newest checkpoints kept
 STATE_KEYS = {"step", "optimizer", "scheduler", "torch_rng", "prompt_rng", "extra", "files"}
@@ -117,7 +118,8 @@ def save_checkpoint(run_dir: Path, models, optimizer, scheduler, state, world, e
     weights and the optimizer's state (gathered under FSDP2, on every rank: a collective),
     written by rank 0 after the metrics it covers (`metrics_log`, a runlog.MetricsLog) reach
     the disk. `models` is a placement.Models, `world` a distributed.World."""
-    policy_weights = distributed.full_state_dict(models.policy)
+    adapters_only = lora.is_adapter if lora.has_adapters(models.policy) else None   # the base never changes
+    policy_weights = distributed.full_state_dict(models.policy, keep=adapters_only)
     reference_weights = None if models.reference is None else distributed.full_state_dict(models.reference)
     optimizer_state = distributed.full_optimizer_state(optimizer)
     in_flight = None
@@ -286,9 +288,16 @@ def restore_in_flight(saved: dict, state, world) -> None:
 
 
 def _load_weights(model, path: Path) -> None:
+    """Every weight of `model` from `path`; a model with LoRA adapters: exactly its adapters."""
+    adapters = lora.has_adapters(model)
+    expected = ("the LoRA adapters of this run's model (config keys lora_rank, lora_target_modules)" if adapters
+                else "the weights of this run's model")
     try:
-        load_model(model, str(path))
-    except RuntimeError as error:  # missing or unexpected tensors: another model than the run's
+        missing, unexpected = load_model(model, str(path), strict=not adapters)
+    except RuntimeError as error:  # missing, unexpected or other-shaped tensors: another model than the run's
         detail = " ".join(str(error).split())
-        raise CheckpointError(f"{path}: expected the weights of this run's model, got others "
-                              f"({detail[:300]})") from error
+        raise CheckpointError(f"{path}: expected {expected}, got others ({detail[:300]})") from error
+    missing = [name for name in missing if lora.is_adapter(name)]
+    if adapters and (missing or unexpected):
+        found = f"{unexpected[0]!r} is not one of its adapters" if unexpected else f"{missing[0]!r} is missing"
+        raise CheckpointError(f"{path}: expected {expected}, got others ({found})")

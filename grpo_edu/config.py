@@ -130,6 +130,13 @@ class TrainConfig:
                         "geometric-mean r leaves it; 'none' = off. Not with tis_cap, nor old_logprobs = 'sampler'",
                         "none")
     is_mask_band: list = _doc("[low, high]: the band of r that is_mask keeps, 0 <= low < 1 < high", [0.5, 2.0])
+    lora_rank: int = _doc("r: train LoRA adapters of this rank on lora_target_modules, the rest of the model "
+                          "frozen; the reference is then the base model with the adapters off, no second copy "
+                          "(grpo_edu.lora); 0 = full fine-tuning", 0)
+    lora_alpha: float = _doc("LoRA's scale numerator: each adapter adds (lora_alpha / lora_rank) B A to its layer's "
+                             "weight", 32.0)
+    lora_target_modules: list = _doc("the linear layers of every decoder layer that get adapters, by name",
+                                     ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"])
     micro_batch_size: int = _doc("completions per forward/backward (gradient accumulation below a mini-batch)", 128)
 
     # --- the GRPO loss
@@ -285,8 +292,33 @@ class TrainConfig:
             raise ValueError(f"config key 'overlong_cache' must be in [0, max_completion_length = "
                              f"{self.max_completion_length}) (the stretch before the limit where the punishment "
                              f"falls from 0 to -1; 0 = off), got {self.overlong_cache}")
+        self._validate_lora()
         if not self.rewards:
             raise ValueError("config key 'rewards' must name at least one reward function")
+
+    def _validate_lora(self) -> None:
+        if self.lora_rank < 0:
+            raise ValueError(f"config key 'lora_rank' must be >= 0 (0 = full fine-tuning), got {self.lora_rank}")
+        if self.lora_alpha <= 0:
+            raise ValueError(f"config key 'lora_alpha' must be > 0 (the adapters' scale is lora_alpha / lora_rank), "
+                             f"got {self.lora_alpha}")
+        targets = self.lora_target_modules
+        if (not targets or not all(isinstance(t, str) and t and "." not in t for t in targets)
+                or len(set(targets)) != len(targets)):
+            raise ValueError(f"config key 'lora_target_modules' must be a list of distinct linear layer names such "
+                             f"as 'q_proj' (no dots), got {targets!r}")
+        if not self.lora_rank:   # a LoRA setting with nothing to configure would silently do nothing
+            for key in ("lora_alpha", "lora_target_modules"):
+                default = TrainConfig.__dataclass_fields__[key]
+                value = default.default_factory() if callable(default.default_factory) else default.default
+                if getattr(self, key) != value:
+                    raise ValueError(f"config key {key!r} ({getattr(self, key)!r}) configures LoRA adapters, but "
+                                     f"lora_rank = 0 trains the whole model: set lora_rank >= 1, or {key} = {value!r}")
+        elif self.ref_sync_steps:
+            raise ValueError(f"config keys 'lora_rank' ({self.lora_rank}) and 'ref_sync_steps' "
+                             f"({self.ref_sync_steps}): with LoRA the reference is the base model (the adapters "
+                             f"off), which never trains: there is no copy to re-sync (TRL refuses sync_ref_model "
+                             f"with PEFT too); set ref_sync_steps = 0")
 
     @classmethod
     def from_toml(cls, path: str | Path | None = None, overrides: list[str] | None = None) -> "TrainConfig":

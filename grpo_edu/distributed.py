@@ -262,14 +262,17 @@ def full_tensor(tensor: torch.Tensor) -> torch.Tensor:
     return tensor.full_tensor() if hasattr(tensor, "full_tensor") else tensor
 
 
-def full_state_dict(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+def full_state_dict(model: torch.nn.Module, keep=None) -> dict[str, torch.Tensor]:
     """The model's parameters (each once: tied weights under one name) and persistent
-    buffers, whole and on the CPU. Under FSDP2 a collective: every rank must call it."""
+    buffers, whole and on the CPU; `keep(name)`: only those it is true for (LoRA's adapters).
+    Under FSDP2 a collective: every rank must call it."""
+    keep = keep or (lambda name: True)
     # Each tensor copied into its own storage at once (a gathered one is a view into the
     # collective's buffer).
-    state = {name: full_tensor(p.detach()).cpu().clone() for name, p in model.named_parameters()}
+    state = {name: full_tensor(p.detach()).cpu().clone() for name, p in model.named_parameters() if keep(name)}
     persistent = {name for name, _ in model.named_buffers()} & set(model.state_dict())
-    state.update({name: full_tensor(b).cpu().clone() for name, b in model.named_buffers() if name in persistent})
+    state.update({name: full_tensor(b).cpu().clone() for name, b in model.named_buffers()
+                  if name in persistent and keep(name)})
     return state
 
 

@@ -61,6 +61,9 @@ class Faults:
                              f"({config.num_generations}), got {self.split_groups}")
         if self.alias_reference and config.beta == 0.0:
             raise ValueError("Faults.alias_reference: expected a run with a reference (beta > 0), got beta = 0")
+        if self.alias_reference and config.lora_rank:
+            raise ValueError(f"Faults.alias_reference: expected a run with a reference copy, got lora_rank = "
+                             f"{config.lora_rank} (the reference is the policy with its adapters off)")
         if self.env_tokens_in_loss and not config.environment:
             raise ValueError("Faults.env_tokens_in_loss: expected a multi-turn run (config key 'environment' set), "
                              "got environment = ''")
@@ -102,3 +105,15 @@ def leak_environment(rollout):
     with the sampler's log-prob 0 there: the sampler never drew them), env_mask gone."""
     from dataclasses import replace
     return replace(rollout, completion_mask=rollout.completion_mask | rollout.env_mask, env_mask=None)
+
+
+def checked_faults(faults: Faults | None, config, say) -> Faults:
+    """train(faults=...): NONE for None; refused where the config makes one meaningless; said
+    (on rank 0) when any is active."""
+    faults = NONE if faults is None else faults
+    if not isinstance(faults, Faults):
+        raise ValueError(f"faults: expected a grpo_edu.faults.Faults, got {type(faults).__name__}")
+    faults.check(config)
+    if faults.active():
+        say(f"FAULTS INJECTED (the failure lab): {faults.active()}")
+    return faults

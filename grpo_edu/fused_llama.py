@@ -7,8 +7,8 @@ elementwise operations per layer (each RMSNorm is six, the rotary embedding of
 q and k fourteen) are most of the rest. And a GRPO batch repeats each prompt G
 times and pads every completion to the longest. This module computes the same
 function with fewer operations and leaves out what need not be computed,
-reading the model's own parameters (gradients reach them; the optimizer,
-checkpoints and evaluation see an ordinary transformers model):
+reading the model's own parameters (gradients reach them, LoRA's too: W + B A
+per layer, grpo_edu.lora; the optimizer and evaluation see a transformers model):
 
 - Group packing (`group_logprobs`): each prompt runs once for its G
   completions, which attend to it and to their own earlier tokens through a
@@ -46,6 +46,7 @@ import torch.nn.functional as F
 
 from grpo_edu.logprobs import check_completion_inputs, position_ids_from_attention_mask, token_entropies, token_logprobs
 from grpo_edu.rollout import Rollout, SamplingParams, completion_mask_from_ids
+from grpo_edu.lora import effective_weight as weight
 
 SUPPORTED_MODELS = ("LlamaForCausalLM", "Qwen2ForCausalLM")
 
@@ -117,15 +118,15 @@ def fuse(model) -> FusedWeights:
     layers = []
     for layer in model.model.layers:
         attention, mlp = layer.self_attn, layer.mlp
-        q, k, v = attention.q_proj, attention.k_proj, attention.v_proj
-        qkv = (torch.cat([_interleave(q.weight, heads), _interleave(k.weight, kv_heads), v.weight])
+        q, k, v = attention.q_proj, attention.k_proj, attention.v_proj   # W + (alpha / r) B A under LoRA
+        qkv = (torch.cat([_interleave(weight(q), heads), _interleave(weight(k), kv_heads), weight(v)])
                * layer.input_layernorm.weight).t()
         bias = None
         if q.bias is not None:
             bias = torch.cat([_interleave(q.bias, heads), _interleave(k.bias, kv_heads), v.bias])
-        gate_up = (torch.cat([mlp.gate_proj.weight, mlp.up_proj.weight])
+        gate_up = (torch.cat([weight(mlp.gate_proj), weight(mlp.up_proj)])
                    * layer.post_attention_layernorm.weight).t()
-        layers.append(_Layer(qkv, bias, attention.o_proj.weight.t(), gate_up, mlp.down_proj.weight.t()))
+        layers.append(_Layer(qkv, bias, weight(attention.o_proj).t(), gate_up, weight(mlp.down_proj).t()))
     rotary = model.model.rotary_emb
     return FusedWeights(
         embed=model.model.embed_tokens.weight, layers=layers,

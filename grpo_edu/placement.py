@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 import torch
 
-from grpo_edu import distributed, fused_llama
+from grpo_edu import distributed, fused_llama, lora
 from grpo_edu.config import TrainConfig
 from grpo_edu.distributed import World
 from grpo_edu.logprobs import completion_logprobs
@@ -148,12 +148,17 @@ class Models:
 
 def build_models(config: TrainConfig, world: World, policy: torch.nn.Module,
                  reference: torch.nn.Module | None = None, *, allow_alias: bool = False) -> Models:
-    """Place the policy and the reference (beta > 0; default a copy of the policy) on the
-    world's device and wrap them for `config.parallelism`. A reference that shares storage
+    """Place the policy and the reference (beta > 0; default a copy of the policy; a policy with
+    LoRA adapters: itself with the adapters off, grpo_edu.lora) on the world's device and wrap
+    them for `config.parallelism`. A reference that shares storage
     with the policy is refused (its KL would stay 0), unless `allow_alias` (the failure lab's
     injected fault, grpo_edu.faults)."""
     policy.to(world.device)
-    if config.beta == 0.0:
+    adapters = lora.has_adapters(policy)   # LoRA: the reference is the policy with its adapters off
+    if adapters and reference is not None and not allow_alias:
+        raise ValueError("reference: the policy has LoRA adapters, so its reference is the base model (the "
+                         "adapters switched off); pass none")
+    if config.beta == 0.0 or adapters:
         reference = None
     elif reference is None:
         reference = make_reference(policy)
@@ -166,7 +171,10 @@ def build_models(config: TrainConfig, world: World, policy: torch.nn.Module,
     lazy = sharded and config.engine == "vllm"   # vLLM samples from its own copy: this one only evaluates
     if lazy:
         with torch.device("meta"):
-            full_policy = type(policy)(policy.config).eval().requires_grad_(False)
+            full_policy = type(policy)(policy.config)
+            if adapters:   # the same layers as the policy's, for Models.whole() to copy into
+                lora.add_adapters(full_policy, config)
+            full_policy.eval().requires_grad_(False)
         full_policy.generation_config = policy.generation_config
     else:
         full_policy = make_reference(policy) if sharded else policy   # a plain copy, never trained
@@ -177,8 +185,11 @@ def build_models(config: TrainConfig, world: World, policy: torch.nn.Module,
     per_layer = config.engine != "fused"   # the fused path runs no layer's own forward
     train_logprobs = distributed.wrap(policy, logprob_fn, world, config.parallelism, trainable=True,
                                       per_layer=per_layer)
-    reference_logprobs = None if reference is None else distributed.wrap(
-        reference, logprob_fn, world, config.parallelism, trainable=False, per_layer=per_layer)
+    if adapters and config.beta:
+        reference_logprobs = lora.ReferenceLogprobs(train_logprobs, policy)
+    else:
+        reference_logprobs = None if reference is None else distributed.wrap(
+            reference, logprob_fn, world, config.parallelism, trainable=False, per_layer=per_layer)
     return Models(policy, reference, full_policy, train_logprobs, reference_logprobs, lazy=lazy)
 
 

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import torch
 
-from grpo_edu import __version__, checkpoint, tasks
+from grpo_edu import __version__, checkpoint, lora, tasks
 from grpo_edu.config import TrainConfig
 from grpo_edu.distributed import resolve_device
 from grpo_edu.evaluation import greedy_scores, sampled_metrics, sampled_scores, wilson_interval
@@ -47,6 +47,8 @@ class Trained:
 
 def save_trained(model, tokenizer, run_dir: str | Path, summary: dict) -> Path:
     """The trained policy into run_dir/model/, with a README.md model card; returns the folder."""
+    if lora.has_adapters(model):   # the plain architecture, each adapter merged into its layer
+        model = lora.merged_copy(model)
     folder = save_policy(model, tokenizer, Path(run_dir) / MODEL_DIR)
     (folder / "README.md").write_text(model_card(summary, folder))
     return folder
@@ -100,10 +102,13 @@ def load_trained(run_dir: str | Path) -> Trained:
         raise TrainedModelError(f"RUN_DIR: {run} has no {MODEL_DIR}/ (the run has not finished) and no checkpoint "
                                 f"to take the policy from")
     model, tokenizer = load_policy(policy_source(config.model))
+    if config.lora_rank:   # the checkpoint holds the adapters: on the base again, then merged
+        model = lora.add_adapters(model, config)
     try:
         saved = checkpoint.load_weights(run, model, None)
     except checkpoint.CheckpointError as error:
         raise TrainedModelError(f"RUN_DIR: {error}") from None
+    model = lora.merged_copy(model).eval() if config.lora_rank else model
     return Trained(model, tokenizer, config,
                    f"checkpoint step-{saved['step']:06d} (the run has not finished: no {MODEL_DIR}/)")
 

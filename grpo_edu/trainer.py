@@ -69,8 +69,9 @@ from grpo_edu.diagnose import LiveDoctor, diagnose
 from grpo_edu.episodes import load_environment, roll_out_episodes, stop_token, turn_sampler
 from grpo_edu.distributed import World
 from grpo_edu.evaluation import held_out_metrics, samples_table
-from grpo_edu.faults import NONE as NO_FAULTS, Faults, leak_environment
+from grpo_edu.faults import Faults, checked_faults, leak_environment
 from grpo_edu.lagging import InFlight
+from grpo_edu.lora import add_adapters
 from grpo_edu.metrics import run_summary, step_metrics
 from grpo_edu.models import load_policy, policy_source
 from grpo_edu.overlap import BackgroundSampler
@@ -310,19 +311,21 @@ def set_up(config: TrainConfig, *, advantage_fn: AdvantageFn | None, reward_func
                          f"given; pass one")
     configured_advantage_fn, configured_rewards = functions_from_config(config)
     advantage_fn = configured_advantage_fn if advantage_fn is None else advantage_fn
-    faults = _check_faults(faults, config, say)
+    faults = checked_faults(faults, config, say)
     if faults.split_groups > 1:
         advantage_fn = functools.partial(faults.split_advantages, advantage_fn)
     reward_functions = configured_rewards if reward_functions is None else reward_functions
     if policy is None:
         policy, tokenizer = load_policy(policy_source(config.model))
+    if config.lora_rank:   # LoRA adapters on the chosen layers, the rest frozen (grpo_edu.lora)
+        policy = add_adapters(policy, config)
     state = TrainState(prompt_rng=random.Random(config.seed))
     output_dir = Path(config.output_dir)
     metrics_log = MetricsLog(output_dir)
     saved, reference = None, None
     if resume is not None:
         # Whole weights into the plain models, before they are placed and sharded.
-        reference = make_reference(policy) if config.beta != 0.0 else None
+        reference = make_reference(policy) if config.beta and not config.lora_rank else None   # LoRA: adapters off
         saved = checkpoint.load_weights(Path(resume), policy, reference, log=say)
     if config.environment:   # importable, with a one-token stop: checked before anything is built
         stop_token(config.environment, load_environment(config.environment), tokenizer)
@@ -361,16 +364,6 @@ def set_up(config: TrainConfig, *, advantage_fn: AdvantageFn | None, reward_func
     return run
 
 
-def _check_faults(faults: Faults | None, config: TrainConfig, say: Callable[[str], None]) -> Faults:
-    faults = NO_FAULTS if faults is None else faults
-    if not isinstance(faults, Faults):
-        raise ValueError(f"faults: expected a grpo_edu.faults.Faults, got {type(faults).__name__}")
-    faults.check(config)
-    if faults.active():
-        say(f"FAULTS INJECTED (the failure lab): {faults.active()}")
-    return faults
-
-
 def _build_models(config: TrainConfig, world: World, policy, reference, faults: Faults) -> Models:
     """build_models, with the failure lab's faults on the models: an aliased reference, the
     trainer's log-probs at another temperature, off-by-one log-probs."""
@@ -384,7 +377,7 @@ def _build_models(config: TrainConfig, world: World, policy, reference, faults: 
         raise ValueError(f"faults: the failure lab injects faults in one process, got {world.size} processes")
     if faults.off_by_one:   # policy, pi_old and reference alike (one process: plain modules, never DDP's wrapper)
         for module in (models.train_logprobs, models.reference_logprobs):
-            if module is not None:
+            if hasattr(module, "logprob_fn"):   # not None, nor LoRA's reference (the policy's own module)
                 module.logprob_fn = faults.logprob_fn(module.logprob_fn)
     return models
 

@@ -83,6 +83,10 @@ NOT_CARRIED = {
     "old_logprobs": "TRL recomputes pi_old: 'recomputed', and 'proximal' (the same without rollout_lag)",
     "checkpoint_every": "save_steps (in optimizer steps)",
     "output_dir": "output_dir",
+    "lora_rank": "GRPOTrainer's peft_config (peft_config(config): a peft LoraConfig of rank lora_rank, no dropout); "
+                 "TRL's reference is then the base with the adapters off, as grpo_edu's",
+    "lora_alpha": "peft_config's lora_alpha",
+    "lora_target_modules": "peft_config's target_modules",
 }
 
 
@@ -201,6 +205,16 @@ def grpo_config(config: TrainConfig, output_dir: str | None = None, **overrides)
     return GRPOConfig(**arguments)
 
 
+def peft_config(config: TrainConfig):
+    """LoRA (lora_rank > 0) as the peft LoraConfig GRPOTrainer takes: the adapters grpo_edu.lora
+    injects (rank, alpha, the target layers, no dropout, no bias); None for full fine-tuning."""
+    if not config.lora_rank:
+        return None
+    from peft import LoraConfig
+    return LoraConfig(r=config.lora_rank, lora_alpha=config.lora_alpha, lora_dropout=0.0, bias="none",
+                      target_modules=list(config.lora_target_modules), task_type="CAUSAL_LM")
+
+
 def reward_functions(config: TrainConfig) -> tuple[list, list[float]]:
     """The config's reward functions (built-in by name, the reader's by import path) and weights."""
     from grpo_edu.user_functions import reward_functions_from_config
@@ -245,7 +259,8 @@ def train_dataset(config: TrainConfig, size: int = 10_000):
 
 def grpo_trainer(config: TrainConfig, *, model=None, tokenizer=None, dataset=None, **trainer_kwargs):
     """TRL's GRPOTrainer for `config`: its policy (config.model; 'start' is the committed tiny
-    policy), task and rewards. trainer_kwargs go to GRPOTrainer (peft_config, callbacks, ...)."""
+    policy), task and rewards, and with lora_rank > 0 its LoRA adapters (peft_config). trainer_kwargs
+    go to GRPOTrainer (callbacks, a peft_config of your own, ...)."""
     from trl import GRPOTrainer
 
     from grpo_edu.models import load_policy, policy_source
@@ -254,6 +269,8 @@ def grpo_trainer(config: TrainConfig, *, model=None, tokenizer=None, dataset=Non
         model, tokenizer = load_policy(policy_source(config.model))
     functions, weights = reward_functions(config)
     args.reward_weights = weights
+    if config.lora_rank and "peft_config" not in trainer_kwargs:
+        trainer_kwargs["peft_config"] = peft_config(config)
     return GRPOTrainer(model=model, args=args, reward_funcs=functions,
                        train_dataset=dataset if dataset is not None else train_dataset(config),
                        processing_class=tokenizer, **trainer_kwargs)

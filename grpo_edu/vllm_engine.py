@@ -76,7 +76,7 @@ from pathlib import Path
 
 import torch
 
-from grpo_edu import distributed
+from grpo_edu import distributed, lora
 from grpo_edu.rollout import Rollout, SamplingParams, completion_mask_from_ids
 
 VLLM_VERSION = "0.31.0"
@@ -208,10 +208,10 @@ def _launcher_environment(world: distributed.World) -> None:
 def named_weights(model: torch.nn.Module):
     """(name, whole tensor) for every parameter, one at a time, under the names transformers
     saves them with (what vLLM's load_weights reads; buffers such as the rotary tables vLLM
-    computes itself). Under FSDP2 each is gathered from its shards here (a collective: every
-    rank iterates)."""
-    for name, parameter in model.named_parameters():   # tied weights come once
-        yield name, distributed.full_tensor(parameter.detach())
+    computes itself); with LoRA adapters, each merged into its layer's weight (W + (alpha / r)
+    B A under W's name: vLLM samples from the policy the trainer trains). Under FSDP2 each is
+    gathered from its shards here (a collective: every rank iterates)."""
+    return lora.named_merged_weights(model, gather=distributed.full_tensor)
 
 
 def sampler_model_path(policy: torch.nn.Module, tokenizer, output_dir: str | Path, world: distributed.World) -> str:
@@ -223,8 +223,8 @@ def sampler_model_path(policy: torch.nn.Module, tokenizer, output_dir: str | Pat
         return str(source)
     target = Path(output_dir) / "sampler_init"
     if world.is_main:
-        with torch.no_grad():
-            policy.save_pretrained(target)
+        with torch.no_grad():   # with LoRA adapters: the plain architecture, adapters merged
+            (lora.merged_copy(policy) if lora.has_adapters(policy) else policy).save_pretrained(target)
         tokenizer.save_pretrained(target)
     world.barrier()
     return str(target)

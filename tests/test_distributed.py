@@ -15,7 +15,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from grpo_edu import cli, distributed, placement, scoring, trainer, update, user_functions
+from grpo_edu import cli, distributed, lora, placement, scoring, trainer, update, user_functions
 from grpo_edu.batch import RolloutBatch
 from grpo_edu.config import TrainConfig
 from grpo_edu.distributed import World
@@ -33,7 +33,10 @@ COMMON = ["steps=5", "eval_size=32", "eval_every=1000", "checkpoint_every=0", "p
 BY_LOSS = {
     # a Polyak reference, on shards under fsdp2; dynamic sampling: groups chosen from every rank's rounds
     "grpo": ["ref_sync_steps=2", "ref_mixup_alpha=0.5", "rollout_lag=2", "dynamic_sampling_rounds=2"],
-    "bnpo": ["num_iterations=2", f"environment={json.dumps(str(ROOT / 'tests' / 'episode_envs.py') + ':Echo')}"],
+    # LoRA: adapters trained on both ranks (under fsdp2 sharded with the frozen base), the reference
+    # the policy's own forward with the adapters off
+    "bnpo": ["num_iterations=2", f"environment={json.dumps(str(ROOT / 'tests' / 'episode_envs.py') + ':Echo')}",
+             "lora_rank=4", "lora_alpha=16.0", "learning_rate=3e-3"],
     # entropy masking: one threshold over a mini-batch's micro-batches on both ranks
     "dr_grpo": ["num_mini_batches=2", "filter_zero_std_groups=true", "micro_batch_size=24", "top_entropy_quantile=0.5"],
     # overlong filtering and punishment at a limit that cuts a three-digit answer's EOS: the ranks'
@@ -104,6 +107,10 @@ def test_two_processes_train_the_one_process_policy_for_every_loss_type(tmp_path
         # The weights did move: equality is not two untrained copies.
         start = final_policy(one_process / loss)
         assert difference < 1e-2 * max(float(v.abs().max()) for v in start.values())
+    # bnpo's checkpoints hold LoRA adapters only, and they trained (B starts at 0)
+    adapters = final_policy(tmp_path / "bnpo")
+    assert adapters and all(lora.is_adapter(name) for name in adapters)
+    assert min(float(v.abs().max()) for name, v in adapters.items() if ".lora_B." in name) > 1e-4
     # The logged metrics are the 1-process ones (reduced over ranks: weighted means, max of maxima).
     for loss in LOSS_TYPES:
         one = [json.loads(line) for line in (one_process / loss / "metrics.jsonl").read_text().splitlines()]

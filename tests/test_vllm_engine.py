@@ -25,13 +25,13 @@ from pathlib import Path
 import pytest
 import torch
 
-from grpo_edu import metrics, tasks, trainer, vllm_engine
+from grpo_edu import lora, metrics, tasks, trainer, vllm_engine
 from grpo_edu.config import TrainConfig
 from grpo_edu.distributed import World
 from grpo_edu.logprobs import completion_logprobs
 from grpo_edu.models import STARTING_POLICY, load_policy
 from grpo_edu.rollout import SamplingParams
-from test_distributed import largest_difference
+from test_distributed import final_policy, largest_difference
 from vllm_fake import FAKE_VLLM, environment_with_fake, fake_vllm
 from hang_guard import HANG_SECONDS
 
@@ -305,6 +305,8 @@ def test_two_processes_train_through_vllm_what_one_does(tmp_path, parallelism):
     turns sleep mode off: its engines never sleep or wake."""
     sleep = parallelism == "fsdp2"
     settings = SETTINGS + [f"parallelism={parallelism}", "checkpoint_every=3", f"vllm_sleep_mode={str(sleep).lower()}"]
+    if parallelism == "fsdp2":   # LoRA: vLLM gets the adapters merged, gathered from the shards (and the lazy copy has them)
+        settings += ["lora_rank=4", "lora_alpha=16.0", "learning_rate=3e-3"]
     for processes in (1, 2):
         run(settings + [f"output_dir={tmp_path / str(processes)}"], processes, tmp_path / f"calls{processes}",
             tmp_path)
@@ -325,6 +327,14 @@ def test_two_processes_train_through_vllm_what_one_does(tmp_path, parallelism):
     assert summaries[0]["start_accuracy"] == summaries[1]["start_accuracy"]
     samples = [(tmp_path / str(p) / "samples_after.txt").read_text() for p in (1, 2)]
     assert samples[0] == samples[1]
+    if parallelism == "fsdp2":   # the stand-in samples with the weights it was given: the merged policy's
+        for p in (1, 2):
+            gaps = [json.loads(line)["sampler_gap/mean_abs"] for line in
+                    (tmp_path / str(p) / "metrics.jsonl").read_text().splitlines()]
+            assert max(gaps) < 1e-5, gaps
+        adapters = final_policy(tmp_path / "2")   # the checkpoint: adapters, which trained (B starts at 0)
+        assert adapters and all(lora.is_adapter(name) for name in adapters)
+        assert min(float(v.abs().max()) for name, v in adapters.items() if ".lora_B." in name) > 1e-4
 
 
 # ------------------------------------------------------------------ the API check
