@@ -26,9 +26,10 @@ Parts (--part, repeatable; default all):
   qwen2.5-7b-lora     of every decoder layer; the reference is the base with the adapters off), for
                       the 1.5B shape and for Qwen2.5-7B's, which chapter 9 finds too large to
                       train whole on one H100.
-  qwen2.5-7b-lora-mb8 the 7B LoRA steps with micro-batches of 8 completions instead of 32 (the
-                      activations of a 32-completion micro-batch take an H100's room).
-  countdown = both countdown parts; qwen = both Qwen parts; all = every part, in this order.
+  qwen2.5-7b-lora-mb8 the 7B LoRA steps with micro-batches of 8 completions instead of 16 (the
+                      activations of a 16-completion micro-batch take more than an H100 has).
+  countdown = both countdown parts; qwen = every Qwen part; lora = the three LoRA parts; all = every
+  part, in this order.
 
 A lent GPU machine runs a command for at most 10 minutes, so run one part per command:
 
@@ -37,7 +38,7 @@ A lent GPU machine runs a command for at most 10 minutes, so run one part per co
     python benchmarks/gpu.py --part countdown-grpo     # again while its status is "interrupted"
     python benchmarks/gpu.py --part qwen2.5-0.5b
     python benchmarks/gpu.py --part qwen2.5-1.5b
-    python benchmarks/gpu.py --part lora               # both LoRA parts (about 4 minutes on an H100)
+    python benchmarks/gpu.py --part lora               # the three LoRA parts (85, 135, 179 s on an H200)
 
 Each part stops itself after --budget-seconds (default 480) of wall-clock. A GRPO part
 (tiny, countdown-grpo) checkpoints at every evaluation and stops after the first checkpoint
@@ -64,7 +65,7 @@ so completions run to the full length L. The task's rewards would give a random 
 everywhere (every group equal, no policy gradient), so a stand-in reward scores each completion 0
 or 1 by a hash of its text: groups disagree and the update has a gradient, as in a real run. The
 loss and optimisation are configs/qwen2.5-0.5b-countdown-1x.toml's (DAPO, clip-higher, lr 1e-6,
-2 mini-batches, micro-batches of 32), with B = 8 prompts x G = 8 completions of L = 256 tokens
+2 mini-batches, micro-batches of 16), with B = 8 prompts x G = 8 completions of L = 256 tokens
 per step (the recipe's 32 prompts: `generate` keeps N x L x V float32 logits for the sampler's
 log-probs, 10 GB at 64 x 256 over 151,936 entries, 40 GB at 256; vLLM is what the recipe samples
 with). One step warms up, then --qwen-steps are timed. Peak memory is torch.cuda.max_memory_allocated

@@ -20,7 +20,8 @@
 # Five things change: **the engine** that samples (vLLM instead of the CPU's fused sampler),
 # **sleep mode and weight sync** (the engine shares the GPU with the trainer and must sample
 # from the trainer's newest weights), **bf16**, the **mismatch** between the sampler's
-# log-probabilities and the trainer's (and its correction), and the **memory budget**. Then
+# log-probabilities and the trainer's (and its correction), and the **memory budget**, with
+# **LoRA** for a policy whose whole training state does not fit one GPU. Then
 # the last mile: your exercise solution in a GPU run's config, what a GPU machine needs
 # (install, driver, disk), where the trained model lands and what to do with it, and the
 # engine run against vLLM itself on a CPU.
@@ -406,6 +407,120 @@ show_claims({
 })
 
 # %% [markdown]
+# ## LoRA: a 7B policy on one GPU
+#
+# With `lora_rank = r` (`grpo_edu/lora.py`) the trainer trains low-rank adapters instead of the
+# weights: each projection named in `lora_target_modules` computes x W^T + (alpha / r) x A^T B^T,
+# A (r, in) and B (out, r) the only parameters AdamW sees, W frozen. B starts at 0, so the
+# starting policy is the base model exactly, and the reference is the policy itself with its
+# adapters switched off: no copy. Per GPU the trainer then holds the base's float32 weights (4
+# bytes a parameter, without gradient or AdamW state) and 16 bytes per adapter parameter. The
+# adapters are counted on the same meta-device builds, with the adapters of rank 16 (alpha 32)
+# on all seven projections of every decoder layer that `benchmarks/gpu.py` measures:
+
+# %%
+from grpo_edu import lora
+
+LORA = TrainConfig(lora_rank=16, lora_alpha=32.0)
+lora_budget = {}
+for name, dims in ARCHITECTURES.items():
+    with torch.device("meta"):
+        model = lora.add_adapters(Qwen2ForCausalLM(Qwen2Config(**dims)), LORA)
+    P, A = sizes[name]["parameters"], sum(p.numel() for n, p in model.named_parameters() if lora.is_adapter(n))
+    total = 4 * P + 16 * A
+    lora_budget[name] = dict(adapters=A, base=4 * P, training=16 * A, total=total, full=20 * P,
+                             left=GPU_BYTES * (1 - SHARE) - total)
+print(f"{'one GPU, LoRA r = 16':<18}{'adapter parameters':>20}{'base':>7}{'adapters':>10}{'total':>7}"
+      f"{'whole model':>13}{'left':>7}  fits")
+for name, b in lora_budget.items():
+    print(f"{name:<18}{b['adapters']:>12,} ({b['adapters'] / sizes[name]['parameters']:.2%}){b['base'] / 1e9:>7.1f}"
+          f"{b['training'] / 1e9:>10.2f}{b['total'] / 1e9:>7.1f}{b['full'] / 1e9:>13.1f}{b['left'] / 1e9:>7.1f}  "
+          f"{'yes' if b['left'] > 0 else 'no'}")
+print(f"\nthe reference's float32 copy LoRA does without, Qwen2.5-7B: {4 * sizes['Qwen2.5-7B']['parameters'] / 1e9:.1f} GB")
+
+# %% [markdown]
+# "whole model" is full fine-tuning's 20 bytes a parameter on one GPU, and "left" what remains
+# beside vLLM's share for activations, as in the second table above. Qwen2.5-7B, whose whole
+# training state needs 152.3 GB, trains on one H100 with LoRA in 31.1 GB (0.53% of its
+# parameters train), with 28.8 GB left for activations; without the reference's copy, 30.5 GB
+# less than a LoRA that kept one. vLLM needs no LoRA support for this: before every rollout
+# it is given each adapted layer's weight with its adapter merged, W + (alpha / r) B A, under
+# the base model's names (`vllm_engine.named_weights`), and samples from exactly the policy that
+# trains. So does `run_dir/model/`: a plain model, adapters merged. Checkpoints hold the adapters
+# only (the base is `config.model`, loaded again on resume).
+#
+# What a GPU measured (`benchmarks/gpu.py --part lora`, on the one GPU lent to this project
+# so far, an H200 with 141 GB; the Qwen-shaped steps above with LoRA, B x G x L = 8 x 8 x
+# 256; random weights, nothing downloaded):
+
+# %%
+measured = json.loads(Path("../benchmarks/results/gpu.json").read_text())["parts"]
+print(f"{'part':<22}{'GPU':<13}{'predicted':>10}{'held':>8}{'peak':>8}  median step, s (rollout / update)")
+for part in ("qwen2.5-1.5b", "qwen2.5-1.5b-lora", "qwen2.5-7b-lora", "qwen2.5-7b-lora-mb8"):
+    e = measured[part]
+    split = e["time_split_median_s"]
+    print(f"{part:<22}{e['environment']['gpu']:<13}{e['chapter9_prediction_bytes']['total'] / 1e9:>10.2f}"
+          f"{e['state_bytes']['total'] / 1e9:>8.2f}{e['peak_memory_allocated_bytes'] / 1e9:>8.1f}  "
+          f"{e['step_seconds_median']:.2f} ({split['rollout']:.2f} / {split['update']:.2f}), micro-batches of "
+          f"{e['workload']['micro_batch_size']}")
+
+# %% [markdown]
+# The tensors the trainer held are the prediction to the byte. The peak adds activations, the
+# rollout's logits (10 GB here) and transformers' bf16 copies of the frozen weights that the
+# backward needs: Qwen2.5-7B's LoRA steps peaked at 111.3 GB with micro-batches of 16
+# completions, more than an H100 holds, and at 78.5 GB with micro-batches of 8, which fits in
+# its 85.5 GB. At 1.5B, LoRA's peak is 41.9 GB against full fine-tuning's 68.7 GB. The
+# rollouts are slower (12.62 s against 6.76 s at 1.5B): transformers' `generate` runs every
+# adapter as two more small matrix products per projection and token; vLLM, sampling from the
+# merged weights, does not.
+
+# %%
+lora_7b = lora_budget["Qwen2.5-7B"]
+show_claims({
+    "Qwen2.5-7B with LoRA (rank 16) holds less than a quarter of its whole training state, and fits one H100":
+        lora_7b["total"] < lora_7b["full"] / 4 and lora_7b["left"] > 0,
+    "measured, every LoRA part held exactly the predicted bytes": all(
+        measured[p]["state_bytes"]["total"] == measured[p]["chapter9_prediction_bytes"]["total"]
+        for p in ("qwen2.5-1.5b-lora", "qwen2.5-7b-lora", "qwen2.5-7b-lora-mb8")),
+    "7B LoRA steps fit an H100 with micro-batches of 8, not of 16":
+        measured["qwen2.5-7b-lora-mb8"]["peak_memory_allocated_bytes"] < GPU_BYTES
+        < measured["qwen2.5-7b-lora"]["peak_memory_allocated_bytes"],
+})
+
+# %% [markdown]
+# Does a LoRA policy learn as much? On the CPU tier's default run (150 steps, seeds 0, 1, 2;
+# `benchmarks/lora.py`, results in `benchmarks/results/lora.json`), adapters of rank 8 (alpha
+# 32) on every projection train 34,816 parameters of the tiny policy's 341,376:
+
+# %%
+lora_runs = json.loads(Path("../benchmarks/results/lora.json").read_text())
+LORA_VARIANTS = {"full": "whole model, lr 3e-4", "lora": "LoRA r = 8, lr 3e-3", "lora-3e-4": "LoRA r = 8, lr 3e-4"}
+final = {v: [r["final_accuracy"] for r in lora_runs["runs"] if r["variant"] == v] for v in LORA_VARIANTS}
+late_kl = {v: [sum(r["steps"]["kl"][-25:]) / 25 for r in lora_runs["runs"] if r["variant"] == v] for v in LORA_VARIANTS}
+print(f"{'variant':<24}{'held-out accuracy, mean (min-max)':>36}{'KL, last 25 steps':>20}")
+for v, label in LORA_VARIANTS.items():
+    a = final[v]
+    print(f"{label:<24}{f'{sum(a) / 3:.3f} ({min(a):.3f}-{max(a):.3f})':>36}{sum(late_kl[v]) / 3:>20.4f}")
+start = lora_runs["runs"][0]["start_accuracy"]
+print(f"\nstarting policy: {start:.3f}")
+
+# %% [markdown]
+# Every LoRA run learns (from 0.418), but not as far as full fine-tuning in 150 steps: 0.702
+# against 0.751 at a ten times larger learning rate (the usual LoRA setting: its updates are
+# confined to a rank-8 subspace), and 0.678 at full fine-tuning's own, where the KL to the base
+# model stays at half. The tiny policy is 128 wide, so rank 8 is a sixteenth of each layer;
+# at 7B it is a 224th of a 3,584-wide layer, and whether that is enough is the task's question.
+
+# %%
+show_claims({
+    "every LoRA run improves on the starting policy by more than 0.2":
+        min(final["lora"] + final["lora-3e-4"]) > start + 0.2,
+    "full fine-tuning ends higher on average than LoRA at either learning rate":
+        sum(final["full"]) > max(sum(final["lora"]), sum(final["lora-3e-4"])),
+    "LoRA at lr 3e-3 ends higher on average than at 3e-4": sum(final["lora"]) > sum(final["lora-3e-4"]),
+})
+
+# %% [markdown]
 # ## The batch arithmetic of the recipes
 #
 # Chapter 8 worked out what a step is on N ranks (its last table has gpu-1x and h100-8x).
@@ -686,8 +801,9 @@ print(f"configs/gpu-1x.toml, 20 steps: {run['steps_per_second']:.2f} steps/s (me
 # fits in 10 minutes): the tiny policy trained with `engine = "hf"` in bf16 until 90% held-out
 # accuracy; the download-free Countdown recipe end to end (pretraining, then GRPO); and
 # Qwen2.5-0.5B- and 1.5B-shaped models (their published dimensions, random weights) through full
-# GRPO steps: step time, tokens per second, and peak memory beside the memory table above. It
-# writes `benchmarks/results/gpu.json`, which this cell shows:
+# GRPO steps, and the 1.5B and 7B shapes training LoRA adapters: step time, tokens per second,
+# and peak memory beside the memory tables above. It writes `benchmarks/results/gpu.json`, which
+# this cell shows (the parts a lent GPU has run so far):
 
 # %%
 gpu_results = subprocess.run([sys.executable, "../benchmarks/gpu.py", "--report",

@@ -19,7 +19,8 @@ from hang_guard import HANG_SECONDS
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "benchmarks" / "gpu.py"
-PARTS = ["tiny", "countdown-pretrain", "countdown-grpo", "qwen2.5-0.5b", "qwen2.5-1.5b"]
+PARTS = ["tiny", "countdown-pretrain", "countdown-grpo", "qwen2.5-0.5b", "qwen2.5-1.5b", "qwen2.5-1.5b-lora",
+         "qwen2.5-7b-lora", "qwen2.5-7b-lora-mb8"]
 
 
 def run_script(*args, check=True):
@@ -128,6 +129,46 @@ def test_qwen_shaped_steps_hold_what_chapter_9_predicts(toy, gpu_benchmark):
         assert workload["engine"] == "hf" and workload["prompt_tokens_mean"] > 0
 
 
+def test_the_lora_steps_hold_the_base_and_the_adapters_training_state_and_no_reference(toy, gpu_benchmark):
+    """LoRA (rank 16, alpha 32, every linear layer): float32 base weights, 16 bytes a parameter of
+    the adapters (weights, gradients, AdamW), no reference: exactly chapter 9's LoRA rows."""
+    _, results, _ = toy
+    with torch.device("meta"):
+        model = Qwen2ForCausalLM(Qwen2Config(**gpu_benchmark.TOY_QWEN_SHAPE))
+    P = sum(p.numel() for p in model.parameters())
+    shape = gpu_benchmark.TOY_QWEN_SHAPE
+    H, I, L, kv = shape["hidden_size"], shape["intermediate_size"], shape["num_hidden_layers"], shape["num_key_value_heads"]
+    kv_width = kv * H // shape["num_attention_heads"]
+    adapters = 16 * L * (2 * (H + H) + 2 * (H + kv_width) + 3 * (H + I))   # q o, k v, gate up down: r (in + out)
+    for name in ("qwen2.5-1.5b-lora", "qwen2.5-7b-lora", "qwen2.5-7b-lora-mb8"):
+        entry = results["parts"][name]
+        assert entry["workload"]["lora_rank"] == 16 and entry["workload"]["lora_alpha"] == 32.0
+        assert entry["state_bytes"] == {"parameters": 4 * (P + adapters), "gradients": 4 * adapters,
+                                        "optimizer": 8 * adapters, "reference": 0, "total": 4 * P + 16 * adapters}
+        assert entry["chapter9_prediction_bytes"] == {"base_weights": 4 * P, "adapter_parameters": adapters,
+                                                      "adapters_gradients_adamw": 16 * adapters, "reference": 0,
+                                                      "total": 4 * P + 16 * adapters}
+
+
+def test_the_committed_gpu_figures():
+    """benchmarks/results/gpu.json, measured on a lent GPU (an H200; the parts that ran): what the
+    trainer holds is chapter 9's prediction to the byte, and Qwen2.5-7B's LoRA steps with
+    micro-batches of 8 peaked below one H100's memory, with micro-batches of 16 above it."""
+    results = json.loads((ROOT / "benchmarks" / "results" / "gpu.json").read_text())
+    parts = results["parts"]
+    assert set(parts) <= set(PARTS) and {"qwen2.5-1.5b", "qwen2.5-1.5b-lora", "qwen2.5-7b-lora-mb8"} <= set(parts)
+    for name, entry in parts.items():
+        assert entry["status"] == "done" and not entry["toy"] and "H" in entry["environment"]["gpu"], name
+        assert entry["state_bytes"]["total"] == entry["chapter9_prediction_bytes"]["total"], name
+        assert entry["peak_memory_allocated_bytes"] > entry["state_bytes"]["total"], name
+    h100 = 81_559 * 2**20   # chapter 9's H100 80GB, as nvidia-smi reports it
+    assert parts["qwen2.5-7b-lora-mb8"]["peak_memory_allocated_bytes"] < h100 < parts["qwen2.5-7b-lora"][
+        "peak_memory_allocated_bytes"]
+    # LoRA at 1.5B: less than two thirds of full fine-tuning's peak
+    assert parts["qwen2.5-1.5b-lora"]["peak_memory_allocated_bytes"] < 2 / 3 * parts["qwen2.5-1.5b"][
+        "peak_memory_allocated_bytes"]
+
+
 def test_the_report_prints_the_tables(toy):
     work, _, stdout = toy
     assert "| part | target | reached |" in stdout and "| model (random weights) |" in stdout
@@ -175,6 +216,9 @@ def test_the_qwen_shapes_are_chapter_9s(gpu_benchmark):
         with torch.device("meta"):
             counts[name] = sum(p.numel() for p in Qwen2ForCausalLM(Qwen2Config(**shape)).parameters())
     assert [round(c / 1e9, 2) for c in counts.values()] == [0.49, 1.54]   # chapter 9's 0.49 and 1.54 billion
+    with torch.device("meta"):
+        assert round(sum(p.numel() for p in Qwen2ForCausalLM(Qwen2Config(**gpu_benchmark.QWEN_7B)).parameters())
+                     / 1e9, 2) == 7.62   # and 7.62
     chapter = (ROOT / "chapters" / "09_gpu.py").read_text()
     for name, shape in gpu_benchmark.QWEN_SHAPES.items():
         dims = ", ".join(f"{key}={shape[key]}" for key in ("hidden_size", "num_hidden_layers", "num_attention_heads",
