@@ -245,7 +245,7 @@ for line in sys.stdin:
 # at most ~10 steps (at 40 steps/s on a quiet CPU), so 24 kills use at most ~130 steps.
 SETTINGS = dict(model="start", steps=200, prompts_per_step=2, num_generations=4, max_completion_length=8,
                 checkpoint_every=1, eval_every=1000, eval_size=4, progress=False, threads=1)
-KILLS = 24
+KILLS = 12
 
 
 class ForkServer:

@@ -220,6 +220,23 @@ def test_lora_alpha_scales_what_the_adapters_learn(tmp_path):
     assert max(float((weights[4.0][n] - weights[16.0][n]).abs().max()) for n in weights[4.0]) > 1e-4
 
 
+def test_lora_target_modules_decides_which_weights_train(tmp_path):
+    start = dict(tiny()[0].named_parameters())
+    result = lora_run(tmp_path, lora_target_modules=["q_proj", "v_proj"], steps=2, checkpoint_every=0)
+    merged = lora.merged_copy(result.policy)
+    moved = {n for n, p in merged.named_parameters() if not torch.equal(p, start[n])}
+    assert moved == {"model.layers.0.self_attn.q_proj.weight", "model.layers.0.self_attn.v_proj.weight"}
+
+
+def test_sampling_in_the_background_trains_the_lora_run_sampled_in_turn(tmp_path):
+    """rollout_overlap: the sampler's copy carries the adapters and is synced from them."""
+    runs = [lora_run(tmp_path, f"overlap{o}", rollout_lag=1, rollout_overlap=o, checkpoint_every=0)
+            for o in (False, True)]
+    assert [m["loss"] for m in runs[0].history] == [m["loss"] for m in runs[1].history]
+    for (name, a), (_, b) in zip(runs[0].policy.named_parameters(), runs[1].policy.named_parameters(), strict=True):
+        assert torch.equal(a, b), name
+
+
 def test_a_lora_run_resumes_bitwise(tmp_path):
     straight = lora_run(tmp_path, "straight")
     lora_run(tmp_path, "stopped", stop=2)
