@@ -78,7 +78,11 @@ def add_adapters(policy: torch.nn.Module, config) -> torch.nn.Module:
     if missing:
         raise ValueError(f"config key 'lora_target_modules': {missing[0]!r} names no linear layer of "
                          f"{type(policy).__name__}'s decoder layers (they have {sorted(available)})")
-    from peft import LoraConfig, inject_adapter_in_model
+    try:
+        from peft import LoraConfig, inject_adapter_in_model
+    except ImportError:
+        raise ValueError(f"config key 'lora_rank' ({config.lora_rank}) trains peft's LoRA adapters, and peft is not "
+                         f"installed: pip install -e '.[lora]' (or pip install peft)") from None
     lora_config = LoraConfig(r=config.lora_rank, lora_alpha=config.lora_alpha, lora_dropout=0.0, bias="none",
                              target_modules=list(config.lora_target_modules))
     devices = [torch.device("cuda", torch.cuda.current_device())] if torch.cuda.is_available() else []

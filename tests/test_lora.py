@@ -307,6 +307,13 @@ def test_refusals_at_start_up(tmp_path):
                       faults=Faults(alias_reference=True), log=lambda _: None)
 
 
+def test_without_peft_the_error_says_what_to_install(monkeypatch):
+    monkeypatch.setitem(sys.modules, "peft", None)   # import peft then raises ImportError
+    with pytest.raises(ValueError, match=r"config key 'lora_rank' \(2\) trains peft's LoRA adapters, and peft is "
+                                         r"not installed: pip install -e '.\[lora\]'"):
+        lora.add_adapters(tiny()[0], TrainConfig(lora_rank=2))
+
+
 def test_the_trl_bridge_carries_lora_as_a_peft_config():
     config = TrainConfig(lora_rank=8, lora_alpha=16.0, lora_target_modules=["q_proj", "v_proj"], steps=2,
                          prompts_per_step=4, num_generations=4, micro_batch_size=16)
