@@ -45,8 +45,8 @@ import torch
 import torch.nn.functional as F
 
 from grpo_edu.logprobs import check_completion_inputs, position_ids_from_attention_mask, token_entropies, token_logprobs
-from grpo_edu.rollout import Rollout, SamplingParams, completion_mask_from_ids
 from grpo_edu.lora import effective_weight as weight
+from grpo_edu.rollout import Rollout, SamplingParams, completion_mask_from_ids
 
 SUPPORTED_MODELS = ("LlamaForCausalLM", "Qwen2ForCausalLM")
 

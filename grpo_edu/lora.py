@@ -94,9 +94,11 @@ def add_adapters(policy: torch.nn.Module, config) -> torch.nn.Module:
     return policy
 
 
-def delta_weight(layer: torch.nn.Module) -> torch.Tensor:
-    """(alpha / r) B A, the adapter's change to the layer's weight (out, in), differentiable."""
-    return (layer.lora_B[ADAPTER_NAME].weight @ layer.lora_A[ADAPTER_NAME].weight) * layer.scaling[ADAPTER_NAME]
+def delta_weight(layer: torch.nn.Module, gather=lambda tensor: tensor) -> torch.Tensor:
+    """(alpha / r) B A, the adapter's change to the layer's weight (out, in), differentiable;
+    `gather` makes sharded matrices whole first (named_merged_weights)."""
+    B, A = gather(layer.lora_B[ADAPTER_NAME].weight), gather(layer.lora_A[ADAPTER_NAME].weight)
+    return (B @ A) * layer.scaling[ADAPTER_NAME]
 
 
 def effective_weight(linear: torch.nn.Module) -> torch.Tensor:
@@ -115,12 +117,17 @@ def adapters_off(model: torch.nn.Module):
     """Inside, `model` computes as its base model (every LoRA layer skips its adapter). The flag
     is peft's own (what its forward reads); requires_grad is left as it is, unlike peft's
     enable_adapters(False), so that DDP's and FSDP2's view of what trains never changes."""
-    layers = list(adapter_layers(model).values())
+    with _switched_off(list(adapter_layers(model).values())):
+        yield model
+
+
+@contextlib.contextmanager
+def _switched_off(layers: list[torch.nn.Module]):
     before = [layer._disable_adapters for layer in layers]
     for layer in layers:
         layer._disable_adapters = True
     try:
-        yield model
+        yield
     finally:
         for layer, flag in zip(layers, before):
             layer._disable_adapters = flag
@@ -135,16 +142,18 @@ class ReferenceLogprobs(torch.nn.Module):
         super().__init__()
         from torch.nn.parallel import DistributedDataParallel
         inner = logprobs.module if isinstance(logprobs, DistributedDataParallel) else logprobs   # FSDP2: itself
-        self._modules_list = [inner]     # not registered as a submodule: no second set of parameters
-        self.policy = [policy]
+        # A plain tuple, not a submodule: the reference registers no parameters of its own. The
+        # LoRA layers are found once, not at every forward.
+        self._target = (inner, list(adapter_layers(policy).values()))
 
     def forward(self, input_ids, attention_mask, completion_mask, entropy=False):
-        with torch.no_grad(), adapters_off(self.policy[0]):
-            return self._modules_list[0](input_ids, attention_mask, completion_mask, entropy)
+        inner, layers = self._target
+        with torch.no_grad(), _switched_off(layers):
+            return inner(input_ids, attention_mask, completion_mask, entropy)
 
     def reshard(self) -> None:
         """FSDP2: the root's parameters back to shards after the no-grad forward."""
-        inner = self._modules_list[0]
+        inner = self._target[0]
         if hasattr(inner, "reshard"):
             inner.reshard()
 
@@ -163,9 +172,7 @@ def named_merged_weights(model: torch.nn.Module, gather=lambda tensor: tensor):
         tensor = gather(parameter.detach())
         owner = name.removesuffix(".base_layer.weight")
         if owner != name and owner in layers:
-            layer = layers[owner]
-            B, A = (gather(layer.lora_B[ADAPTER_NAME].weight.detach()), gather(layer.lora_A[ADAPTER_NAME].weight.detach()))
-            tensor = tensor + ((B @ A) * layer.scaling[ADAPTER_NAME]).to(tensor.dtype)
+            tensor = tensor + delta_weight(layers[owner], lambda t: gather(t.detach())).to(tensor.dtype)
             name = owner + ".weight"
         elif ".base_layer." in name:
             name = name.replace(".base_layer.", ".")
