@@ -2,7 +2,7 @@
 dynamic_sampling.py): a grid of named variants x seeds, each run kept per step in a results file,
 and --check, which re-trains named runs for their first steps and compares every kept number
 with the file's, exactly. DefaultRunGrid: a grid whose variants are config keys over the CPU
-tier's default run (all but tools.py)."""
+tier's default run (all but tools.py), or over another config file (process.py: cpu-chain.toml)."""
 
 from __future__ import annotations
 
@@ -69,14 +69,14 @@ class DefaultRunGrid:
     the line printed after each run."""
 
     def __init__(self, doc: str, out: Path, variants: dict, kept: tuple, settings: dict, describe, example: str,
-                 compared: tuple | None = None):
+                 compared: tuple | None = None, base: Path | None = None):
         self.doc, self.out, self.variants, self.kept, self.settings = doc, out, variants, kept, settings
-        self.describe, self.example = describe, example
+        self.describe, self.example, self.base = describe, example, base   # base: a config file (cpu-tiny's)
         self.compared = kept if compared is None else compared   # what --check compares (not the timings)
 
     def config_for(self, variant: str, seed: int, steps: int, output_dir: str):
         from grpo_edu.config import DEFAULT_CONFIG, TrainConfig
-        base = TrainConfig.from_toml(DEFAULT_CONFIG).to_dict()
+        base = TrainConfig.from_toml(self.base or DEFAULT_CONFIG).to_dict()
         return TrainConfig.from_dict({**base, **self.settings, "steps": steps, "seed": seed, "output_dir": output_dir,
                                       **self.variants[variant]})
 
@@ -112,7 +112,7 @@ class DefaultRunGrid:
             runs.append(self.run(variant, seed, args.steps))
             print(f"{variant:<7} seed {seed}: " + self.describe(runs[-1]), flush=True)
             payload = {"steps": args.steps, "seeds": args.seeds, "variants": self.variants, "settings": self.settings,
-                       "config": DEFAULT_CONFIG.name, "machine": platform.machine(), "runs": runs}
+                       "config": (self.base or DEFAULT_CONFIG).name, "machine": platform.machine(), "runs": runs}
             out.parent.mkdir(parents=True, exist_ok=True)
             out.write_text(json.dumps(payload, separators=(",", ":")) + "\n")   # after every run: a stop loses one
         print(f"wrote {out}")

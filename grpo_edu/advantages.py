@@ -110,3 +110,68 @@ def group_advantages(rewards, *, scale: str = "group", std: str = "population",
     flat = (tensor == tensor[:, :1]).all(dim=1, keepdim=True)
     advantages = torch.where(flat, torch.zeros_like(advantages), advantages)
     return advantages.numpy() if from_numpy else advantages
+
+
+PROCESS_SCALES = ("group", "none")
+
+
+def process_advantages(step_rewards: torch.Tensor, step_ends: torch.Tensor, step_mask: torch.Tensor,
+                       length: int, *, scale: str = "group", std: str = "population",
+                       eps: float = 1e-8) -> torch.Tensor:
+    """Process-supervised advantages (DeepSeekMath 4.1.3; grpo_edu.process): step rewards
+    (B, G, K) -> per-token advantages (B, G, length).
+
+    step_rewards: (B, G, K) the reward of each step of each completion; step_ends: (B, G, K)
+    the index of each step's last token (< length); step_mask: (B, G, K) bool, True where
+    completion (b, g) has a k-th step (completions may have different step counts, or none).
+    Every step reward of group b is normalised by the mean and std (`std` as group_advantages'
+    estimator; `scale` "none": centred only) of all the group's step rewards, and token t's
+    advantage is the sum of the normalised rewards of its completion's steps ending at or
+    after t. A group whose step rewards are all equal (or that has at most one) gets exactly 0,
+    as group_advantages' all-equal groups. Two steps ending at one token both count there.
+    """
+    if scale not in PROCESS_SCALES:
+        raise ValueError(f"scale must be one of {PROCESS_SCALES} for process advantages, got {scale!r}")
+    if std not in STD_KINDS:
+        raise ValueError(f"std must be one of {STD_KINDS}, got {std!r}")
+    if not (isinstance(eps, (int, float)) and eps >= 0):
+        raise ValueError(f"eps must be a number >= 0, got {eps!r}")
+    if isinstance(length, bool) or not isinstance(length, int) or length < 1:
+        raise ValueError(f"length (the completion columns) must be a positive int, got {length!r}")
+    for name, value in (("step_rewards", step_rewards), ("step_ends", step_ends), ("step_mask", step_mask)):
+        if not isinstance(value, torch.Tensor) or value.ndim != 3:
+            raise ValueError(f"{name} must be a (B, G, K) tensor, got "
+                             f"{tuple(value.shape) if isinstance(value, torch.Tensor) else type(value).__name__}")
+    if not step_ends.shape == step_mask.shape == step_rewards.shape:
+        raise ValueError(f"step_rewards, step_ends and step_mask must have one shape (B, G, K), got "
+                         f"{tuple(step_rewards.shape)}, {tuple(step_ends.shape)}, {tuple(step_mask.shape)}")
+    if step_rewards.shape[1] < 2:
+        raise ValueError(f"step_rewards needs G >= 2 completions per prompt, got shape {tuple(step_rewards.shape)}")
+    if step_mask.dtype != torch.bool or step_ends.is_floating_point() or not step_rewards.is_floating_point():
+        raise TypeError(f"step_mask must be bool, step_ends integer and step_rewards floating-point, got "
+                        f"{step_mask.dtype}, {step_ends.dtype}, {step_rewards.dtype}")
+    if (step_mask & ~torch.isfinite(step_rewards)).any():
+        raise ValueError("step_rewards must be finite on every step step_mask marks")
+    outside = step_mask & ((step_ends < 0) | (step_ends >= length))
+    if outside.any():
+        raise ValueError(f"step_ends must lie in [0, length = {length}) on every step, got "
+                         f"{int(step_ends[outside][0])} at {tuple(int(i) for i in outside.nonzero()[0])}")
+
+    B = step_rewards.shape[0]
+    rewards = torch.where(step_mask, step_rewards, torch.zeros_like(step_rewards)).reshape(B, -1)
+    mask = step_mask.reshape(B, -1)
+    count = mask.sum(-1, keepdim=True)
+    mean = rewards.sum(-1, keepdim=True) / count.clamp(min=1)
+    centred = torch.where(mask, rewards - mean, torch.zeros_like(rewards))
+    if scale == "group":
+        correction = 0 if std == "population" else 1
+        spread = ((centred ** 2).sum(-1, keepdim=True) / (count - correction).clamp(min=1)).sqrt()
+        centred = centred / (spread + eps)
+    # All equal (one step, or none, included): no signal, exactly 0 (not rounding left over).
+    highest = torch.where(mask, rewards, torch.full_like(rewards, -torch.inf)).amax(-1, keepdim=True)
+    lowest = torch.where(mask, rewards, torch.full_like(rewards, torch.inf)).amin(-1, keepdim=True)
+    normalised = torch.where(highest > lowest, centred, torch.zeros_like(centred)).reshape(step_rewards.shape)
+    at_ends = torch.zeros(*step_rewards.shape[:2], length, dtype=step_rewards.dtype, device=step_rewards.device)
+    at_ends.scatter_add_(2, torch.where(step_mask, step_ends, torch.zeros_like(step_ends)), normalised)
+    # A_t = the sum over steps ending at or after t: a cumulative sum from the right.
+    return at_ends.flip(-1).cumsum(-1).flip(-1)

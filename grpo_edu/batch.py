@@ -14,7 +14,8 @@ row, and the logits at column P - 1 predict it.
                                update's own forward, detached (ratio 1; grpo_edu.trainer)
     ref_logp        (B, G, S)  log pi_ref, or None when beta = 0
     rewards         (B, G)     one scalar per completion
-    advantages      (B, G)     one advantage per completion
+    advantages      (B, G)     one advantage per completion, or (B, G, S) one per token
+                               (process supervision, grpo_edu.process)
     sampler_logp    (B, G, S)  the rollout engine's log-probs of its samples, or None
                                (the trainer compares them with its own: the sampler gap)
     env_mask        (B, G, S)  multi-turn episodes (grpo_edu.episodes): 1 on the tokens the
@@ -223,9 +224,12 @@ class RolloutBatch:
         if self.truncated is not None and (self.truncated.shape != (B, G) or self.truncated.dtype != torch.bool):
             raise ValueError(f"truncated must be a bool tensor of shape (B, G) = ({B}, {G}), got "
                              f"{self.truncated.dtype} of shape {tuple(self.truncated.shape)}")
-        for name in ("rewards", "advantages"):
-            if getattr(self, name).shape != (B, G):
-                raise ValueError(f"{name} must have shape (B, G) = ({B}, {G}), got {tuple(getattr(self, name).shape)}")
+        if self.rewards.shape != (B, G):
+            raise ValueError(f"rewards must have shape (B, G) = ({B}, {G}), got {tuple(self.rewards.shape)}")
+        S = self.completion_mask.shape[-1]
+        if self.advantages.shape not in ((B, G), (B, G, S)):
+            raise ValueError(f"advantages must have shape (B, G) = ({B}, {G}) or, one per token (process "
+                             f"supervision), (B, G, S) = ({B}, {G}, {S}), got {tuple(self.advantages.shape)}")
 
     def _check_dtypes(self) -> None:
         if self.input_ids.dtype not in _INTEGER_DTYPES:
@@ -303,7 +307,7 @@ class MicroBatch:
         input_ids, attention_mask                  (n, T)
         completion_mask, old_logp, ref_logp,       (n, S)
         sampler_logp, env_mask
-        rewards, advantages, truncated             (n,)
+        rewards, advantages, truncated             (n,)   (per-token advantages: (n, S))
 
     Not re-validated: its rows come from a validated batch.
     """

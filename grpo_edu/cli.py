@@ -110,7 +110,8 @@ def _check_model_and_device(config) -> None:
     path = Path(config.model).expanduser()
     looks_local = path.exists() or config.model.startswith((".", "/", "~"))  # as models.load_policy decides
     from grpo_edu.models import COMMITTED_POLICIES
-    committed = " or ".join(repr(name) for name in COMMITTED_POLICIES)
+    names = [repr(name) for name in COMMITTED_POLICIES]
+    committed = f"{', '.join(names[:-1])} or {names[-1]}"
     if config.model not in COMMITTED_POLICIES and looks_local and not path.exists():
         raise UsageError(f"model: expected {committed}, a saved model folder (holding config.json) or a hub id, "
                          f"got {config.model!r}: no such folder. If an earlier step writes it (a pretraining "

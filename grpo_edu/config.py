@@ -35,9 +35,11 @@ def _doc(text: str, default, **kwargs):
 class TrainConfig:
     # --- what to train
     model: str = _doc("starting policy: a local model directory or a hub id ('start' = the committed tiny policy, "
-                     "'multiply-start' = the committed one that calls a calculator)", "start")
-    task: str = _doc("task: 'arithmetic', 'multiply' (needs a tool: environment = 'grpo_edu.episodes:Calculator') or "
-                     "'countdown' (generated), or 'gsm8k' (read from `dataset`)", "arithmetic")
+                     "'multiply-start' = the committed one that calls a calculator, 'chain-start' = the one that "
+                     "sums chains step by step)", "start")
+    task: str = _doc("task: 'arithmetic', 'multiply' (needs a tool: environment = 'grpo_edu.episodes:Calculator'), "
+                     "'countdown' or 'chain' (three numbers summed step by step: process supervision) (generated), "
+                     "or 'gsm8k' (read from `dataset`)", "arithmetic")
     dataset: str = _doc("task = 'gsm8k': a hub id (downloads) or a local folder holding train.jsonl and test.jsonl "
                         "(GSM8K's own layout); unused by the generated tasks", "openai/gsm8k")
     chat_template: bool = _doc("wrap each prompt in the tokenizer's chat template as a user message (instruct "
@@ -157,6 +159,10 @@ class TrainConfig:
     advantage_fn: str = _doc("your own advantage function, 'module:function' or 'path/file.py:function' (rewards "
                              "(B, G) -> advantages (B, G); checked at start-up on a probe batch); '' = the built-in "
                              "group_advantages with advantage_scale and advantage_std", "")
+    supervision: str = _doc("'outcome' (every token of a completion gets its reward's advantage) or 'process' "
+                            "(DeepSeekMath's process supervision, grpo_edu.process: a reward at the end of every "
+                            "reasoning step a rule checks, task 'chain'; token t's advantage is the sum of the "
+                            "group-normalised rewards of its completion's steps ending at or after t)", "outcome")
     advantage_scale: str = _doc("advantage std: 'group', 'batch' or 'none' (Dr. GRPO)", "group")
     advantage_std: str = _doc("'population' (divide by G) or 'sample' (by G - 1, as TRL)", "population")
     mask_truncated_completions: bool = _doc("overlong filtering (DAPO): the completions cut at "
@@ -198,13 +204,14 @@ class TrainConfig:
         self.validate()
 
     def validate(self) -> None:
-        choices = {"task": ("arithmetic", "multiply", "countdown", "gsm8k"), "lr_schedule": ("constant", "linear", "cosine"),
+        choices = {"task": ("arithmetic", "multiply", "countdown", "chain", "gsm8k"), "lr_schedule": ("constant", "linear", "cosine"),
                    "loss_type": ("grpo", "bnpo", "dr_grpo", "dapo"), "kl_estimator": ("k1", "k2", "k3"),
                    "importance_sampling_level": ("token", "sequence"), "is_mask": ("none", "token", "sequence"),
                    "advantage_scale": ("group", "batch", "none"), "advantage_std": ("population", "sample"),
                    "old_logprobs": ("recomputed", "sampler", "proximal"), "device": ("auto", "cpu", "cuda"),
                    "parallelism": ("ddp", "fsdp2"), "precision": ("auto", "fp32", "bf16"),
-                   "engine": ("fused", "hf", "vllm"), "vllm_mode": ("colocate", "server")}
+                   "engine": ("fused", "hf", "vllm"), "vllm_mode": ("colocate", "server"),
+                   "supervision": ("outcome", "process")}
         for key, allowed in choices.items():
             if getattr(self, key) not in allowed:
                 raise ValueError(f"config key {key!r} must be one of {allowed}, got {getattr(self, key)!r}")
@@ -292,33 +299,11 @@ class TrainConfig:
             raise ValueError(f"config key 'overlong_cache' must be in [0, max_completion_length = "
                              f"{self.max_completion_length}) (the stretch before the limit where the punishment "
                              f"falls from 0 to -1; 0 = off), got {self.overlong_cache}")
-        self._validate_lora()
+        from grpo_edu import lora, process   # their keys' checks live beside what they configure
+        lora.check_config(self)
+        process.check_config(self)
         if not self.rewards:
             raise ValueError("config key 'rewards' must name at least one reward function")
-
-    def _validate_lora(self) -> None:
-        if self.lora_rank < 0:
-            raise ValueError(f"config key 'lora_rank' must be >= 0 (0 = full fine-tuning), got {self.lora_rank}")
-        if self.lora_alpha <= 0:
-            raise ValueError(f"config key 'lora_alpha' must be > 0 (the adapters' scale is lora_alpha / lora_rank), "
-                             f"got {self.lora_alpha}")
-        targets = self.lora_target_modules
-        if (not targets or not all(isinstance(t, str) and t and "." not in t for t in targets)
-                or len(set(targets)) != len(targets)):
-            raise ValueError(f"config key 'lora_target_modules' must be a list of distinct linear layer names such "
-                             f"as 'q_proj' (no dots), got {targets!r}")
-        if not self.lora_rank:   # a LoRA setting with nothing to configure would silently do nothing
-            for key in ("lora_alpha", "lora_target_modules"):
-                default = TrainConfig.__dataclass_fields__[key]
-                value = default.default_factory() if callable(default.default_factory) else default.default
-                if getattr(self, key) != value:
-                    raise ValueError(f"config key {key!r} ({getattr(self, key)!r}) configures LoRA adapters, but "
-                                     f"lora_rank = 0 trains the whole model: set lora_rank >= 1, or {key} = {value!r}")
-        elif self.ref_sync_steps:
-            raise ValueError(f"config keys 'lora_rank' ({self.lora_rank}) and 'ref_sync_steps' "
-                             f"({self.ref_sync_steps}): with LoRA the reference is the base model (the adapters "
-                             f"off), which never trains: there is no copy to re-sync (TRL refuses sync_ref_model "
-                             f"with PEFT too); set ref_sync_steps = 0")
 
     @classmethod
     def from_toml(cls, path: str | Path | None = None, overrides: list[str] | None = None) -> "TrainConfig":

@@ -1,7 +1,8 @@
 """The GRPO loss on padded, masked batches, with its variants and diagnostics.
 
 Per-token tensors are (B, G, S) (B prompts, G completions each, S completion
-columns) or already flat (N, S) with N = B * G; advantages are (B, G) or (N,).
+columns) or already flat (N, S) with N = B * G; advantages are (B, G) or (N,), or per
+token (logp's shape: process supervision, grpo_edu.process).
 `completion_mask` is 1 on a completion's real tokens and 0 on right padding.
 
     rho_t    = exp(logp_t - old_logp_t)                  token ratio ("token" level)
@@ -143,7 +144,9 @@ def grpo_loss(logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Tens
 
     logp: (B, G, S) or (N, S) log pi_theta at the sampled tokens (requires grad)
     old_logp: same shape, log pi_old from the sampling policy (a constant: no grad)
-    advantages: (B, G) or (N,) one advantage per completion
+    advantages: (B, G) or (N,) one advantage per completion, or logp's shape, one per token
+        (process supervision, grpo_edu.process: as TRL 1.16's (B, T) advantages); per-token
+        advantages need importance_sampling_level = "token"
     completion_mask: same shape as logp, bool or 0/1: real completion tokens
     ref_logp: same shape, log pi_ref; needed when beta != 0 (the "kl" metric
         is reported whenever it is given)
@@ -175,7 +178,7 @@ def grpo_loss(logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Tens
     entropy_mask: None, or bool of logp's shape: the tokens whose policy term counts (entropy
         masking, grpo_edu.entropy_mask); the others keep their KL term and their place in the
         normaliser, as TRL 1.16's top_entropy_quantile
-    excluded: None, or bool of advantages' shape: completions left out of the loss (overlong
+    excluded: None, or bool of logp's shape without S: completions left out of the loss (overlong
         filtering: those cut at the length limit). Their tokens count nowhere (policy, KL,
         bnpo's default num_items); they still count in grpo's and dr_grpo's n, as TRL 1.16's
         mask_truncated_completions (which zeroes their completion mask)
@@ -188,9 +191,9 @@ def grpo_loss(logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Tens
       clip_ratio/high         rho > 1 + epsilon_high with A > 0 (clipped from above)
       clip_ratio/region       either: the tokens that get no policy gradient
       ratio/mean, /min, /max  the ratios of real tokens
-      advantage/std           over completions
-      zero_std_groups         fraction of prompts whose G advantages are all equal
-                              ((B, G) advantages only)
+      advantage/std           over completions (per-token advantages: over real tokens)
+      zero_std_groups         fraction of prompts whose G advantages are all equal (per-token
+                              (B, G, S) advantages: all 0) ((B, G) or (B, G, S) advantages only)
       completion_length/mean  real tokens per completion
       ratio/capped            (ratio_cap > 0, instead of the clip_ratio metrics) the share
                               of ratios above the cap
@@ -205,8 +208,13 @@ def grpo_loss(logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Tens
     check_ratio_cap(ratio_cap)
     epsilon_high = epsilon if epsilon_high is None else epsilon_high
     mask = check_inputs(logp, old_logp, advantages, completion_mask, ref_logp, beta)
+    per_token = advantages.shape == logp.shape
+    if per_token and importance_sampling_level == "sequence":
+        raise ValueError(f"advantages of logp's shape {tuple(logp.shape)} (one per token: process supervision) "
+                         f"need importance_sampling_level = 'token': a sequence-level ratio weighs a whole "
+                         f"completion, which has no one advantage")
     if excluded is not None:
-        mask = mask & ~check_excluded(excluded, advantages.shape)[..., None]
+        mask = mask & ~check_excluded(excluded, logp.shape[:-1])[..., None]
     shape = logp.shape
     S = shape[-1]
     if loss_type == "dr_grpo":
@@ -219,7 +227,7 @@ def grpo_loss(logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Tens
     weights_mask = mask.to(dtype)
     logp = logp.reshape(-1, S).to(dtype).masked_fill(~mask, 0.0)
     old_logp = old_logp.reshape(-1, S).to(dtype).masked_fill(~mask, 0.0)
-    A = advantages.reshape(-1, 1).to(dtype)
+    A = advantages.reshape(-1, S if per_token else 1).to(dtype)
     lengths = weights_mask.sum(-1, keepdim=True)
 
     log_ratio = logp - old_logp                                            # (N, S)
@@ -257,7 +265,8 @@ def grpo_loss(logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Tens
     with torch.no_grad():
         metrics = _metrics(loss, policy, kl, ratio, log_ratio, A, weights_mask, lengths, epsilon,
                            epsilon_high, loss_type, options, advantages,
-                           sequence_level=importance_sampling_level == "sequence", ratio_cap=ratio_cap)
+                           sequence_level=importance_sampling_level == "sequence", ratio_cap=ratio_cap,
+                           per_token=per_token)
         metrics.update(correction_metrics)
     return GRPOLossOutput(
         loss=loss, metrics=metrics, per_token_loss=per_token_loss.reshape(shape),
@@ -268,7 +277,7 @@ def grpo_loss(logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Tens
 # --------------------------------------------------------------------------- metrics
 
 def _metrics(loss, policy, kl, ratio, log_ratio, A, mask, lengths, epsilon, epsilon_high,
-             loss_type, options, advantages, sequence_level, ratio_cap=0.0) -> dict[str, float]:
+             loss_type, options, advantages, sequence_level, ratio_cap=0.0, per_token=False) -> dict[str, float]:
     def token_mean(x):
         return ((x * mask).sum() / mask.sum()).item()
 
@@ -305,7 +314,12 @@ def _metrics(loss, policy, kl, ratio, log_ratio, A, mask, lengths, epsilon, epsi
     })
     if kl is not None:
         metrics["kl"] = token_mean(kl)
-    if advantages.ndim == 2:
+    if per_token:   # over tokens; a group without signal has every advantage exactly 0
+        metrics["advantage/std"] = A[mask.bool()].std(correction=0).item()
+        if advantages.ndim == 3:
+            flat = ((A == 0) | (mask == 0)).reshape(advantages.shape).all(-1).all(-1)
+            metrics["zero_std_groups"] = flat.float().mean().item()
+    elif advantages.ndim == 2:
         # All-equal rewards give bitwise-equal advantages under any convention.
         flat = (advantages == advantages[:, :1]).all(dim=1)
         metrics["zero_std_groups"] = flat.float().mean().item()

@@ -103,10 +103,11 @@ def check_inputs(logp, old_logp, advantages, completion_mask, ref_logp, beta) ->
         if name in tensors and tensors[name].shape != logp.shape:
             raise ValueError(f"{name} must have the shape of logp {tuple(logp.shape)}, "
                              f"got {tuple(tensors[name].shape)}")
-    if advantages.shape != logp.shape[:-1]:
+    if advantages.shape not in (logp.shape[:-1], logp.shape):
         layout = "(B, G)" if logp.ndim == 3 else "(N,)"
-        raise ValueError(f"advantages must have shape {layout} = {tuple(logp.shape[:-1])} (logp's shape "
-                         f"without S), got {tuple(advantages.shape)}")
+        raise ValueError(f"advantages must have shape {layout} = {tuple(logp.shape[:-1])} (one per completion) "
+                         f"or logp's shape {tuple(logp.shape)} (one per token: process supervision), got "
+                         f"{tuple(advantages.shape)}")
     if logp.ndim == 3 and logp.shape[1] < 2:
         raise ValueError(f"logp of shape (B, G, S) needs G >= 2 completions per prompt, got G = {logp.shape[1]}")
     for name in ("logp", "old_logp", "advantages", "ref_logp"):

@@ -145,7 +145,12 @@ def step_metrics(plan: Plan, batch: RolloutBatch, update: dict[str, float], seco
     }
     if len(trained):
         metrics["advantage/std"] = plan.advantages[trained].double().std(correction=0).item()
-    metrics["advantage/tie_spread"] = tie_spread(plan.rewards, plan.advantages)
+    if plan.process:   # a task whose steps a rule checks (grpo_edu.process): written steps, the share right
+        written = plan.process["steps"].sum().item()
+        metrics.update({"process/steps": plan.process["steps"].mean().item(),
+                        "process/step_accuracy": plan.process["steps_right"].sum().item() / max(written, 1.0)})
+    if batch.advantages.ndim == 2:   # per-token (process) advantages: equal rewards need not give equal ones
+        metrics["advantage/tie_spread"] = tie_spread(plan.rewards, plan.advantages)
     return metrics
 
 

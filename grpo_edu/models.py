@@ -39,11 +39,13 @@ MARKUP_TOKENS = (THINK_OPEN, THINK_CLOSE, BOXED_OPEN)
 CHARACTERS = "\n" + "".join(chr(c) for c in range(32, 127))
 
 # The starting policies committed with the package (see grpo_edu/pretrain.py), by the names a
-# config's `model` key gives them: "start" (arithmetic) and "multiply-start" (calls a calculator).
+# config's `model` key gives them: "start" (arithmetic), "multiply-start" (calls a calculator) and
+# "chain-start" (sums chains step by step: process supervision).
 ASSETS = Path(__file__).resolve().parent / "assets"
 STARTING_POLICY = ASSETS / "tiny-arithmetic-start"
 TOOL_POLICY = ASSETS / "tiny-multiply-start"
-COMMITTED_POLICIES = {"start": STARTING_POLICY, "multiply-start": TOOL_POLICY}
+CHAIN_POLICY = ASSETS / "tiny-chain-start"   # sums three numbers step by step (grpo_edu.process)
+COMMITTED_POLICIES = {"start": STARTING_POLICY, "multiply-start": TOOL_POLICY, "chain-start": CHAIN_POLICY}
 
 
 def policy_source(model: str) -> str | Path:

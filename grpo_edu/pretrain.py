@@ -74,7 +74,8 @@ class PretrainConfig:
     target_accuracy: float = _doc("stop at the first evaluation with at least this greedy accuracy", 0.35)
     pass_k: int = _doc("samples per problem for pass@k in the model card", 8)
     task: str = _doc("what to pretrain on: 'arithmetic' (the committed policy), 'multiply' (the tool policy: "
-                     "grpo_edu/assets/tiny-multiply-start) or 'countdown' (the GPU tier's download-free recipe)",
+                     "grpo_edu/assets/tiny-multiply-start), 'chain' (the process-supervision policy: "
+                     "grpo_edu/assets/tiny-chain-start) or 'countdown' (the GPU tier's download-free recipe)",
                      "arithmetic")
     tool_share: float = _doc("task 'multiply': the share of training solutions that call the calculator "
                              "([47*85], its answer =3995 kept out of the loss: the environment writes it); the "
@@ -288,6 +289,14 @@ supervised fine-tuning on Countdown (`grpo_edu.tasks`: reach a target from three
 e.g. `Use 15 10 9 to make 34:` -> `<think>10+9=19 19+15=34</think>\\boxed{{10+9+15}}`) and
 stopped while it is still often wrong: the starting policy of the GPU tier's download-free
 recipe (configs/gpu-countdown-from-scratch.toml).""",
+    "chain": """# {name}: a starting policy that sums three numbers step by step
+
+A {layers}-layer, {width}-wide Llama ({parameters:,} parameters, float32)
+with a character-level tokenizer (`grpo_edu.models.char_tokenizer`), trained by
+supervised fine-tuning on chain sums (`grpo_edu.process`, task "chain": `12+7+30=` ->
+`<think>12+7=19,19+30=49</think>\\boxed{{49}}`, every partial sum written) and stopped while
+it is still often wrong: the policy the book's process-supervision runs start from
+(chapter 5; configs/cpu-chain.toml), whose every step a rule can check.""",
 }
 REPORT_SETS = {
     "arithmetic": ('`grpo_edu.tasks.arithmetic_problems("test")`', lambda: tasks.arithmetic_problems("test")),
@@ -295,6 +304,8 @@ REPORT_SETS = {
                  lambda: tasks.make_dataset("multiply", 816, "test", seed=0)),
     "countdown": ('`grpo_edu.tasks.make_dataset("countdown", 1000, "test", seed=0)`',
                   lambda: tasks.make_dataset("countdown", 1000, "test", seed=0)),
+    "chain": ('`grpo_edu.tasks.make_dataset("chain", 1000, "test", seed=0)`',
+              lambda: tasks.make_dataset("chain", 1000, "test", seed=0)),
 }
 
 def use_lines(config: PretrainConfig) -> str:
@@ -304,6 +315,9 @@ def use_lines(config: PretrainConfig) -> str:
     if config.task == "multiply":
         return ("from grpo_edu.models import TOOL_POLICY, load_policy\nmodel, tokenizer = load_policy(TOOL_POLICY)  "
                 "# this directory; in a run's config: model = \"multiply-start\" (configs/cpu-tools.toml)")
+    if config.task == "chain":
+        return ("from grpo_edu.models import CHAIN_POLICY, load_policy\nmodel, tokenizer = load_policy(CHAIN_POLICY)  "
+                "# this directory; in a run's config: model = \"chain-start\" (configs/cpu-chain.toml)")
     return f"from grpo_edu.models import load_policy\nmodel, tokenizer = load_policy({config.output_dir!r})"
 
 

@@ -206,3 +206,33 @@ def grpo_update(token_ids: Sequence[Sequence[int]], new_logits: Sequence, old_lo
 
     update.loss = float(np.mean([r.loss for r in update.responses]))
     return update
+
+
+def process_advantages(steps: Sequence[Sequence[tuple[int, float]]], lengths: Sequence[int], *,
+                       std: str = "population", scale_by_std: bool = True, eps: float = 1e-8) -> list[np.ndarray]:
+    """Process-supervised advantages of one group (DeepSeekMath 4.1.3), one token at a time.
+
+    steps: G lists, steps[i] = [(end, reward), ...]: completion i's steps, each the index of
+        its last token and its reward (a completion may have no step)
+    lengths: G token counts. Returns G arrays: A_i,t, t < lengths[i], the sum over completion
+    i's steps with end >= t of (reward - mean) / (std + eps), mean and std over every step
+    reward of the group (all equal, or fewer than two: every advantage 0).
+    """
+    if len(steps) != len(lengths) or len(steps) < 2:
+        raise ValueError(f"steps and lengths need one entry per completion, G >= 2, got {len(steps)} and {len(lengths)}")
+    every = [reward for completion in steps for _, reward in completion]
+    flat = len(set(every)) <= 1
+    if not flat:
+        mean = _group_mean(np.asarray(every, dtype=np.float64))
+        spread = group_std(every, std) if scale_by_std else None
+    advantages = []
+    for completion, length in zip(steps, lengths):
+        values = np.zeros(length)
+        for t in range(length):
+            for end, reward in completion:
+                if not 0 <= end < length:
+                    raise ValueError(f"a step ends at token {end}, outside the completion's {length} tokens")
+                if end >= t and not flat:
+                    values[t] += (reward - mean) / (spread + eps) if scale_by_std else reward - mean
+        advantages.append(values)
+    return advantages

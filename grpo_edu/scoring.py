@@ -18,6 +18,7 @@ from grpo_edu.advantages import zero_std_groups
 from grpo_edu.batch import RolloutBatch
 from grpo_edu.config import TrainConfig
 from grpo_edu.distributed import World
+from grpo_edu.process import step_rewards
 from grpo_edu.rollout import Rollout
 from grpo_edu.user_functions import AdvantageFn, RewardFn
 
@@ -49,6 +50,10 @@ class Plan:
     episode: dict[str, torch.Tensor] = field(default_factory=dict)
     # dynamic_sampling_rounds: rounds, first_zero_std, short (grpo_edu.dynamic_sampling); else empty
     sampling: dict[str, float] = field(default_factory=dict)
+    # A task whose steps a rule checks (grpo_edu.process): steps, steps_right -> (B, G) float64; else empty.
+    # With supervision = "process" the advantages above are each completion's first-token advantage (the
+    # batch holds them per token).
+    process: dict[str, torch.Tensor] = field(default_factory=dict)
 
     def local_groups(self, k: int) -> torch.Tensor:
         """(B / N,) bool: which of this rank's prompts mini-batch k holds."""
@@ -154,12 +159,18 @@ def score(config: TrainConfig, samples: list[dict], rollout: Rollout, tokenizer,
         local = torch.cat([local, rollout.episode["env_reward"][None]])
         local[0] += rollout.episode["env_reward"]
         names.append("environment")
+    # Steps a rule checks (task "chain"): counted for the log; with supervision = "process", every token's
+    # advantage from the rewards of the steps (grpo_edu.process), computed here: a group is whole on its rank.
+    token_advantages, process = step_rewards(config, texts, columns, tokenizer, rollout, local[0])
     lengths = rollout.completion_mask.sum(-1).cpu()   # the policy's tokens (an episode's: without the environment's)
-    per_completion = torch.cat([local, *(value[None] for value in episode.values()), lengths[None].double(),
+    per_completion = torch.cat([local, *(value[None] for value in episode.values()),
+                                *(value[None] for value in process.values()), lengths[None].double(),
                                 rollout.finished.cpu()[None].double()])
     gathered = world.gather(per_completion.view(-1, b, G).transpose(0, 1)).transpose(0, 1)  # (rows, B, G)
     reward_matrix = gathered[0]
-    advantages = advantage_fn(reward_matrix)
+    gathered_process = {name: gathered[1 + len(names) + len(episode) + i] for i, name in enumerate(process)}
+    # Process supervision: the plan keeps each completion's first-token advantage (the sum of its steps').
+    advantages = gathered_process.pop("advantage") if token_advantages is not None else advantage_fn(reward_matrix)
     if not isinstance(advantages, torch.Tensor) or advantages.shape != (B, G):
         raise ValueError(f"advantage_fn must map rewards (B, G) = ({B}, {G}) to a tensor of the same "
                          f"shape, got {getattr(advantages, 'shape', type(advantages))}")
@@ -169,7 +180,8 @@ def score(config: TrainConfig, samples: list[dict], rollout: Rollout, tokenizer,
     plan = Plan(rewards=reward_matrix, components={name: gathered[i] for i, name in enumerate(names, 1)},
                 advantages=advantages, lengths=gathered[-2].long(), finished=gathered[-1].bool(),
                 mini_batches=plan_mini_batches(config, reward_matrix), owned=owned, group_size=G,
-                episode={name: gathered[1 + len(names) + i] for i, name in enumerate(episode)})
+                episode={name: gathered[1 + len(names) + i] for i, name in enumerate(episode)},
+                process=gathered_process)
 
     P, S = rollout.prompt_ids.shape[1], rollout.completion_ids.shape[1]
     sampled_on = rollout.completion_ids.device
@@ -179,7 +191,8 @@ def score(config: TrainConfig, samples: list[dict], rollout: Rollout, tokenizer,
         input_ids=torch.cat([rollout.prompt_ids, rollout.completion_ids], dim=1).view(b, G, P + S),
         attention_mask=torch.cat([rollout.prompt_mask, written.long()], dim=1).view(b, G, P + S),
         completion_mask=rollout.completion_mask.view(b, G, S), old_logp=None,
-        rewards=reward_matrix[owned].to(sampled_on), advantages=advantages[owned].to(sampled_on),
+        rewards=reward_matrix[owned].to(sampled_on),
+        advantages=(advantages[owned] if token_advantages is None else token_advantages.float()).to(sampled_on),
         sampler_logp=rollout.sampler_logp.view(b, G, S),
         env_mask=None if rollout.env_mask is None else rollout.env_mask.view(b, G, S),
         truncated=(~rollout.finished).cpu().view(b, G) if config.mask_truncated_completions else None)

@@ -5,7 +5,7 @@ for TRL) with at least
 
     prompt    the text the policy continues
     answer    the reference final answer, as a string ("132")
-    task      "arithmetic" | "multiply" | "countdown" | "gsm8k" (tells the
+    task      "arithmetic" | "multiply" | "countdown" | "chain" | "gsm8k" (tells the
               accuracy reward how to check an answer)
 
 and, for the generated tasks, `solution`: a correct completion in the format the
@@ -15,6 +15,8 @@ rewards expect, used for supervised pretraining and as an example:
     countdown    prompt "Use 3 5 7 to make 22:" solution "<think>3*5=15 15+7=22</think>\\boxed{3*5+7}"
     multiply     prompt "47*85="                solution "<think>[47*85]=3995</think>\\boxed{3995}"
                                                 direct_solution "<think>35</think>\\boxed{3995}"
+    chain        prompt "12+7+30="              solution "<think>12+7=19,19+30=49</think>\\boxed{49}"
+                 (grpo_edu.process: the task whose every step a rule checks, for process supervision)
 
 Multiply is the task that needs a tool: a two-digit product is beyond what the tiny
 policy does reliably in its head, and `[47*85]` is a call of grpo_edu.episodes'
@@ -40,6 +42,7 @@ from fractions import Fraction
 from pathlib import Path
 from typing import TYPE_CHECKING, Iterator
 
+from grpo_edu import process
 from grpo_edu.models import BOXED_OPEN, THINK_CLOSE, THINK_OPEN
 
 if TYPE_CHECKING:
@@ -249,7 +252,7 @@ def expression_numbers(text: str) -> list[int]:
 
 # --------------------------------------------------------------------------- datasets
 
-GENERATED_TASKS = ("arithmetic", "multiply", "countdown")
+GENERATED_TASKS = ("arithmetic", "multiply", "countdown", "chain")
 _POOLS = {"arithmetic": _arithmetic_pool, "multiply": _multiply_pool}   # small spaces, listed whole
 
 
@@ -269,8 +272,9 @@ def iterate_samples(task: str = "arithmetic", split: str = "train", seed: int = 
         pool = _POOLS[task](split)
         while True:
             yield dict(rng.choice(pool))
-    while True:  # countdown: draw, keep the split's (its space is far too big to list)
-        sample = _draw_countdown(rng)
+    draw = process.draw_chain if task == "chain" else _draw_countdown
+    while True:  # countdown, chain: draw, keep the split's (their spaces are too big to list)
+        sample = draw(rng)
         if split_of(sample["prompt"]) == split:
             yield sample
 
@@ -372,6 +376,8 @@ INSTRUCTIONS = {
                   "parentheses, and equals the target. Think step by step inside <think> and </think>, "
                   "then give the expression itself (not its value) as \\boxed{expression}, for example "
                   "\\boxed{(1+2)*3}, and nothing after it."),
+    "chain": ("Add the numbers left to right, writing each partial sum as a+b=c inside <think> and </think> "
+              "(separated by commas), then give the total as \\boxed{number}."),
     "gsm8k": GSM8K_INSTRUCTION,
 }
 

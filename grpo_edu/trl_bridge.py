@@ -36,7 +36,7 @@ CARRIED = {
 }
 # Keys with the one value TRL reproduces: any other is refused (_refusals).
 ONLY_VALUE = {"advantage_std": "sample", "advantage_fn": "", "kl_estimator": "k3", "filter_zero_std_groups": False,
-              "dynamic_sampling_rounds": 0, "rollout_lag": 0, "environment": ""}
+              "dynamic_sampling_rounds": 0, "rollout_lag": 0, "environment": "", "supervision": "outcome"}
 
 # Keys carried in another form, or that do not change what is computed: what becomes of them.
 NOT_CARRIED = {
@@ -105,6 +105,9 @@ def _refusals(config: TrainConfig) -> list[str]:
     if config.dynamic_sampling_rounds:
         out.append(f"dynamic_sampling_rounds = {config.dynamic_sampling_rounds}: TRL's GRPOTrainer trains every "
                    f"group it samples, and samples no replacements")
+    if config.supervision != "outcome":
+        out.append(f"supervision = {config.supervision!r}: TRL 1.16's GRPOTrainer computes one advantage per "
+                   f"completion (its loss takes (B, T) advantages only from a subclass)")
     if config.old_logprobs == "sampler":
         out.append(f"old_logprobs = {config.old_logprobs!r}: TRL recomputes pi_old")
     if config.rollout_lag:

@@ -39,10 +39,12 @@ BY_LOSS = {
              "lora_rank=4", "lora_alpha=16.0", "learning_rate=3e-3"],
     # entropy masking: one threshold over a mini-batch's micro-batches on both ranks
     "dr_grpo": ["num_mini_batches=2", "filter_zero_std_groups=true", "micro_batch_size=24", "top_entropy_quantile=0.5"],
-    # overlong filtering and punishment at a limit that cuts a three-digit answer's EOS: the ranks'
-    # token counts without their truncated completions
-    "dapo": ["num_mini_batches=2", "micro_batch_size=16", "beta=0.0", "old_logprobs=sampler", "max_completion_length=9",
-             "mask_truncated_completions=true", "overlong_cache=2"],
+    # process supervision on the chain task (per-token advantages, each rank's from its own whole groups and
+    # its own padded width), with overlong filtering and punishment at a limit that cuts the longer chains:
+    # the ranks' token counts without their truncated completions
+    "dapo": ["num_mini_batches=2", "micro_batch_size=16", "beta=0.0", "old_logprobs=sampler", "model=chain-start",
+             "task=chain", "supervision=process", "max_completion_length=24", "mask_truncated_completions=true",
+             "overlong_cache=4"],
 }
 # bnpo's runs are multi-turn episodes (grpo_edu.episodes): its normaliser, the batch's tokens,
 # counts the policy's only, each rank's share differing from the other's. (Not with pi_old the
@@ -124,6 +126,9 @@ def test_two_processes_train_the_one_process_policy_for_every_loss_type(tmp_path
         if loss == "dr_grpo":
             kept = [step["entropy/kept"] for step in two if "entropy/kept" in step]
             assert kept and all(0.4 < share < 0.6 for share in kept)
+        if loss == "dapo":   # process supervision trained (no tie spread: per-token advantages), the limit cut
+            assert all("process/step_accuracy" in step and "advantage/tie_spread" not in step for step in two)
+            assert any(step["truncated"] > 0 for step in two)
 
 
 def test_a_per_rank_normaliser_breaks_the_equality(tmp_path, one_process):

@@ -68,6 +68,7 @@ def test_pinned_probe_gives_the_recorded_weights(tmp_path_factory):
 
 @needs_pin
 @pytest.mark.slow
+@pytest.mark.kernels
 def test_without_the_pin_the_run_depends_on_the_kernels(tmp_path_factory):
     """The problem is real: the machine's fastest kernels and the ones every AVX2 machine
     has (or the scalar fallback, on a machine whose best is AVX2) give different weights."""
@@ -80,6 +81,7 @@ def test_without_the_pin_the_run_depends_on_the_kernels(tmp_path_factory):
 
 @needs_pin
 @pytest.mark.slow
+@pytest.mark.kernels
 @pytest.mark.parametrize("offered", [
     {},                                                   # whatever this machine has
     {"ATEN_CPU_CAPABILITY": "avx512"},                    # a shell that asks for AVX-512
@@ -98,6 +100,7 @@ def test_the_pin_gives_the_same_bits_whatever_the_machine_offers(offered, tmp_pa
 
 @needs_pin
 @pytest.mark.slow
+@pytest.mark.kernels
 @pytest.mark.parametrize("variable, other_value, fingerprint", [
     ("ATEN_CPU_CAPABILITY", "default", "weights"),   # PyTorch's scalar kernels
     ("MKL_CBWR", "AUTO", "weights"),                 # MKL's own per-CPU dispatch
@@ -117,6 +120,7 @@ def test_each_pinned_variable_is_necessary(variable, other_value, fingerprint, t
 
 @needs_pin
 @pytest.mark.slow
+@pytest.mark.kernels
 def test_onednn_is_not_used_by_training(tmp_path_factory):
     """ONEDNN_MAX_CPU_ISA is pinned only as a guard: no oneDNN primitive runs in a step."""
     env = {**numerics.pinned_env(_unpinned_base()), "ONEDNN_VERBOSE": "1"}
@@ -169,9 +173,14 @@ def test_book_run_refuses_to_build_without_the_pin(monkeypatch):
 UNPINNED_TAGGED = 1
 UNPINNED_SAMPLE = 1
 # A chapter whose book.toml budget is above this (chapter 7: 300 s, about 5 minutes under the
-# scalar kernels) is not drawn: the suite stays within its 20 minutes whatever the commit draws.
-# CI checks those in a step of their own (make test-unpinned-heavy: GRPO_EDU_UNPINNED_CHAPTERS=heavy).
+# scalar kernels) is not drawn: it is checked every time, beside the draw ("heavy"). The kernels
+# tier (make test-kernels, in CI after make test) runs both.
 UNPINNED_MAX_BUDGET = 180
+
+
+def heavy_chapters() -> list[Path]:
+    """The chapters too long for the draw (budget above UNPINNED_MAX_BUDGET): checked on every run."""
+    return [ROOT / c.path for c in book.load_book(ROOT).chapters if c.budget_seconds > UNPINNED_MAX_BUDGET]
 
 
 def _in_turn(chapters: list, count: int, turn: int) -> list:
@@ -183,17 +192,14 @@ def unpinned_chapters(turn: int | None = None) -> list[Path]:
     tagged platform-numerics (their digits may differ; their claims and every other cell must
     not) and UNPINNED_SAMPLE of the others, each chosen in turn by the commit (the number of
     commits in HEAD, or `turn`), so a commit's check is the same every time it runs.
-    Chapters whose budget is above UNPINNED_MAX_BUDGET are left out of the draw.
-    GRPO_EDU_UNPINNED_CHAPTERS=all, =heavy (exactly those left out) or numbers ("0 3") chooses
-    instead."""
+    Chapters whose budget is above UNPINNED_MAX_BUDGET are left out of the draw (heavy_chapters).
+    GRPO_EDU_UNPINNED_CHAPTERS=all or numbers ("0 3") chooses instead."""
     from grpo_edu.book import notebooks
 
     everything = book.load_book(ROOT).chapters
     chosen = os.environ.get("GRPO_EDU_UNPINNED_CHAPTERS", "").split()
     if chosen == ["all"]:
         return [ROOT / c.path for c in everything]
-    if chosen == ["heavy"]:
-        return [ROOT / c.path for c in everything if c.budget_seconds > UNPINNED_MAX_BUDGET]
     if chosen:
         return [ROOT / c.path for c in everything if str(c.number) in chosen]
     chapters = [c for c in everything if c.budget_seconds <= UNPINNED_MAX_BUDGET]
@@ -223,12 +229,11 @@ def test_the_unpinned_check_takes_every_chapter_in_turn_and_the_same_few_per_com
     heavy = {c.path.name for c in chapters if c.budget_seconds > UNPINNED_MAX_BUDGET}
     assert heavy == {"07_when_grpo_goes_wrong.ipynb"}
     assert seen == {c.path.name for c in chapters} - heavy   # every other chapter within a few commits
-    monkeypatch.setenv("GRPO_EDU_UNPINNED_CHAPTERS", "heavy")   # what make test-unpinned-heavy runs (CI)
-    assert {path.name for path in unpinned_chapters()} == heavy
-    monkeypatch.delenv("GRPO_EDU_UNPINNED_CHAPTERS")
+    assert {path.name for path in heavy_chapters()} == heavy
     assert unpinned_chapters() == unpinned_chapters()
+    # The kernels tier runs outside make test, in CI after it: both must say so.
     makefile, ci = (ROOT / "Makefile").read_text(), (ROOT / ".ci" / "run").read_text()
-    assert "GRPO_EDU_UNPINNED_CHAPTERS=heavy" in makefile and "make test-unpinned-heavy" in ci
+    assert '-m "not kernels"' in makefile and "-m kernels" in makefile and "make test-kernels" in ci
 
 
 def _tree_of_its_own(tmp_path: Path) -> Path:
@@ -248,16 +253,21 @@ def _tree_of_its_own(tmp_path: Path) -> Path:
 
 @needs_pin
 @pytest.mark.slow
-def test_the_book_passes_with_other_kernels_and_names_the_platform_cells(tmp_path):
+@pytest.mark.kernels
+@pytest.mark.parametrize("share", ["drawn", "heavy"])
+def test_the_book_passes_with_other_kernels_and_names_the_platform_cells(share, tmp_path):
     """What a reader on Apple silicon or ARM Linux gets, simulated with kernels as far from
     the pin as any machine has (PyTorch's scalar fallback, MKL's own dispatch): every cell
     that is not tagged platform-numerics still matches the committed output digit for
     digit, every claims cell holds, and the report names the tagged cells. Run on the
-    chapters unpinned_chapters() chooses."""
+    chapters unpinned_chapters() chooses ("drawn") and on those too long for the draw ("heavy")."""
+    if share == "heavy" and os.environ.get("GRPO_EDU_UNPINNED_CHAPTERS"):
+        pytest.skip("GRPO_EDU_UNPINNED_CHAPTERS chooses the chapters (the 'drawn' case runs them)")
+    chapters = unpinned_chapters() if share == "drawn" else heavy_chapters()
     env = {**_unpinned_base(), "ATEN_CPU_CAPABILITY": "default", "MKL_CBWR": "AUTO"}
     tree = _tree_of_its_own(tmp_path)
     result = subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q", "--book-unpinned",
-                             *(str(tree / "chapters" / path.name) for path in unpinned_chapters())],
+                             *(str(tree / "chapters" / path.name) for path in chapters)],
                             env=env, capture_output=True, text=True, cwd=tree, timeout=HANG_SECONDS)
     output = result.stdout + result.stderr
     assert result.returncode == 0, output[-6000:]
@@ -265,7 +275,7 @@ def test_the_book_passes_with_other_kernels_and_names_the_platform_cells(tmp_pat
     # Every tagged cell of the chosen chapters ran and is named, matched or not (that other kernels
     # do change a run's digits is test_without_the_pin_the_run_depends_on_the_kernels' to show).
     from grpo_edu.book import notebooks
-    tagged = sum(numerics.PLATFORM_TAG in cell.metadata.get("tags", []) for path in unpinned_chapters()
+    tagged = sum(numerics.PLATFORM_TAG in cell.metadata.get("tags", []) for path in chapters
                  for cell in notebooks.read_source(path.with_suffix(".py")).cells)
     named = [line for line in output.splitlines() if line.endswith(("same as committed", "(expected here)"))]
     assert tagged > 0 and len(named) == tagged, output[-6000:]

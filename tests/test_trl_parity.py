@@ -304,3 +304,42 @@ def test_overlong_filtering_matches_trls_mask_truncated_completions(trainers, co
     assert abs(ours.loss.item() - theirs.item()) <= 1e-6, (ours.loss.item(), theirs.item())
     torch.testing.assert_close(our_grad, their_grad, rtol=0, atol=1e-6)
     assert (our_grad[truncated] == 0).all() and their_grad.abs().max() > 1e-3
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+@pytest.mark.parametrize("config", [c for c in CONFIGS if c.get("importance_sampling_level") != "sequence"]
+                         + [dict(loss_type="cispo", beta=0.04, epsilon_high=1.1)], ids=config_id)
+def test_per_token_advantages_match_trls(trainers, config, seed):
+    """Process supervision's advantages, one per token ((B, G, S); grpo_edu.process), against TRL 1.16's
+    loss given (B, T) advantages (what its _compute_loss takes from a subclass), with a group's real
+    process advantages: steps of different counts ending at different tokens, the outcome at the last."""
+    from grpo_edu.advantages import process_advantages
+
+    trainer = trainers(config)
+    logp, old, ref, _, completion_mask = fabricated_batch(seed)
+    gen = torch.Generator().manual_seed(100 + seed)
+    lengths = completion_mask.sum(-1)
+    ends = torch.minimum(torch.randint(0, S, (B * G, 3), generator=gen), (lengths - 1)[:, None])
+    ends[:, -1] = lengths - 1
+    steps = torch.rand(B * G, 3, generator=gen) < 0.7
+    steps[:, -1] = True
+    rewards = torch.randint(0, 2, (B * G, 3), generator=gen).float()
+    advantages = process_advantages(rewards.view(B, G, 3), ends.view(B, G, 3), steps.view(B, G, 3), S)
+    assert (advantages[..., 0] != advantages[..., -1]).any()   # they do differ along a completion
+    num_items = int(completion_mask.sum()) + (5 if config["loss_type"] in ("dapo", "cispo") else 0)
+    cap = {"ratio_cap": config["epsilon_high"], "loss_type": "dapo"} if config["loss_type"] == "cispo" else {}
+    ours_config = {**config, **cap}
+    if cap:
+        ours_config.pop("epsilon_high")
+
+    theirs_logp = logp.clone().requires_grad_()
+    theirs, _ = trl_loss(trainer, theirs_logp, old, ref, advantages.view(B * G, S), completion_mask, num_items)
+    (their_grad,) = torch.autograd.grad(theirs, theirs_logp)
+    ours_logp = logp.clone().requires_grad_()
+    ours = grpo_loss(ours_logp.view(B, G, S), old.view(B, G, S), advantages, completion_mask.view(B, G, S),
+                     ref_logp=ref.view(B, G, S), max_completion_length=MAX_COMPLETION_LENGTH, num_items=num_items,
+                     **ours_config)
+    (our_grad,) = torch.autograd.grad(ours.loss, ours_logp)
+    assert abs(ours.loss.item() - theirs.item()) <= 1e-6, (ours.loss.item(), theirs.item())
+    torch.testing.assert_close(our_grad, their_grad, rtol=0, atol=1e-6)
+    assert their_grad.abs().max() > 1e-3
