@@ -2,8 +2,8 @@
 numbers summed one written step at a time, the committed policy grpo_edu/assets/tiny-chain-start,
 150 steps, seeds 0 1 2; everything else the CPU tier's default run):
 
-    outcome   one reward per completion (accuracy + 0.5 format): every token of a completion gets
-              its reward's group advantage
+    outcome   one reward per completion (its accuracy, the config's only reward): every token of a
+              completion gets its reward's group advantage
     process   the same outcome reward at each completion's last token, and a reward at the end of
               every written step (1 right on its own, 0 wrong; grpo_edu.process), normalised over
               all the group's step rewards; token t's advantage is the sum over the steps ending at

@@ -34,7 +34,9 @@ import collections
 import inspect
 import json
 import warnings
+from pathlib import Path
 
+import matplotlib.pyplot as plt
 import numpy as np
 import torch
 
@@ -351,6 +353,202 @@ else:
 # `completion_ids`, `trainer_state` and logging hooks), which our functions accept and
 # ignore through `**kwargs`. Chapter 6 trains with the same functions in grpo_edu's own
 # loop, for real.
+#
+# ## Rewarding every step: process supervision
+#
+# Everything above gives one number per completion, and GRPO turns it into one advantage that
+# every token of the completion shares: a right first step of a wrong answer is pushed down
+# with the rest of it. DeepSeekMath (section 4.1.3) also trains with *process supervision*, a
+# reward at the end of every reasoning step. Completion i's step j ends at token index(j) and
+# gets a reward $r_i^{index(j)}$; every step reward of the group, R, is normalised by the mean
+# and standard deviation of all of them, and the advantage of token t is the sum of the
+# normalised rewards of the steps that end at or after it:
+#
+# $$\tilde r_i^{index(j)} = \frac{r_i^{index(j)} - \mathrm{mean}(R)}{\mathrm{std}(R)}, \qquad
+# \hat A_{i,t} = \sum_{index(j) \ge t} \tilde r_i^{index(j)}.$$
+#
+# DeepSeekMath's step rewards come from a learned process reward model. Here a rule gives them,
+# on a task whose every step a program can check: `chain` (`grpo_edu.process`) sums three
+# numbers one written partial sum at a time. A step `a+b=c` is right when it adds the prompt's
+# next number to the total the completion itself wrote last, and c = a + b; a step after a
+# wrong one can be right. The completion's last token carries its outcome reward, its accuracy
+# (`configs/cpu-chain.toml` rewards accuracy alone, so that every step, the final answer
+# included, is right, 1, or wrong, 0): the two kinds of supervision see the same outcome, and
+# process supervision sees the steps too. With one step, at the last token, the formula is
+# outcome supervision again.
+
+# %%
+from grpo_edu import process
+from grpo_edu.advantages import process_advantages
+from grpo_edu.models import CHAIN_POLICY
+
+chain = process.chain_sample([57, 17, 29])
+print(f"{chain['prompt']} -> {chain['solution']}")
+for text in (chain["solution"], "<think>57+17=74,74+29=102</think>\\boxed{102}",
+             "<think>57+17=73,73+29=102</think>\\boxed{102}", "<think>103</think>\\boxed{103}"):
+    steps = process.chain_steps(text, chain["numbers"])
+    print(f"{text:<44} steps (end, reward): {steps}")
+
+# %% [markdown]
+# The committed policy `grpo_edu/assets/tiny-chain-start` (`configs/cpu-chain.toml` trains it)
+# was pretrained on these solutions and stopped while still often wrong. Eight samples for
+# each of 40 held-out problems, and, per group, whether the outcome rewards and the step
+# rewards differ:
+
+# %%
+chain_policy, chain_tokenizer = load_policy(CHAIN_POLICY)
+chain_problems = tasks.make_dataset("chain", 40, "test", seed=0)
+chain_groups = generate_completions(chain_policy, chain_tokenizer, [s["prompt"] for s in chain_problems],
+                                    num_samples=8, temperature=1.0, max_new_tokens=32, seed=0)
+outcome_reward = rewards.combined_reward({"accuracy": 1.0})
+
+
+def group_tensors(sample, texts):
+    """One group's completions as (1, G, S) ids and mask (EOS included), its outcome rewards
+    (1, G) and its steps (grpo_edu.process.completion_steps), with the final answer last."""
+    rows = [chain_tokenizer(t, add_special_tokens=False)["input_ids"] + [chain_tokenizer.eos_token_id] for t in texts]
+    S = max(map(len, rows))
+    ids = torch.tensor([r + [chain_tokenizer.pad_token_id] * (S - len(r)) for r in rows])
+    mask = torch.tensor([[1] * len(r) + [0] * (S - len(r)) for r in rows])
+    outcome = torch.tensor(outcome_reward(texts, answer=[sample["answer"]] * len(texts)), dtype=torch.float64)
+    columns = {"task": ["chain"] * len(texts), "numbers": [sample["numbers"]] * len(texts)}
+    return ids, mask, outcome[None], process.completion_steps(texts, columns, chain_tokenizer, ids, mask, outcome)
+
+
+def differ(values):
+    return bool((values != values.reshape(-1)[0]).any())
+
+
+scored = [(sample, texts, *group_tensors(sample, texts)) for sample, texts in zip(chain_problems, chain_groups)]
+flat_groups = [k for k, (*_, outcome, steps) in enumerate(scored) if not differ(outcome)]
+steps_differ = [k for k in flat_groups if differ(scored[k][-1].rewards[scored[k][-1].mask])]
+print(f"{len(scored)} groups: {len(flat_groups)} with all eight outcome rewards equal (no advantage anywhere under "
+      f"outcome supervision), {len(steps_differ)} of them with step rewards that differ")
+right_after_wrong = sum(int(outcome[0, g]) == 1 and steps.right[g] < steps.written[g]
+                        for *_, outcome, steps in scored for g in range(8))
+print(f"{right_after_wrong} of the {8 * len(scored)} samples box the right answer after a wrong or missing step")
+
+# %% [markdown]
+# A group whose eight outcome rewards are equal teaches nothing under outcome supervision. If
+# its steps differ, process supervision still has something to say. Here is the first such
+# group, its advantages token by token both ways:
+
+# %%
+sample, texts, ids, mask, outcome, steps = scored[steps_differ[0]]
+S = ids.shape[1]
+outcome_A = group_advantages(outcome)[..., None].expand(1, 8, S) * mask
+process_A = process_advantages(steps.rewards[None], steps.ends[None], steps.mask[None], S) * mask
+print(f"problem {sample['prompt']} (answer {sample['answer']}); step rewards of the group: mean "
+      f"{steps.rewards[steps.mask].mean():.4f}, std {steps.rewards[steps.mask].std(correction=0):.4f}")
+for g, text in enumerate(texts):
+    marks = "".join("+" if r else "-" for r in steps.rewards[g, :int(steps.written[g])].tolist())
+    print(f"{text:<40} steps {marks:<3} outcome {outcome[0, g]:.0f}  A outcome {outcome_A[0, g, 0]:+.2f}  "
+          f"A process first token {process_A[0, g, 0]:+.4f}, last {process_A[0, g, int(mask[g].sum()) - 1]:+.4f}")
+
+labels = {chain_tokenizer.convert_tokens_to_ids(t): short for t, short in
+          (("<think>", "T"), ("</think>", "/T"), ("\\boxed{", "B"), ("<eos>", "E"))}
+figure, axes = plt.subplots(1, 2, figsize=(13, 3.6), sharey=True)
+limit = float(process_A.abs().max())
+for ax, values, title in ((axes[0], outcome_A[0], "outcome supervision: one advantage per completion"),
+                          (axes[1], process_A[0], "process supervision: the steps' rewards, summed from the right")):
+    shown = np.ma.masked_where(~mask.bool().numpy(), values.numpy())
+    image = ax.imshow(shown, cmap="coolwarm_r", vmin=-limit, vmax=limit, aspect="auto")
+    for g in range(8):
+        for t in range(int(mask[g].sum())):
+            token = int(ids[g, t])
+            ax.text(t, g, labels.get(token, chain_tokenizer.decode([token])), ha="center", va="center", fontsize=6)
+    ax.set_title(title, fontsize=10)
+    ax.set_xlabel("token")
+axes[0].set_ylabel("completion")
+figure.colorbar(image, ax=axes, shrink=0.8, label="advantage")
+
+# %% [markdown]
+# Under outcome supervision every token of this group gets 0: all eight answers are equally
+# wrong. Under process supervision the tokens before a right step are pushed up and those
+# before a wrong one down (blue up, red down), and the tokens after a completion's last step
+# get only the outcome's share. Per token, the loss is chapter 4's with $\hat A_{i,t}$ in place
+# of $\hat A_i$: `grpo_loss` takes advantages of shape (B, G, S) as TRL 1.16's loss takes (B, T)
+# ones (`tests/test_trl_parity.py` holds the two equal), and the trainer computes them
+# with the config key `supervision = "process"`.
+#
+# **Does it train better?** `benchmarks/process.py` trains the chain policy both ways, 150
+# steps, three seeds each, everything else the CPU tier's default run; every run is evaluated
+# greedily on 256 held-out problems every 25 steps, and the share of written steps that are
+# right is logged either way:
+
+# %%
+PROCESS_RESULTS = json.loads(Path("../benchmarks/results/process.json").read_text())
+process_runs = PROCESS_RESULTS["runs"]
+for variant in PROCESS_RESULTS["variants"]:
+    mine = [r for r in process_runs if r["variant"] == variant]
+    final = [r["final_accuracy"] for r in mine]
+    steps_right = [np.mean(r["steps"]["process/step_accuracy"][-25:]) for r in mine]
+    print(f"{variant:<8} held-out accuracy {mine[0]['start_accuracy']:.4f} -> {np.mean(final):.4f} "
+          f"({min(final):.4f}-{max(final):.4f});  steps right, last 25 steps {np.mean(steps_right):.4f} "
+          f"({min(steps_right):.4f}-{max(steps_right):.4f});  KL, last 25 steps "
+          f"{np.mean([np.mean(r['steps']['kl'][-25:]) for r in mine]):.4f}")
+figure, axes = plt.subplots(1, 2, figsize=(11, 3.4))
+for r in process_runs:
+    color = {"outcome": "tab:gray", "process": "tab:purple"}[r["variant"]]
+    label = r["variant"] if r["seed"] == 0 else None
+    axes[0].plot([0] + [s for s, _ in r["eval"]], [r["start_accuracy"]] + [a for _, a in r["eval"]], color=color,
+                 label=label)
+    window = np.convolve(r["steps"]["process/step_accuracy"], np.ones(10) / 10, mode="valid")
+    axes[1].plot(np.arange(10, len(window) + 10), window, color=color, label=label)
+axes[0].set_title("held-out greedy accuracy (256 problems)")
+axes[1].set_title("share of written steps that are right (sampled, 10-step mean)")
+for ax in axes:
+    ax.set_xlabel("step")
+    ax.legend()
+figure.tight_layout()
+
+# %% [markdown]
+# What this section claims, checked against the file (a variant's pooled interval: the 95% Wilson
+# interval of its three seeds' 768 final evaluations together):
+
+# %%
+from grpo_edu.evaluation import wilson_interval
+
+
+def by_variant(value):
+    return {v: [value(r) for r in process_runs if r["variant"] == v] for v in PROCESS_RESULTS["variants"]}
+
+
+final = by_variant(lambda r: r["final_accuracy"])
+first_evaluation = by_variant(lambda r: r["eval"][0][1])
+late_steps_right = by_variant(lambda r: np.mean(r["steps"]["process/step_accuracy"][-25:]))
+pooled = {v: wilson_interval(round(sum(a) * 256), 3 * 256) for v, a in final.items()}
+for v, a in final.items():
+    print(f"{v:<8} final {np.mean(a):.3f} ({min(a):.3f}-{max(a):.3f}), pooled 95% interval "
+          f"{pooled[v][0]:.3f}-{pooled[v][1]:.3f}; first evaluation (step 25) {min(first_evaluation[v]):.3f}-"
+          f"{max(first_evaluation[v]):.3f}")
+claims = {
+    "every run learns: its final held-out accuracy is at least 0.1 above the start's":
+        all(r["final_accuracy"] > r["start_accuracy"] + 0.1 for r in process_runs),
+    "process supervision ends above outcome supervision in every seed (a seed: the same prompts, the same start)":
+        all(p > o for p, o in zip(final["process"], final["outcome"])),
+    "at the first evaluation (step 25) every process seed is above every outcome seed":
+        min(first_evaluation["process"]) > max(first_evaluation["outcome"]),
+    "over the last 25 steps every process seed writes a larger share of right steps than every outcome seed":
+        min(late_steps_right["process"]) > max(late_steps_right["outcome"]),
+    "the two pooled intervals overlap: at 3 x 256 evaluations the edge is consistent, not yet decisive":
+        pooled["process"][0] < pooled["outcome"][1],
+}
+for claim, holds in claims.items():
+    print(f"{'holds' if holds else 'FAILS'}: {claim}")
+
+# %% [markdown]
+# DeepSeekMath reports process supervision ahead of outcome supervision in its GRPO runs. The
+# tiny tier agrees in direction:
+# ahead in every seed, from the first evaluation on, and its completions write right steps more
+# often. It is not a large edge here, and the reason is in the task: with three numbers there are
+# two steps, so an outcome reward already says a lot about them, and the policy's answer does not
+# always follow its own steps (the groups above include right answers after wrong steps), which
+# caps what rewarding the steps can do for the answer. Where process supervision earns its keep
+# is in groups like the one drawn above: of the 40 groups sampled from the start, those whose
+# eight outcomes are all equal give no gradient at all under outcome supervision, and most of
+# them still differ in their steps. The price is a step verifier: a rule here, a trained process
+# reward model in DeepSeekMath (with the hacking risk of any learned reward, two sections back).
 #
 # ## Exercises
 #

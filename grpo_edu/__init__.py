@@ -3,7 +3,7 @@
 The modules, in the order the data goes through one GRPO step (B prompts, G completions
 per prompt, S completion tokens):
 
-    tasks.py        prompts with answers a program can check (arithmetic, multiply, countdown, GSM8K)
+    tasks.py        prompts with answers a program can check (arithmetic, multiply, countdown, chain, GSM8K)
     rollout.py      G sampled completions per prompt with the sampler's log-probs: the
                     engine protocol, Rollout, and the transformers-generate engine
     fused_llama.py  the fast engine: the same Llama maths fused (KV-cache sampler,
@@ -11,7 +11,10 @@ per prompt, S completion tokens):
     vllm_engine.py  the GPU tier's engine: vLLM 0.31.0, colocated or a server (every
                     line that calls vLLM)
     rewards.py      one scalar per completion from rules: accuracy, format, language
-    advantages.py   group-relative advantages, rewards (B, G) -> advantages (B, G)
+    advantages.py   group-relative advantages, rewards (B, G) -> advantages (B, G); or per
+                    token (B, G, S) from the rewards of every step (process supervision)
+    process.py      process supervision: the chain task, its step verifier, each step's
+                    reward at its token
     batch.py        RolloutBatch: the step's data in the (B, G, S) layout, checked once
     logprobs.py     per-token log-probs at the sampled ids, without the full log-softmax
     loss.py         the clipped surrogate + KL, aggregated (grpo, bnpo, dr_grpo, dapo, GSPO)

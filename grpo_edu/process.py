@@ -40,7 +40,6 @@ import torch
 from grpo_edu.advantages import process_advantages
 from grpo_edu.models import THINK_CLOSE, THINK_OPEN
 
-SUPERVISION = ("outcome", "process")
 CHAIN_NUMBERS = 3                 # numbers per problem: two written steps
 CHAIN_NUMBER_RANGE = (10, 59)     # two-digit numbers: 50 ** 3 = 125,000 problems
 _STEP = re.compile(r"(\d{1,6})\+(\d{1,6})=(\d{1,7})", re.ASCII)

@@ -306,9 +306,10 @@ def test_the_chain_config_is_the_cpu_tier_but_for_its_chain_keys():
     tiny, chain = (TrainConfig.from_toml(ROOT / "configs" / name).to_dict() for name in ("cpu-tiny.toml", "cpu-chain.toml"))
     differ = {key for key in tiny if tiny[key] != chain[key]}
     text = (ROOT / "configs" / "cpu-chain.toml").read_text()
-    marked = {line.split("=")[0].strip() for line in text.splitlines() if "# chain" in line}
-    assert differ == marked == {"model", "task", "max_completion_length", "supervision", "steps", "eval_every",
-                                "output_dir"}
+    marked = {line.split("=")[0].split("]")[0].strip(" [") for line in text.splitlines() if "# chain" in line}
+    assert differ == marked == {"model", "task", "rewards", "max_completion_length", "supervision", "steps",
+                                "eval_every", "output_dir"}
+    assert chain["rewards"] == {"accuracy": 1.0}
     longest = process.chain_sample([process.CHAIN_NUMBER_RANGE[1]] * process.CHAIN_NUMBERS)
     assert len(char_tokenizer()(longest["solution"])["input_ids"]) + 1 <= chain["max_completion_length"]
     assert policy_source("chain-start") == CHAIN_POLICY
@@ -426,3 +427,74 @@ def test_a_lagged_process_rollout_keeps_its_token_advantages_through_a_checkpoin
     assert [m["loss"] for m in whole.history] == [m["loss"] for m in resumed.history]
     record = json.loads((tmp_path / "stopped" / "metrics.jsonl").read_text().splitlines()[1])
     assert "process/step_accuracy" in record
+
+
+# --------------------------------------------------------------------------- benchmarks/process.py
+
+import sys  # noqa: E402
+
+import grid_checks  # noqa: E402
+
+RESULTS = ROOT / "benchmarks" / "results" / "process.json"
+sys.path.insert(0, str(ROOT / "benchmarks"))
+import process as benchmark  # noqa: E402  (benchmarks/process.py)
+
+
+def test_the_results_file_holds_every_variant_and_seed_and_every_run_learned():
+    stored = grid_checks.results(RESULTS)
+    assert stored["config"] == "cpu-chain.toml"
+    for run in grid_checks.every_variant_and_seed(RESULTS, benchmark, eval_every=25):
+        assert run["final_accuracy"] > run["start_accuracy"] + 0.05, (run["variant"], run["seed"])
+        steps_right = run["steps"]["process/step_accuracy"]
+        assert len(steps_right) == stored["steps"] and all(0 <= v <= 1 for v in steps_right)
+
+
+@grid_checks.PINNED
+def test_the_results_file_is_what_the_trainer_computes():
+    """Re-train process, seed 0, for 2 steps under the pin."""
+    grid_checks.reproduces("process.py", RESULTS, "process:0", 2)
+
+
+def test_a_changed_step_accuracy_is_caught():
+    grid_checks.catches_a_change(RESULTS, benchmark, "process", 0, 2, "process/step_accuracy",
+                                 lambda value: value + 1e-9)
+
+
+def test_the_readme_quotes_the_results_file():
+    grid_checks.readme_quotes_final_accuracies(RESULTS, benchmark)
+
+
+# --------------------------------------------------------------------------- the committed chain policy and TRL
+
+def test_the_committed_chain_policy_is_packaged_and_matches_its_model_card():
+    """The card's greedy figures, recomputed from the weights on its 1,000 held-out problems; a policy
+    often wrong, whose samples disagree: room for GRPO."""
+    import tomllib
+
+    from grpo_edu.evaluation import evaluate
+    from grpo_edu.models import load_policy
+
+    files = {p.name: p.stat().st_size for p in CHAIN_POLICY.iterdir()}
+    assert {"model.safetensors", "config.json", "tokenizer.json", "README.md", "pretrain.json"} <= set(files)
+    assert sum(files.values()) <= 2 * 2 ** 20
+    package_data = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["package-data"]
+    assert "assets/tiny-chain-start/*" in package_data["grpo_edu"]
+    log = json.loads((CHAIN_POLICY / "pretrain.json").read_text())
+    card = (CHAIN_POLICY / "README.md").read_text()
+    model, tokenizer = load_policy(CHAIN_POLICY)
+    got = evaluate(model, tokenizer, tasks.make_dataset("chain", 1000, "test", seed=0), max_new_tokens=32)
+    for key in ("greedy_accuracy", "greedy_format"):
+        # Equal up to an argmax flipped by float rounding on another CPU (1 of 1,000).
+        assert got[key] == pytest.approx(log["held_out"][key], abs=1.5 / 1000), key
+    assert f"| greedy accuracy | {log['held_out']['greedy_accuracy']:.4f} |" in card
+    assert f"training stopped at step {log['steps']}" in card and log["config"]["task"] == "chain"
+    assert 0.2 <= log["held_out"]["greedy_accuracy"] <= 0.5 and log["held_out"]["mixed_groups"] >= 0.5
+
+
+def test_the_trl_bridge_refuses_process_supervision():
+    from grpo_edu import trl_bridge
+
+    config = TrainConfig.from_toml(ROOT / "configs" / "cpu-chain.toml", ["advantage_std=sample"])
+    with pytest.raises(ValueError, match="supervision = 'process': TRL 1.16's GRPOTrainer computes one advantage per "
+                                         "completion"):
+        trl_bridge.grpo_config(config)
