@@ -187,6 +187,15 @@ def _in_turn(chapters: list, count: int, turn: int) -> list:
     return [chapters[(turn * count + i) % len(chapters)] for i in range(min(count, len(chapters)))]
 
 
+@functools.lru_cache(maxsize=None)
+def _platform_tagged_sources() -> frozenset:
+    """The chapter sources with a cell tagged platform-numerics (read once: every draw asks)."""
+    from grpo_edu.book import notebooks
+
+    return frozenset(c.source for c in book.load_book(ROOT).chapters if any(
+        numerics.PLATFORM_TAG in cell.metadata.get("tags", []) for cell in notebooks.read_source(ROOT / c.source).cells))
+
+
 def unpinned_chapters(turn: int | None = None) -> list[Path]:
     """The chapters the unpinned check runs: UNPINNED_TAGGED of the chapters that have a cell
     tagged platform-numerics (their digits may differ; their claims and every other cell must
@@ -194,8 +203,6 @@ def unpinned_chapters(turn: int | None = None) -> list[Path]:
     commits in HEAD, or `turn`), so a commit's check is the same every time it runs.
     Chapters whose budget is above UNPINNED_MAX_BUDGET are left out of the draw (heavy_chapters).
     GRPO_EDU_UNPINNED_CHAPTERS=all or numbers ("0 3") chooses instead."""
-    from grpo_edu.book import notebooks
-
     everything = book.load_book(ROOT).chapters
     chosen = os.environ.get("GRPO_EDU_UNPINNED_CHAPTERS", "").split()
     if chosen == ["all"]:
@@ -203,8 +210,7 @@ def unpinned_chapters(turn: int | None = None) -> list[Path]:
     if chosen:
         return [ROOT / c.path for c in everything if str(c.number) in chosen]
     chapters = [c for c in everything if c.budget_seconds <= UNPINNED_MAX_BUDGET]
-    tagged = [c for c in chapters if any(numerics.PLATFORM_TAG in cell.metadata.get("tags", [])
-                                         for cell in notebooks.read_source(ROOT / c.source).cells)]
+    tagged = [c for c in chapters if c.source in _platform_tagged_sources()]
     rest = [c for c in chapters if c not in tagged]
     if turn is None:
         count = subprocess.run(["git", "rev-list", "--count", "HEAD"], cwd=ROOT, capture_output=True, text=True)
