@@ -62,6 +62,13 @@ def check_rewards(rewards: torch.Tensor, name: str = "rewards") -> None:
         raise ValueError(f"{name} must be finite, got {rewards[b, g].item()} at prompt {b}, completion {g}")
 
 
+def _check_std_and_eps(std: str, eps) -> None:
+    if std not in STD_KINDS:
+        raise ValueError(f"std must be one of {STD_KINDS}, got {std!r}")
+    if not (isinstance(eps, (int, float)) and eps >= 0):
+        raise ValueError(f"eps must be a number >= 0, got {eps!r}")
+
+
 def zero_std_groups(rewards) -> torch.Tensor | np.ndarray:
     """(B, G) -> (B,) bool: True where all G rewards of a prompt are equal.
 
@@ -89,10 +96,7 @@ def group_advantages(rewards, *, scale: str = "group", std: str = "population",
     """
     if scale not in SCALES:
         raise ValueError(f"scale must be one of {SCALES}, got {scale!r}")
-    if std not in STD_KINDS:
-        raise ValueError(f"std must be one of {STD_KINDS}, got {std!r}")
-    if not (isinstance(eps, (int, float)) and eps >= 0):
-        raise ValueError(f"eps must be a number >= 0, got {eps!r}")
+    _check_std_and_eps(std, eps)
     tensor, from_numpy = _as_reward_tensor(rewards)
     check_rewards(tensor)
 
@@ -132,10 +136,7 @@ def process_advantages(step_rewards: torch.Tensor, step_ends: torch.Tensor, step
     """
     if scale not in PROCESS_SCALES:
         raise ValueError(f"scale must be one of {PROCESS_SCALES} for process advantages, got {scale!r}")
-    if std not in STD_KINDS:
-        raise ValueError(f"std must be one of {STD_KINDS}, got {std!r}")
-    if not (isinstance(eps, (int, float)) and eps >= 0):
-        raise ValueError(f"eps must be a number >= 0, got {eps!r}")
+    _check_std_and_eps(std, eps)
     if isinstance(length, bool) or not isinstance(length, int) or length < 1:
         raise ValueError(f"length (the completion columns) must be a positive int, got {length!r}")
     for name, value in (("step_rewards", step_rewards), ("step_ends", step_ends), ("step_mask", step_mask)):

@@ -93,34 +93,36 @@ def chain_steps(text: str, numbers: Sequence[int]) -> list[tuple[int, float]]:
 STEP_VERIFIERS = {"chain": chain_steps}
 
 
-def prefix_lengths(tokenizer, completion_ids: Sequence[int], pieces: dict | None = None) -> list[int]:
+def prefix_lengths(tokenizer, completion_ids: Sequence[int], pieces: dict | None = None,
+                   text: str | None = None) -> list[int]:
     """len(decode(completion_ids[:k + 1])) for every k (special tokens skipped, as the rewards read
     the text). Each token decoded alone and the lengths summed where that is exact (the tiny tier's
     characters; `pieces` caches them across completions), else every prefix decoded (a byte-level
-    BPE token can be half a character)."""
+    BPE token can be half a character). `text`: the whole decoded text, when the caller has it."""
     ids = list(completion_ids)
     pieces = {} if pieces is None else pieces
+    text = tokenizer.decode(ids, skip_special_tokens=True) if text is None else text
     for token in set(ids) - pieces.keys():
         pieces[token] = tokenizer.decode([token], skip_special_tokens=True)
     lengths, total = [], 0
     for token in ids:
         total += len(pieces[token])
         lengths.append(total)
-    if "".join(pieces[token] for token in ids) == tokenizer.decode(ids, skip_special_tokens=True):
+    if "".join(pieces[token] for token in ids) == text:
         return lengths
     # A prefix that ends inside a character decodes it as U+FFFD: that character is not there yet.
-    return [len(text) - text.endswith("\ufffd") for text in
+    return [len(prefix) - prefix.endswith("\ufffd") for prefix in
             tokenizer.batch_decode([ids[:k] for k in range(1, len(ids) + 1)], skip_special_tokens=True)]
 
 
 def token_ends(tokenizer, completion_ids: Sequence[int], char_ends: Sequence[int],
-               pieces: dict | None = None) -> list[int]:
+               pieces: dict | None = None, text: str | None = None) -> list[int]:
     """The token index at which each character position ends: the first token whose decoded
     prefix (`prefix_lengths`) reaches `char_ends[j]` characters. `completion_ids` are the
-    completion's real tokens."""
+    completion's real tokens; `text` their decoded text, when the caller has it."""
     if not char_ends:
         return []
-    prefixes = prefix_lengths(tokenizer, completion_ids, pieces)
+    prefixes = prefix_lengths(tokenizer, completion_ids, pieces, text)
     ends = []
     for end in char_ends:
         index = next((k for k, length in enumerate(prefixes) if length >= end), None)
@@ -158,7 +160,8 @@ def completion_steps(texts: Sequence[str], columns: dict, tokenizer, completion_
             raise ValueError(f"supervision = 'process' needs a task whose steps a rule checks "
                              f"{tuple(STEP_VERIFIERS)}, got completion {i} of task {tasks[i]!r}")
         steps = STEP_VERIFIERS[tasks[i]](texts[i], numbers[i])
-        ends = token_ends(tokenizer, completion_ids[i, :lengths[i]].tolist(), [end for end, _ in steps], pieces)
+        ends = token_ends(tokenizer, completion_ids[i, :lengths[i]].tolist(), [end for end, _ in steps], pieces,
+                          texts[i])   # the rewards' text: not decoded again
         rows.append([(end, reward) for end, (_, reward) in zip(ends, steps)]
                     + [(lengths[i] - 1, float(outcome[i]))])
         right.append(sum(reward for _, reward in steps))
