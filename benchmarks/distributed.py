@@ -176,8 +176,9 @@ def count_bytes_worker(output: Path, steps: int, parallelism: str, extra: list[s
     import torch.distributed as dist
     import torch.distributed._functional_collectives as funcol
 
-    from grpo_edu import distributed, trainer
-    from grpo_edu.config import TrainConfig
+    from grpo_edu.runtime import distributed
+    from grpo_edu.training import trainer
+    from grpo_edu.training.config import TrainConfig
 
     payload, calls = Counter(), Counter()
 
@@ -243,7 +244,7 @@ def forwards_per_step(config, world_size: int) -> dict[str, int]:
     included), with no groups filtered: the reference's, pi_old's and the update's."""
     import torch
 
-    from grpo_edu.scoring import plan_mini_batches
+    from grpo_edu.training.scoring import plan_mini_batches
 
     B, G = config.prompts_per_step, config.num_generations
     per_rank = B // world_size
@@ -263,9 +264,9 @@ def forwards_per_step(config, world_size: int) -> dict[str, int]:
 
 
 def count_bytes(args) -> None:
-    from grpo_edu.config import TrainConfig
-    from grpo_edu.distributed import decoder_layers
-    from grpo_edu.models import STARTING_POLICY, load_policy
+    from grpo_edu.training.config import TrainConfig
+    from grpo_edu.runtime.distributed import decoder_layers
+    from grpo_edu.policy.models import STARTING_POLICY, load_policy
 
     config = TrainConfig.from_toml(None, COMMON + args.set)
     policy, _ = load_policy(STARTING_POLICY if config.model == "start" else config.model)

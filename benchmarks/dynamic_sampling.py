@@ -16,7 +16,7 @@ held-out greedy accuracy at every evaluation (128 countdown problems, every 10 s
 step, the share of all-equal groups in the batch trained on and in the first rollout, the
 rollouts sampled, the share of slots left at the limit, the accuracy and format rewards, the KL,
 the gradient norm and the seconds spent sampling. Run it under the book's pinned kernels
-(grpo_edu.numerics): chapter 4 reads the file. --check re-trains the named runs for their first
+(grpo_edu.runtime.numerics): chapter 4 reads the file. --check re-trains the named runs for their first
 --steps steps and compares every kept number with FILE's, exactly (tests/test_dynamic_sampling.py).
 """
 

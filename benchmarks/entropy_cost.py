@@ -1,5 +1,5 @@
 """What entropy masking costs the update: the exact entropies need one more forward per optimizer
-step (grpo_edu.update.entropy_pass, no backward). The default run (configs/cpu-tiny.toml), 40
+step (grpo_edu.training.update.entropy_pass, no backward). The default run (configs/cpu-tiny.toml), 40
 steps, seed 0, this machine's own kernels; prints the median seconds of the update (time/update)
 and of the whole step, per setting:
 
@@ -12,9 +12,9 @@ import argparse
 import statistics
 import tempfile
 
-from grpo_edu.config import DEFAULT_CONFIG, TrainConfig
-from grpo_edu.metrics import step_seconds
-from grpo_edu.trainer import train
+from grpo_edu.training.config import DEFAULT_CONFIG, TrainConfig
+from grpo_edu.training.metrics import step_seconds
+from grpo_edu.training.trainer import train
 
 SETTINGS = {
     "every token": {},

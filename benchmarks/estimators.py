@@ -1,4 +1,4 @@
-"""Chapter 0's measured comparison: the advantage estimators of grpo_edu.baselines, each trained
+"""Chapter 0's measured comparison: the advantage estimators of grpo_edu.algorithm.baselines, each trained
 with the real trainer on the arithmetic task for 3 seeds, everything else the default config.
 
     .venv/bin/python benchmarks/estimators.py [--seeds 0 1 2] [--steps 300] [--out FILE]
@@ -7,7 +7,7 @@ with the real trainer on the arithmetic task for 3 seeds, everything else the de
 The first form writes FILE (default benchmarks/results/estimators.json): the settings, and per
 run its held-out greedy accuracy at every evaluation (256 problems, every 20 steps) and its
 reward and loss metrics at every step. Run it under the book's pinned kernels
-(grpo_edu.numerics), as `grpo-edu book run` runs chapters: chapter 0 reads the file.
+(grpo_edu.runtime.numerics), as `grpo-edu book run` runs chapters: chapter 0 reads the file.
 
 The second re-trains the named runs (estimator:seed; all of them when not given) for the first
 --steps steps and compares every logged number with FILE's, exactly: that the file is what
@@ -23,9 +23,9 @@ import tempfile
 import time
 from pathlib import Path
 
-from grpo_edu import baselines
-from grpo_edu.config import DEFAULT_CONFIG, TrainConfig
-from grpo_edu.trainer import train
+from grpo_edu.algorithm import baselines
+from grpo_edu.training.config import DEFAULT_CONFIG, TrainConfig
+from grpo_edu.training.trainer import train
 
 OUT = Path(__file__).parent / "results" / "estimators.json"
 SETTINGS = {"eval_every": 20, "eval_size": 256, "checkpoint_every": 0, "progress": False}

@@ -39,10 +39,11 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
 
-    from grpo_edu import fused_llama, tasks
-    from grpo_edu.logprobs import completion_logprobs
-    from grpo_edu.models import load_policy
-    from grpo_edu.rollout import HFEngine, SamplingParams
+    from grpo_edu.environment import tasks
+    from grpo_edu.sampling import fused_llama
+    from grpo_edu.algorithm.logprobs import completion_logprobs
+    from grpo_edu.policy.models import load_policy
+    from grpo_edu.sampling.rollout import HFEngine, SamplingParams
 
     policy, tokenizer = load_policy()
     samples = tasks.make_dataset("arithmetic", n=16, split="train", seed=0)

@@ -11,7 +11,7 @@ Parts (--part, repeatable; default all):
                       generate samples; no vLLM) in bf16; wall-clock time to the first held-out
                       greedy accuracy >= 0.90 (the same recipe on the CPU, with the fused engine,
                       is at 0.910 at rollout 100; README, "GPUs"). The run stops there.
-  countdown-pretrain  step 1 of the download-free recipe: the `python -m grpo_edu.pretrain` command
+  countdown-pretrain  step 1 of the download-free recipe: the `python -m grpo_edu.commands.pretrain` command
                       written in configs/gpu-countdown-from-scratch.toml, as written but for its
                       output directory (WORK_DIR/countdown-start): time to its target, held-out
                       greedy accuracy 0.3, and the model card's figures.
@@ -44,16 +44,16 @@ Each part stops itself after --budget-seconds (default 480) of wall-clock. A GRP
 (tiny, countdown-grpo) checkpoints at every evaluation and stops after the first checkpoint
 past the budget, with status "interrupted"; the same command run again (on the same machine:
 the run directory is in WORK_DIR) resumes from that checkpoint and adds up the time. Pretraining
-cannot resume (grpo_edu.pretrain keeps no checkpoints): past the budget it stops at its next
+cannot resume (grpo_edu.commands.pretrain keeps no checkpoints): past the budget it stops at its next
 evaluation, "not_reached". Each part merges its entry into --out as soon as it ends, so a later
 part's failure loses nothing; a failed part is recorded with its error, and the command exits 1.
 Without CUDA the command refuses to run, unless --toy: toy sizes, on the CPU by default (in
 float32, one thread; about 30 s), or --toy --device cuda, a quick smoke test of a GPU machine (bf16).
 
-How the runs are watched: grpo_edu.trainer.record (called once per step) and
-grpo_edu.checkpoint.save_checkpoint are wrapped while a part runs, to time each step and
+How the runs are watched: grpo_edu.training.trainer.record (called once per step) and
+grpo_edu.training.checkpoint.save_checkpoint are wrapped while a part runs, to time each step and
 evaluation, to stop a run at its target, and to stop it after a checkpoint past the budget;
-grpo_edu.pretrain is followed through its `log` callback. Nothing else of the trainer changes.
+grpo_edu.commands.pretrain is followed through its `log` callback. Nothing else of the trainer changes.
 Times are wall-clock from the part's start: they include set-up (building the models, the first
 held-out evaluation, or restoring a checkpoint; once per command), the evaluations and the
 checkpoints. A step's own time is the trainer's time/rollout + time/scoring + time/update.
@@ -124,12 +124,15 @@ import torch  # noqa: E402
 import transformers  # noqa: E402
 from transformers import Qwen2Config, Qwen2ForCausalLM  # noqa: E402
 
-from grpo_edu import checkpoint, distributed, lora, pretrain, trainer  # noqa: E402
-from grpo_edu.config import TrainConfig  # noqa: E402
-from grpo_edu.durable import replace as write_atomically  # noqa: E402
-from grpo_edu.models import char_tokenizer, save_policy  # noqa: E402
-from grpo_edu.runlog import MetricsLog  # noqa: E402
-from grpo_edu.update import optimizer_steps_per_rollout  # noqa: E402
+from grpo_edu.commands import pretrain  # noqa: E402
+from grpo_edu.policy import lora
+from grpo_edu.runtime import distributed
+from grpo_edu.training import checkpoint, trainer
+from grpo_edu.training.config import TrainConfig  # noqa: E402
+from grpo_edu.runtime.durable import replace as write_atomically  # noqa: E402
+from grpo_edu.policy.models import char_tokenizer, save_policy  # noqa: E402
+from grpo_edu.runtime.runlog import MetricsLog  # noqa: E402
+from grpo_edu.training.update import optimizer_steps_per_rollout  # noqa: E402
 
 PARTS = ("tiny", "countdown-pretrain", "countdown-grpo", "qwen2.5-0.5b", "qwen2.5-1.5b", "qwen2.5-1.5b-lora",
          "qwen2.5-7b-lora", "qwen2.5-7b-lora-mb8")
@@ -188,8 +191,8 @@ class Stop(Exception):
 
 
 class Watch:
-    """While open, grpo_edu.trainer.record calls on_step(run, metrics) after recording each step,
-    and grpo_edu.checkpoint.save_checkpoint calls on_checkpoint() after each save; either may
+    """While open, grpo_edu.training.trainer.record calls on_step(run, metrics) after recording each step,
+    and grpo_edu.training.checkpoint.save_checkpoint calls on_checkpoint() after each save; either may
     raise Stop."""
 
     def __init__(self, on_step, on_checkpoint=lambda: None):
@@ -387,7 +390,7 @@ def recipe_pretrain_flags() -> list[str]:
     text = (ROOT / COUNTDOWN_RECIPE).read_text()
     match = re.search(r"^#\s+1\. python -m grpo_edu\.pretrain (.+)$", text, re.MULTILINE)
     if match is None:
-        raise ValueError(f"{COUNTDOWN_RECIPE}: no '1. python -m grpo_edu.pretrain ...' line in its comments")
+        raise ValueError(f"{COUNTDOWN_RECIPE}: no '1. python -m grpo_edu.commands.pretrain ...' line in its comments")
     flags = match.group(1).split()
     if "--output-dir" in flags:   # ours instead: never the recipe's, never the package's default
         at = flags.index("--output-dir")
@@ -412,14 +415,14 @@ def part_countdown_pretrain(args, device, previous):
         print(f"[countdown-pretrain] {line}", flush=True)
         match = LOG_LINE.match(line.strip())
         if match is None:
-            raise ValueError(f"grpo_edu.pretrain logged a line this benchmark cannot read: {line!r}")
+            raise ValueError(f"grpo_edu.commands.pretrain logged a line this benchmark cannot read: {line!r}")
         seconds = time.perf_counter() - started[0]
         curve.append({"step": int(match[1]), "loss": float(match[2]), "accuracy": float(match[3]),
                       "seconds": round(seconds, 2)})
         if seconds > args.budget_seconds and float(match[3]) < config.target_accuracy:
             raise Stop("budget")
 
-    entry = {"command": "python -m grpo_edu.pretrain " + " ".join(flags), "target":
+    entry = {"command": "python -m grpo_edu.commands.pretrain " + " ".join(flags), "target":
              {"held_out_greedy_accuracy": config.target_accuracy}, "eval_problems": config.eval_problems,
              "eval_curve": curve, "output_dir": str(output)}
     try:

@@ -7,7 +7,7 @@ Prints, per seed, the run's final accuracy, what the doctor finds (nothing, for 
 and what the live doctor warned during training. Writes OUT/seed{N}.jsonl.gz (every step's
 metrics, the keys the doctor reads, floats as logged) and OUT/config.json:
 tests/test_diagnose.py runs the doctor on them. Takes about 6 minutes a seed on a 2-core CPU
-(the committed runs: the book's pinned kernels, `env $(python -m grpo_edu.numerics) ...`).
+(the committed runs: the book's pinned kernels, `env $(python -m grpo_edu.runtime.numerics) ...`).
 """
 
 from __future__ import annotations
@@ -19,11 +19,11 @@ import tempfile
 import time
 from pathlib import Path
 
-from grpo_edu.config import TrainConfig
-from grpo_edu.diagnose import diagnose, report
-from grpo_edu.trainer import train
+from grpo_edu.training.config import TrainConfig
+from grpo_edu.lab.diagnose import diagnose, report
+from grpo_edu.training.trainer import train
 
-# What the detectors read (grpo_edu/diagnose.py), and the step number.
+# What the detectors read (grpo_edu/lab/diagnose.py), and the step number.
 KEPT = ("step", "reward/mean", "reward/accuracy", "zero_std_groups", "completion_length/mean", "kl",
         "sampler_gap/mean_abs", "ratio/min", "ratio/max", "optimizer_steps", "loss", "grad_norm",
         "advantage/tie_spread", "skipped_update", "eval/greedy_accuracy", "truncated")

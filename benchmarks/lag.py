@@ -9,7 +9,7 @@ The corrections (CORRECTIONS): "none" trains on the stale rollout as if the curr
 sampled it (pi_old = the policy at the update, old_logprobs = "proximal": ratio 1, no weight);
 "clip" takes pi_old = the policy that sampled (old_logprobs = "recomputed"), so the clipped
 ratio sees the staleness; "tis", "token_mask" and "sequence_mask" keep the proximal pi_old and
-weigh each token by r = pi_now / pi_sampler (grpo_edu.offpolicy): truncated at 2, masked
+weigh each token by r = pi_now / pi_sampler (grpo_edu.algorithm.offpolicy): truncated at 2, masked
 outside [0.5, 2] per token, or per response by r's geometric mean outside [0.8, 1.25]. At
 k = 0 there is no staleness to correct: "none" and "clip" are the same run bit for bit
 (tests/test_offpolicy.py), and the weights of the other three differ from 1 only by the
@@ -19,7 +19,7 @@ sampler's rounding (the CPU tier's sampler gap, ~1e-7), so the grid trains k = 0
 The first form writes FILE (default benchmarks/results/lag.json): the settings, and per run
 its held-out greedy accuracy at every evaluation (256 problems, every 25 steps) and the metrics
 that show the staleness at every step. Run it under the book's pinned kernels
-(grpo_edu.numerics), as `grpo-edu book run` runs chapters: chapter 10 reads the file.
+(grpo_edu.runtime.numerics), as `grpo-edu book run` runs chapters: chapter 10 reads the file.
 
 The second re-trains the named runs (correction:lag:seed; all when not given) for the first
 --steps steps and compares every kept number with FILE's, exactly (tests/test_lag_benchmark.py
@@ -36,8 +36,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from grpo_edu.config import DEFAULT_CONFIG, TrainConfig
-from grpo_edu.trainer import train
+from grpo_edu.training.config import DEFAULT_CONFIG, TrainConfig
+from grpo_edu.training.trainer import train
 
 OUT = Path(__file__).parent / "results" / "lag.json"
 SETTINGS = {"eval_every": 25, "eval_size": 256, "checkpoint_every": 0, "progress": False}

@@ -5,12 +5,12 @@
 
 Part 1 starts from logits (N, S, V), as a trainer holds them after a forward:
   naive    torch.log_softmax(logits, -1).gather(-1, ids)      writes (N, S, V)
-  grpo_edu grpo_edu.logprobs.token_logprobs                   a chunk of rows at a time
+  grpo_edu grpo_edu.algorithm.logprobs.token_logprobs                   a chunk of rows at a time
   grpo_edu_inplace   the same with inplace_backward=True      the gradient overwrites the logits
   TRL      trl.trainer.utils.selective_log_softmax            logsumexp one sequence at a time
 Part 2 starts one step earlier, from hidden states (N S, H) and the LM head (V, H):
   naive         log_softmax(hidden @ W.T).gather(...)
-  grpo_edu C    grpo_edu.logprobs.lm_head_logprobs(chunk_tokens=C): the head on C
+  grpo_edu C    grpo_edu.algorithm.logprobs.lm_head_logprobs(chunk_tokens=C): the head on C
                 token positions at a time, over the whole vocabulary; recomputed in
                 backward
   TRL C         trl.kernels.ChunkedLogProbFunction, TRL 1.16's fused head (torch ops
@@ -91,7 +91,7 @@ def _reset_peak() -> bool:
 
 def _method(part: str, method: str):
     """f(inputs) -> per-token log-probs, for one part and method."""
-    from grpo_edu.logprobs import lm_head_logprobs, token_logprobs
+    from grpo_edu.algorithm.logprobs import lm_head_logprobs, token_logprobs
 
     if part == "logits":
         if method == "naive":

@@ -3,7 +3,7 @@ seed 0, this machine's own kernels, trained whole and with adapters (rank 8 and 
 projection). Prints, per setting, the median seconds of the rollout (the fused sampler merges
 W + (alpha / r) B A once per rollout), of the update (the fused forward merges per micro-batch; the
 reference's forward is the policy's with the adapters off) and of the whole step, and the bytes the
-trainer holds (grpo_edu.distributed.memory_bytes: weights, gradients, AdamW; and the reference):
+trainer holds (grpo_edu.runtime.distributed.memory_bytes: weights, gradients, AdamW; and the reference):
 
     .venv/bin/python benchmarks/lora_cost.py [--steps 40]
 """
@@ -14,9 +14,9 @@ import argparse
 import statistics
 import tempfile
 
-from grpo_edu.config import DEFAULT_CONFIG, TrainConfig
-from grpo_edu.metrics import step_seconds
-from grpo_edu.trainer import train
+from grpo_edu.training.config import DEFAULT_CONFIG, TrainConfig
+from grpo_edu.training.metrics import step_seconds
+from grpo_edu.training.trainer import train
 
 SETTINGS = {
     "whole model": {},

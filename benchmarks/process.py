@@ -5,7 +5,7 @@ numbers summed one written step at a time, the committed policy grpo_edu/assets/
     outcome   one reward per completion (its accuracy, the config's only reward): every token of a
               completion gets its reward's group advantage
     process   the same outcome reward at each completion's last token, and a reward at the end of
-              every written step (1 right on its own, 0 wrong; grpo_edu.process), normalised over
+              every written step (1 right on its own, 0 wrong; grpo_edu.environment.process), normalised over
               all the group's step rewards; token t's advantage is the sum over the steps ending at
               or after t
 
@@ -15,7 +15,7 @@ numbers summed one written step at a time, the committed policy grpo_edu/assets/
 Writes FILE (default benchmarks/results/process.json) after every run: per run its held-out greedy
 accuracy at every evaluation (256 problems, every 25 steps) and, per step, the training accuracy,
 the share of written steps that are right (logged under either supervision), the KL to the
-reference and the gradient norm. Run it under the book's pinned kernels (grpo_edu.numerics):
+reference and the gradient norm. Run it under the book's pinned kernels (grpo_edu.runtime.numerics):
 chapter 5 reads the file. --check re-trains the named runs (variant:seed) for their first --steps
 steps and compares every kept number with FILE's, exactly (tests/test_process.py runs it, pinned,
 for process:0).

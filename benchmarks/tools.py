@@ -3,11 +3,11 @@ one that may not? configs/cpu-tools.toml (two-digit products, the committed tool
 grpo_edu/assets/tiny-multiply-start, max_turns 2, 100 steps), three ways, 3 seeds each:
 
     tool      the config as it is: the policy's `[47*85]` is answered `=3995` by
-              grpo_edu.episodes.Calculator, and the answer is context, never trained on
+              grpo_edu.training.episodes.Calculator, and the answer is context, never trained on
     no_tool   environment = "": the same policy, single-turn; a call is answered by nobody (the
               policy writes what follows itself), so only products in the head earn reward
     leak      the tool, with the environment's tokens in the loss, the KL and the ratio
-              (grpo_edu.faults.Faults(env_tokens_in_loss=True)): the failure on purpose
+              (grpo_edu.lab.faults.Faults(env_tokens_in_loss=True)): the failure on purpose
 
     .venv/bin/python benchmarks/tools.py [--variants tool no_tool leak] [--seeds 0 1 2]
                                          [--steps 100] [--out FILE]
@@ -28,7 +28,7 @@ From the run's own metrics: its training accuracy, KL, sampler gap and environme
 step, and the doctor's findings on them.
 
 The first form writes FILE (default benchmarks/results/tools.json), after every run. Run it
-under the book's pinned kernels (grpo_edu.numerics), as `grpo-edu book run` runs chapters:
+under the book's pinned kernels (grpo_edu.runtime.numerics), as `grpo-edu book run` runs chapters:
 chapter 11 reads the file. The second re-trains the named runs (variant:seed; all when not
 given) for the first --steps steps and compares every kept per-step number with FILE's,
 exactly (tests/test_tools.py runs it, pinned, for one run).
@@ -46,18 +46,18 @@ from pathlib import Path
 import torch
 import variant_grid
 
-from grpo_edu import rewards, tasks
-from grpo_edu.config import TrainConfig
-from grpo_edu.diagnose import diagnose
-from grpo_edu.episodes import writers
-from grpo_edu.evaluation import evaluate
-from grpo_edu.faults import Faults
-from grpo_edu.models import generate_completions, load_policy, policy_source
-from grpo_edu.trainer import train
+from grpo_edu.environment import rewards, tasks
+from grpo_edu.training.config import TrainConfig
+from grpo_edu.lab.diagnose import diagnose
+from grpo_edu.training.episodes import writers
+from grpo_edu.training.evaluation import evaluate
+from grpo_edu.lab.faults import Faults
+from grpo_edu.policy.models import generate_completions, load_policy, policy_source
+from grpo_edu.training.trainer import train
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIG = ROOT / "configs" / "cpu-tools.toml"
-CALCULATOR = "grpo_edu.episodes:Calculator"
+CALCULATOR = "grpo_edu.training.episodes:Calculator"
 OUT = Path(__file__).parent / "results" / "tools.json"
 SETTINGS = {"checkpoint_every": 0, "progress": False}
 VARIANTS = {"tool": {}, "no_tool": {"environment": ""}, "leak": {}}

@@ -75,7 +75,7 @@ class DefaultRunGrid:
         self.compared = kept if compared is None else compared   # what --check compares (not the timings)
 
     def config_for(self, variant: str, seed: int, steps: int, output_dir: str):
-        from grpo_edu.config import DEFAULT_CONFIG, TrainConfig
+        from grpo_edu.training.config import DEFAULT_CONFIG, TrainConfig
         base = TrainConfig.from_toml(self.base or DEFAULT_CONFIG).to_dict()
         return TrainConfig.from_dict({**base, **self.settings, "steps": steps, "seed": seed, "output_dir": output_dir,
                                       **self.variants[variant]})
@@ -84,7 +84,7 @@ class DefaultRunGrid:
         import tempfile
         import time
 
-        from grpo_edu.trainer import train
+        from grpo_edu.training.trainer import train
         with tempfile.TemporaryDirectory() as directory:
             started = time.perf_counter()
             result = train(self.config_for(variant, seed, steps, directory), log=lambda line: None,
@@ -106,7 +106,7 @@ class DefaultRunGrid:
     def write(self, args) -> None:
         import platform
 
-        from grpo_edu.config import DEFAULT_CONFIG
+        from grpo_edu.training.config import DEFAULT_CONFIG
         out, runs = Path(args.out), []
         for variant, seed in self.parse_runs(args.runs, args.variants, args.seeds):
             runs.append(self.run(variant, seed, args.steps))

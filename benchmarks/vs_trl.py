@@ -3,12 +3,12 @@
     python benchmarks/vs_trl.py [--steps 200] [--seeds 0 1 2] [--threads 2]
 
 Both start from the committed tiny policy and train on the arithmetic task with
-the same reward functions (grpo_edu.rewards, which have TRL's signature), B = 16
+the same reward functions (grpo_edu.environment.rewards, which have TRL's signature), B = 16
 prompts x G = 8 completions per optimizer step, lr 3e-4 with cosine decay to 0
 over the run, beta 0.04 (k3, without TRL's bias-corrected KL, so both minimise the
 same loss), epsilon 0.2, loss_type "grpo", temperature 1, sample-std advantages
 (TRL's convention), on the CPU with the same thread count. Three trainers:
-grpo_edu's default (the fused forward and sampler, grpo_edu.fused_llama),
+grpo_edu's default (the fused forward and sampler, grpo_edu.sampling.fused_llama),
 grpo_edu with transformers' forward and generate (engine = "hf": TRL's
 model code), and TRL.
 
@@ -19,7 +19,7 @@ or cold cache, a heated CPU) favours one trainer.
 
 What is timed, the same way for all: the wall-clock of a whole iteration of
 the training loop, from the start of one step to the start of the next.
-  grpo_edu  a timestamp each time the loop calls grpo_edu.trainer.sample_prompts,
+  grpo_edu  a timestamp each time the loop calls grpo_edu.training.trainer.sample_prompts,
             which it does exactly once per step, first thing in the step (checked:
             the benchmark fails if the count differs from the steps). An iteration
             holds sampling, scoring, the update, its metrics and their line in
@@ -94,9 +94,9 @@ def stamped(module, name: str, starts: list[float]):
 
 
 def run_grpo_edu(seed: int, args, held_out, engine: str = "fused") -> Run:
-    from grpo_edu import metrics, trainer
-    from grpo_edu.config import TrainConfig
-    from grpo_edu.evaluation import evaluate
+    from grpo_edu.training import metrics, trainer
+    from grpo_edu.training.config import TrainConfig
+    from grpo_edu.training.evaluation import evaluate
 
     starts: list[float] = []
     with tempfile.TemporaryDirectory() as directory, stamped(trainer, "sample_prompts", starts):
@@ -104,7 +104,7 @@ def run_grpo_edu(seed: int, args, held_out, engine: str = "fused") -> Run:
                              eval_every=args.steps, eval_size=len(held_out), checkpoint_every=0,
                              progress=False, output_dir=directory, engine=engine)
         result = trainer.train(config, log=lambda _: None)
-    step_seconds = intervals(starts, args.steps, "grpo_edu.trainer.train (sample_prompts)")
+    step_seconds = intervals(starts, args.steps, "grpo_edu.training.trainer.train (sample_prompts)")
     phases = [sum(m[f"time/{key}"] for key in metrics.TIME_SPLIT) for m in result.history]
     accuracy = evaluate(result.policy.eval(), result.tokenizer, held_out)["greedy_accuracy"]
     return Run(step_seconds, phases[:len(step_seconds)], accuracy)
@@ -116,10 +116,10 @@ def run_trl(seed: int, args, held_out) -> Run:
     from transformers.trainer_callback import PrinterCallback
     from trl import GRPOConfig, GRPOTrainer
 
-    from grpo_edu import tasks
-    from grpo_edu.models import load_policy
-    from grpo_edu.evaluation import evaluate
-    from grpo_edu.rewards import accuracy_reward, format_reward
+    from grpo_edu.environment import tasks
+    from grpo_edu.policy.models import load_policy
+    from grpo_edu.training.evaluation import evaluate
+    from grpo_edu.environment.rewards import accuracy_reward, format_reward
 
     policy, tokenizer = load_policy()
     train = tasks.make_dataset("arithmetic", n=10000, split="train", seed=0)
@@ -185,9 +185,9 @@ def main(argv=None) -> int:
     warnings.filterwarnings("ignore")
     torch.set_num_threads(args.threads)
 
-    from grpo_edu import tasks
-    from grpo_edu.models import load_policy
-    from grpo_edu.evaluation import evaluate
+    from grpo_edu.environment import tasks
+    from grpo_edu.policy.models import load_policy
+    from grpo_edu.training.evaluation import evaluate
 
     held_out = tasks.make_dataset("arithmetic", n=args.eval_size, split="test", seed=0)
     policy, tokenizer = load_policy()

@@ -30,10 +30,10 @@ from pathlib import Path
 import matplotlib.pyplot as plt
 import numpy as np
 
-from grpo_edu import baselines
-from grpo_edu.bandit import Bandit, moments, sampled_moments
-from grpo_edu.estimators import clipped_objective
-from grpo_edu.evaluation import wilson_interval
+from grpo_edu.algorithm import baselines
+from grpo_edu.algorithm.bandit import Bandit, moments, sampled_moments
+from grpo_edu.algorithm.estimators import clipped_objective
+from grpo_edu.training.evaluation import wilson_interval
 
 np.set_printoptions(precision=4, suppress=True, floatmode="fixed")
 
@@ -77,7 +77,7 @@ print(f"grad J  = {gradient}")
 #
 # $\hat g$ is REINFORCE's estimator (Williams, 1992). With K = 4 and G = 4 there are
 # $4^4$ = 256 possible groups, each with its probability, so $\hat g$'s mean and variance
-# are finite sums: `grpo_edu.bandit.moments` computes them. A sampler sees only some groups;
+# are finite sums: `grpo_edu.algorithm.bandit.moments` computes them. A sampler sees only some groups;
 # its estimate of the same two numbers from 100,000 sampled groups is beside them.
 
 # %%
@@ -120,7 +120,7 @@ for c in (0.0, 1.0, 10.0):
 # The best constant is close to the average reward J. The advantage $A = r - b$ then says
 # how much better than usual a sample was, and the shift c above cancels. But J is unknown:
 # it is what we are estimating. The estimators below differ in where their b comes from.
-# Each is a function from rewards (B, G) to advantages (B, G) in `grpo_edu.baselines`, the
+# Each is a function from rewards (B, G) to advantages (B, G) in `grpo_edu.algorithm.baselines`, the
 # signature the trainer's `advantage_fn` takes:
 #
 # | name | advantage $A_i$ | the baseline |
@@ -194,7 +194,7 @@ print(f"\nevery reward + 10, G = 4: mean and variance unchanged for {', '.join(u
 # Maximising $\rho A$ without limit would chase the few samples whose ratio has grown, so
 # PPO takes the pessimistic minimum of it and of a clipped copy:
 # $\min(\rho A,\ \operatorname{clip}(\rho, 1-\varepsilon, 1+\varepsilon) A)$. Its slope in
-# $\rho$, computed by `grpo_edu.estimators.clipped_objective` from the trainer's own loss
+# $\rho$, computed by `grpo_edu.algorithm.estimators.clipped_objective` from the trainer's own loss
 # (chapter 2 has the interactive version):
 
 # %%
@@ -247,7 +247,7 @@ for rho in (0.7, 0.9, 1.1, 1.3):
 # re-trains one of them and checks that its numbers are the file's, exactly.
 #
 # An accuracy measured on 256 problems is itself uncertain. The cell ends with its 95%
-# confidence interval, Wilson's interval for a proportion (`grpo_edu.evaluation.wilson_interval`;
+# confidence interval, Wilson's interval for a proportion (`grpo_edu.training.evaluation.wilson_interval`;
 # chapter 6 uses it for every accuracy it reports): the range of true accuracies that 256
 # problems cannot tell apart from the measured one.
 

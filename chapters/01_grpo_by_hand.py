@@ -23,7 +23,7 @@
 # by side, so a reader with the textbook open can see exactly where.
 #
 # Each step is a few lines of NumPy in a loop over the responses, printed as it goes. At the
-# end of step 6, `grpo_edu.reference.grpo_update`, the loop-per-response implementation that
+# end of step 6, `grpo_edu.algorithm.reference.grpo_update`, the loop-per-response implementation that
 # the PyTorch code of later chapters is tested against, repeats the whole update and gives
 # the same numbers, bit for bit. Every number in the prose is one that a cell prints (the
 # book's CI checks both).
@@ -33,7 +33,7 @@ import inspect
 
 import numpy as np
 
-from grpo_edu import reference
+from grpo_edu.algorithm import reference
 
 np.set_printoptions(precision=4, suppress=True, floatmode="fixed")
 
@@ -382,7 +382,7 @@ print(f"\ngroup loss = mean over {G} responses = {loss:+.4f}")
 # responses' tokens up ($o_3$'s objective is -1.9152) while the clip capped what the good
 # responses could earn.
 #
-# Steps 1 to 6 are the whole update. `grpo_edu.reference.grpo_update` is the same loop over
+# Steps 1 to 6 are the whole update. `grpo_edu.algorithm.reference.grpo_update` is the same loop over
 # responses, written once with its input checks and the gradient step 7 needs; the library
 # call repeats the cells above, number for number:
 
@@ -520,7 +520,7 @@ print(f"clip ratio {r1_epsilon}: ratios clipped to [{1 - r1_epsilon}, {1 + r1_ep
 # why four values differ.
 
 # %%
-from grpo_edu.config import TrainConfig
+from grpo_edu.training.config import TrainConfig
 
 tiny_r1 = TrainConfig.from_toml("../configs/r1-recipe-tiny.toml")
 r1_as_keys = {  # grpo_edu key: R1's first RL stage in that key's units
@@ -552,13 +552,13 @@ print(f"steps: {tiny_r1.steps} rollouts = {tiny_r1.steps * tiny_r1.num_mini_batc
 # lower bound at 0.001, where it binds only on a token whose probability fell a
 # thousandfold since sampling. Instead of R1-Zero's 650 rollouts, the config keeps its
 # 1.6 epochs: 31 rollouts of 512 prompts draw 15,872 times from the 10,000 training
-# problems the trainer samples from (`grpo_edu.tasks.TRAIN_POOL`).
+# problems the trainer samples from (`grpo_edu.environment.tasks.TRAIN_POOL`).
 #
 # %% [markdown]
 # ## Where the textbook and its own listing disagree
 #
 # The textbook section prints numbers next to its listing. Running the listing (here:
-# `grpo_edu.reference` on the same inputs, which gives the same values as the listing's own
+# `grpo_edu.algorithm.reference` on the same inputs, which gives the same values as the listing's own
 # code) shows which printed numbers it does not produce. Each row: what the text prints,
 # what the computation gives at the same precision.
 

@@ -24,7 +24,7 @@
 #    left-padded and completions right-padded, masks printed next to the decoded tokens;
 # 2. one full step: forward, per-token log-probs, ratio, clip, KL, aggregation, backward,
 #    gradient-norm clipping, optimizer step and the diagnostics a trainer logs;
-# 3. the same loss and gradients as `grpo_edu.reference` on the same inputs, a float64
+# 3. the same loss and gradients as `grpo_edu.algorithm.reference` on the same inputs, a float64
 #    gradcheck, what `expand` saves over `repeat`, and why the first step's loss is zero
 #    while its gradient is not.
 #
@@ -38,14 +38,14 @@ import inspect
 import numpy as np
 import torch
 
-from grpo_edu import reference, worked_example
-from grpo_edu.advantages import group_advantages
-from grpo_edu.batch import RolloutBatch, pad_rollouts
-from grpo_edu.logprobs import (completion_logprobs, position_ids_from_attention_mask,
+from grpo_edu.algorithm import reference, worked_example
+from grpo_edu.algorithm.advantages import group_advantages
+from grpo_edu.training.batch import RolloutBatch, pad_rollouts
+from grpo_edu.algorithm.logprobs import (completion_logprobs, position_ids_from_attention_mask,
                                token_logprobs)
-from grpo_edu.loss import grpo_loss, kl_estimate
-from grpo_edu.models import char_tokenizer, tiny_llama
-from grpo_edu.rewards import combined_reward
+from grpo_edu.algorithm.loss import grpo_loss, kl_estimate
+from grpo_edu.policy.models import char_tokenizer, tiny_llama
+from grpo_edu.environment.rewards import combined_reward
 
 torch.set_num_threads(1)
 torch.manual_seed(0)
@@ -60,7 +60,7 @@ def f4(x):
 # ## A tiny Llama, built from a local config
 #
 # The policy is a transformers `LlamaForCausalLM`: the same class as Llama 3 or Qwen's
-# relatives, built from a config in `grpo_edu.models` with 2 layers of width 128 and a
+# relatives, built from a config in `grpo_edu.policy.models` with 2 layers of width 128 and a
 # character-level tokenizer. Nothing is downloaded; the weights are a seeded random
 # initialisation, which is all this chapter needs: the mechanics of a step do not depend
 # on what the model knows.
@@ -81,7 +81,7 @@ print(f"pad id {tokenizer.pad_token_id} {tokenizer.pad_token!r}, eos id {tokeniz
 # In training, a sampler produces the completions (chapter 6). Here we write six
 # plausible ones by hand, so the masks are easy to read: short and long, right and wrong,
 # with and without the `<think>...</think>` format. Rewards are DeepSeek-R1's rule-based
-# accuracy + format (`grpo_edu.rewards`): 1 for a correct `\boxed{}` answer, 1 for the
+# accuracy + format (`grpo_edu.environment.rewards`): 1 for a correct `\boxed{}` answer, 1 for the
 # `<think>` format, so a correct, well-formatted completion scores 2.
 
 # %%
@@ -185,7 +185,7 @@ print(f"right == alone: {torch.allclose(right[row, :n], expected, atol=1e-5)}; "
 # training runs. It just trains the wrong conditional. Here it even makes the numbers look
 # *better*: this model ties its input and output embeddings, and the hidden state at a
 # column still carries the embedding of the token it has just read, which the LM head
-# then scores highly. A bug that improves the numbers is the worst kind. `grpo_edu.logprobs.completion_logprobs`
+# then scores highly. A bug that improves the numbers is the worst kind. `grpo_edu.algorithm.logprobs.completion_logprobs`
 # does the shift once, with the position ids above, and asks the model for logits of the
 # last S + 1 columns only (`logits_to_keep`), so the prompt's logits are never computed:
 
@@ -260,7 +260,7 @@ print(f"completion lengths |o_i|:\n{lengths}")
 print(f"loss = {f4(loss_inline.item())}")
 
 # %% [markdown]
-# The library computes the same thing in `grpo_edu.loss.grpo_loss`, with the variants of
+# The library computes the same thing in `grpo_edu.algorithm.loss.grpo_loss`, with the variants of
 # chapter 4, input checks and the diagnostics. This cell holds the inline code above to
 # the library's result, so the two cannot drift apart:
 
@@ -418,7 +418,7 @@ print("3 passes of one mini-batch (PPO-style epochs), clipped share per step: "
 # momentum. It is a brake on the gradient, and it only brakes when its reference point is
 # the sampler.
 #
-# `grpo_edu.trainer` therefore computes $\log\pi_{\theta_\text{old}}$ once per rollout, with
+# `grpo_edu.training.trainer` therefore computes $\log\pi_{\theta_\text{old}}$ once per rollout, with
 # the policy that sampled, whenever a rollout feeds more than one optimizer step
 # (`num_iterations` x `num_mini_batches` > 1), as TRL does. With one step per rollout
 # the policy's own detached log-probs are the sampler's exactly, and nothing need be
@@ -453,7 +453,7 @@ print(logp.grad[..., 0] + 0.0)   # + 0.0 turns -0.0 into 0.0
 #
 # ## The same numbers as chapter 1
 #
-# The reference (`grpo_edu.reference`) is a loop over responses in NumPy with its own
+# The reference (`grpo_edu.algorithm.reference`) is a loop over responses in NumPy with its own
 # hand-derived gradient with respect to the logits. Two checks, in float64.
 #
 # **Chapter 1's worked example**, laid out as a (1, 4, 3) batch over a 3-token vocabulary

@@ -42,9 +42,9 @@ import matplotlib.pyplot as plt
 import numpy as np
 import torch
 
-from grpo_edu.advantages import group_advantages, zero_std_groups
-from grpo_edu.batch import RolloutBatch, pad_rollouts
-from grpo_edu.loss import LOSS_TYPES, aggregate, aggregation_weights, grpo_loss
+from grpo_edu.algorithm.advantages import group_advantages, zero_std_groups
+from grpo_edu.training.batch import RolloutBatch, pad_rollouts
+from grpo_edu.algorithm.loss import LOSS_TYPES, aggregate, aggregation_weights, grpo_loss
 
 torch.set_num_threads(1)
 torch.set_printoptions(precision=4, sci_mode=False)
@@ -131,7 +131,7 @@ print(f"GSPO's clip range against grpo's epsilon = 0.2: {0.2 / gspo['epsilon']:.
 # (`epsilon_high` = 0.28, DAPO's value, also in the `dapo` row) only changes which
 # *positive-advantage* tokens clip, so the wrong answers' gradients are unchanged.
 #
-# All four aggregations are one line of `grpo_edu.loss.aggregate`:
+# All four aggregations are one line of `grpo_edu.algorithm.loss.aggregate`:
 
 # %%
 print(inspect.getsource(aggregate))
@@ -330,7 +330,7 @@ plt.show()
 # parameter, the policy's value at each of five syncs:
 
 # %%
-from grpo_edu.placement import Models
+from grpo_edu.training.placement import Models
 
 policy_values = [1.0, 2.0, 4.0, 3.0, 5.0]
 for alpha in (1.0, 0.6, 0.05):
@@ -414,16 +414,17 @@ for claim, holds in claims.items():
 # optimizer step the trainer computes the exact entropy of every token's distribution, takes
 # the threshold $\tau$ = the (1 - q)-quantile over the step's tokens, and zeroes the policy term
 # of every token below it. The KL term still covers every token, and the normaliser still
-# counts them (as TRL; `grpo_edu.entropy_mask`).
+# counts them (as TRL; `grpo_edu.algorithm.entropy_mask`).
 #
 # The committed starting policy on one problem, four completions (right, a wrong last digit, a
 # wrong reasoning digit, a missing digit), each token with the entropy of the distribution it
 # was drawn from; in brackets the tokens q = 0.2 keeps:
 
 # %%
-from grpo_edu import entropy_mask, tasks
-from grpo_edu.logprobs import completion_logprobs
-from grpo_edu.models import load_policy, policy_source
+from grpo_edu.algorithm import entropy_mask
+from grpo_edu.environment import tasks
+from grpo_edu.algorithm.logprobs import completion_logprobs
+from grpo_edu.policy.models import load_policy, policy_source
 
 start_policy, tokenizer = load_policy(policy_source("start"))
 problem = tasks.make_dataset("arithmetic", n=1, split="test", seed=0)[0]
@@ -525,7 +526,7 @@ for claim, holds in claims.items():
 # each):
 
 # %%
-from grpo_edu.scoring import soft_overlong_punishment
+from grpo_edu.training.scoring import soft_overlong_punishment
 
 answers = tasks.make_dataset("arithmetic", n=816, split="test", seed=0)
 needed = torch.tensor([len(tokenizer(a["solution"] + tokenizer.eos_token, add_special_tokens=False).input_ids)
@@ -587,7 +588,7 @@ for claim, holds in claims.items():
 # with the differing groups of up to k more rollouts of fresh prompts, in order, until the batch
 # is full; at the limit the slots left keep all-equal groups, which do not train, and the step
 # says so (`dynamic_sampling/short`; verl's recipe raises an error there instead;
-# `grpo_edu.dynamic_sampling`). Chapter 7's countdown failure is the case it is made for: the
+# `grpo_edu.training.dynamic_sampling`). Chapter 7's countdown failure is the case it is made for: the
 # arithmetic policy cannot solve countdown, so most groups are all wrong and only the format
 # reward varies within some. `benchmarks/dynamic_sampling.py` runs it 40 steps, seeds 0, 1, 2,
 # keeping, dropping and refilling (k = 4) the all-equal groups; per step, the groups that carry
@@ -775,7 +776,7 @@ def my_sequence_ratio(logp, old_logp, mask):
 ch04.check_sequence_ratio(my_sequence_ratio)
 
 # %% [markdown]
-# **Open question: length over training.** With `grpo_edu.trainer` (chapter 6), train the tiny
+# **Open question: length over training.** With `grpo_edu.training.trainer` (chapter 6), train the tiny
 # reasoner twice, with `loss_type="grpo"` and `loss_type="dr_grpo"`, and plot the mean
 # length of *wrong* completions against the step. Which way does the prediction of this
 # chapter say they should diverge, and do they?

@@ -40,10 +40,10 @@ import matplotlib.pyplot as plt
 import numpy as np
 import torch
 
-from grpo_edu import rewards, tasks
-from grpo_edu.advantages import group_advantages
+from grpo_edu.environment import rewards, tasks
+from grpo_edu.algorithm.advantages import group_advantages
 from grpo_edu.exercises import ch05
-from grpo_edu.models import STARTING_POLICY, generate_completions, load_policy
+from grpo_edu.policy.models import STARTING_POLICY, generate_completions, load_policy
 
 torch.set_num_threads(1)
 torch.manual_seed(0)
@@ -108,7 +108,7 @@ print(tasks.gsm8k_sample("Tom has 3 boxes of 1,000 pins. How many pins?",
 # ## The starting policy
 #
 # `grpo_edu/assets/tiny-arithmetic-start` is a 2-layer, 128-wide Llama trained by
-# `python -m grpo_edu.pretrain`: supervised fine-tuning on these solutions, stopped on
+# `python -m grpo_edu.commands.pretrain`: supervised fine-tuning on these solutions, stopped on
 # purpose while the policy is still often wrong. Its model card records how; here its
 # greedy accuracy is recomputed on every held-out problem:
 
@@ -192,7 +192,7 @@ print(f"of {len(flat)} samples: {counts['correct']} correct, {counts['wrong']} w
 # `combined_reward` is the weighted sum, callable like any reward function;
 # `components` also returns each reward for logging. With R1's weights (accuracy 1,
 # format 1), four prompts of the pool and their eight samples each give a (B, G) = (4, 8)
-# reward matrix, and `grpo_edu.advantages.group_advantages` turns each row into
+# reward matrix, and `grpo_edu.algorithm.advantages.group_advantages` turns each row into
 # advantages: (r - mean) / std within the row.
 
 # %%
@@ -368,7 +368,7 @@ else:
 # \hat A_{i,t} = \sum_{index(j) \ge t} \tilde r_i^{index(j)}.$$
 #
 # DeepSeekMath's step rewards come from a learned process reward model. Here a rule gives them,
-# on a task whose every step a program can check: `chain` (`grpo_edu.process`) sums three
+# on a task whose every step a program can check: `chain` (`grpo_edu.environment.process`) sums three
 # numbers one written partial sum at a time. A step `a+b=c` is right when it adds the prompt's
 # next number to the total the completion itself wrote last, and c = a + b; a step after a
 # wrong one can be right. The completion's last token carries its outcome reward, its accuracy
@@ -378,9 +378,9 @@ else:
 # outcome supervision again.
 
 # %%
-from grpo_edu import process
-from grpo_edu.advantages import process_advantages
-from grpo_edu.models import CHAIN_POLICY
+from grpo_edu.environment import process
+from grpo_edu.algorithm.advantages import process_advantages
+from grpo_edu.policy.models import CHAIN_POLICY
 
 chain = process.chain_sample([57, 17, 29])
 print(f"{chain['prompt']} -> {chain['solution']}")
@@ -405,7 +405,7 @@ outcome_reward = rewards.combined_reward({"accuracy": 1.0})
 
 def group_tensors(sample, texts):
     """One group's completions as (1, G, S) ids and mask (EOS included), its outcome rewards
-    (1, G) and its steps (grpo_edu.process.completion_steps), with the final answer last."""
+    (1, G) and its steps (grpo_edu.environment.process.completion_steps), with the final answer last."""
     rows = [chain_tokenizer(t, add_special_tokens=False)["input_ids"] + [chain_tokenizer.eos_token_id] for t in texts]
     S = max(map(len, rows))
     ids = torch.tensor([r + [chain_tokenizer.pad_token_id] * (S - len(r)) for r in rows])
@@ -507,7 +507,7 @@ figure.tight_layout()
 # interval of its three seeds' 768 final evaluations together):
 
 # %%
-from grpo_edu.evaluation import wilson_interval
+from grpo_edu.training.evaluation import wilson_interval
 
 
 def by_variant(value):
@@ -576,7 +576,7 @@ for claim, holds in claims.items():
 # ```python
 # import re
 #
-# from grpo_edu import rewards
+# from grpo_edu.environment import rewards
 #
 # INTEGER = r"-?(?:0|[1-9][0-9]*)"          # ASCII digits, no leading zero
 # PATTERN = re.compile(rf"<think>{INTEGER}</think>\\boxed\{{{INTEGER}\}}")
@@ -643,7 +643,7 @@ ch05.check_reward_model_hack(my_hack, reward_model, target_problem, best_correct
 # **5.3 A countdown verifier.** Write `countdown_reward(completions, numbers, target,
 # **kwargs)`: 1.0 when the last `\boxed{...}` holds an expression that uses each of
 # `numbers` exactly once and equals `target`, else 0.0. Use
-# `grpo_edu.tasks.evaluate_expression` and `expression_numbers` (never `eval`), and make
+# `grpo_edu.environment.tasks.evaluate_expression` and `expression_numbers` (never `eval`), and make
 # sure a malicious or enormous completion scores 0.0 instead of raising.
 #
 # <details><summary>Hint</summary>
@@ -658,7 +658,7 @@ ch05.check_reward_model_hack(my_hack, reward_model, target_problem, best_correct
 # <details><summary>Solution</summary>
 #
 # ```python
-# from grpo_edu import rewards, tasks
+# from grpo_edu.environment import rewards, tasks
 #
 #
 # def countdown_reward(completions, numbers, target, **kwargs):

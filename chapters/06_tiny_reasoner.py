@@ -15,7 +15,7 @@
 # fails others. This chapter runs them as a loop, for real, on this CPU, and watches the
 # held-out accuracy climb.
 #
-# The loop is `grpo_edu.trainer.train`. Each step samples B prompts, rolls out G
+# The loop is `grpo_edu.training.trainer.train`. Each step samples B prompts, rolls out G
 # completions per prompt, scores them, turns the rewards into group advantages, and
 # updates the policy on the clipped GRPO loss with a KL penalty to the frozen starting
 # policy: one optimizer step per rollout in this chapter's config, `num_mini_batches` x
@@ -30,11 +30,12 @@ import json
 import numpy as np
 import torch
 
-from grpo_edu import scoring, tasks, trainer, update
-from grpo_edu.config import TrainConfig
-from grpo_edu.models import generate_completions, load_policy
-from grpo_edu.evaluation import evaluate
-from grpo_edu.rewards import accuracy_reward
+from grpo_edu.environment import tasks
+from grpo_edu.training import scoring, trainer, update
+from grpo_edu.training.config import TrainConfig
+from grpo_edu.policy.models import generate_completions, load_policy
+from grpo_edu.training.evaluation import evaluate
+from grpo_edu.environment.rewards import accuracy_reward
 
 torch.set_num_threads(2)
 torch.set_printoptions(precision=4, sci_mode=False)
@@ -101,7 +102,7 @@ print(inspect.getsource(update.optimise))
 # transformers forward is not arithmetic but the thirty-odd elementwise operations around the
 # seven small matrix products of each layer, and `model.generate` adds bookkeeping to every
 # token.
-# So for Llama-family policies the trainer uses `grpo_edu.fused_llama` (config key
+# So for Llama-family policies the trainer uses `grpo_edu.sampling.fused_llama` (config key
 # `engine = "fused"`, the default), which computes the same function with fewer operations and
 # leaves out what need not be computed:
 #
@@ -116,9 +117,9 @@ print(inspect.getsource(update.optimise))
 # of the starting policy, and how many token positions each computes.
 
 # %%
-from grpo_edu import fused_llama
-from grpo_edu.logprobs import completion_logprobs
-from grpo_edu.rollout import SamplingParams
+from grpo_edu.sampling import fused_llama
+from grpo_edu.algorithm.logprobs import completion_logprobs
+from grpo_edu.sampling.rollout import SamplingParams
 
 torch.manual_seed(0)
 prompts = tokenizer([s["prompt"] for s in held_out[:16]], return_tensors="pt", padding=True,
@@ -169,7 +170,7 @@ for step, accuracy in summary["eval_curve"]:
     print(f"  step {step:>4}: {accuracy:.4f}")
 
 # %%
-from grpo_edu.plots import plot_run
+from grpo_edu.book.plots import plot_run
 
 figure = plot_run(config.output_dir, start_accuracy=summary["start_accuracy"])
 
@@ -178,7 +179,7 @@ figure = plot_run(config.output_dir, start_accuracy=summary["start_accuracy"])
 # samples, each drawn from probabilities that the previous updates computed, and a
 # difference in the last bit of one matrix product (AVX-512 rounds a sum in another order
 # than AVX2) changes a sample a few steps later and the run from there on. The book therefore
-# runs every chapter with its floating-point kernels pinned (`grpo_edu.numerics`: PyTorch's
+# runs every chapter with its floating-point kernels pinned (`grpo_edu.runtime.numerics`: PyTorch's
 # AVX2 kernels, MKL's vendor-neutral branch), so the digits above are exact on every x86-64
 # machine with AVX2, Intel or AMD. Elsewhere (Apple silicon, ARM Linux) the same run ends at
 # other digits, as a run with another seed would. What this chapter claims about the run
@@ -216,7 +217,7 @@ for claim, holds in claims.items():
 # A held-out accuracy is an estimate from 256 problems, so it comes with an interval: the
 # trainer's `summary.json` gives each accuracy's 95% Wilson interval. And greedy decoding
 # is one view of a policy that samples. From k = 8 samples per problem at temperature 1
-# (`grpo_edu.evaluation`, seeded): pass@1, the share of samples that are right (a mean of
+# (`grpo_edu.training.evaluation`, seeded): pass@1, the share of samples that are right (a mean of
 # per-problem shares, so its interval is a bootstrap over the problems); pass@8, the share
 # of problems with at least one right sample among the 8 (the unbiased estimator of Chen et
 # al., 2021; with exactly k samples it is that share, and its interval is Wilson's); and
@@ -224,7 +225,7 @@ for claim, holds in claims.items():
 # at every evaluation with `eval_samples = 8`.
 
 # %% tags=["platform-numerics"]
-from grpo_edu.evaluation import sampled_metrics, sampled_scores
+from grpo_edu.training.evaluation import sampled_metrics, sampled_scores
 
 
 def shown(value, interval):
@@ -313,7 +314,7 @@ def my_batch_advantages(rewards):
 
 
 check = torch.tensor([[1.5, 0.0, 0.0, 1.5], [0.5, 0.5, 0.5, 0.5], [1.0, 0.0, 0.5, 1.5]], dtype=torch.float64)
-from grpo_edu.advantages import group_advantages
+from grpo_edu.algorithm.advantages import group_advantages
 print(f"max |mine - library| on a test batch: {(my_batch_advantages(check) - group_advantages(check)).abs().max():.1e}")
 
 mine = trainer.train(TrainConfig.from_dict({**config.to_dict(), "output_dir": "../runs/chapter-6-mine"}),

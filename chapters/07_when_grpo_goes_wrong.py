@@ -21,9 +21,9 @@
 #
 # Some failures have a knob in the config (a learning rate, beta, a task). The others are
 # bugs no honest config can express, so the trainer takes them as a separate argument,
-# `train(..., faults=Faults(...))` (`grpo_edu/faults.py`): never a config key, announced in
+# `train(..., faults=Faults(...))` (`grpo_edu/lab/faults.py`): never a config key, announced in
 # the run's log and written into its `summary.json`. The runs are defined once, in
-# `grpo_edu/lab.py`: the default config with fewer steps, evaluated every 25 steps on 128
+# `grpo_edu/book/lab.py`: the default config with fewer steps, evaluated every 25 steps on 128
 # held-out problems.
 
 # %%
@@ -34,13 +34,15 @@ import textwrap
 import numpy as np
 import torch
 
-from grpo_edu import lab, placement, tasks, trainer
-from grpo_edu.advantages import group_advantages
-from grpo_edu.diagnose import DETECTORS, diagnose
-from grpo_edu.distributed import World
-from grpo_edu.faults import Faults
-from grpo_edu.models import load_policy
-from grpo_edu.plots import plot_compare
+from grpo_edu.book import lab
+from grpo_edu.environment import tasks
+from grpo_edu.training import placement, trainer
+from grpo_edu.algorithm.advantages import group_advantages
+from grpo_edu.lab.diagnose import DETECTORS, diagnose
+from grpo_edu.runtime.distributed import World
+from grpo_edu.lab.faults import Faults
+from grpo_edu.policy.models import load_policy
+from grpo_edu.book.plots import plot_compare
 
 torch.set_num_threads(2)
 ROOT = "../runs/chapter-7"
@@ -57,7 +59,7 @@ def trial(name):
 
 
 def doctor(*names):
-    """What grpo-edu doctor reports for each run (grpo_edu.diagnose on its metrics and config)."""
+    """What grpo-edu doctor reports for each run (grpo_edu.lab.diagnose on its metrics and config)."""
     for name in names:
         findings = diagnose(results[name].history, results[name].summary["config"])
         print(f"doctor, {name}: " + ("no symptoms found" if not findings else ""))
@@ -458,7 +460,7 @@ doctor("alias")
 #
 # ## The doctor on every run
 #
-# Each lab run must trigger the detectors `grpo_edu/lab.py` expects of it, and no other
+# Each lab run must trigger the detectors `grpo_edu/book/lab.py` expects of it, and no other
 # beyond the consequences named there (the countdown runs' KL, the learning-rate runs'
 # truncated completions, the all-wrong groups of the policy that refreshed pi_old broke); the
 # healthy run, beta's runs,
@@ -475,7 +477,7 @@ for name, result in results.items():
 print(f"\n{sum(ok for _, ok in rows)} of {len(rows)} runs diagnosed as expected; detectors: {', '.join(DETECTORS)}")
 
 # %% [markdown]
-# The thresholds are in `grpo_edu/diagnose.py`, each with the measurement that sets it:
+# The thresholds are in `grpo_edu/lab/diagnose.py`, each with the measurement that sets it:
 # `tests/test_diagnose.py` runs the doctor on three whole 1,500-step healthy runs (no
 # finding) and on short versions of these lab runs. Run it on your own runs:
 # `grpo-edu doctor runs/cpu-tiny`.

@@ -44,12 +44,14 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file
 
-from grpo_edu import distributed, placement, scoring, tasks, trainer, update
-from grpo_edu.advantages import group_advantages, zero_std_groups
-from grpo_edu.config import TrainConfig
-from grpo_edu.distributed import World
-from grpo_edu.loss import LOSS_TYPES, grpo_loss
-from grpo_edu.models import load_policy
+from grpo_edu.environment import tasks
+from grpo_edu.runtime import distributed
+from grpo_edu.training import placement, scoring, trainer, update
+from grpo_edu.algorithm.advantages import group_advantages, zero_std_groups
+from grpo_edu.training.config import TrainConfig
+from grpo_edu.runtime.distributed import World
+from grpo_edu.algorithm.loss import LOSS_TYPES, grpo_loss
+from grpo_edu.policy.models import load_policy
 
 torch.set_num_threads(1)
 torch.set_printoptions(precision=4, sci_mode=False)
@@ -64,7 +66,7 @@ def f4(x):
 #
 # A GRPO step samples B prompts and G completions of each. The rank is the unit of work, and
 # the group is the unit of GRPO: a completion's advantage is its reward against the mean
-# and spread of its group's G rewards. So `grpo_edu.distributed.World.shard` gives every rank
+# and spread of its group's G rewards. So `grpo_edu.runtime.distributed.World.shard` gives every rank
 # **whole prompts**, a contiguous B / N of them, with all G completions of each:
 
 # %%
@@ -505,7 +507,7 @@ ch08.check_rank_rows(my_rank_rows)
 # <details><summary>Solution</summary>
 #
 # ```python
-# from grpo_edu.loss import grpo_loss
+# from grpo_edu.algorithm.loss import grpo_loss
 #
 #
 # def my_rank_loss(logp, old_logp, advantages, completion_mask, token_counts, completion_counts, loss_type,

@@ -40,15 +40,17 @@ from pathlib import Path
 import torch
 from transformers import Qwen2Config, Qwen2ForCausalLM
 
-from grpo_edu import metrics, placement, tasks, trainer, user_functions, vllm_engine
-from grpo_edu.config import TrainConfig
-from grpo_edu.distributed import World
-from grpo_edu.fused_llama import FusedEngine
-from grpo_edu.logprobs import completion_logprobs
-from grpo_edu.loss import grpo_loss
-from grpo_edu.models import STARTING_POLICY, load_policy
-from grpo_edu.rollout import SamplingParams
-from grpo_edu.update import optimizer_steps_per_rollout
+from grpo_edu.environment import tasks
+from grpo_edu.sampling import vllm_engine
+from grpo_edu.training import metrics, placement, trainer, user_functions
+from grpo_edu.training.config import TrainConfig
+from grpo_edu.runtime.distributed import World
+from grpo_edu.sampling.fused_llama import FusedEngine
+from grpo_edu.algorithm.logprobs import completion_logprobs
+from grpo_edu.algorithm.loss import grpo_loss
+from grpo_edu.policy.models import STARTING_POLICY, load_policy
+from grpo_edu.sampling.rollout import SamplingParams
+from grpo_edu.training.update import optimizer_steps_per_rollout
 
 torch.set_num_threads(1)
 torch.set_printoptions(precision=4, sci_mode=False)
@@ -409,7 +411,7 @@ show_claims({
 # %% [markdown]
 # ## LoRA: a 7B policy on one GPU
 #
-# With `lora_rank = r` (`grpo_edu/lora.py`) the trainer trains low-rank adapters instead of the
+# With `lora_rank = r` (`grpo_edu/policy/lora.py`) the trainer trains low-rank adapters instead of the
 # weights: each projection named in `lora_target_modules` computes x W^T + (alpha / r) x A^T B^T,
 # A (r, in) and B (out, r) the only parameters AdamW sees, W frozen. B starts at 0, so the
 # starting policy is the base model exactly, and the reference is the policy itself with its
@@ -419,7 +421,7 @@ show_claims({
 # on all seven projections of every decoder layer that `benchmarks/gpu.py` measures:
 
 # %%
-from grpo_edu import lora
+from grpo_edu.policy import lora
 
 LORA = TrainConfig(lora_rank=16, lora_alpha=32.0)
 lora_budget = {}
@@ -623,7 +625,7 @@ for name, launch in (("gpu-1x", "grpo-edu train"),
 # `pyproject.toml`:
 
 # %%
-from grpo_edu.config import tomllib
+from grpo_edu.training.config import tomllib
 
 project = tomllib.loads(Path("../pyproject.toml").read_text())["project"]
 for extra in ("gpu", "book"):
@@ -649,7 +651,7 @@ print("grpo-edu doctor --gpu                      # CUDA, versions, vLLM's weigh
 # the end the trained policy (`model/`, float32). Computed from the parameter counts above:
 
 # %%
-from grpo_edu.checkpoint import KEEP
+from grpo_edu.training.checkpoint import KEEP
 
 print(f"{'GB on disk':<14}{'download':>10}{'sampler_init':>14}{f'{KEEP} checkpoints':>15}{'model/':>8}"
       f"{'run in all':>12}")
@@ -701,7 +703,7 @@ from io import StringIO
 from transformers import AutoModelForCausalLM
 from transformers.utils import logging as transformers_logging
 
-from grpo_edu import cli
+from grpo_edu.commands import cli
 
 transformers_logging.disable_progress_bar()   # its "Loading weights" bar prints a rate that varies
 loaded = AutoModelForCausalLM.from_pretrained(run_dir / "model")
@@ -772,8 +774,8 @@ print(f"exit code {doctor.returncode}")
 # %% tags=["gpu"]
 GPU_RUN = """
 import json, sys, torch
-from grpo_edu import trainer
-from grpo_edu.config import TrainConfig
+from grpo_edu.training import trainer
+from grpo_edu.training.config import TrainConfig
 config = TrainConfig.from_toml("../configs/gpu-1x.toml", ["steps=20", "eval_every=20", "checkpoint_every=0",
                                                          "progress=false", "output_dir=" + sys.argv[1]])
 summary = trainer.train(config).summary
@@ -791,7 +793,7 @@ print(f"configs/gpu-1x.toml, 20 steps: {run['steps_per_second']:.2f} steps/s (me
 # %% [markdown]
 # From here the recipes take over: `configs/qwen2.5-0.5b-gsm8k-1x.toml` and its siblings
 # train Qwen2.5-0.5B-Instruct on GSM8K and on Countdown, on one GPU and on eight, with their
-# batch arithmetic in their comments; and `grpo_edu.trl_bridge` turns the same config into
+# batch arithmetic in their comments; and `grpo_edu.commands.trl_bridge` turns the same config into
 # TRL's GRPOTrainer for its production features.
 
 # %% [markdown]

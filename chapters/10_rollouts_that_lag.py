@@ -30,13 +30,14 @@ import matplotlib.pyplot as plt
 import numpy as np
 import torch
 
-from grpo_edu import placement, tasks, trainer
-from grpo_edu.config import TrainConfig
-from grpo_edu.diagnose import diagnose
-from grpo_edu.distributed import World
-from grpo_edu.logprobs import completion_logprobs
-from grpo_edu.models import load_policy
-from grpo_edu.offpolicy import Correction, correction_weights
+from grpo_edu.environment import tasks
+from grpo_edu.training import placement, trainer
+from grpo_edu.training.config import TrainConfig
+from grpo_edu.lab.diagnose import diagnose
+from grpo_edu.runtime.distributed import World
+from grpo_edu.algorithm.logprobs import completion_logprobs
+from grpo_edu.policy.models import load_policy
+from grpo_edu.algorithm.offpolicy import Correction, correction_weights
 
 torch.set_num_threads(2)
 RESULTS = json.loads(Path("../benchmarks/results/lag.json").read_text())
@@ -182,7 +183,7 @@ print(" ".join(f"{x:>6.3f}" for x in r[row][mask[row]].tolist()))
 
 # %% [markdown]
 # What each setting does with those tokens, as the trainer's loss sees them
-# (`grpo_edu.offpolicy.correction_weights`; the README's table lists the config values):
+# (`grpo_edu.algorithm.offpolicy.correction_weights`; the README's table lists the config values):
 #
 # - **none** (`old_logprobs = "proximal"`, no weight): pi_old is pi_now, every ratio is 1, and
 #   the update treats the stale rollout as fresh: it averages A x grad log pi_now over
@@ -428,7 +429,7 @@ show_claims(claims)
 # token of a response whose geometric-mean ratio exp(mean over its real tokens of
 # (old_logp - sampler_logp)) lies in [low, high], 0 for every token of one outside. `mask` is
 # bool, True on a response's real tokens; the padding after them holds garbage. The checker
-# compares with `grpo_edu.offpolicy` on responses of different lengths, with small and large
+# compares with `grpo_edu.algorithm.offpolicy` on responses of different lengths, with small and large
 # mismatches, and on long responses whose every token is a little off.
 #
 # <details><summary>Hint</summary>

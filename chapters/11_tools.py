@@ -34,21 +34,22 @@ import matplotlib.pyplot as plt
 import numpy as np
 import torch
 
-from grpo_edu import lab, rewards, tasks
-from grpo_edu.advantages import group_advantages
-from grpo_edu.config import TrainConfig
-from grpo_edu.diagnose import diagnose
-from grpo_edu.episodes import Calculator, roll_out_episodes
-from grpo_edu.evaluation import wilson_interval
-from grpo_edu.logprobs import completion_logprobs
-from grpo_edu.loss import grpo_loss
-from grpo_edu.models import TOOL_POLICY, load_policy
-from grpo_edu.rollout import HFEngine, SamplingParams
+from grpo_edu.book import lab
+from grpo_edu.environment import rewards, tasks
+from grpo_edu.algorithm.advantages import group_advantages
+from grpo_edu.training.config import TrainConfig
+from grpo_edu.lab.diagnose import diagnose
+from grpo_edu.training.episodes import Calculator, roll_out_episodes
+from grpo_edu.training.evaluation import wilson_interval
+from grpo_edu.algorithm.logprobs import completion_logprobs
+from grpo_edu.algorithm.loss import grpo_loss
+from grpo_edu.policy.models import TOOL_POLICY, load_policy
+from grpo_edu.sampling.rollout import HFEngine, SamplingParams
 
 torch.set_num_threads(2)
 ROOT = Path("..").resolve()
 RESULTS = json.loads((ROOT / "benchmarks/results/tools.json").read_text())
-CALCULATOR = "grpo_edu.episodes:Calculator"
+CALCULATOR = "grpo_edu.training.episodes:Calculator"
 
 
 def show_claims(claims):
@@ -59,9 +60,9 @@ def show_claims(claims):
 # %% [markdown]
 # ## 1. A task that needs a tool
 #
-# Two-digit products (`grpo_edu.tasks`, task `"multiply"`: 8,100 problems, a tenth of them
+# Two-digit products (`grpo_edu.environment.tasks`, task `"multiply"`: 8,100 problems, a tenth of them
 # held out). The tiny policy of chapters 5-10 learned two-digit sums in its head; a product
-# is beyond it. The tool is `grpo_edu.episodes.Calculator`: the policy writes a call in
+# is beyond it. The tool is `grpo_edu.training.episodes.Calculator`: the policy writes a call in
 # brackets, and the closing bracket hands the turn over (the environment's `stop`); the
 # calculator answers `=value`, `=?` for a call it cannot read, `=!` (and the episode ends)
 # after four calls. Each problem has two solutions, one that calls and one in the head:
@@ -77,9 +78,9 @@ for action in ("<think>[47*85]", "[7/2]", "[forty*2]"):
 
 # %% [markdown]
 # The starting policy (`grpo_edu/assets/tiny-multiply-start`, the model `multiply-start` in a
-# config) was pretrained by `python -m grpo_edu.pretrain --task multiply --tool-share 0.5`:
+# config) was pretrained by `python -m grpo_edu.commands.pretrain --task multiply --tool-share 0.5`:
 # half of its training solutions call, half answer in the head, and the calculator's answers
-# were kept out of its loss (`grpo_edu.episodes.writers` splits a solution by playing it
+# were kept out of its loss (`grpo_edu.training.episodes.writers` splits a solution by playing it
 # against the environment: what follows a call is the environment's). Its model card, measured
 # on all 816 held-out products, as episodes with the calculator:
 
@@ -94,7 +95,7 @@ for key in ("sample_tool_call_rate", "sample_accuracy", "mixed_groups", "tool_ca
 #
 # ## 2. An episode, token by token
 #
-# The trainer rolls out episodes with `grpo_edu.episodes.roll_out_episodes`: turn 0 samples G
+# The trainer rolls out episodes with `grpo_edu.training.episodes.roll_out_episodes`: turn 0 samples G
 # completions of the prompt, each stopping at EOS or at the calculator's `]`; the calculator
 # answers each call; the next turn samples one continuation per open episode, from the prompt
 # and everything the episode holds. Four episodes of `47*85=`, sampled by transformers'
@@ -190,17 +191,17 @@ print("advantages", [round(a, 4) for a in advantages.tolist()])
 # rollout):
 
 # %% tags=["platform-numerics"]
-from grpo_edu.diagnose import ENV_GAP
+from grpo_edu.lab.diagnose import ENV_GAP
 
 sampler_logp = rollout.sampler_logp.double()
 for name, mask in (("the policy's tokens", rollout.completion_mask), ("every written token", written)):
     gap = ((every_token.double() - sampler_logp).abs() * mask).sum() / mask.sum()
     print(f"sampler gap over {name:<20} {gap.item():.3g} nats per token")
-print(f"the doctor's threshold, grpo_edu.diagnose.ENV_GAP: {ENV_GAP} nats per token")
+print(f"the doctor's threshold, grpo_edu.lab.diagnose.ENV_GAP: {ENV_GAP} nats per token")
 
 # %% [markdown]
 # The doctor's `environment_tokens_trained` reads exactly this: with an environment set, a gap
-# of 0.03 nats per token or more over the early steps (`grpo_edu.diagnose.ENV_GAP`, chapter
+# of 0.03 nats per token or more over the early steps (`grpo_edu.lab.diagnose.ENV_GAP`, chapter
 # 9's mismatch threshold); the tool run of section 4 measures a gap more than five orders of
 # magnitude below it, the leak run more than ten times above it.
 #
@@ -208,8 +209,8 @@ print(f"the doctor's threshold, grpo_edu.diagnose.ENV_GAP: {ENV_GAP} nats per to
 #
 # `configs/cpu-tools.toml` is the CPU tier's config with the multiply task, the tool policy,
 # the calculator and two turns. Twenty steps of it, and the same twenty with the calculator's
-# tokens in the loss (`grpo_edu.faults.Faults(env_tokens_in_loss=True)`; both are
-# `grpo_edu.lab.TOOL_RUNS`, the failure lab's runs of this chapter). Per step, from the runs'
+# tokens in the loss (`grpo_edu.lab.faults.Faults(env_tokens_in_loss=True)`; both are
+# `grpo_edu.book.lab.TOOL_RUNS`, the failure lab's runs of this chapter). Per step, from the runs'
 # metrics: the sampled episodes' accuracy, their mean policy turns (2: it called), the
 # sampler gap and the KL:
 
@@ -372,7 +373,7 @@ print(f"an episode's rollout costs x{ratio:.2f} a single-turn completion's")
 # ## Exercises
 #
 # **11.1 A strict calculator.** Write a class `StrictCalculator`, an environment as
-# `grpo_edu.episodes` defines one: a class attribute `stop = "]"`, `reset(sample)` for a new
+# `grpo_edu.training.episodes` defines one: a class attribute `stop = "]"`, `reset(sample)` for a new
 # episode (the sample's prompt is `"47*85="`), and `step(action) -> Reply`. It answers only
 # the problem's own product: a call `[a*b]` whose two factors are the prompt's (either order,
 # spaces allowed) gets `Reply("=" + product)`; any other call, or text that is not a call,
@@ -396,7 +397,7 @@ print(f"an episode's rollout costs x{ratio:.2f} a single-turn completion's")
 # ```python
 # import re
 #
-# from grpo_edu.episodes import Reply
+# from grpo_edu.training.episodes import Reply
 #
 #
 # class StrictCalculator:
@@ -425,7 +426,7 @@ print(f"an episode's rollout costs x{ratio:.2f} a single-turn completion's")
 # %%
 import re
 
-from grpo_edu.episodes import Reply
+from grpo_edu.training.episodes import Reply
 from grpo_edu.exercises import ch11
 
 print(f"ch11.INVALID_CALL = {ch11.INVALID_CALL}, ch11.MAX_CALLS = {ch11.MAX_CALLS}")

@@ -1,6 +1,6 @@
 """nbval runs each chapter in a fresh kernel with the settings `grpo-edu book run` uses
 (grpo_edu.book.KERNEL_ENV) and, on x86-64 with AVX2, the pinned floating-point kernels
-(grpo_edu.numerics): that is what makes every committed output reproducible on any such
+(grpo_edu.runtime.numerics): that is what makes every committed output reproducible on any such
 machine. Chapters of a tier this machine lacks are skipped with the reason, and so are
 cells tagged `gpu` where there is no CUDA GPU (their committed output says so); where
 there is one, they run and must not raise, but their output (a GPU's step times and
@@ -18,7 +18,8 @@ from pathlib import Path
 
 import pytest
 
-from grpo_edu import book, numerics
+from grpo_edu import book
+from grpo_edu.runtime import numerics
 from grpo_edu.book import notebooks
 
 os.environ.update(book.KERNEL_ENV)

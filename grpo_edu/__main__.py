@@ -5,6 +5,6 @@
 
 import sys
 
-from grpo_edu.cli import main
+from grpo_edu.commands.cli import main
 
 sys.exit(main())

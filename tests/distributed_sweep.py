@@ -15,8 +15,9 @@ import sys
 
 import torch
 
-from grpo_edu import distributed, scoring, trainer
-from grpo_edu.config import TrainConfig
+from grpo_edu.runtime import distributed
+from grpo_edu.training import scoring, trainer
+from grpo_edu.training.config import TrainConfig
 
 
 def per_rank_totals(plan, k, loss_type, mask_truncated=False):

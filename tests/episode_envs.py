@@ -1,7 +1,7 @@
 """Environments for tests/test_episodes.py (importable by path, also from torchrun's processes:
 "tests.episode_envs:Echo")."""
 
-from grpo_edu.episodes import Reply
+from grpo_edu.training.episodes import Reply
 
 
 class Echo:

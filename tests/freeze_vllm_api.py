@@ -1,4 +1,4 @@
-"""Record, from a vLLM release's own source, what each name grpo_edu/vllm_engine.py uses is.
+"""Record, from a vLLM release's own source, what each name grpo_edu/sampling/vllm_engine.py uses is.
 
     python tests/freeze_vllm_api.py vllm-0.31.0-cp38-abi3-manylinux_2_28_x86_64.whl > tests/vllm_api_0.31.0.json
 
@@ -17,7 +17,7 @@ import json
 import sys
 import zipfile
 
-from grpo_edu.vllm_engine import VLLM_API
+from grpo_edu.sampling.vllm_engine import VLLM_API
 
 # LLM(**kwargs) passes what its own signature does not name on to EngineArgs(**kwargs).
 KWARGS_TO = {"vllm.LLM": "vllm.engine.arg_utils.EngineArgs"}

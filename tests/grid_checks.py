@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from grpo_edu import numerics
+from grpo_edu.runtime import numerics
 from hang_guard import HANG_SECONDS
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -1,4 +1,4 @@
-"""grpo_edu.advantages against the NumPy reference, by hand, and on bad input."""
+"""grpo_edu.algorithm.advantages against the NumPy reference, by hand, and on bad input."""
 
 import numpy as np
 import pytest
@@ -7,8 +7,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.extra.numpy import arrays
 
-from grpo_edu import reference
-from grpo_edu.advantages import group_advantages, zero_std_groups
+from grpo_edu.algorithm import reference
+from grpo_edu.algorithm.advantages import group_advantages, zero_std_groups
 
 REWARDS = [[0.9, 0.3, -0.1, 0.7], [1.0, 0.0, 0.0, 0.0], [2.0, 2.0, 2.0, 2.0]]
 

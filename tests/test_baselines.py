@@ -1,4 +1,4 @@
-"""Chapter 0's estimators (grpo_edu.baselines) and its enumerable policy (grpo_edu.bandit):
+"""Chapter 0's estimators (grpo_edu.algorithm.baselines) and its enumerable policy (grpo_edu.algorithm.bandit):
 hand-computed advantages, the identities between estimators, exact bias against enumeration,
 the trainer running each one, and the comparison's results file re-derived by re-training."""
 
@@ -14,9 +14,11 @@ import pytest
 import torch
 from hypothesis import given, settings, strategies as st
 
-from grpo_edu import baselines, numerics, trainer
-from grpo_edu.bandit import Bandit, all_groups, moments, sampled_moments
-from grpo_edu.config import TrainConfig
+from grpo_edu.algorithm import baselines
+from grpo_edu.runtime import numerics
+from grpo_edu.training import trainer
+from grpo_edu.algorithm.bandit import Bandit, all_groups, moments, sampled_moments
+from grpo_edu.training.config import TrainConfig
 from hang_guard import HANG_SECONDS
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -123,7 +125,7 @@ def weights(result):
 
 
 def test_the_trainer_runs_the_estimators_and_grpo_is_its_default(tmp_path):
-    """advantage_fn = "grpo_edu.baselines:grpo" trains the default run bit for bit; RLOO another run."""
+    """advantage_fn = "grpo_edu.algorithm.baselines:grpo" trains the default run bit for bit; RLOO another run."""
     default = trainer.train(tiny(tmp_path / "default"), log=lambda line: None)
     grpo = trainer.train(tiny(tmp_path / "grpo", advantage_fn=baselines.spec("grpo")), log=lambda line: None)
     rloo = trainer.train(tiny(tmp_path / "rloo", advantage_fn=baselines.spec("rloo")), log=lambda line: None)

@@ -5,8 +5,8 @@ import math
 import pytest
 import torch
 
-from grpo_edu.advantages import group_advantages, zero_std_groups
-from grpo_edu.batch import RolloutBatch, pad_rollouts
+from grpo_edu.algorithm.advantages import group_advantages, zero_std_groups
+from grpo_edu.training.batch import RolloutBatch, pad_rollouts
 
 PAD = 0
 PROMPTS = [[5, 6, 7], [8, 9]]

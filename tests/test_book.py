@@ -11,7 +11,7 @@ import pytest
 
 from grpo_edu import book
 from grpo_edu.book import notebooks
-from grpo_edu.cli import main
+from grpo_edu.commands.cli import main
 
 ROOT = Path(__file__).resolve().parent.parent
 BOOK = book.load_book(ROOT)

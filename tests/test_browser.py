@@ -32,7 +32,7 @@ import pytest
 from browser_support import CHROMIUM_FLAGS, chromium_or_skip
 
 from grpo_edu import book
-from grpo_edu.advantages import group_advantages
+from grpo_edu.algorithm.advantages import group_advantages
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
 

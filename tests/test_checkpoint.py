@@ -19,9 +19,10 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from grpo_edu import checkpoint, durable, trainer
-from grpo_edu.config import TrainConfig
-from grpo_edu.models import char_tokenizer, tiny_llama
+from grpo_edu.runtime import durable
+from grpo_edu.training import checkpoint, trainer
+from grpo_edu.training.config import TrainConfig
+from grpo_edu.policy.models import char_tokenizer, tiny_llama
 from hang_guard import HANG_SECONDS
 
 TINY = dict(hidden_size=32, num_layers=1, num_heads=2, intermediate_size=64)
@@ -201,7 +202,7 @@ def test_save_clears_a_killed_save_and_damaged_checkpoints_it_supersedes(run):
 def test_save_flushes_every_file_and_folder_around_each_rename(tmp_path, monkeypatch):
     events = []
     real_fsync, real_replace = durable.fsync, os.replace
-    # checkpoint and runlog (MetricsLog.sync flushes metrics.jsonl) flush through grpo_edu.durable
+    # checkpoint and runlog (MetricsLog.sync flushes metrics.jsonl) flush through grpo_edu.runtime.durable
     monkeypatch.setattr(durable, "fsync", lambda path: (events.append(("fsync", Path(path).name)),
                                                          real_fsync(path)))
     monkeypatch.setattr(checkpoint.os, "replace", lambda a, b: (events.append(("rename", Path(b).name)),
@@ -220,7 +221,8 @@ def test_save_flushes_every_file_and_folder_around_each_rename(tmp_path, monkeyp
 # without paying transformers' import (seconds) for each of the many restarts.
 FORK_SERVER = r"""
 import json, os, sys, traceback
-from grpo_edu import cli, trainer
+from grpo_edu.commands import cli
+from grpo_edu.training import trainer
 for line in sys.stdin:
     request = json.loads(line)
     pid = os.fork()
@@ -309,7 +311,7 @@ def _where_the_kill_landed(folder, before):
 
 @pytest.mark.slow
 def test_killed_at_random_moments_resumes_to_the_uninterrupted_weights(tmp_path):
-    uninterrupted = subprocess.Popen([sys.executable, "-m", "grpo_edu.cli", *_train_argv(tmp_path / "uninterrupted")],
+    uninterrupted = subprocess.Popen([sys.executable, "-m", "grpo_edu.commands.cli", *_train_argv(tmp_path / "uninterrupted")],
                                      cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     try:
         _kill_and_resume(tmp_path)

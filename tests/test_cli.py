@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from grpo_edu import trainer
-from grpo_edu.cli import main
-from grpo_edu.config import TrainConfig
+from grpo_edu.training import trainer
+from grpo_edu.commands.cli import main
+from grpo_edu.training.config import TrainConfig
 
 
 @pytest.fixture(autouse=True)

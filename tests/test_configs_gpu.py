@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from grpo_edu.config import TrainConfig, _flatten_file, tomllib
-from grpo_edu.scoring import plan_mini_batches
+from grpo_edu.training.config import TrainConfig, _flatten_file, tomllib
+from grpo_edu.training.scoring import plan_mini_batches
 
 ROOT = Path(__file__).resolve().parents[1]
 # Each file and the number of processes it is written for: the GPU tier's configs (the committed
@@ -136,17 +136,17 @@ def test_numbers_in_other_comments(name):
 
 
 def test_the_download_free_recipe_pretrains_a_model_of_tens_of_millions_that_fits_its_task():
-    """Step 1's command (in the file's comments) parses as python -m grpo_edu.pretrain's flags,
+    """Step 1's command (in the file's comments) parses as python -m grpo_edu.commands.pretrain's flags,
     builds a model of tens of millions of parameters whose positions hold a prompt and L
     tokens, on the task and to the folder that step 2's config trains."""
     import shlex
 
-    from grpo_edu import tasks
-    from grpo_edu.models import char_tokenizer, tiny_llama
-    from grpo_edu.pretrain import parse_args
+    from grpo_edu.environment import tasks
+    from grpo_edu.policy.models import char_tokenizer, tiny_llama
+    from grpo_edu.commands.pretrain import parse_args
     config, text = load("gpu-countdown-from-scratch.toml")
-    line = next(line for line in text.splitlines() if "python -m grpo_edu.pretrain" in line)
-    pretrain = parse_args(shlex.split(line.split("python -m grpo_edu.pretrain", 1)[1]))
+    line = next(line for line in text.splitlines() if "python -m grpo_edu.commands.pretrain" in line)
+    pretrain = parse_args(shlex.split(line.split("python -m grpo_edu.commands.pretrain", 1)[1]))
     assert (pretrain.task, pretrain.device, pretrain.output_dir) == (config.task, "cuda", config.model)
     tokenizer = char_tokenizer()
     with torch.device("meta"):
@@ -179,7 +179,7 @@ QWEN_CHAT_TEMPLATE = (
 
 
 def chat_tokenizer():
-    from grpo_edu.models import char_tokenizer
+    from grpo_edu.policy.models import char_tokenizer
     tokenizer = char_tokenizer(max_length=4096)
     tokenizer.chat_template = QWEN_CHAT_TEMPLATE
     return tokenizer
@@ -187,7 +187,7 @@ def chat_tokenizer():
 
 def rollout_of(tokenizer, prompt: str, completions: list[str]):
     """A Rollout of one prompt's G completions, each ended by <eos> (as an engine returns it)."""
-    from grpo_edu.rollout import Rollout
+    from grpo_edu.sampling.rollout import Rollout
     G = len(completions)
     prompt_ids = torch.tensor([tokenizer(prompt, add_special_tokens=False)["input_ids"]] * G)
     rows = [tokenizer(c, add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id] for c in completions]
@@ -214,13 +214,13 @@ def recipe_with_local_data(name: str, tmp_path) -> TrainConfig:
 
 @pytest.mark.parametrize("name", sorted(RECIPES))
 def test_a_completion_in_the_format_the_recipe_asks_for_scores_full_marks(name, tmp_path):
-    """The recipe's exact prompt path (grpo_edu.tasks.task_pools: the task's instruction, then the
+    """The recipe's exact prompt path (grpo_edu.environment.tasks.task_pools: the task's instruction, then the
     chat template) asks for <think>...</think>\\boxed{...}; a completion written that way, scored
-    as the trainer scores a rollout (grpo_edu.scoring.score with the recipe's reward functions),
+    as the trainer scores a rollout (grpo_edu.training.scoring.score with the recipe's reward functions),
     earns every reward's full weight; the ways of missing the format score less."""
-    from grpo_edu import tasks
-    from grpo_edu.scoring import score
-    from grpo_edu.user_functions import functions_from_config
+    from grpo_edu.environment import tasks
+    from grpo_edu.training.scoring import score
+    from grpo_edu.training.user_functions import functions_from_config
     config = recipe_with_local_data(name, tmp_path)
     tokenizer = chat_tokenizer()
     _, held_out = tasks.task_pools(config, tokenizer)
@@ -255,7 +255,7 @@ def test_a_completion_in_the_format_the_recipe_asks_for_scores_full_marks(name, 
 
 def test_without_the_instruction_the_countdown_recipe_would_ask_for_nothing(tmp_path):
     """The bare prompt (task_instruction = false) names neither the tags nor the box."""
-    from grpo_edu import tasks
+    from grpo_edu.environment import tasks
     config = replace(recipe_with_local_data("qwen2.5-0.5b-countdown-1x.toml", tmp_path), task_instruction=False)
     _, held_out = tasks.task_pools(config, chat_tokenizer())
     assert all("<think>" not in s["prompt"] and "boxed" not in s["prompt"] for s in held_out)

@@ -1,4 +1,4 @@
-"""grpo-edu doctor RUN_DIR (grpo_edu.diagnose): each detector at its threshold, no false alarm
+"""grpo-edu doctor RUN_DIR (grpo_edu.lab.diagnose): each detector at its threshold, no false alarm
 on three whole healthy runs, real faulty runs caught by their own detector and no other, the
 live warnings, the command."""
 
@@ -10,8 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from grpo_edu import diagnose as dx, lab, trainer
-from grpo_edu.config import TrainConfig
+from grpo_edu.book import lab
+from grpo_edu.book.lab import diagnose as dx
+from grpo_edu.training import trainer
+from grpo_edu.training.config import TrainConfig
 
 HEALTHY = Path(__file__).parent / "data" / "healthy_runs"
 

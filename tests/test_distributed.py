@@ -15,11 +15,14 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from grpo_edu import cli, distributed, lora, placement, scoring, trainer, update, user_functions
-from grpo_edu.batch import RolloutBatch
-from grpo_edu.config import TrainConfig
-from grpo_edu.distributed import World
-from grpo_edu.loss import LOSS_TYPES
+from grpo_edu.commands import cli
+from grpo_edu.policy import lora
+from grpo_edu.runtime import distributed
+from grpo_edu.training import placement, scoring, trainer, update, user_functions
+from grpo_edu.training.batch import RolloutBatch
+from grpo_edu.training.config import TrainConfig
+from grpo_edu.runtime.distributed import World
+from grpo_edu.algorithm.loss import LOSS_TYPES
 from hang_guard import HANG_SECONDS
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -46,7 +49,7 @@ BY_LOSS = {
              "task=chain", "supervision=process", "max_completion_length=24", "mask_truncated_completions=true",
              "overlong_cache=4"],
 }
-# bnpo's runs are multi-turn episodes (grpo_edu.episodes): its normaliser, the batch's tokens,
+# bnpo's runs are multi-turn episodes (grpo_edu.training.episodes): its normaliser, the batch's tokens,
 # counts the policy's only, each rank's share differing from the other's. (Not with pi_old the
 # sampler's: a rank's later turns sample contexts padded to its own longest, whose float32
 # log-probs differ from one process's in the last bits: dapo's runs moved 1.8e-5 apart so.)
@@ -242,13 +245,13 @@ def test_every_tensor_handed_to_the_loss_is_on_the_trainers_device(tmp_path, mon
     can create: tensors with shapes and no values). score() must place the batch on the
     trainer's device, so every tensor grpo_loss receives, advantages included, is there: a
     CPU tensor meeting meta log-probs fails this test."""
-    from grpo_edu.models import char_tokenizer, tiny_llama
-    from grpo_edu.rollout import HFEngine
+    from grpo_edu.policy.models import char_tokenizer, tiny_llama
+    from grpo_edu.sampling.rollout import HFEngine
     tokenizer = char_tokenizer()
     policy = tiny_llama(tokenizer, hidden_size=32, num_layers=1, num_heads=2, intermediate_size=64)
     config = TrainConfig(prompts_per_step=4, num_generations=4, max_completion_length=6, beta=0.04,
                          num_iterations=2, progress=False, threads=1, output_dir=str(tmp_path))
-    from grpo_edu import tasks
+    from grpo_edu.environment import tasks
     samples = trainer.sample_prompts(config, trainer.TrainState(), tasks.make_dataset(n=20))
     rollout = trainer.roll_out(config, samples, tokenizer, HFEngine(policy, tokenizer))
     meta = World(device=torch.device("meta"))
@@ -311,7 +314,7 @@ def test_bf16_autocast_changes_the_forward_and_keeps_float32_master_weights(tmp_
     """precision = 'bf16' is autocast (on the CPU here, as it would be on CUDA): the trainer's
     log-probs differ from float32's by bf16 rounding, while the parameters, their gradients
     and AdamW's state stay float32 (the master weights)."""
-    from grpo_edu.models import char_tokenizer, tiny_llama
+    from grpo_edu.policy.models import char_tokenizer, tiny_llama
     tokenizer = char_tokenizer()
     policy = tiny_llama(tokenizer, hidden_size=64, num_layers=1, num_heads=2, intermediate_size=128)
     ids = tokenizer(["12+34=<think>46</think>", "7-5=<think>2</think>"], return_tensors="pt", padding=True,

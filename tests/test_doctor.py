@@ -12,7 +12,8 @@ import sys
 import pytest
 import torch
 
-from grpo_edu import cli as cli_module, doctor, vllm_engine
+from grpo_edu.commands import cli as cli_module, doctor
+from grpo_edu.sampling import vllm_engine
 from vllm_fake import environment_with_fake, fake_vllm
 from hang_guard import HANG_SECONDS
 

@@ -10,9 +10,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from grpo_edu import dynamic_sampling, trainer, trl_bridge, update
-from grpo_edu.config import TrainConfig
-from grpo_edu.rollout import Rollout
+from grpo_edu.commands import trl_bridge
+from grpo_edu.training import dynamic_sampling, trainer, update
+from grpo_edu.training.config import TrainConfig
+from grpo_edu.sampling.rollout import Rollout
 from test_trainer import _weights, small_config, tiny
 
 

@@ -1,4 +1,4 @@
-"""The rollout engine contract (grpo_edu.rollout.RolloutEngine), checked for every engine the
+"""The rollout engine contract (grpo_edu.sampling.rollout.RolloutEngine), checked for every engine the
 trainer can run: fused, hf, and vllm (here the fake vllm of tests/fake_vllm, which samples
 with the same weights; tests/real_vllm runs these same tests against vLLM's CPU build, and
 the GPU check is `grpo-edu doctor --gpu`).
@@ -14,11 +14,12 @@ from contextlib import ExitStack
 import pytest
 import torch
 
-from grpo_edu import fused_llama, tasks, vllm_engine
-from grpo_edu.distributed import World
-from grpo_edu.logprobs import completion_logprobs
-from grpo_edu.models import STARTING_POLICY, load_policy
-from grpo_edu.rollout import HFEngine, SamplingParams
+from grpo_edu.environment import tasks
+from grpo_edu.sampling import fused_llama, vllm_engine
+from grpo_edu.runtime.distributed import World
+from grpo_edu.algorithm.logprobs import completion_logprobs
+from grpo_edu.policy.models import STARTING_POLICY, load_policy
+from grpo_edu.sampling.rollout import HFEngine, SamplingParams
 from vllm_fake import fake_vllm
 
 ENGINES = ("fused", "hf", "vllm")

@@ -1,4 +1,4 @@
-"""Multi-turn episodes (config.environment, grpo_edu.episodes): who wrote each token, the
+"""Multi-turn episodes (config.environment, grpo_edu.training.episodes): who wrote each token, the
 environment's tokens as context that nothing of the loss counts, environments that misbehave,
 and the trainer running episodes with every engine."""
 
@@ -7,12 +7,12 @@ import dataclasses
 import pytest
 import torch
 
-from grpo_edu import episodes, placement, scoring, trainer, update
-from grpo_edu.config import TrainConfig
-from grpo_edu.episodes import Calculator, Reply, roll_out_episodes
-from grpo_edu.loss import grpo_loss
-from grpo_edu.rollout import Rollout, SamplingParams
-from grpo_edu.user_functions import functions_from_config
+from grpo_edu.training import episodes, placement, scoring, trainer, update
+from grpo_edu.training.config import TrainConfig
+from grpo_edu.training.episodes import Calculator, Reply, roll_out_episodes
+from grpo_edu.algorithm.loss import grpo_loss
+from grpo_edu.sampling.rollout import Rollout, SamplingParams
+from grpo_edu.training.user_functions import functions_from_config
 from test_trainer import small_config, tiny
 
 ECHO = "tests.episode_envs:Echo"
@@ -127,7 +127,7 @@ def test_the_environment_key_is_checked_when_the_config_is_built():
 def test_a_batch_checks_who_wrote_each_token():
     """RolloutBatch with env_mask: the two writers never mark one token, the episode (both) is
     right-padded and is exactly what attention_mask marks in the completion columns."""
-    from grpo_edu.batch import RolloutBatch
+    from grpo_edu.training.batch import RolloutBatch
     ids = torch.ones(1, 2, 6, dtype=torch.long)
     attention = torch.tensor([[1, 1, 1, 1, 1, 0], [1, 1, 1, 1, 1, 1]]).view(1, 2, 6)
     policy = torch.tensor([[1, 0, 1, 0], [1, 1, 0, 1]], dtype=torch.bool).view(1, 2, 4)
@@ -298,8 +298,8 @@ def test_the_environments_tokens_in_the_loss_are_a_failure_the_doctor_names(tmp_
     """Faults.env_tokens_in_loss scores the environment's tokens as the policy's: the sampler gap
     then holds -log pi of each (the sampler never drew them), and the doctor names it; the same
     run done right shows nothing."""
-    from grpo_edu.diagnose import diagnose
-    from grpo_edu.faults import Faults
+    from grpo_edu.lab.diagnose import diagnose
+    from grpo_edu.lab.faults import Faults
     settings = {"steps": 6, "eval_every": 6}
     right = episode_run(tmp_path, "right", **settings)
     torch.manual_seed(0)

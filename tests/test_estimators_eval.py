@@ -10,7 +10,7 @@ from statistics import NormalDist
 import pytest
 from hypothesis import given, strategies as st
 
-from grpo_edu.evaluation import bootstrap_interval, pass_at_k, wilson_interval
+from grpo_edu.training.evaluation import bootstrap_interval, pass_at_k, wilson_interval
 
 
 @given(st.integers(1, 12).flatmap(lambda n: st.tuples(st.just(n), st.integers(0, n), st.integers(1, n))))
@@ -57,7 +57,7 @@ def test_bootstrap_is_reproducible_and_brackets_the_mean():
 
 
 def test_the_summary_carries_the_accuracy_intervals(tmp_path):
-    from grpo_edu import trainer
+    from grpo_edu.training import trainer
     from test_trainer import small_config
     summary = trainer.train(small_config(tmp_path, steps=1, checkpoint_every=0), log=lambda _: None).summary
     n = summary["eval_problems"]
@@ -70,8 +70,8 @@ def test_the_summary_carries_the_accuracy_intervals(tmp_path):
 
 def test_sampled_scores_count_right_samples_and_the_majority():
     """A stand-in generate: three answers per problem; maj@3 follows the most frequent one."""
-    from grpo_edu import evaluation
-    from grpo_edu.evaluation import sampled_metrics, sampled_scores
+    from grpo_edu.training import evaluation
+    from grpo_edu.training.evaluation import sampled_metrics, sampled_scores
     groups = [["\\boxed{7}", "\\boxed{7.0}", "\\boxed{8}"],      # 2 right; the majority (7 = 7.0) is right
               ["\\boxed{9}", "\\boxed{9}", "\\boxed{7}"],        # 1 right; the majority (9) is wrong
               ["no answer", "", "\\boxed{1}"]]                   # 0 right
@@ -89,7 +89,7 @@ def test_sampled_scores_count_right_samples_and_the_majority():
 
 
 def test_eval_samples_logs_sampled_metrics_at_each_evaluation(tmp_path):
-    from grpo_edu import trainer
+    from grpo_edu.training import trainer
     from test_trainer import small_config
     result = trainer.train(small_config(tmp_path, steps=2, eval_every=1, checkpoint_every=0, eval_samples=4),
                            log=lambda _: None)

@@ -4,9 +4,9 @@ evaluate() figures built from them."""
 import pytest
 import torch
 
-from grpo_edu import rewards, tasks
-from grpo_edu.evaluation import evaluate, greedy_scores
-from grpo_edu.models import generate_completions, load_policy
+from grpo_edu.environment import rewards, tasks
+from grpo_edu.training.evaluation import evaluate, greedy_scores
+from grpo_edu.policy.models import generate_completions, load_policy
 
 
 @pytest.fixture(scope="module")

@@ -2,7 +2,7 @@
 
 import numpy as np
 
-from grpo_edu import reference
+from grpo_edu.algorithm import reference
 from grpo_edu.exercises import ch01
 
 

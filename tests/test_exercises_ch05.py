@@ -6,10 +6,10 @@ import re
 import numpy as np
 import pytest
 
-from grpo_edu import rewards
+from grpo_edu.environment import rewards
 from grpo_edu.exercises import ch05
-from grpo_edu.models import char_tokenizer
-from grpo_edu.tasks import ExpressionError, evaluate_expression, expression_numbers
+from grpo_edu.policy.models import char_tokenizer
+from grpo_edu.environment.tasks import ExpressionError, evaluate_expression, expression_numbers
 
 PLAIN_INTEGER = re.compile(r"-?(?:0|[1-9][0-9]*)")
 

@@ -2,7 +2,7 @@
 
 import torch
 
-from grpo_edu.advantages import group_advantages
+from grpo_edu.algorithm.advantages import group_advantages
 from grpo_edu.exercises import ch06
 
 

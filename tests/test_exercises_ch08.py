@@ -1,8 +1,8 @@
 """The chapter-8 checkers accept the worked solutions and name what a wrong answer got wrong."""
 
-from grpo_edu.distributed import World
+from grpo_edu.runtime.distributed import World
 from grpo_edu.exercises import ch08
-from grpo_edu.loss import grpo_loss
+from grpo_edu.algorithm.loss import grpo_loss
 
 # ----------------------------------------------------------------- 8.1
 

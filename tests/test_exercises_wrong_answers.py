@@ -16,10 +16,10 @@ import pytest
 import torch
 
 from checker_support import all_values, assert_rejected_without_answer, expected_values
-from grpo_edu.advantages import group_advantages
-from grpo_edu.episodes import Reply
+from grpo_edu.algorithm.advantages import group_advantages
+from grpo_edu.training.episodes import Reply
 from grpo_edu.exercises import ch00, ch01, ch02, ch03, ch04, ch05, ch06, ch07, ch08, ch10, ch11
-from grpo_edu.loss import grpo_loss
+from grpo_edu.algorithm.loss import grpo_loss
 
 COVERED: set[str] = set()
 
@@ -186,7 +186,7 @@ def test_sequence_ratio_averaging_over_the_padding():
 
 @covers("5.1")
 def test_strict_format_with_match_instead_of_fullmatch():
-    from grpo_edu import rewards
+    from grpo_edu.environment import rewards
     pattern = re.compile(r"<think>-?\d+</think>\\boxed\{-?\d+\}")
     report = rejected(ch05.check_strict_format,
                       lambda completions, **kw: [1.0 if pattern.match(rewards.completion_text(c)) else 0.0
@@ -196,7 +196,7 @@ def test_strict_format_with_match_instead_of_fullmatch():
 
 @covers("5.2")
 def test_reward_model_hack_that_is_right_after_all():
-    from grpo_edu.models import char_tokenizer
+    from grpo_edu.policy.models import char_tokenizer
     weights = np.zeros(len(ch05.FEATURES) + 1)
     weights[ch05.FEATURES.index("9")] = 0.1
     model = ch05.CharacterRewardModel(weights=weights, bias=0.0)
@@ -208,8 +208,8 @@ def test_reward_model_hack_that_is_right_after_all():
 
 @covers("5.3")
 def test_countdown_verifier_ignoring_the_numbers():
-    from grpo_edu import rewards
-    from grpo_edu.tasks import ExpressionError, evaluate_expression
+    from grpo_edu.environment import rewards
+    from grpo_edu.environment.tasks import ExpressionError, evaluate_expression
 
     def value_only(completions, numbers, target, **kw):
         scores = []
@@ -416,7 +416,7 @@ def test_strict_calculator_that_returns_a_string():
         def step(self, action):
             return super().step(action).text
     report = rejected(ch11.check_strict_calculator, Text)
-    assert "raised TypeError" in report and "step must return a grpo_edu.episodes.Reply" in report
+    assert "raised TypeError" in report and "step must return a grpo_edu.training.episodes.Reply" in report
 
 
 # --------------------------------------------------------------------------- the list is complete

@@ -1,4 +1,4 @@
-"""The failure lab's injected faults (grpo_edu.faults): each does what it says, on the real
+"""The failure lab's injected faults (grpo_edu.lab.faults): each does what it says, on the real
 trainer, and none can be switched on from a config; the production checks stay on."""
 
 import dataclasses
@@ -6,13 +6,13 @@ import dataclasses
 import pytest
 import torch
 
-from grpo_edu import metrics, placement, trainer
-from grpo_edu.advantages import group_advantages
-from grpo_edu.config import TrainConfig
-from grpo_edu.distributed import World
-from grpo_edu.faults import NONE, Faults
-from grpo_edu.logprobs import completion_logprobs
-from grpo_edu.models import STARTING_POLICY, load_policy
+from grpo_edu.training import metrics, placement, trainer
+from grpo_edu.algorithm.advantages import group_advantages
+from grpo_edu.training.config import TrainConfig
+from grpo_edu.runtime.distributed import World
+from grpo_edu.lab.faults import NONE, Faults
+from grpo_edu.algorithm.logprobs import completion_logprobs
+from grpo_edu.policy.models import STARTING_POLICY, load_policy
 
 
 def lab_config(tmp_path, **overrides):
@@ -51,7 +51,7 @@ def test_faults_is_an_argument_never_a_config_key(tmp_path):
     assert "faults" not in {f.name for f in dataclasses.fields(TrainConfig)}
     with pytest.raises(ValueError, match="unknown config key 'faults'"):
         TrainConfig.from_toml(None, ["faults=1"])
-    with pytest.raises(ValueError, match="^faults: expected a grpo_edu.faults.Faults, got dict$"):
+    with pytest.raises(ValueError, match="^faults: expected a grpo_edu.lab.faults.Faults, got dict$"):
         run(lab_config(tmp_path), {"alias_reference": True})
     assert NONE.active() == {} and Faults(off_by_one=True).active() == {"off_by_one": True}
 

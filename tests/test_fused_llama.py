@@ -1,4 +1,4 @@
-"""grpo_edu.fused_llama computes transformers' function: logits, log-probs and gradients
+"""grpo_edu.sampling.fused_llama computes transformers' function: logits, log-probs and gradients
 equal the transformers forward (float64 to 1e-10, float32 to 1e-5) for Llama, Llama with
 grouped-query attention and Qwen2 (biased q, k, v); group packing is exact for any
 prompt padding and completion lengths; the engine samples what it says it samples."""
@@ -12,10 +12,11 @@ from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausa
 from transformers.models.llama.modeling_llama import LlamaRMSNorm
 from transformers.models.qwen2.modeling_qwen2 import Qwen2RMSNorm
 
-from grpo_edu import fused_llama, tasks
-from grpo_edu.logprobs import completion_logprobs, position_ids_from_attention_mask
-from grpo_edu.models import STARTING_POLICY, char_tokenizer, load_policy
-from grpo_edu.rollout import HFEngine, SamplingParams
+from grpo_edu.environment import tasks
+from grpo_edu.sampling import fused_llama
+from grpo_edu.algorithm.logprobs import completion_logprobs, position_ids_from_attention_mask
+from grpo_edu.policy.models import STARTING_POLICY, char_tokenizer, load_policy
+from grpo_edu.sampling.rollout import HFEngine, SamplingParams
 
 F64 = torch.float64
 SIZES = dict(vocab_size=40, hidden_size=32, intermediate_size=48, num_hidden_layers=2, num_attention_heads=4,

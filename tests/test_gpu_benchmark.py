@@ -91,7 +91,7 @@ def test_the_countdown_recipe_runs_end_to_end(toy):
     work, results, _ = toy
     step1, step2 = results["parts"]["countdown-pretrain"], results["parts"]["countdown-grpo"]
     # Step 1 is the recipe's own command, with the benchmark's output directory (never the package's).
-    assert step1["command"].startswith("python -m grpo_edu.pretrain --task countdown --device cuda")
+    assert step1["command"].startswith("python -m grpo_edu.commands.pretrain --task countdown --device cuda")
     assert f"--output-dir {work / 'countdown-start'}" in step1["command"]
     assert step1["target"] == {"held_out_greedy_accuracy": 0.3}
     assert [p["step"] for p in step1["eval_curve"]] == [2, 4] and _seconds_increase(step1["eval_curve"])
@@ -227,7 +227,7 @@ def test_the_qwen_shapes_are_chapter_9s(gpu_benchmark):
 
 
 def test_the_filler_tokenizer_decodes_every_id_and_encodes_as_before(gpu_benchmark):
-    from grpo_edu.models import char_tokenizer
+    from grpo_edu.policy.models import char_tokenizer
     tokenizer = gpu_benchmark.filler_tokenizer(500, 64)
     base = char_tokenizer()
     assert len(tokenizer) == 500
@@ -246,8 +246,8 @@ def test_step_1_is_read_from_the_recipe(gpu_benchmark):
 def test_a_reached_target_stops_the_run_and_is_timed(tmp_path, gpu_benchmark, monkeypatch):
     """The branches a toy never reaches: the tiny recipe at its target (here 0: its first
     evaluation), and pretraining at its target (evaluate scripted to say 0.5), which then writes
-    the model and its card as `python -m grpo_edu.pretrain` does."""
-    from grpo_edu import pretrain
+    the model and its card as `python -m grpo_edu.commands.pretrain` does."""
+    from grpo_edu.commands import pretrain
     args = gpu_benchmark.parse_args(["--toy", "--work-dir", str(tmp_path)])
     monkeypatch.setattr(gpu_benchmark, "TINY_TARGET", 0.0)
     tiny = gpu_benchmark.part_tiny(args, "cpu", {})

@@ -5,9 +5,10 @@ import json
 
 import pytest
 
-from grpo_edu import tasks, trainer
-from grpo_edu.config import TrainConfig
-from grpo_edu.models import STARTING_POLICY, load_policy
+from grpo_edu.environment import tasks
+from grpo_edu.training import trainer
+from grpo_edu.training.config import TrainConfig
+from grpo_edu.policy.models import STARTING_POLICY, load_policy
 
 ROWS = {
     "train": [("Tom has 3 apples and buys 4 more. How many apples does he have?", "3 + 4 = 7\n#### 7"),

@@ -14,7 +14,7 @@ import nbformat
 import pytest
 
 from grpo_edu import book as bookmod
-from grpo_edu import cli
+from grpo_edu.commands import cli
 from grpo_edu.book import html as site
 
 ROOT = Path(__file__).resolve().parent.parent

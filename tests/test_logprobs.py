@@ -1,4 +1,4 @@
-"""grpo_edu.logprobs: chunked log-probs equal log_softmax + gather (values and
+"""grpo_edu.algorithm.logprobs: chunked log-probs equal log_softmax + gather (values and
 gradients), never see more than one chunk at once, and a causal LM's completion
 log-probs are aligned, padding-invariant and the same chunked or not."""
 
@@ -7,9 +7,9 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from grpo_edu.logprobs import (completion_logprobs, lm_head_logprobs, position_ids_from_attention_mask,
+from grpo_edu.algorithm.logprobs import (completion_logprobs, lm_head_logprobs, position_ids_from_attention_mask,
                                token_logprobs)
-from grpo_edu.models import char_tokenizer, tiny_llama
+from grpo_edu.policy.models import char_tokenizer, tiny_llama
 
 F64 = torch.float64
 

@@ -1,4 +1,4 @@
-"""LoRA (grpo_edu.lora; config keys lora_rank, lora_alpha, lora_target_modules).
+"""LoRA (grpo_edu.policy.lora; config keys lora_rank, lora_alpha, lora_target_modules).
 
 The adapters' maths by hand; at initialisation the LoRA policy is the base model bit for bit; with
 the adapters off it is the base model again, which is the reference (no copy); the fused forward's
@@ -19,14 +19,17 @@ import torch
 from safetensors.torch import load_file
 
 import grid_checks
-from grpo_edu import checkpoint, fused_llama, lora, trainer, trl_bridge, vllm_engine
-from grpo_edu.config import TrainConfig
-from grpo_edu.distributed import World
-from grpo_edu.faults import Faults
-from grpo_edu.logprobs import completion_logprobs
-from grpo_edu.models import load_policy
-from grpo_edu.placement import build_models, make_reference
-from grpo_edu.trained import load_trained
+from grpo_edu.commands import trl_bridge
+from grpo_edu.policy import lora
+from grpo_edu.sampling import fused_llama, vllm_engine
+from grpo_edu.training import checkpoint, trainer
+from grpo_edu.training.config import TrainConfig
+from grpo_edu.runtime.distributed import World
+from grpo_edu.lab.faults import Faults
+from grpo_edu.algorithm.logprobs import completion_logprobs
+from grpo_edu.policy.models import load_policy
+from grpo_edu.training.placement import build_models, make_reference
+from grpo_edu.training.trained import load_trained
 from test_trainer import count_digits, small_config, tiny
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -1,4 +1,4 @@
-"""grpo_edu.loss against the NumPy reference (float64, 1e-12), gradcheck, invariances,
+"""grpo_edu.algorithm.loss against the NumPy reference (float64, 1e-12), gradcheck, invariances,
 aggregation weights, diagnostics by hand, and every bad input."""
 
 import math
@@ -9,10 +9,10 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from grpo_edu import reference
-from grpo_edu.advantages import group_advantages
-from grpo_edu.logprobs import token_logprobs
-from grpo_edu.loss import (KL_ESTIMATORS, LOSS_TYPES, aggregate, aggregation_weights, grpo_loss,
+from grpo_edu.algorithm import reference
+from grpo_edu.algorithm.advantages import group_advantages
+from grpo_edu.algorithm.logprobs import token_logprobs
+from grpo_edu.algorithm.loss import (KL_ESTIMATORS, LOSS_TYPES, aggregate, aggregation_weights, grpo_loss,
                            kl_estimate)
 
 F64 = torch.float64

@@ -6,8 +6,8 @@ import pytest
 import torch
 from transformers import AutoTokenizer, PreTrainedTokenizerFast
 
-from grpo_edu import models
-from grpo_edu.models import (BOXED_OPEN, CHARACTERS, THINK_CLOSE, THINK_OPEN, char_tokenizer,
+from grpo_edu.policy import models
+from grpo_edu.policy.models import (BOXED_OPEN, CHARACTERS, THINK_CLOSE, THINK_OPEN, char_tokenizer,
                              generate_completions, load_policy, save_policy, tiny_llama)
 
 

@@ -1,4 +1,4 @@
-"""The pinned numerical environment (grpo_edu.numerics): necessary, sufficient, and
+"""The pinned numerical environment (grpo_edu.runtime.numerics): necessary, sufficient, and
 what the book's checks do where it is unavailable.
 
 Each check runs tests/numerics_probe.py (a 3-step GRPO run through the fused engine and
@@ -15,7 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from grpo_edu import book, numerics
+from grpo_edu import book
+from grpo_edu.runtime import numerics
 from hang_guard import HANG_SECONDS
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -147,10 +148,10 @@ def test_pinned_env_overrides_the_shell():
 
 @needs_pin
 def test_make_book_line_sets_every_pinned_variable_through_env():
-    """`make book` runs `env $(python -m grpo_edu.numerics) jupyter lab`: the shell splits the
+    """`make book` runs `env $(python -m grpo_edu.runtime.numerics) jupyter lab`: the shell splits the
     printed line at spaces, so each word must be one KEY=VALUE (a value with a space in it
     made env try to run "AVX512F")."""
-    script = (f'env $("{sys.executable}" -m grpo_edu.numerics) "{sys.executable}" -c '
+    script = (f'env $("{sys.executable}" -m grpo_edu.runtime.numerics) "{sys.executable}" -c '
               f'"import json, os; print(json.dumps(dict(os.environ)))"')
     result = subprocess.run(["bash", "-c", script], capture_output=True, text=True, cwd=ROOT,
                             timeout=HANG_SECONDS)
@@ -288,7 +289,7 @@ def test_the_book_passes_with_other_kernels_and_names_the_platform_cells(share, 
 
 
 def test_grpo_edu_book_run_says_why_in_one_line(monkeypatch, capsys):
-    from grpo_edu.cli import main
+    from grpo_edu.commands.cli import main
 
     monkeypatch.setattr(numerics, "unpinnable_reason", lambda: "this machine is Linux aarch64, the pin needs x86-64")
     assert main(["book", "run", "1"]) == 2

@@ -1,4 +1,4 @@
-"""The corrections for stale or mismatched samples (grpo_edu.offpolicy; config keys is_mask,
+"""The corrections for stale or mismatched samples (grpo_edu.algorithm.offpolicy; config keys is_mask,
 is_mask_band, ratio_cap, old_logprobs = 'proximal'): each by hand in plain floats, what it
 changes in training, and its one-line errors. TRL parity: tests/test_trl_parity.py."""
 
@@ -7,10 +7,10 @@ import math
 import pytest
 import torch
 
-from grpo_edu import trl_bridge
-from grpo_edu.config import TrainConfig
-from grpo_edu.loss import LOSS_TYPES, grpo_loss
-from grpo_edu.offpolicy import Correction, correction_weights
+from grpo_edu.commands import trl_bridge
+from grpo_edu.training.config import TrainConfig
+from grpo_edu.algorithm.loss import LOSS_TYPES, grpo_loss
+from grpo_edu.algorithm.offpolicy import Correction, correction_weights
 from test_lagging import run, without_time
 
 

@@ -1,4 +1,4 @@
-"""Rollouts sampled in the background (config.rollout_overlap, grpo_edu.overlap): the same run
+"""Rollouts sampled in the background (config.rollout_overlap, grpo_edu.training.overlap): the same run
 as the lagged one without overlap, bit for bit; the sampler's weights synced between rollouts,
 never during one; a checkpoint resumes it; settings it cannot serve refused in one line."""
 
@@ -7,8 +7,8 @@ import json
 import pytest
 import torch
 
-from grpo_edu import overlap, trainer
-from grpo_edu.config import TrainConfig
+from grpo_edu.training import overlap, trainer
+from grpo_edu.training.config import TrainConfig
 from test_lagging import run, without_time
 from numerics_probe import weights_digest as digest
 from test_trainer import _weights, small_config, tiny
@@ -37,9 +37,9 @@ def test_the_samplers_copy_sits_at_the_policys_alignment_and_samples_what_it_sam
     sampler's copy keeps each tensor's address modulo 64, so it samples bit for bit."""
     import copy
 
-    from grpo_edu import fused_llama
-    from grpo_edu.models import load_policy
-    from grpo_edu.rollout import SamplingParams
+    from grpo_edu.sampling import fused_llama
+    from grpo_edu.policy.models import load_policy
+    from grpo_edu.sampling.rollout import SamplingParams
     policy, tokenizer = load_policy()
     mirrored, plain = overlap._mirrored_copy(policy), copy.deepcopy(policy)
     offsets = {name: p.data_ptr() % overlap.ALIGNMENT for name, p in policy.named_parameters()}
@@ -120,7 +120,7 @@ def test_through_vllm_the_engines_weights_are_synced_in_the_main_thread_between_
     without overlap, bit for bit."""
     import threading
 
-    from grpo_edu import vllm_engine
+    from grpo_edu.sampling import vllm_engine
     from vllm_fake import fake_vllm
     with fake_vllm():
         alone = vllm_run(tmp_path, "alone", rollout_lag=2)

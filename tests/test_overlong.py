@@ -13,11 +13,12 @@ import pytest
 import torch
 
 import grid_checks
-from grpo_edu import trainer, trl_bridge, update
-from grpo_edu.config import TrainConfig
-from grpo_edu.loss import grpo_loss
-from grpo_edu.scoring import soft_overlong_punishment
-from grpo_edu.models import load_policy, policy_source
+from grpo_edu.commands import trl_bridge
+from grpo_edu.training import trainer, update
+from grpo_edu.training.config import TrainConfig
+from grpo_edu.algorithm.loss import grpo_loss
+from grpo_edu.training.scoring import soft_overlong_punishment
+from grpo_edu.policy.models import load_policy, policy_source
 from test_trainer import _weights, small_config
 
 ROOT = Path(__file__).resolve().parents[1]

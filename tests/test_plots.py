@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from grpo_edu.plots import HEALTH_PANELS, plot_run
+from grpo_edu.book.plots import HEALTH_PANELS, plot_run
 
 matplotlib = pytest.importorskip("matplotlib")
 matplotlib.use("Agg")

@@ -9,10 +9,11 @@ import pytest
 import torch
 from hang_guard import HANG_SECONDS
 
-from grpo_edu import pretrain, tasks
-from grpo_edu.evaluation import evaluate
-from grpo_edu.models import STARTING_POLICY, char_tokenizer, load_policy
-from grpo_edu.pretrain import PretrainConfig, sft_batch
+from grpo_edu.commands import pretrain
+from grpo_edu.environment import tasks
+from grpo_edu.training.evaluation import evaluate
+from grpo_edu.policy.models import STARTING_POLICY, char_tokenizer, load_policy
+from grpo_edu.commands.pretrain import PretrainConfig, sft_batch
 
 TINY = dict(threads=1, batch_size=16, eval_every=5, eval_problems=16, max_steps=10, hidden_size=32,
             num_layers=1, num_heads=2, intermediate_size=64, max_new_tokens=12, pass_k=2)
@@ -90,7 +91,7 @@ def test_the_script_writes_policy_card_and_log(monkeypatch, tmp_path, capsys):
     assert "| pass@2 (temperature 1) | 0.5000 |" in card
     log = json.loads((tmp_path / "pretrain.json").read_text())
     assert log["steps"] == 10 and log["held_out"]["greedy_accuracy"] == 0.45
-    assert log["command"].startswith("python -m grpo_edu.pretrain --threads=1")
+    assert log["command"].startswith("python -m grpo_edu.commands.pretrain --threads=1")
     model, tokenizer = load_policy(tmp_path)
     assert model.config.hidden_size == 32
 
@@ -146,9 +147,9 @@ def test_the_download_free_recipe_runs_end_to_end_at_toy_size_on_the_cpu(tmp_pat
     """configs/gpu-countdown-from-scratch.toml's two steps, shrunk to run here: pretraining on
     Countdown (a toy model, a few steps) writes a policy that step 2's config, moved to the CPU,
     trains with GRPO. (Whether the recipe learns, and how fast on an H100, needs a GPU.)"""
-    from grpo_edu import trainer
-    from grpo_edu.config import TrainConfig
-    from grpo_edu.models import save_policy
+    from grpo_edu.training import trainer
+    from grpo_edu.training.config import TrainConfig
+    from grpo_edu.policy.models import save_policy
     config = PretrainConfig(task="countdown", max_position_embeddings=128, hidden_size=32, num_layers=1,
                             num_heads=2, intermediate_size=64, batch_size=8, max_steps=4, eval_every=2,
                             eval_problems=4, max_new_tokens=48, target_accuracy=1.0,
@@ -169,27 +170,27 @@ def test_the_download_free_recipe_runs_end_to_end_at_toy_size_on_the_cpu(tmp_pat
 
 def assets_fingerprint() -> dict[str, bytes]:
     """Every file under the package's assets, by path, with its bytes."""
-    from grpo_edu.models import ASSETS
+    from grpo_edu.policy.models import ASSETS
     return {str(p.relative_to(ASSETS)): p.read_bytes() for p in sorted(ASSETS.rglob("*")) if p.is_file()}
 
 
 def run_script(*args, cwd):
     import subprocess
     import sys
-    return subprocess.run([sys.executable, "-m", "grpo_edu.pretrain", *args], capture_output=True, text=True,
+    return subprocess.run([sys.executable, "-m", "grpo_edu.commands.pretrain", *args], capture_output=True, text=True,
                           cwd=cwd, timeout=HANG_SECONDS)
 
 
 def test_no_command_writes_into_the_package_assets_unless_told_to(tmp_path, monkeypatch, capsys):
-    """python -m grpo_edu.pretrain without --output-dir, or with one inside grpo_edu/assets/, stops
+    """python -m grpo_edu.commands.pretrain without --output-dir, or with one inside grpo_edu/assets/, stops
     before training with one line naming the flag, and the committed policy is untouched. The
     command itself once (its exit status and output); the folders through main(), in-process."""
-    from grpo_edu.models import ASSETS, STARTING_POLICY
+    from grpo_edu.policy.models import ASSETS, STARTING_POLICY
     root = Path(__file__).resolve().parents[1]
     before = assets_fingerprint()
     done = run_script(cwd=root)
     assert done.returncode == 2 and done.stdout == ""
-    assert done.stderr == ("python -m grpo_edu.pretrain: --output-dir: expected the folder to write the policy to, "
+    assert done.stderr == ("python -m grpo_edu.commands.pretrain: --output-dir: expected the folder to write the policy to, "
                            "got none (the package's assets are written only when asked: to remake the committed "
                            "starting policy, pass --output-dir grpo_edu/assets/tiny-arithmetic-start "
                            "--write-package-assets)\n")
@@ -199,7 +200,7 @@ def test_no_command_writes_into_the_package_assets_unless_told_to(tmp_path, monk
         assert pretrain.main(["--output-dir", inside, "--max-steps", "1", "--eval-every", "1"]) == 2, inside
         out, err = capsys.readouterr()
         assert out == "" and len(err.splitlines()) == 1, inside
-        assert err.startswith(f"python -m grpo_edu.pretrain: --output-dir: expected a folder outside the "
+        assert err.startswith(f"python -m grpo_edu.commands.pretrain: --output-dir: expected a folder outside the "
                               f"package's assets (grpo_edu/assets), got {inside!r}: the committed starting "
                               f"policy there is what grpo-edu train"), inside
         assert "pass --write-package-assets too to replace it on purpose" in err
@@ -230,7 +231,7 @@ def test_a_pretraining_run_that_misses_its_target_says_how_close_and_what_to_do(
     assert not output.exists()
     error = capsys.readouterr().err
     assert error == (
-        f"python -m grpo_edu.pretrain: --target-accuracy 0.3 not reached in --max-steps 10 steps: the best held-out "
+        f"python -m grpo_edu.commands.pretrain: --target-accuracy 0.3 not reached in --max-steps 10 steps: the best held-out "
         f"greedy accuracy was 0.250 at step 10 (the last evaluations, step: accuracy: 5: 0.100, 10: 0.250); nothing "
         f"was written to {output}. Run the same command with a larger --max-steps (if the accuracy was still rising) "
         f"or a lower --target-accuracy (GRPO needs a policy that solves some problems, not most); a GRPO run that "
@@ -252,9 +253,9 @@ def test_the_download_free_recipes_grpo_step_says_when_step_1_has_not_written_it
     assert done.stderr == (
         "grpo-edu train: model: expected 'start', 'multiply-start' or 'chain-start', a saved model folder (holding config.json) or a hub id, got "
         "'./runs/countdown-start': no such folder. If an earlier step writes it (a pretraining run, python -m "
-        "grpo_edu.pretrain --output-dir ./runs/countdown-start), run that step first: it writes the folder only "
+        "grpo_edu.commands.pretrain --output-dir ./runs/countdown-start), run that step first: it writes the folder only "
         "once it reaches its --target-accuracy\n")
-    from grpo_edu.models import load_policy
+    from grpo_edu.policy.models import load_policy
     monkeypatch.chdir(tmp_path)
     with pytest.raises(FileNotFoundError, match=r"'\./runs/countdown-start' is a local path, and no such folder "
                                                 r"exists \(if an earlier step writes it"):

@@ -1,4 +1,4 @@
-"""Process supervision (grpo_edu.process, grpo_edu.advantages.process_advantages): the chain task and
+"""Process supervision (grpo_edu.environment.process, grpo_edu.algorithm.advantages.process_advantages): the chain task and
 its step verifier, the per-token advantages against the plain-loop reference and by hand, the loss
 with per-token advantages, the config key, and the trainer's plumbing."""
 
@@ -13,12 +13,13 @@ import pytest
 import torch
 from hypothesis import given, settings, strategies as st
 
-from grpo_edu import process, reference, tasks
-from grpo_edu.advantages import group_advantages, process_advantages
-from grpo_edu.batch import RolloutBatch
-from grpo_edu.config import TrainConfig
-from grpo_edu.loss import grpo_loss
-from grpo_edu.models import CHAIN_POLICY, char_tokenizer, policy_source
+from grpo_edu.algorithm import reference
+from grpo_edu.environment import process, tasks
+from grpo_edu.algorithm.advantages import group_advantages, process_advantages
+from grpo_edu.training.batch import RolloutBatch
+from grpo_edu.training.config import TrainConfig
+from grpo_edu.algorithm.loss import grpo_loss
+from grpo_edu.policy.models import CHAIN_POLICY, char_tokenizer, policy_source
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -323,7 +324,7 @@ def test_the_chain_config_is_the_cpu_tier_but_for_its_chain_keys():
     (["importance_sampling_level=sequence"], r"and 'importance_sampling_level' \('sequence'\) do not combine"),
     (["filter_zero_std_groups=true"], r"and 'filter_zero_std_groups' \(True\) do not combine"),
     (["dynamic_sampling_rounds=2"], r"and 'dynamic_sampling_rounds' \(2\) do not combine"),
-    (["environment=grpo_edu.episodes:Calculator"], r"and 'environment' \('grpo_edu.episodes:Calculator'\) do not"),
+    (["environment=grpo_edu.training.episodes:Calculator"], r"and 'environment' \('grpo_edu.training.episodes:Calculator'\) do not"),
     (["supervision=steps"], r"config key 'supervision' must be one of \('outcome', 'process'\), got 'steps'"),
 ])
 def test_process_supervision_refuses_what_it_cannot_combine_with(override, message):
@@ -336,7 +337,7 @@ def test_process_supervision_refuses_what_it_cannot_combine_with(override, messa
 
 def _captured_run(tmp_path, supervision: str, steps: int = 2, extra: tuple = ()):
     """A short cpu-chain run; every batch and plan the update received."""
-    from grpo_edu import trainer
+    from grpo_edu.training import trainer
 
     seen = []
     original = trainer.optimise
@@ -358,7 +359,7 @@ def test_the_trainer_trains_on_every_tokens_process_advantage(tmp_path):
     """The batch the update gets holds, per token, the advantages the plain loop computes from the
     completions' steps (each step's text ending at its token), and the plan each completion's
     first-token advantage and step counts; the logged step metrics are theirs."""
-    from grpo_edu.models import load_policy
+    from grpo_edu.policy.models import load_policy
 
     config, result, seen = _captured_run(tmp_path, "process")
     _, tokenizer = load_policy(CHAIN_POLICY)
@@ -413,7 +414,7 @@ def test_the_supervision_key_changes_what_trains(tmp_path):
 def test_a_lagged_process_rollout_keeps_its_token_advantages_through_a_checkpoint(tmp_path):
     """rollout_lag: the rollout in flight (its per-token advantages, its plan's step counts) is
     checkpointed and resumed bitwise."""
-    from grpo_edu import trainer
+    from grpo_edu.training import trainer
 
     config = TrainConfig.from_toml(ROOT / "configs" / "cpu-chain.toml", [
         "steps=3", "prompts_per_step=4", "eval_size=16", "eval_every=1000", "rollout_lag=1", "checkpoint_every=0",
@@ -471,8 +472,8 @@ def test_the_committed_chain_policy_is_packaged_and_matches_its_model_card():
     often wrong, whose samples disagree: room for GRPO."""
     import tomllib
 
-    from grpo_edu.evaluation import evaluate
-    from grpo_edu.models import load_policy
+    from grpo_edu.training.evaluation import evaluate
+    from grpo_edu.policy.models import load_policy
 
     files = {p.name: p.stat().st_size for p in CHAIN_POLICY.iterdir()}
     assert {"model.safetensors", "config.json", "tokenizer.json", "README.md", "pretrain.json"} <= set(files)
@@ -492,7 +493,7 @@ def test_the_committed_chain_policy_is_packaged_and_matches_its_model_card():
 
 
 def test_the_trl_bridge_refuses_process_supervision():
-    from grpo_edu import trl_bridge
+    from grpo_edu.commands import trl_bridge
 
     config = TrainConfig.from_toml(ROOT / "configs" / "cpu-chain.toml", ["advantage_std=sample"])
     with pytest.raises(ValueError, match="supervision = 'process': TRL 1.16's GRPOTrainer computes one advantage per "

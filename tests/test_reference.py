@@ -1,4 +1,4 @@
-"""grpo_edu.reference against hand-worked values, finite differences and invariants."""
+"""grpo_edu.algorithm.reference against hand-worked values, finite differences and invariants."""
 
 from fractions import Fraction
 from math import exp, log, sqrt
@@ -8,7 +8,7 @@ import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from grpo_edu import reference
+from grpo_edu.algorithm import reference
 
 REWARDS = [0.9, 0.3, -0.1, 0.7]
 

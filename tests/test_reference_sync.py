@@ -9,9 +9,10 @@ import json
 import pytest
 import torch
 
-from grpo_edu import checkpoint, placement, trainer, trl_bridge
-from grpo_edu.config import TrainConfig
-from grpo_edu.distributed import World
+from grpo_edu.commands import trl_bridge
+from grpo_edu.training import checkpoint, placement, trainer
+from grpo_edu.training.config import TrainConfig
+from grpo_edu.runtime.distributed import World
 from test_trainer import _weights, count_digits, small_config, tiny
 
 

@@ -7,8 +7,8 @@ import time
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from grpo_edu import rewards
-from grpo_edu.rewards import (accuracy_reward, combined_reward, extract_answer, format_reward,
+from grpo_edu.environment import rewards
+from grpo_edu.environment.rewards import (accuracy_reward, combined_reward, extract_answer, format_reward,
                               language_consistency_reward, parse_number)
 
 GOOD = "<think>7+5=12</think>\\boxed{132}"

@@ -5,9 +5,9 @@ parser stays bounded and total on anything."""
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from grpo_edu import user_functions
-from grpo_edu.config import TrainConfig
-from grpo_edu.rewards import MAX_EXPONENT, accuracy_reward, normalise_answer, parse_number
+from grpo_edu.training import user_functions
+from grpo_edu.training.config import TrainConfig
+from grpo_edu.environment.rewards import MAX_EXPONENT, accuracy_reward, normalise_answer, parse_number
 
 
 @pytest.mark.parametrize("completion, answer", [

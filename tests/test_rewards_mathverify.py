@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from grpo_edu.rewards import accuracy_reward
+from grpo_edu.environment.rewards import accuracy_reward
 
 sys.path.insert(0, str(Path(__file__).parent / "data"))   # make_answer_styles: math-verify as TRL calls it
 CORPUS = json.loads((Path(__file__).parent / "data" / "answer_styles.json").read_text())

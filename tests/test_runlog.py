@@ -6,7 +6,7 @@ import json
 import subprocess
 import sys
 
-from grpo_edu.runlog import MetricsLog
+from grpo_edu.runtime.runlog import MetricsLog
 
 
 def test_start_append_read(tmp_path):
@@ -70,5 +70,5 @@ def test_restore_without_a_log_names_every_step_lost(tmp_path):
 
 def test_reading_curves_does_not_import_torch():
     """plots -> runlog stays standard library only (checked in a fresh interpreter)."""
-    code = "import sys, grpo_edu.runlog; assert 'torch' not in sys.modules"
+    code = "import sys, grpo_edu.runtime.runlog; assert 'torch' not in sys.modules"
     subprocess.run([sys.executable, "-c", code], check=True)

@@ -23,7 +23,7 @@ from browser_support import CHROMIUM_FLAGS, chromium_or_skip
 from explorer_compare import assert_matches_python
 
 from grpo_edu import book as bookmod
-from grpo_edu import cli
+from grpo_edu.commands import cli
 from grpo_edu.book import html as site
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]

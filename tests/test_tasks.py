@@ -7,9 +7,9 @@ from fractions import Fraction
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from grpo_edu import tasks
-from grpo_edu.rewards import accuracy_reward, format_reward, last_boxed
-from grpo_edu.tasks import (ExpressionError, arithmetic_sample, evaluate_expression,
+from grpo_edu.environment import tasks
+from grpo_edu.environment.rewards import accuracy_reward, format_reward, last_boxed
+from grpo_edu.environment.tasks import (ExpressionError, arithmetic_sample, evaluate_expression,
                             gsm8k_final_answer, gsm8k_sample, make_dataset, split_of)
 
 
@@ -173,7 +173,7 @@ def test_gsm8k_sample_asks_for_a_boxed_answer_and_is_scored_by_the_rewards():
 # --------------------------------------------------------------------------- task_instruction
 
 def pools(**keys):
-    from grpo_edu.config import TrainConfig
+    from grpo_edu.training.config import TrainConfig
     return tasks.task_pools(TrainConfig(eval_size=8, **keys), tokenizer=None)
 
 
@@ -190,7 +190,7 @@ def test_task_instruction_adds_the_tasks_instruction_after_each_problem_and_chan
 def test_the_cpu_tiers_prompts_stay_bare():
     """The committed policy was pretrained on bare prompts, and the book's runs read them: the
     default config adds nothing."""
-    from grpo_edu.config import DEFAULT_CONFIG, TrainConfig
+    from grpo_edu.training.config import DEFAULT_CONFIG, TrainConfig
     assert TrainConfig.from_toml(DEFAULT_CONFIG).task_instruction is False
     for task, bare in (("arithmetic", r"\d\d[+-]\d\d="), ("countdown", r"Use \d+ \d+ \d+ to make \d+:")):
         pool, held_out = pools(task=task)

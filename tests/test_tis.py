@@ -11,9 +11,9 @@ import math
 import pytest
 import torch
 
-from grpo_edu import metrics, trainer
-from grpo_edu.config import TrainConfig
-from grpo_edu.loss import LOSS_TYPES, grpo_loss
+from grpo_edu.training import metrics, trainer
+from grpo_edu.training.config import TrainConfig
+from grpo_edu.algorithm.loss import LOSS_TYPES, grpo_loss
 
 
 def batch(seed=0, N=4, S=5):

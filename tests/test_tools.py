@@ -15,16 +15,20 @@ import pytest
 import torch
 from hang_guard import HANG_SECONDS
 
-from grpo_edu import episodes, lab, numerics, pretrain, tasks
-from grpo_edu.config import TrainConfig
-from grpo_edu.evaluation import evaluate, played_episodes, samples_table
-from grpo_edu.models import TOOL_POLICY, char_tokenizer, load_policy, policy_source
-from grpo_edu.pretrain import PretrainConfig, sft_batch
-from grpo_edu.rewards import accuracy_reward
+from grpo_edu.book import lab
+from grpo_edu.commands import pretrain
+from grpo_edu.environment import tasks
+from grpo_edu.runtime import numerics
+from grpo_edu.training import episodes
+from grpo_edu.training.config import TrainConfig
+from grpo_edu.training.evaluation import evaluate, played_episodes, samples_table
+from grpo_edu.policy.models import TOOL_POLICY, char_tokenizer, load_policy, policy_source
+from grpo_edu.commands.pretrain import PretrainConfig, sft_batch
+from grpo_edu.environment.rewards import accuracy_reward
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results" / "tools.json"
-CALCULATOR = "grpo_edu.episodes:Calculator"
+CALCULATOR = "grpo_edu.training.episodes:Calculator"
 sys.path.insert(0, str(ROOT / "benchmarks"))
 import tools  # noqa: E402
 
@@ -70,7 +74,7 @@ def test_a_run_draws_from_every_training_product(tool_policy):
     assert len(held_out) == config.eval_size
     assert tasks.training_pool_size("multiply") == 7284 and tasks.training_pool_size("countdown") == 10_000
     # TRL's dataset of the same run (without the calculator, which the bridge refuses): every product
-    from grpo_edu import trl_bridge
+    from grpo_edu.commands import trl_bridge
     single_turn = TrainConfig.from_toml(ROOT / "configs" / "cpu-tools.toml", ['environment=""'])
     assert len(trl_bridge.train_dataset(single_turn)) == 7284
 
@@ -188,7 +192,7 @@ def test_the_tools_config_is_the_cpu_tier_but_for_its_tools_keys():
 def test_grpo_teaches_the_tool_policy_to_call(tmp_path):
     """15 steps of configs/cpu-tools.toml (fewer prompts): the sampled episodes call the calculator more
     and are right more often than at the start, and the held-out greedy accuracy rises."""
-    from grpo_edu.trainer import train
+    from grpo_edu.training.trainer import train
     config = TrainConfig.from_toml(ROOT / "configs" / "cpu-tools.toml", [
         "steps=15", "eval_every=15", "eval_size=64", "prompts_per_step=8", "checkpoint_every=0",
         f"output_dir={json.dumps(str(tmp_path))}", "progress=false"])
@@ -319,7 +323,7 @@ def test_the_readme_quotes_the_tools_benchmark():
 
 
 def test_the_failure_labs_tool_runs_change_one_thing_of_the_tools_config():
-    from grpo_edu import diagnose as dx
+    from grpo_edu.book.lab import diagnose as dx
     tool, leak = (lab.TOOL_RUNS[name].config("unused") for name in ("tool", "env_leak"))
     assert tool == leak and tool.environment == CALCULATOR and tool.task == "multiply"
     assert lab.TOOL_RUNS["tool"].faults is None and lab.TOOL_RUNS["env_leak"].faults.env_tokens_in_loss

@@ -1,4 +1,4 @@
-"""The trained model a run leaves (grpo_edu.trained): RUN_DIR/model/ loads with transformers
+"""The trained model a run leaves (grpo_edu.training.trained): RUN_DIR/model/ loads with transformers
 as it was trained, `grpo-edu eval` recomputes the run's final evaluation exactly, and
 `grpo-edu sample` samples from it; an unfinished run is read from its newest checkpoint."""
 
@@ -10,9 +10,10 @@ import torch
 from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from grpo_edu import cli, trained, trainer
-from grpo_edu.config import TrainConfig
-from grpo_edu.models import generate_completions
+from grpo_edu.commands import cli
+from grpo_edu.training import trained, trainer
+from grpo_edu.training.config import TrainConfig
+from grpo_edu.policy.models import generate_completions
 
 
 def run_config(tmp_path, **overrides):

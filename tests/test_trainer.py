@@ -6,12 +6,12 @@ import json
 import pytest
 import torch
 
-from grpo_edu import checkpoint, placement, scoring, trainer, update, user_functions
-from grpo_edu.distributed import World
-from grpo_edu.config import DEFAULT_CONFIG, TrainConfig, help_text
-from grpo_edu.logprobs import completion_logprobs
-from grpo_edu.models import char_tokenizer, tiny_llama
-from grpo_edu.rollout import HFEngine, SamplingParams, completion_mask_from_ids
+from grpo_edu.training import checkpoint, placement, scoring, trainer, update, user_functions
+from grpo_edu.runtime.distributed import World
+from grpo_edu.training.config import DEFAULT_CONFIG, TrainConfig, help_text
+from grpo_edu.algorithm.logprobs import completion_logprobs
+from grpo_edu.policy.models import char_tokenizer, tiny_llama
+from grpo_edu.sampling.rollout import HFEngine, SamplingParams, completion_mask_from_ids
 
 TINY = dict(hidden_size=32, num_layers=1, num_heads=2, intermediate_size=64)
 
@@ -112,7 +112,7 @@ def test_gradient_accumulation_equals_one_big_batch(tmp_path, loss_type):
     policy, tokenizer = tiny()
     config = small_config(tmp_path, loss_type=loss_type, micro_batch_size=16, beta=0.04)
     models = placement.build_models(config, World(), policy)
-    samples = trainer.sample_prompts(config, trainer.TrainState(), __import__("grpo_edu.tasks").tasks.make_dataset(n=50))
+    samples = trainer.sample_prompts(config, trainer.TrainState(), __import__("grpo_edu.environment.tasks").tasks.make_dataset(n=50))
     rollout = trainer.roll_out(config, samples, tokenizer, HFEngine(policy, tokenizer))
     batch, plan = scoring.score(config, samples, rollout, tokenizer, user_functions.reward_functions_from_config({"format": 1.0}),
                                 lambda r: torch.randn(r.shape, generator=torch.Generator().manual_seed(1)))
@@ -248,7 +248,7 @@ def test_fused_and_transformers_paths_give_the_same_update(tmp_path):
     torch.manual_seed(0)
     policy, tokenizer = tiny()
     samples = trainer.sample_prompts(small_config(tmp_path), trainer.TrainState(),
-                                     __import__("grpo_edu.tasks").tasks.make_dataset(n=50))
+                                     __import__("grpo_edu.environment.tasks").tasks.make_dataset(n=50))
     rollout = trainer.roll_out(small_config(tmp_path), samples, tokenizer, HFEngine(policy, tokenizer))
     results = []
     for fused in (True, False):

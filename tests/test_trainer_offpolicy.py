@@ -8,11 +8,12 @@ import pytest
 import torch
 from torch.optim.optimizer import register_optimizer_step_pre_hook
 
-from grpo_edu.distributed import World
-from grpo_edu import placement, scoring, tasks, trainer, update, user_functions
-from grpo_edu.logprobs import completion_logprobs
-from grpo_edu.loss import grpo_loss
-from grpo_edu.rollout import HFEngine
+from grpo_edu.runtime.distributed import World
+from grpo_edu.environment import tasks
+from grpo_edu.training import placement, scoring, trainer, update, user_functions
+from grpo_edu.algorithm.logprobs import completion_logprobs
+from grpo_edu.algorithm.loss import grpo_loss
+from grpo_edu.sampling.rollout import HFEngine
 from test_trainer import count_digits, small_config, tiny
 
 DIGITS = {"digits": (count_digits, 1.0)}

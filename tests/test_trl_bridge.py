@@ -1,4 +1,4 @@
-"""grpo_edu.trl_bridge: our config, task and rewards as TRL 1.16's GRPOConfig and GRPOTrainer.
+"""grpo_edu.commands.trl_bridge: our config, task and rewards as TRL 1.16's GRPOConfig and GRPOTrainer.
 Two rollouts train through it on the CPU; its loss settings give TRL's loss equal to ours to
 1e-6 (the parity tests' claim, for the bridged trainer); every config key is carried, or said
 what becomes of it, or refused in one line; the batch arithmetic is ours."""
@@ -12,9 +12,9 @@ import torch
 
 pytest.importorskip("trl", reason="the TRL bridge needs the `trl` extra")
 
-from grpo_edu import trl_bridge  # noqa: E402
-from grpo_edu.config import TrainConfig  # noqa: E402
-from grpo_edu.loss import grpo_loss  # noqa: E402
+from grpo_edu.commands import trl_bridge  # noqa: E402
+from grpo_edu.training.config import TrainConfig  # noqa: E402
+from grpo_edu.algorithm.loss import grpo_loss  # noqa: E402
 from test_trl_parity import B, G, MAX_COMPLETION_LENGTH, S, fabricated_batch, policy_dir, trl_loss  # noqa: E402,F401
 
 pytestmark = pytest.mark.filterwarnings("ignore::FutureWarning", "ignore::UserWarning")
@@ -94,8 +94,8 @@ def test_keys_carried_in_another_form(tmp_path):
 
 def test_the_trl_dataset_reads_the_prompts_our_trainer_reads():
     """task_instruction and chat_template shape train_dataset's prompts as they shape
-    grpo_edu.tasks.task_pools': the instruction after the problem, inside a user message."""
-    from grpo_edu import tasks
+    grpo_edu.environment.tasks.task_pools': the instruction after the problem, inside a user message."""
+    from grpo_edu.environment import tasks
     plain = trl_bridge.train_dataset(TrainConfig(task="countdown"), size=3)
     told = trl_bridge.train_dataset(TrainConfig(task="countdown", task_instruction=True, chat_template=True), size=3)
     instruction = tasks.INSTRUCTIONS["countdown"]

@@ -27,8 +27,8 @@ pytest.importorskip("datasets", reason="GRPOTrainer needs the `datasets` package
 from datasets import Dataset  # noqa: E402
 from trl import GRPOConfig, GRPOTrainer  # noqa: E402
 
-from grpo_edu.loss import grpo_loss  # noqa: E402
-from grpo_edu.models import char_tokenizer, tiny_llama  # noqa: E402
+from grpo_edu.algorithm.loss import grpo_loss  # noqa: E402
+from grpo_edu.policy.models import char_tokenizer, tiny_llama  # noqa: E402
 
 pytestmark = pytest.mark.filterwarnings("ignore:`gradient_checkpointing` is deprecated:FutureWarning")
 
@@ -250,9 +250,9 @@ def test_the_capped_surrogate_matches_trls_cispo(trainers, seed):
                                     dict(loss_type="bnpo", beta=0.04, top_entropy_quantile=0.5,
                                          importance_sampling_level="sequence")], ids=config_id)
 def test_entropy_masking_matches_trls_top_entropy_quantile(trainers, config, seed):
-    """The threshold over the batch's real tokens (grpo_edu.entropy_mask), the policy term of the
+    """The threshold over the batch's real tokens (grpo_edu.algorithm.entropy_mask), the policy term of the
     tokens below it zeroed, their KL and normaliser kept: TRL's loss and gradient to 1e-6."""
-    from grpo_edu import entropy_mask
+    from grpo_edu.algorithm import entropy_mask
     trainer = trainers(config)
     logp, old, ref, advantages, completion_mask = fabricated_batch(seed)
     entropies = 2 * torch.rand(logp.shape, generator=torch.Generator().manual_seed(10 + seed))
@@ -310,10 +310,10 @@ def test_overlong_filtering_matches_trls_mask_truncated_completions(trainers, co
 @pytest.mark.parametrize("config", [c for c in CONFIGS if c.get("importance_sampling_level") != "sequence"]
                          + [dict(loss_type="cispo", beta=0.04, epsilon_high=1.1)], ids=config_id)
 def test_per_token_advantages_match_trls(trainers, config, seed):
-    """Process supervision's advantages, one per token ((B, G, S); grpo_edu.process), against TRL 1.16's
+    """Process supervision's advantages, one per token ((B, G, S); grpo_edu.environment.process), against TRL 1.16's
     loss given (B, T) advantages (what its _compute_loss takes from a subclass), with a group's real
     process advantages: steps of different counts ending at different tokens, the outcome at the last."""
-    from grpo_edu.advantages import process_advantages
+    from grpo_edu.algorithm.advantages import process_advantages
 
     trainer = trainers(config)
     logp, old, ref, _, completion_mask = fabricated_batch(seed)

@@ -10,16 +10,17 @@ import textwrap
 import pytest
 import torch
 
-from grpo_edu import models, trainer, user_functions
-from grpo_edu.advantages import group_advantages
-from grpo_edu.config import TrainConfig
+from grpo_edu.policy import models
+from grpo_edu.training import trainer, user_functions
+from grpo_edu.algorithm.advantages import group_advantages
+from grpo_edu.training.config import TrainConfig
 from test_distributed import COMMON, largest_difference, launch
 from hang_guard import HANG_SECONDS
 
 SOLUTIONS = textwrap.dedent('''
     """A reader's solutions: the group-relative advantage and an accuracy reward, written out."""
     import torch
-    from grpo_edu.rewards import accuracy_reward
+    from grpo_edu.environment.rewards import accuracy_reward
 
 
     def advantages(rewards):

@@ -1,4 +1,4 @@
-"""The vLLM engine (grpo_edu/vllm_engine.py) without a GPU.
+"""The vLLM engine (grpo_edu/sampling/vllm_engine.py) without a GPU.
 
 - Its calls, against the fake vllm of tests/fake_vllm (which samples with the policy and
   refuses a call out of order): the engine's arguments, the order of every rollout's calls,
@@ -25,12 +25,15 @@ from pathlib import Path
 import pytest
 import torch
 
-from grpo_edu import lora, metrics, tasks, trainer, vllm_engine
-from grpo_edu.config import TrainConfig
-from grpo_edu.distributed import World
-from grpo_edu.logprobs import completion_logprobs
-from grpo_edu.models import STARTING_POLICY, load_policy
-from grpo_edu.rollout import SamplingParams
+from grpo_edu.environment import tasks
+from grpo_edu.policy import lora
+from grpo_edu.sampling import vllm_engine
+from grpo_edu.training import metrics, trainer
+from grpo_edu.training.config import TrainConfig
+from grpo_edu.runtime.distributed import World
+from grpo_edu.algorithm.logprobs import completion_logprobs
+from grpo_edu.policy.models import STARTING_POLICY, load_policy
+from grpo_edu.sampling.rollout import SamplingParams
 from test_distributed import final_policy, largest_difference
 from vllm_fake import FAKE_VLLM, environment_with_fake, fake_vllm
 from hang_guard import HANG_SECONDS

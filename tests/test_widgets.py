@@ -15,11 +15,11 @@ import numpy as np
 import pytest
 import torch
 
-from grpo_edu import estimators, reference, worked_example
+from grpo_edu.algorithm import estimators, reference, worked_example
 from grpo_edu.book import notebooks
-from grpo_edu.advantages import group_advantages
+from grpo_edu.algorithm.advantages import group_advantages
 from grpo_edu.exercises import ch02
-from grpo_edu.loss import aggregation_weights, grpo_loss, kl_estimate
+from grpo_edu.algorithm.loss import aggregation_weights, grpo_loss, kl_estimate
 from grpo_edu.widgets import AdvantageExplorer, ClippingExplorer, KLExplorer, LengthBiasExplorer
 from grpo_edu.widgets import advantages as advantage_view
 from grpo_edu.widgets import clipping as clipping_view
@@ -409,7 +409,7 @@ def test_widget_model_ids_are_renumbered_consistently_and_idempotently():
 # --------------------------------------------------------------------------- chapter 1's data
 
 def test_worked_example_is_chapter_1s_data():
-    """The explorers draw "chapter 1's tokens" from grpo_edu.worked_example; chapter 1 types
+    """The explorers draw "chapter 1's tokens" from grpo_edu.algorithm.worked_example; chapter 1 types
     the same numbers out for its reader. Read them from chapter 1's source and compare."""
     import ast
     from pathlib import Path

@@ -1,5 +1,5 @@
 """The advantage explorer: drag the rewards of two prompts' groups, watch the
-group-relative advantages of grpo_edu.advantages.group_advantages move."""
+group-relative advantages of grpo_edu.algorithm.advantages.group_advantages move."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ from dataclasses import dataclass
 import ipywidgets as widgets
 import numpy as np
 
-from grpo_edu import reference, worked_example
-from grpo_edu.advantages import group_advantages
+from grpo_edu.algorithm import reference, worked_example
+from grpo_edu.algorithm.advantages import group_advantages
 from grpo_edu.widgets._base import Explorer, Plot, cell, fmt, notes_html, snap, table
 
 SCALES = (("group std (GRPO)", "group"), ("batch std", "batch"), ("none (Dr. GRPO)", "none"))
@@ -81,7 +81,7 @@ class AdvantageExplorer(Explorer):
         explorer = AdvantageExplorer()
         explorer                                # the widget, in a notebook
         explorer.reward_sliders[0][1].value = 0.8
-        explorer.state.advantages               # (2, G), from grpo_edu.advantages
+        explorer.state.advantages               # (2, G), from grpo_edu.algorithm.advantages
     """
 
     css = "grpo-advantage-explorer"

@@ -8,8 +8,8 @@ from dataclasses import dataclass
 import ipywidgets as widgets
 import numpy as np
 
-from grpo_edu import worked_example
-from grpo_edu.estimators import ClippedObjective, clipped_objective
+from grpo_edu.algorithm import worked_example
+from grpo_edu.algorithm.estimators import ClippedObjective, clipped_objective
 from grpo_edu.widgets._base import Explorer, Plot, cell, fmt, notes_html, snap, table
 
 RATIO_RANGE = (0.0, 2.5)
@@ -65,7 +65,7 @@ class ClippingExplorer(Explorer):
 
         explorer = ClippingExplorer()
         explorer.advantage.value = -1.0
-        explorer.state.tokens.clipped     # (9,) bool, from grpo_edu.estimators
+        explorer.state.tokens.clipped     # (9,) bool, from grpo_edu.algorithm.estimators
     """
 
     css = "grpo-clipping-explorer"

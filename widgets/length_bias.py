@@ -8,7 +8,7 @@ from dataclasses import dataclass
 import ipywidgets as widgets
 import numpy as np
 
-from grpo_edu.estimators import response_token_weights
+from grpo_edu.algorithm.estimators import response_token_weights
 from grpo_edu.widgets._base import PAD, Explorer, Plot, decade_limits, notes_html, sticky_limits, table
 
 # On one process with num_items left to its default, dapo and bnpo both divide by the
@@ -58,7 +58,7 @@ class LengthBiasExplorer(Explorer):
 
         explorer = LengthBiasExplorer()
         explorer.lengths.value = (10, 1000)
-        explorer.state.weights["grpo"]     # (G,), from grpo_edu.loss.aggregation_weights
+        explorer.state.weights["grpo"]     # (G,), from grpo_edu.algorithm.loss.aggregation_weights
     """
 
     css = "grpo-length-bias-explorer"

@@ -1,6 +1,16 @@
-"""The book's tooling, apart from the algorithm: its manifest (book.toml) and the checks
-that keep its chapters honest. No module of the algorithm imports it; `grpo-edu book`,
-the tests and chapters/conftest.py do.
+"""The book's tools: its manifest (book.toml), the chapter builds and checks, and the
+experiments and plots the chapters show. No module of the algorithm imports it; `grpo-edu
+book`, the tests and chapters/conftest.py do.
+
+    __init__.py        Book and Chapter: the manifest, run_chapter / check_chapter, the prose checks
+    notebooks.py       a chapter notebook built from its py:percent source, reproducibly
+    commands.py        `grpo-edu book list | run | check | html`
+    html.py            the static website (`grpo-edu book html`)
+    explorer_specs.py  the explorers as static pictures and tables for the website
+    lab.py             the failure lab's runs (chapters 4, 7 and 11): a healthy run and each
+                       failure caused one knob or one injected fault at a time
+    plots.py           training curves from a run's metrics.jsonl (matplotlib, lazily)
+    static/            the website's scripts, styles and KaTeX
 
 A chapter is a jupytext `py:percent` source (chapters/NN_name.py) beside its
 executed notebook (chapters/NN_name.ipynb, outputs committed). `run_chapter`
@@ -23,7 +33,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from grpo_edu import numerics
+from grpo_edu.runtime import numerics
 
 try:
     import tomllib
@@ -247,7 +257,7 @@ def prose_number_offenders(notebook: Path | str) -> list[str]:
 
 def kernel_env(pinned: bool = True) -> dict[str, str]:
     """This process's environment with the book's kernel settings and, where the machine
-    allows and `pinned`, the pinned floating-point kernels (grpo_edu.numerics)."""
+    allows and `pinned`, the pinned floating-point kernels (grpo_edu.runtime.numerics)."""
     env = dict(os.environ)
     env.update(KERNEL_ENV)
     if pinned and numerics.unpinnable_reason() is None:
@@ -270,7 +280,7 @@ def run_chapter(chapter: Chapter, root: Path = ROOT) -> float:
     reason = numerics.unpinnable_reason()
     if reason is not None:
         raise UnpinnedBuildError(f"book run: {reason}; chapters are built with the pinned kernels "
-                                 f"(grpo_edu.numerics) so that they reproduce on every x86-64 machine")
+                                 f"(grpo_edu.runtime.numerics) so that they reproduce on every x86-64 machine")
     start = time.perf_counter()
     notebooks.build(root / chapter.source, root / chapter.path, env=kernel_env(),
                     timeout=max(600, 3 * chapter.budget_seconds))

@@ -1,4 +1,4 @@
-"""`grpo-edu book ...`: the book's subcommands (list, run, check, html), as grpo_edu.cli
+"""`grpo-edu book ...`: the book's subcommands (list, run, check, html), as grpo_edu.commands.cli
 dispatches them. A bad argument or manifest raises BookUsageError: one line, exit code 2."""
 
 from __future__ import annotations

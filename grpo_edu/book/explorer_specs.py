@@ -25,10 +25,11 @@ from types import SimpleNamespace
 
 import numpy as np
 
-from grpo_edu import widgets, worked_example
-from grpo_edu.advantages import group_advantages
-from grpo_edu.estimators import ClippedObjective, clipped_objective
-from grpo_edu.loss import KL_ESTIMATORS
+from grpo_edu import widgets
+from grpo_edu.algorithm import worked_example
+from grpo_edu.algorithm.advantages import group_advantages
+from grpo_edu.algorithm.estimators import ClippedObjective, clipped_objective
+from grpo_edu.algorithm.loss import KL_ESTIMATORS
 from grpo_edu.widgets import advantages, clipping, kl, length_bias
 from grpo_edu.widgets._base import snap
 
@@ -109,7 +110,7 @@ def _loss_ratios(ratios: np.ndarray) -> np.ndarray:
     grpo_loss takes exp() of the difference again, which can move rho by an ulp; at the clip
     bounds that ulp decides whether a grid point is clipped. With A = 1 and a clip range
     that never binds, min(rho A, clip(rho) A) is that ratio, bit for bit. (torch's exp()
-    kernel sets the last bit: under the book's pinned kernels, grpo_edu.numerics, these are
+    kernel sets the last bit: under the book's pinned kernels, grpo_edu.runtime.numerics, these are
     the bits the notebook's explorer used.)"""
     return clipped_objective(ratios, 1.0, epsilon=0.999, epsilon_high=1e9).objective
 

@@ -6,6 +6,10 @@ the right value:
 
     >>> from grpo_edu.exercises import ch01
     >>> ch01.check_group_advantages(my_group_advantages)
+
+    checking.py  CheckResult, run_cases and compare: what every checker reports
+    ch00.py ... ch11.py  one module per chapter with exercises (ch09 has none)
+    data/        the fixed cases some checkers read (chapter 7's mystery runs)
 """
 
 from grpo_edu.exercises.checking import CheckResult

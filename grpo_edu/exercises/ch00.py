@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from grpo_edu import baselines
-from grpo_edu.bandit import Bandit, moments
+from grpo_edu.algorithm import baselines
+from grpo_edu.algorithm.bandit import Bandit, moments
 from grpo_edu.exercises.checking import CheckResult, compare
 
 # --------------------------------------------------------------------------- 0.1

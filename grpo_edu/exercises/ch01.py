@@ -6,7 +6,7 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from grpo_edu import reference
+from grpo_edu.algorithm import reference
 from grpo_edu.exercises.checking import CheckResult, run_cases
 
 ADVANTAGE_CASES = [

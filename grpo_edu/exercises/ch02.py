@@ -11,12 +11,12 @@ from typing import Callable
 import numpy as np
 import torch
 
-from grpo_edu import worked_example
-from grpo_edu.advantages import group_advantages
-from grpo_edu.estimators import clipped_objective, response_token_weights
+from grpo_edu.algorithm import worked_example
+from grpo_edu.algorithm.advantages import group_advantages
+from grpo_edu.algorithm.estimators import clipped_objective, response_token_weights
 from grpo_edu.exercises.checking import CheckResult, run_cases
-from grpo_edu.loss import KL_ESTIMATORS, kl_estimate
-from grpo_edu.reference import log_softmax
+from grpo_edu.algorithm.loss import KL_ESTIMATORS, kl_estimate
+from grpo_edu.algorithm.reference import log_softmax
 
 BATCH_CASES = [
     ("chapter 1's group and a nearly solved prompt", [list(worked_example.REWARDS), [1.0, 0.9, 1.0, 0.9]]),

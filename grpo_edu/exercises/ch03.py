@@ -8,8 +8,8 @@ import numpy as np
 import torch
 
 from grpo_edu.exercises.checking import CheckResult, compare, run_cases
-from grpo_edu.logprobs import token_logprobs
-from grpo_edu.loss import grpo_loss
+from grpo_edu.algorithm.logprobs import token_logprobs
+from grpo_edu.algorithm.loss import grpo_loss
 
 F64 = torch.float64
 

@@ -7,9 +7,9 @@ from typing import Callable
 import numpy as np
 import torch
 
-from grpo_edu.advantages import zero_std_groups
+from grpo_edu.algorithm.advantages import zero_std_groups
 from grpo_edu.exercises.checking import CheckResult, run_cases
-from grpo_edu.loss import aggregation_weights, grpo_loss
+from grpo_edu.algorithm.loss import aggregation_weights, grpo_loss
 
 F64 = torch.float64
 

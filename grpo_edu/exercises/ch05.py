@@ -1,6 +1,6 @@
 """Chapter 5, "Rewards you can verify": two rewards that can be hacked, and the checkers.
 
-The chapter contrasts grpo_edu.rewards with two rewards a policy can game:
+The chapter contrasts grpo_edu.environment.rewards with two rewards a policy can game:
 
 - `lenient_accuracy_reward`: "the reference answer occurs somewhere in the
   completion", a sloppy rule;
@@ -19,9 +19,9 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
-from grpo_edu import rewards
+from grpo_edu.environment import rewards
 from grpo_edu.exercises.checking import CheckResult, run_cases, verdict
-from grpo_edu.models import BOXED_OPEN, THINK_CLOSE, THINK_OPEN
+from grpo_edu.policy.models import BOXED_OPEN, THINK_CLOSE, THINK_OPEN
 
 
 # --------------------------------------------------------------------------- hackable rewards
@@ -199,7 +199,7 @@ COUNTDOWN_CASES = [
 def check_countdown_reward(fn: Callable) -> CheckResult:
     """Exercise 5.3: fn(completions, numbers, target, **kwargs) -> list[float]: 1.0
     when the boxed expression uses each of `numbers` exactly once and equals
-    `target`, else 0.0. Use grpo_edu.tasks.evaluate_expression, never eval."""
+    `target`, else 0.0. Use grpo_edu.environment.tasks.evaluate_expression, never eval."""
     cases = []
     for description, completion, numbers, target in COUNTDOWN_CASES:
         expected = rewards.accuracy_reward([completion], answer=[str(target)], task=["countdown"],
@@ -217,8 +217,8 @@ def reward_model_exercise(policy=None, tokenizer=None):
     best_correct, tokenizer). The fitted model, the held-out problem of the exercise and the best
     score the model gives a correct sample of the starting policy, so that a solution can run
     outside the chapter (tests/test_solutions.py) and the chapter can show it is the same model."""
-    from grpo_edu import tasks
-    from grpo_edu.models import generate_completions, load_policy
+    from grpo_edu.environment import tasks
+    from grpo_edu.policy.models import generate_completions, load_policy
     if policy is None or tokenizer is None:
         policy, tokenizer = load_policy()
     held_out = tasks.arithmetic_problems("test")

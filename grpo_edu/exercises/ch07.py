@@ -56,7 +56,7 @@ def mystery_runs() -> dict[str, list[dict]]:
 
 def mystery_configs() -> dict[str, dict]:
     """{"run A": config, ...}: each mystery run's config.json, what `grpo-edu doctor` reads beside
-    the metrics (grpo_edu.diagnose.diagnose(history, config)). A bug injected through Faults is
+    the metrics (grpo_edu.lab.diagnose.diagnose(history, config)). A bug injected through Faults is
     not in it, as no bug is in a real run's config."""
     return _data()["configs"]
 
@@ -87,13 +87,13 @@ def _reference_tie_spread(rewards: torch.Tensor, advantages: torch.Tensor) -> fl
 
 
 def _split(rewards: torch.Tensor) -> torch.Tensor:
-    from grpo_edu.advantages import group_advantages
+    from grpo_edu.algorithm.advantages import group_advantages
     B, G = rewards.shape
     return group_advantages(rewards.reshape(2 * B, G // 2)).reshape(B, G)
 
 
 def tie_spread_cases() -> list[tuple[str, torch.Tensor, torch.Tensor]]:
-    from grpo_edu.advantages import group_advantages
+    from grpo_edu.algorithm.advantages import group_advantages
     generator = torch.Generator().manual_seed(7)
     chapter = torch.tensor([[1.5, 1.5, 1.5, 0.5, 0.5, 0.5, 0.5, 0.5]], dtype=torch.float64)
     dealt = torch.tensor([[1.5, 0.5, 0.5, 0.5, 1.5, 1.5, 0.5, 0.5]], dtype=torch.float64)   # right in both halves

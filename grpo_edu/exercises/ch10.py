@@ -7,7 +7,7 @@ from typing import Callable
 import torch
 
 from grpo_edu.exercises.checking import CheckResult, compare
-from grpo_edu.offpolicy import Correction, correction_weights
+from grpo_edu.algorithm.offpolicy import Correction, correction_weights
 
 F64 = torch.float64
 

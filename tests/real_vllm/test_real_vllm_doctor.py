@@ -13,7 +13,7 @@ import sys
 
 import torch
 
-from grpo_edu import doctor
+from grpo_edu.commands import doctor
 from real_vllm_support import environment, run
 from hang_guard import HANG_SECONDS
 
@@ -36,7 +36,7 @@ def test_every_check_passes_on_the_cpu_with_the_shim(tmp_path, monkeypatch):
 def test_without_the_shim_the_engine_check_fails_naming_the_cpu_build(tmp_path):
     """vLLM's CPU build as it is: the engine check fails in one line (no sleep mode) and the
     checks that stand on it are skipped."""
-    code = ("import torch; from grpo_edu import doctor; "
+    code = ("import torch; from grpo_edu.commands import doctor; "
             "rows = doctor.run_checks(torch.device('cpu'), output=lambda line: None); "
             "print('|'.join(f'{r.name}={r.status}={r.detail}' for r in rows))")
     done = run([sys.executable, "-c", code], env=environment(shim=False), cwd=tmp_path, timeout=HANG_SECONDS)

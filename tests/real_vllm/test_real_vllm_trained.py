@@ -1,5 +1,5 @@
 """A trained model a reader can use elsewhere: the folder a finished `grpo-edu train` leaves
-(RUN_DIR/model, grpo_edu.trained) loads in vLLM's CPU build as it is, and vLLM's greedy
+(RUN_DIR/model, grpo_edu.training.trained) loads in vLLM's CPU build as it is, and vLLM's greedy
 decoding gives the same tokens as transformers' from the same folder.
 
 No shim: vLLM loads the folder from disk, the path every reader's `vllm.LLM(model=...)` takes

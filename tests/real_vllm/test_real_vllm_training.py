@@ -19,7 +19,7 @@ import sys
 import pytest
 
 from real_vllm_support import BIN, environment, run
-from grpo_edu import lora
+from grpo_edu.policy import lora
 from test_distributed import TOLERANCE, final_policy, largest_difference
 from test_vllm_engine import SETTINGS
 from hang_guard import HANG_SECONDS

@@ -194,7 +194,7 @@
 
   // ======================================================================= advantages
 
-  /** grpo_edu.reference.group_std: the mean shifted by the first reward, then the std.
+  /** grpo_edu.algorithm.reference.group_std: the mean shifted by the first reward, then the std.
    * (Python squares with **, C's pow(), which in rare cases differs from d * d in the last bit.) */
   function groupStd(rewards, std) {
     const first = rewards[0], n = rewards.length;
@@ -203,7 +203,7 @@
     return Math.sqrt(squares / (std === "population" ? n : n - 1));
   }
 
-  /** grpo_edu.advantages.group_advantages on rewards (B, G):
+  /** grpo_edu.algorithm.advantages.group_advantages on rewards (B, G):
    * A = (r - mean of its group) / (std + eps), the std per group ("group"), over the whole
    * batch ("batch") or none at all ("none", Dr. GRPO); an all-equal group gets exact zeros. */
   function groupAdvantages(rewards, scale, std, eps) {
@@ -249,7 +249,7 @@
 
   // ======================================================================= clipping
 
-  /** grpo_edu.estimators.clipped_objective: per token, objective = min(rho A, clip(rho,
+  /** grpo_edu.algorithm.estimators.clipped_objective: per token, objective = min(rho A, clip(rho,
    * 1 - eps_low, 1 + eps_high) A) and its derivative in rho, as autograd finds it through
    * grpo_loss. `lossRatio` is rho as grpo_loss sees it (exp(log rho), within an ulp of rho). */
   function clippedObjective(ratio, lossRatio, A, epsLow, epsHigh) {
@@ -302,7 +302,7 @@
 
   // ======================================================================= KL
 
-  /** grpo_edu.reference.log_softmax of one row: shift by the max, subtract log sum exp. */
+  /** grpo_edu.algorithm.reference.log_softmax of one row: shift by the max, subtract log sum exp. */
   function logSoftmax(logits) {
     const top = Math.max(...logits);
     const shifted = logits.map(z => z - top);
@@ -310,7 +310,7 @@
     return shifted.map(s => s - logTotal);
   }
 
-  /** grpo_edu.loss.kl_estimate, with d = log pi_ref(x) - log pi(x) (Schulman's estimators). */
+  /** grpo_edu.algorithm.loss.kl_estimate, with d = log pi_ref(x) - log pi(x) (Schulman's estimators). */
   const KL_ESTIMATORS = {
     k1: d => -d,                          // unbiased, negative where pi_ref > pi
     k2: d => 0.5 * d * d,                 // biased, low variance
@@ -346,7 +346,7 @@
       sampleMean[name] = numpySum(drawn) / n;
       sampleStd[name] = numpyStd(drawn);
     }
-    // grpo_edu.estimators.categorical_kl: sum_x pi(x) (log pi(x) - log pi_ref(x))
+    // grpo_edu.algorithm.estimators.categorical_kl: sum_x pi(x) (log pi(x) - log pi_ref(x))
     const exact = numpySum(probs.map((p, x) => p * (logp[x] - refLogp[x])));
 
     const notes = [];
@@ -382,7 +382,7 @@
       : roundHalfEven(10 ** (i * step + logStart))));
   }
 
-  /** grpo_edu.loss.aggregation_weights for one token of each response (loss._divisors):
+  /** grpo_edu.algorithm.loss.aggregation_weights for one token of each response (loss._divisors):
    * grpo divides by the response's length L and the G responses, dr_grpo by G times
    * max_completion_length, dapo and bnpo by the batch's token count. */
   const TOKEN_WEIGHTS = {

@@ -1,4 +1,4 @@
-"""A stand-in for vllm==0.31.0 with exactly the surface grpo_edu/vllm_engine.py uses
+"""A stand-in for vllm==0.31.0 with exactly the surface grpo_edu/sampling/vllm_engine.py uses
 (vllm_engine.VLLM_API; tests/test_vllm_engine.py checks the two agree), so that the trainer
 trains through the vLLM engine on a CPU, in one process or under torchrun.
 

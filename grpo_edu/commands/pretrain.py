@@ -1,0 +1,438 @@
+"""Supervised pretraining of the starting policy: a tiny Llama that is half-right.
+
+GRPO learns only from groups whose completions disagree, so its starting policy
+must already solve some problems, and not all: a policy at 0% or 100% gives
+every group the same reward and zero advantage. This script trains the tiny
+model of grpo_edu.policy.models on arithmetic solutions (grpo_edu.environment.tasks) with
+next-token cross-entropy on the completion tokens, and stops as soon as its
+greedy accuracy on held-out problems (grpo_edu.training.evaluation) reaches `target_accuracy`.
+
+Why a threshold and not a step count: SFT accuracy on this task stays near
+zero for about 150 steps, then jumps within a few hundred, and where the jump
+happens depends on the seed. With these settings, seeds 0, 1 and 2 first
+reached 30% held-out greedy accuracy at steps 170, 190 and 220, and 90% at
+steps 498, 562 and 514. A fixed step count would give a policy that is still
+hopeless with one seed and nearly solved with another; stopping on the
+threshold gives one with room to improve every time, and the run is still
+deterministic for a given seed and thread count.
+
+    python -m grpo_edu.commands.pretrain --output-dir runs/my-start --seed 1 --target-accuracy 0.5
+
+--output-dir is required, and a folder inside the package's assets (grpo_edu/assets/, where
+the committed starting policy that `grpo-edu train`, the book and `grpo-edu doctor --gpu`
+start from lives) is refused unless --write-package-assets says so too. The committed policy
+was made when the script wrote there by default; to remake it on purpose:
+
+    python -m grpo_edu.commands.pretrain --output-dir grpo_edu/assets/tiny-arithmetic-start --write-package-assets
+
+The model card (README.md in the output directory) records how it was made,
+its held-out greedy accuracy, format rate, pass@8 and the run time. When the target is not
+reached within --max-steps, nothing is written and the script exits 1, saying how close it
+came and what to change.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import platform
+import random
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from grpo_edu.environment import tasks
+from grpo_edu.training.episodes import writers
+from grpo_edu.training.evaluation import SAMPLE_SEED, evaluate
+from grpo_edu.policy.models import ASSETS, char_tokenizer, save_policy, tiny_llama
+
+
+def _doc(text: str, default):
+    return field(default=default, metadata={"help": text})
+
+
+@dataclass
+class PretrainConfig:
+    """Every knob of the pretraining run (each is a --flag of the script)."""
+
+    output_dir: str = _doc("where the model, tokenizer and model card are written (required)", "")
+    write_package_assets: bool = _doc("allow an --output-dir inside the package's assets (grpo_edu/assets/): "
+                                      "only to replace the committed starting policy on purpose", False)
+    seed: int = _doc("seed of the initial weights and of the training problems", 0)
+    threads: int = _doc("torch CPU threads (results are bitwise reproducible for a fixed count)", 1)
+    batch_size: int = _doc("training problems per optimizer step", 64)
+    learning_rate: float = _doc("AdamW peak learning rate (linear warmup, then constant)", 2e-3)
+    warmup_steps: int = _doc("steps of linear learning-rate warmup", 50)
+    weight_decay: float = _doc("AdamW weight decay", 0.0)
+    max_steps: int = _doc("give up (and fail) if the target is not reached by this step", 5000)
+    eval_every: int = _doc("steps between held-out greedy evaluations (the jump takes ~20 steps)", 2)
+    eval_problems: int = _doc("held-out problems in each evaluation that decides when to stop", 256)
+    target_accuracy: float = _doc("stop at the first evaluation with at least this greedy accuracy", 0.35)
+    pass_k: int = _doc("samples per problem for pass@k in the model card", 8)
+    task: str = _doc("what to pretrain on: 'arithmetic' (the committed policy), 'multiply' (the tool policy: "
+                     "grpo_edu/assets/tiny-multiply-start), 'chain' (the process-supervision policy: "
+                     "grpo_edu/assets/tiny-chain-start) or 'countdown' (the GPU tier's download-free recipe)",
+                     "arithmetic")
+    tool_share: float = _doc("task 'multiply': the share of training solutions that call the calculator "
+                             "([47*85], its answer =3995 kept out of the loss: the environment writes it); the "
+                             "rest answer in the head", 0.0)
+    max_turns: int = _doc("task 'multiply': the most policy turns of an evaluation episode", 2)
+    device: str = _doc("'cpu' or 'cuda'", "cpu")
+    max_position_embeddings: int = _doc("positions the model has: prompt + completion must fit "
+                                        "(arithmetic: 64; countdown: 128)", 64)
+    hidden_size: int = _doc("model width", 128)
+    num_layers: int = _doc("transformer layers", 2)
+    num_heads: int = _doc("attention heads", 4)
+    intermediate_size: int = _doc("SwiGLU hidden width", 256)
+    max_new_tokens: int = _doc("generation limit; a correct completion is at most 12 tokens (multiply with the "
+                               "calculator: 21, both writers')", 16)
+
+
+EVAL_SEED = 0
+CALCULATOR = "grpo_edu.training.episodes:Calculator"   # task 'multiply': the tool its solutions call
+
+
+# --------------------------------------------------------------------------- where it writes
+
+def check_output_dir(config: PretrainConfig) -> Path:
+    """config.output_dir, checked: given, and outside the package's assets (the committed
+    starting policy) unless config.write_package_assets. Raises ValueError naming the flag."""
+    if not config.output_dir:
+        raise ValueError(f"--output-dir: expected the folder to write the policy to, got none (the package's "
+                         f"assets are written only when asked: to remake the committed starting policy, pass "
+                         f"--output-dir {_shown(ASSETS / 'tiny-arithmetic-start')} --write-package-assets)")
+    folder = Path(config.output_dir).expanduser()
+    if folder.resolve().is_relative_to(ASSETS.resolve()) and not config.write_package_assets:
+        raise ValueError(f"--output-dir: expected a folder outside the package's assets ({_shown(ASSETS)}), got "
+                         f"{config.output_dir!r}: the committed starting policy there is what grpo-edu train, the "
+                         f"book and grpo-edu doctor --gpu start from; pass --write-package-assets too to replace "
+                         f"it on purpose, or choose another folder (runs/my-start)")
+    return folder
+
+
+def _shown(path: Path) -> str:
+    """A path relative to the working directory where it is inside it (grpo_edu/assets/...)."""
+    try:
+        return str(path.resolve().relative_to(Path.cwd().resolve()))
+    except ValueError:
+        return str(path)
+
+
+def not_reached_message(config: PretrainConfig, result: "PretrainResult") -> str:
+    """What went wrong when the target was not reached, and what to do (one line)."""
+    if result.history:
+        best = max(result.history, key=lambda r: r["greedy_accuracy"])
+        last = ", ".join(f"{r['step']}: {r['greedy_accuracy']:.3f}" for r in result.history[-3:])
+        how_close = (f"the best held-out greedy accuracy was {best['greedy_accuracy']:.3f} at step {best['step']} "
+                     f"(the last evaluations, step: accuracy: {last})")
+    else:
+        how_close = f"no evaluation ran (--eval-every {config.eval_every} is above --max-steps {config.max_steps})"
+    return (f"--target-accuracy {config.target_accuracy} not reached in --max-steps {config.max_steps} steps: "
+            f"{how_close}; nothing was written to {config.output_dir}. Run the same command with a larger "
+            f"--max-steps (if the accuracy was still rising) or a lower --target-accuracy (GRPO needs a policy "
+            f"that solves some problems, not most); a GRPO run that starts from {config.output_dir} can begin "
+            f"only after this command ends with 'wrote {config.output_dir}'")
+
+
+# --------------------------------------------------------------------------- training
+
+def sft_batch(tokenizer, samples: list[dict], environment: str = "") -> dict[str, torch.Tensor]:
+    """prompt + solution + <eos>, right-padded; labels are -100 on the prompt and
+    the padding, so the loss is the completion's cross-entropy only. With an environment
+    the solution is an episode: the environment's text (`=3995` after a calculator call,
+    grpo_edu.training.episodes.writers) is -100 too, as GRPO's loss never counts it: the policy
+    learns to call and to read the answer, not to predict it."""
+    rows, labels = [], []
+    for sample in samples:
+        prompt = tokenizer(sample["prompt"], add_special_tokens=False)["input_ids"]
+        pieces = writers(sample["solution"], environment, sample) if environment else [(sample["solution"], False)]
+        completion, label = [], []
+        for piece, by_env in pieces:
+            ids = tokenizer(piece, add_special_tokens=False)["input_ids"]
+            completion += ids
+            label += [-100] * len(ids) if by_env else ids
+        rows.append(prompt + completion + [tokenizer.eos_token_id])
+        labels.append([-100] * len(prompt) + label + [tokenizer.eos_token_id])
+    width = max(map(len, rows))
+    pad = tokenizer.pad_token_id
+    return {
+        "input_ids": torch.tensor([r + [pad] * (width - len(r)) for r in rows]),
+        "attention_mask": torch.tensor([[1] * len(r) + [0] * (width - len(r)) for r in rows]),
+        "labels": torch.tensor([l + [-100] * (width - len(l)) for l in labels]),
+    }
+
+
+@dataclass
+class PretrainResult:
+    model: torch.nn.Module
+    tokenizer: object
+    steps: int                  # optimizer steps taken
+    reached: bool               # the target accuracy was reached
+    history: list[dict]         # one {"step", "loss", "greedy_accuracy", "greedy_format"} per evaluation
+    seconds: float              # training time, evaluations included
+
+
+def validate(config: PretrainConfig) -> None:
+    """Raises ValueError naming the first bad setting."""
+    if not 0 < config.target_accuracy <= 1:
+        raise ValueError(f"target_accuracy must be in (0, 1], got {config.target_accuracy}")
+    for name in ("batch_size", "max_steps", "eval_every", "eval_problems", "threads"):
+        if getattr(config, name) <= 0:
+            raise ValueError(f"{name} must be positive, got {getattr(config, name)}")
+    if config.task not in tasks.GENERATED_TASKS:
+        raise ValueError(f"task must be one of {tasks.GENERATED_TASKS}, got {config.task!r}")
+    if not 0 <= config.tool_share <= 1:
+        raise ValueError(f"tool_share must be in [0, 1], got {config.tool_share}")
+    if config.tool_share and config.task != "multiply":
+        raise ValueError(f"tool_share is for task 'multiply' (the task with a calculator), got "
+                         f"tool_share {config.tool_share} with task {config.task!r}")
+    if config.max_turns <= 0:
+        raise ValueError(f"max_turns must be positive, got {config.max_turns}")
+    if config.device not in ("cpu", "cuda") or (config.device == "cuda" and not torch.cuda.is_available()):
+        raise ValueError(f"device must be 'cpu' or a 'cuda' torch can see, got {config.device!r}")
+
+
+def pretrain(config: PretrainConfig, log=print) -> PretrainResult:
+    """SFT until held-out greedy accuracy >= config.target_accuracy (or max_steps)."""
+    validate(config)
+    torch.set_num_threads(config.threads)
+    torch.manual_seed(config.seed)
+    start = time.perf_counter()
+    tokenizer = char_tokenizer()
+    model = tiny_llama(tokenizer, seed=config.seed, hidden_size=config.hidden_size,
+                       num_layers=config.num_layers, num_heads=config.num_heads,
+                       intermediate_size=config.intermediate_size,
+                       max_position_embeddings=config.max_position_embeddings).to(config.device)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=config.learning_rate,
+                                  weight_decay=config.weight_decay, betas=(0.9, 0.99))
+    schedule = torch.optim.lr_scheduler.LambdaLR(
+        optimizer, lambda step: min(1.0, (step + 1) / max(1, config.warmup_steps)))
+    stream = training_stream(config)
+    held_out = tasks.make_dataset(config.task, config.eval_problems, "test", seed=EVAL_SEED)
+    episodes = _episodes(config)
+
+    history, step, reached, losses = [], 0, False, []
+    while step < config.max_steps and not reached:
+        model.train()
+        batch = {k: v.to(config.device) for k, v in
+                 sft_batch(tokenizer, [next(stream) for _ in range(config.batch_size)],
+                           episodes.get("environment", "")).items()}
+        loss = model(**batch).loss
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        optimizer.step()
+        schedule.step()
+        optimizer.zero_grad(set_to_none=True)
+        losses.append(loss.item())
+        step += 1
+        if step % config.eval_every == 0:
+            model.eval()
+            metrics = evaluate(model, tokenizer, held_out, max_new_tokens=config.max_new_tokens, **episodes)
+            record = {"step": step, "loss": sum(losses) / len(losses), **metrics}
+            losses = []
+            history.append(record)
+            log(f"step {step:5d}  loss {record['loss']:.4f}  held-out greedy accuracy "
+                f"{metrics['greedy_accuracy']:.4f}  format {metrics['greedy_format']:.4f}"
+                + (f"  tool calls {metrics['tool_call_rate']:.4f}" if episodes else ""))
+            reached = metrics["greedy_accuracy"] >= config.target_accuracy
+    model.eval().to("cpu")   # written and evaluated for the card on the CPU, as it is loaded
+    return PretrainResult(model, tokenizer, step, reached, history, time.perf_counter() - start)
+
+
+def _episodes(config: PretrainConfig) -> dict:
+    """evaluate()'s episode arguments: task 'multiply' is evaluated with its calculator."""
+    return {"environment": CALCULATOR, "max_turns": config.max_turns} if config.task == "multiply" else {}
+
+
+def training_stream(config: PretrainConfig):
+    """The task's training samples, endless and seeded; for 'multiply' each draw's solution
+    calls the calculator with probability tool_share (its own seeded coin), else it is the
+    direct one, so the policy learns both and GRPO has something to choose between."""
+    stream = tasks.iterate_samples(config.task, "train", seed=config.seed)
+    if config.task != "multiply":
+        return stream
+    coin = random.Random(f"tool-share/{config.seed}")
+    return ({**sample, "solution": sample["solution"] if coin.random() < config.tool_share
+             else sample["direct_solution"]} for sample in stream)
+
+
+# --------------------------------------------------------------------------- the model card
+
+TASK_CARDS = {
+    "arithmetic": """# tiny-arithmetic-start: grpo-edu's starting policy
+
+A {layers}-layer, {width}-wide Llama ({parameters:,} parameters, float32)
+with a character-level tokenizer (`grpo_edu.policy.models.char_tokenizer`), trained by
+supervised fine-tuning on two-digit addition and subtraction (`grpo_edu.environment.tasks`,
+e.g. `47+85=` -> `<think>12</think>\\boxed{{132}}`, the reasoning being the units
+column) and stopped on purpose while it is still often wrong: it is the policy
+GRPO starts from in chapters 5 and 6.""",
+    "multiply": """# {name}: a starting policy that calls a calculator sometimes
+
+A {layers}-layer, {width}-wide Llama ({parameters:,} parameters, float32)
+with a character-level tokenizer (`grpo_edu.policy.models.char_tokenizer`), trained by
+supervised fine-tuning on two-digit multiplication (`grpo_edu.environment.tasks`, task "multiply"),
+{tool_percent:.0f}% of its solutions calling the calculator (`47*85=` ->
+`<think>[47*85]=3995</think>\\boxed{{3995}}`, the `=3995` written by
+`grpo_edu.training.episodes.Calculator` and kept out of the loss), the rest answering in the head
+(`<think>35</think>\\boxed{{3995}}`): the policy chapter 11's GRPO runs start from,
+able to call the tool and to skip it.""",
+    "countdown": """# {name}: a Countdown starting policy
+
+A {layers}-layer, {width}-wide Llama ({parameters:,} parameters, float32)
+with a character-level tokenizer (`grpo_edu.policy.models.char_tokenizer`), trained by
+supervised fine-tuning on Countdown (`grpo_edu.environment.tasks`: reach a target from three numbers,
+e.g. `Use 15 10 9 to make 34:` -> `<think>10+9=19 19+15=34</think>\\boxed{{10+9+15}}`) and
+stopped while it is still often wrong: the starting policy of the GPU tier's download-free
+recipe (configs/gpu-countdown-from-scratch.toml).""",
+    "chain": """# {name}: a starting policy that sums three numbers step by step
+
+A {layers}-layer, {width}-wide Llama ({parameters:,} parameters, float32)
+with a character-level tokenizer (`grpo_edu.policy.models.char_tokenizer`), trained by
+supervised fine-tuning on chain sums (`grpo_edu.environment.process`, task "chain": `12+7+30=` ->
+`<think>12+7=19,19+30=49</think>\\boxed{{49}}`, every partial sum written) and stopped while
+it is still often wrong: the policy the book's process-supervision runs start from
+(chapter 5; configs/cpu-chain.toml), whose every step a rule can check.""",
+}
+REPORT_SETS = {
+    "arithmetic": ('`grpo_edu.environment.tasks.arithmetic_problems("test")`', lambda: tasks.arithmetic_problems("test")),
+    "multiply": ('`grpo_edu.environment.tasks.make_dataset("multiply", 816, "test", seed=0)`, every held-out one',
+                 lambda: tasks.make_dataset("multiply", 816, "test", seed=0)),
+    "countdown": ('`grpo_edu.environment.tasks.make_dataset("countdown", 1000, "test", seed=0)`',
+                  lambda: tasks.make_dataset("countdown", 1000, "test", seed=0)),
+    "chain": ('`grpo_edu.environment.tasks.make_dataset("chain", 1000, "test", seed=0)`',
+              lambda: tasks.make_dataset("chain", 1000, "test", seed=0)),
+}
+
+def use_lines(config: PretrainConfig) -> str:
+    """How a card's "Use" section loads its policy."""
+    if config.task == "arithmetic":
+        return "from grpo_edu.policy.models import load_policy\nmodel, tokenizer = load_policy()  # this directory"
+    if config.task == "multiply":
+        return ("from grpo_edu.policy.models import TOOL_POLICY, load_policy\nmodel, tokenizer = load_policy(TOOL_POLICY)  "
+                "# this directory; in a run's config: model = \"multiply-start\" (configs/cpu-tools.toml)")
+    if config.task == "chain":
+        return ("from grpo_edu.policy.models import CHAIN_POLICY, load_policy\nmodel, tokenizer = load_policy(CHAIN_POLICY)  "
+                "# this directory; in a run's config: model = \"chain-start\" (configs/cpu-chain.toml)")
+    return f"from grpo_edu.policy.models import load_policy\nmodel, tokenizer = load_policy({config.output_dir!r})"
+
+
+def model_card(config: PretrainConfig, result: PretrainResult, report: dict, seconds: float,
+               cpu_seconds: float, command: str) -> str:
+    parameters = sum(p.numel() for p in result.model.parameters())
+    k = config.pass_k
+    jump = ", ".join(f"{r['step']}: {r['greedy_accuracy']:.3f}" for r in result.history[-6:])
+    tools = "" if config.task != "multiply" else f"""
+| greedy tool-call rate | {report['tool_call_rate']:.4f} |
+| greedy mean policy turns | {report['mean_turns']:.4f} |
+| sampled tool-call rate (temperature 1) | {report['sample_tool_call_rate']:.4f} |"""
+    episodes = "" if config.task != "multiply" else (
+        f"; every completion an episode with the calculator\n(`{CALCULATOR}`, at most {config.max_turns} "
+        f"policy turns), scored on its whole text")
+    return f"""{TASK_CARDS[config.task].format(name=Path(config.output_dir).name, layers=config.num_layers,
+                                          width=config.hidden_size, parameters=parameters,
+                                          tool_percent=100 * config.tool_share)}
+
+## How it was made
+
+    {command}
+
+Next-token cross-entropy on the completion tokens, AdamW (lr {config.learning_rate:g},
+{config.warmup_steps} warmup steps, weight decay {config.weight_decay:g}), batch {config.batch_size},
+seed {config.seed}, {config.threads} CPU thread(s). Every {config.eval_every} steps the held-out greedy
+accuracy on {config.eval_problems} problems was measured; training stopped at step {result.steps},
+the first evaluation at or above {config.target_accuracy:.2f}. The last evaluations (step: accuracy):
+{jump}.
+
+Run time: {seconds:.0f} s wall-clock from start to written files ({result.seconds:.0f} s of it
+training, the rest the evaluation below; Python start-up and imports not counted), of which the process had {cpu_seconds:.0f} s of CPU time
+({platform.machine()}, torch {torch.__version__}, Python {platform.python_version()}); where the
+two differ, other processes shared the CPU.
+
+## Held-out figures
+
+All {report['problems']:,} held-out problems ({REPORT_SETS[config.task][0]};
+train and held-out problems never overlap), at most {config.max_new_tokens} new tokens,
+{k} samples per problem at temperature 1 (seed {SAMPLE_SEED}){episodes}:
+
+| metric | value |
+|---|---|
+| greedy accuracy | {report['greedy_accuracy']:.4f} |
+| greedy format rate | {report['greedy_format']:.4f} |
+| sampled accuracy (pass@1, temperature 1) | {report['sample_accuracy']:.4f} |
+| sampled format rate | {report['sample_format']:.4f} |
+| pass@{k} (temperature 1) | {report[f'pass_at_{k}']:.4f} |
+| problems whose {k} samples disagree | {report['mixed_groups']:.4f} |{tools}
+
+Accuracy and format are `grpo_edu.environment.rewards.accuracy_reward` and `format_reward`.
+`{'tests/test_tools.py' if config.task == 'multiply' else 'tests/test_pretrain.py'}` recomputes the greedy figures from these weights.
+
+## Use
+
+```python
+{use_lines(config)}
+```
+"""
+
+
+def write_policy(config: PretrainConfig, result: PretrainResult, command: str,
+                 started: tuple[float, float]) -> dict:
+    """Measure the held-out figures, then write weights, tokenizer, model card
+    (README.md) and pretrain.json (config, evaluation history, figures) to
+    config.output_dir (check_output_dir: never the package's assets unless
+    config.write_package_assets). `started` is (time.perf_counter(), time.process_time())
+    at launch, so the card's run time covers training and this evaluation."""
+    check_output_dir(config)
+    report_set = REPORT_SETS[config.task][1]()
+    report = evaluate(result.model, result.tokenizer, report_set, pass_k=config.pass_k,
+                      max_new_tokens=config.max_new_tokens, **_episodes(config))
+    seconds, cpu_seconds = time.perf_counter() - started[0], time.process_time() - started[1]
+    output = save_policy(result.model, result.tokenizer, config.output_dir)
+    (output / "README.md").write_text(model_card(config, result, report, seconds, cpu_seconds, command))
+    (output / "pretrain.json").write_text(json.dumps(
+        {"command": command, "config": dataclasses.asdict(config), "steps": result.steps,
+         "seconds": round(seconds, 1), "cpu_seconds": round(cpu_seconds, 1),
+         "history": result.history, "held_out": report}, indent=1) + "\n")
+    return report
+
+
+# --------------------------------------------------------------------------- command line
+
+def parse_args(argv: list[str] | None = None) -> PretrainConfig:
+    parser = argparse.ArgumentParser(prog="python -m grpo_edu.commands.pretrain", description=__doc__.split("\n\n")[0],
+                                     formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    for f in dataclasses.fields(PretrainConfig):
+        flag = f"--{f.name.replace('_', '-')}"
+        if isinstance(f.default, bool):
+            parser.add_argument(flag, action="store_true", help=f.metadata["help"])
+        else:
+            parser.add_argument(flag, type=type(f.default), default=f.default, help=f.metadata["help"])
+    return PretrainConfig(**vars(parser.parse_args(argv)))
+
+
+def main(argv: list[str] | None = None) -> int:
+    started = (time.perf_counter(), time.process_time())
+    config = parse_args(argv)
+    try:   # before training: a refused folder or setting must not cost the run
+        check_output_dir(config)
+        validate(config)
+    except ValueError as error:
+        print(f"python -m grpo_edu.commands.pretrain: {error}", file=sys.stderr)
+        return 2
+    result = pretrain(config)
+    if not result.reached:
+        print(f"python -m grpo_edu.commands.pretrain: {not_reached_message(config, result)}", file=sys.stderr)
+        return 1
+    command = " ".join(["python -m grpo_edu.commands.pretrain", *(sys.argv[1:] if argv is None else argv)])
+    report = write_policy(config, result, command, started)
+    print(json.dumps(report, indent=1))
+    print(f"wrote {config.output_dir} in {time.perf_counter() - started[0]:.1f} s")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

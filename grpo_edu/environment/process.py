@@ -1,0 +1,221 @@
+"""Process supervision (DeepSeekMath, section 4.1.3): a reward at the end of every reasoning
+step, not one per completion.
+
+Outcome supervision gives every token of completion i the same advantage, its reward's
+place in the group. Process supervision scores the steps: completion i's step j, ending at
+token index(j), gets a reward r_i^index(j); every step reward of the group is normalised by
+the mean and standard deviation of all the group's step rewards R,
+
+    r~_i^index(j) = (r_i^index(j) - mean(R)) / std(R),
+
+and token t's advantage is the sum of the normalised rewards of the steps ending at or after t:
+
+    A_i,t = sum over j with index(j) >= t of r~_i^index(j)
+
+(grpo_edu.algorithm.advantages.process_advantages; grpo_edu.algorithm.reference.process_advantages is the
+plain-loop version it is tested against). A wrong step lowers the advantage of every token
+before it, a right one raises them; the tokens after a completion's last step get 0.
+
+The task here is `chain`: three numbers summed one written step at a time,
+
+    prompt "12+7+30="   solution "<think>12+7=19,19+30=49</think>\\boxed{49}"
+
+Each step `a+b=c` is checked by a rule, on its own (`chain_steps`): right when it adds the next
+number of the prompt to the running total the completion itself wrote last (the first number,
+for the first step), and c = a + b. A step after a wrong one can be right: it is judged
+against what was written, as a step-level verifier would. The completion's last step is its
+final answer: its reward is the completion's outcome reward (the run's reward functions,
+weighted), at its last token (`completion_steps`). So the two kinds of supervision see the same
+outcome; process supervision also sees the steps.
+"""
+
+from __future__ import annotations
+
+import random
+import re
+from typing import NamedTuple, Sequence
+
+import torch
+
+from grpo_edu.algorithm.advantages import process_advantages
+from grpo_edu.policy.models import THINK_CLOSE, THINK_OPEN, completion_text
+
+CHAIN_NUMBERS = 3                 # numbers per problem: two written steps
+CHAIN_NUMBER_RANGE = (10, 59)     # two-digit numbers: 50 ** 3 = 125,000 problems
+_STEP = re.compile(r"(\d{1,6})\+(\d{1,6})=(\d{1,7})", re.ASCII)
+
+
+def chain_sample(numbers: Sequence[int]) -> dict:
+    """The sample that sums `numbers` left to right: prompt "12+7+30=", answer "49", and the
+    solution that writes every partial sum, "<think>12+7=19,19+30=49</think>\\boxed{49}"."""
+    numbers = list(numbers)
+    if len(numbers) < 2 or not all(isinstance(n, int) and not isinstance(n, bool) and n >= 0 for n in numbers):
+        raise ValueError(f"numbers must be two or more non-negative integers, got {numbers!r}")
+    total, steps = numbers[0], []
+    for number in numbers[1:]:
+        steps.append(f"{total}+{number}={total + number}")
+        total += number
+    return {"prompt": "+".join(map(str, numbers)) + "=", "answer": str(total), "task": "chain",
+            "numbers": numbers, "solution": completion_text(",".join(steps), str(total))}
+
+
+def draw_chain(rng: random.Random) -> dict:
+    """A chain problem with CHAIN_NUMBERS numbers drawn uniformly from CHAIN_NUMBER_RANGE."""
+    low, high = CHAIN_NUMBER_RANGE
+    return chain_sample([rng.randint(low, high) for _ in range(CHAIN_NUMBERS)])
+
+
+def chain_steps(text: str, numbers: Sequence[int]) -> list[tuple[int, float]]:
+    """The written steps of a chain completion, each (end, reward): `end` the index just past
+    the step's last character in `text`, reward 1.0 when the step is right on its own (it adds
+    the next number to the total the completion wrote last, and its sum is right) else 0.0.
+
+    Steps are the `a+b=c` of the reasoning (between <think> and </think>, or to the end of the
+    text when </think> never comes); anything else there is not a step. A step beyond the
+    last number is wrong (there is nothing left to add)."""
+    start = text.find(THINK_OPEN)
+    if start < 0:
+        return []
+    start += len(THINK_OPEN)
+    stop = text.find(THINK_CLOSE, start)
+    stop = len(text) if stop < 0 else stop
+    steps, running = [], int(numbers[0])
+    for k, match in enumerate(_STEP.finditer(text, start, stop)):
+        a, b, c = (int(g) for g in match.groups())
+        right = k + 1 < len(numbers) and a == running and b == int(numbers[k + 1]) and c == a + b
+        steps.append((match.end(), 1.0 if right else 0.0))
+        running = c
+    return steps
+
+
+STEP_VERIFIERS = {"chain": chain_steps}
+
+
+def prefix_lengths(tokenizer, completion_ids: Sequence[int], pieces: dict | None = None,
+                   text: str | None = None) -> list[int]:
+    """len(decode(completion_ids[:k + 1])) for every k (special tokens skipped, as the rewards read
+    the text). Each token decoded alone and the lengths summed where that is exact (the tiny tier's
+    characters; `pieces` caches them across completions), else every prefix decoded (a byte-level
+    BPE token can be half a character). `text`: the whole decoded text, when the caller has it."""
+    ids = list(completion_ids)
+    pieces = {} if pieces is None else pieces
+    text = tokenizer.decode(ids, skip_special_tokens=True) if text is None else text
+    for token in set(ids) - pieces.keys():
+        pieces[token] = tokenizer.decode([token], skip_special_tokens=True)
+    lengths, total = [], 0
+    for token in ids:
+        total += len(pieces[token])
+        lengths.append(total)
+    if "".join(pieces[token] for token in ids) == text:
+        return lengths
+    # A prefix that ends inside a character decodes it as U+FFFD: that character is not there yet.
+    return [len(prefix) - prefix.endswith("\ufffd") for prefix in
+            tokenizer.batch_decode([ids[:k] for k in range(1, len(ids) + 1)], skip_special_tokens=True)]
+
+
+def token_ends(tokenizer, completion_ids: Sequence[int], char_ends: Sequence[int],
+               pieces: dict | None = None, text: str | None = None) -> list[int]:
+    """The token index at which each character position ends: the first token whose decoded
+    prefix (`prefix_lengths`) reaches `char_ends[j]` characters. `completion_ids` are the
+    completion's real tokens; `text` their decoded text, when the caller has it."""
+    if not char_ends:
+        return []
+    prefixes = prefix_lengths(tokenizer, completion_ids, pieces, text)
+    ends = []
+    for end in char_ends:
+        index = next((k for k, length in enumerate(prefixes) if length >= end), None)
+        if index is None:
+            raise ValueError(f"a step ends at character {end}, past the completion's decoded text "
+                             f"({prefixes[-1] if prefixes else 0} characters)")
+        ends.append(index)
+    return ends
+
+
+class Steps(NamedTuple):
+    """Every completion's steps as padded (N, K) tensors (K: the most steps of any completion)."""
+
+    rewards: torch.Tensor   # (N, K) float64
+    ends: torch.Tensor      # (N, K) long: the index of each step's last token
+    mask: torch.Tensor      # (N, K) bool: a step is there
+    written: torch.Tensor   # (N,) the written steps (the final answer not counted)
+    right: torch.Tensor     # (N,) the written steps that are right
+
+
+def completion_steps(texts: Sequence[str], columns: dict, tokenizer, completion_ids: torch.Tensor,
+                     completion_mask: torch.Tensor, outcome: torch.Tensor) -> Steps:
+    """Every completion's steps, for grpo_edu.algorithm.advantages.process_advantages: its written steps
+    (STEP_VERIFIERS of its task, each 1.0 right or 0.0 wrong), then its final answer at its last
+    real token with its outcome reward.
+
+    texts: N decoded completions; columns: the dataset columns per completion (`task`,
+    `numbers`); completion_ids, completion_mask: (N, S); outcome: (N,) the outcome reward."""
+    N = len(texts)
+    tasks, numbers = columns.get("task", [None] * N), columns.get("numbers", [None] * N)
+    lengths = completion_mask.sum(-1).tolist()
+    rows, right, pieces = [], [], {}
+    for i in range(N):
+        if tasks[i] not in STEP_VERIFIERS:
+            raise ValueError(f"supervision = 'process' needs a task whose steps a rule checks "
+                             f"{tuple(STEP_VERIFIERS)}, got completion {i} of task {tasks[i]!r}")
+        steps = STEP_VERIFIERS[tasks[i]](texts[i], numbers[i])
+        ends = token_ends(tokenizer, completion_ids[i, :lengths[i]].tolist(), [end for end, _ in steps], pieces,
+                          texts[i])   # the rewards' text: not decoded again
+        rows.append([(end, reward) for end, (_, reward) in zip(ends, steps)]
+                    + [(lengths[i] - 1, float(outcome[i]))])
+        right.append(sum(reward for _, reward in steps))
+    K = max(len(row) for row in rows)
+    rewards = torch.zeros(N, K, dtype=torch.float64)
+    ends = torch.zeros(N, K, dtype=torch.long)
+    mask = torch.zeros(N, K, dtype=torch.bool)
+    for i, row in enumerate(rows):
+        for j, (end, reward) in enumerate(row):
+            rewards[i, j], ends[i, j], mask[i, j] = reward, end, True
+    return Steps(rewards, ends, mask, mask.sum(-1).double() - 1, torch.tensor(right, dtype=torch.float64))
+
+def step_rewards(config, texts: Sequence[str], columns: dict, tokenizer, rollout, outcome: torch.Tensor
+                 ) -> tuple[torch.Tensor | None, dict[str, torch.Tensor]]:
+    """A rollout's steps, for grpo_edu.training.scoring.score: (per-token advantages (b, G, S) or None, per-
+    completion rows (N,) to gather). For a task whose steps a rule checks (single-turn): the written
+    steps and the right ones of every completion (logged as process/steps, process/step_accuracy,
+    whatever the supervision); with supervision = "process" also every token's advantage and, as
+    the row "advantage", each completion's first (the sum of its normalised step rewards).
+    outcome: (N,) the completions' outcome rewards, their last step's."""
+    if config.task not in STEP_VERIFIERS or config.environment:
+        return None, {}
+    steps = completion_steps(texts, columns, tokenizer, rollout.completion_ids.cpu(), rollout.completion_mask.cpu(),
+                             outcome)
+    counts = {"steps": steps.written, "steps_right": steps.right}
+    if config.supervision != "process":
+        return None, counts
+    G = config.num_generations
+    token_advantages = process_advantages(*(t.view(-1, G, t.shape[-1]) for t in steps[:3]),
+                                          rollout.completion_ids.shape[1], scale=config.advantage_scale,
+                                          std=config.advantage_std)
+    return token_advantages, {**counts, "advantage": token_advantages[..., 0].reshape(-1)}
+
+
+def check_config(config) -> None:
+    """The `supervision` key of a TrainConfig (its validate calls this): what process supervision
+    cannot combine with, one line each, naming both keys."""
+    if config.supervision != "process":
+        return
+    if config.task not in STEP_VERIFIERS:
+        raise ValueError(f"config key 'supervision' = 'process' needs a task whose steps a rule checks "
+                         f"{tuple(STEP_VERIFIERS)}, got task = {config.task!r}")
+    refused = {
+        "advantage_fn": (config.advantage_fn != "", "your function maps rewards (B, G) to advantages (B, G); "
+                         "process advantages are per token, from every step's reward"),
+        "advantage_scale": (config.advantage_scale == "batch", "process advantages are normalised per group "
+                            "('group') or only centred ('none')"),
+        "importance_sampling_level": (config.importance_sampling_level == "sequence", "a sequence-level ratio "
+                                      "weighs a whole completion, which has no one advantage"),
+        "filter_zero_std_groups": (config.filter_zero_std_groups, "a group whose outcome rewards are equal can "
+                                   "still differ in its steps, and it would be dropped"),
+        "dynamic_sampling_rounds": (config.dynamic_sampling_rounds != 0, "it replaces the groups whose outcome "
+                                    "rewards are equal, which can still differ in their steps"),
+        "environment": (config.environment != "", "the steps are scored on a single-turn completion's text"),
+    }
+    for key, (bad, why) in refused.items():
+        if bad:
+            raise ValueError(f"config keys 'supervision' ('process') and {key!r} ({getattr(config, key)!r}) do not "
+                             f"combine: {why}")

@@ -1,0 +1,119 @@
+"""Deliberate bugs, for the failure lab (chapter 7, "When GRPO goes wrong").
+
+Some of GRPO's classic failures have a knob in the config (a learning rate, beta, the loss
+type); others are bugs that no honest config can express: a loss mask one column off, a
+trainer that computes log-probs at another temperature than the sampler's, a reference that
+is the policy itself. The lab injects those through `train(..., faults=Faults(...))`, an
+argument of the training function only: never a config key, so that no run file can switch
+one on by accident, and every run that has one says so in its log and its summary.json.
+
+    field                 the bug it injects
+    off_by_one            the trainer's log-prob function misaligned by one column (the
+                          classic input_ids[:, :-1] / input_ids[:, 1:] slip): each completion
+                          position holds the log-prob of the token after it, so the first
+                          token is never trained and EOS's position trains the padding after it
+    trainer_temperature   the trainer's log-probs (policy, pi_old, reference) at this
+                          temperature, while the sampler keeps config.temperature
+    alias_reference       the reference is the policy object itself (the start-up check
+                          that refuses an aliased reference is bypassed for this run only)
+    refresh_old_logprobs  pi_old recomputed at the start of every pass over the rollout
+                          (num_iterations > 1), instead of fixed to the policy that sampled
+    split_groups          each group's advantages computed in this many separate parts, as
+                          when a careless sampler puts a prompt's G completions on several
+                          ranks and each normalises its share: the 2-shard simulation
+    env_tokens_in_loss    multi-turn episodes (config.environment) whose environment tokens
+                          are scored as if the policy had written them: in the loss, the KL,
+                          the ratio and every normaliser (a trainer that masks only padding)
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+import torch
+
+
+@dataclass(frozen=True)
+class Faults:
+    off_by_one: bool = False
+    trainer_temperature: float | None = None
+    alias_reference: bool = False
+    refresh_old_logprobs: bool = False
+    split_groups: int = 1
+    env_tokens_in_loss: bool = False
+
+    def __post_init__(self):
+        if self.trainer_temperature is not None and not (
+                isinstance(self.trainer_temperature, (int, float)) and self.trainer_temperature > 0):
+            raise ValueError(f"Faults.trainer_temperature: expected None or a number > 0, "
+                             f"got {self.trainer_temperature!r}")
+        if not (isinstance(self.split_groups, int) and self.split_groups >= 1):
+            raise ValueError(f"Faults.split_groups: expected an int >= 1, got {self.split_groups!r}")
+
+    def active(self) -> dict:
+        """The injected faults: {field: value} of those that differ from a correct run."""
+        return {key: value for key, value in asdict(self).items() if value != getattr(NONE, key)}
+
+    def check(self, config) -> None:
+        """Refuse a fault that the config makes meaningless (it would inject nothing)."""
+        if self.split_groups > 1 and config.num_generations % self.split_groups:
+            raise ValueError(f"Faults.split_groups: expected a divisor of num_generations "
+                             f"({config.num_generations}), got {self.split_groups}")
+        if self.alias_reference and config.beta == 0.0:
+            raise ValueError("Faults.alias_reference: expected a run with a reference (beta > 0), got beta = 0")
+        if self.alias_reference and config.lora_rank:
+            raise ValueError(f"Faults.alias_reference: expected a run with a reference copy, got lora_rank = "
+                             f"{config.lora_rank} (the reference is the policy with its adapters off)")
+        if self.env_tokens_in_loss and not config.environment:
+            raise ValueError("Faults.env_tokens_in_loss: expected a multi-turn run (config key 'environment' set), "
+                             "got environment = ''")
+        if self.refresh_old_logprobs and config.num_iterations == 1:
+            raise ValueError("Faults.refresh_old_logprobs: expected num_iterations > 1 (one pass has nothing "
+                             "to refresh), got 1")
+
+    def logprob_fn(self, logprob_fn):
+        """The trainer's log-prob function (model, input_ids, attention_mask, completion_mask,
+        entropy=False) -> (n, S), with off_by_one applied."""
+        if not self.off_by_one:
+            return logprob_fn
+
+        def misaligned(model, input_ids, attention_mask, completion_mask, entropy=False):
+            mask = completion_mask.bool()
+            wider = mask.clone()
+            wider[..., 1:] |= mask[..., :-1]   # one column past each completion's end (the padding)
+            attention = attention_mask.clone()   # the padding column attended too: causal, so
+            attention[..., -mask.shape[-1]:] |= wider.to(attention.dtype)   # no earlier logit changes
+            logp = logprob_fn(model, input_ids, attention, wider.to(completion_mask.dtype),
+                              **({"entropy": True} if entropy else {}))
+            shifted = torch.zeros_like(logp)
+            shifted[..., :-1] = logp[..., 1:]   # position j: the log-prob of token j + 1
+            return shifted.masked_fill(~mask, 0.0)
+        return misaligned
+
+    def split_advantages(self, advantage_fn, rewards: torch.Tensor) -> torch.Tensor:
+        """advantage_fn applied to each group's split_groups parts separately: (B, G) -> (B, G)."""
+        B, G = rewards.shape
+        parts = advantage_fn(rewards.reshape(B * self.split_groups, G // self.split_groups))
+        return parts.reshape(B, G)
+
+
+NONE = Faults()
+
+
+def leak_environment(rollout):
+    """env_tokens_in_loss: the episode's environment tokens marked as the policy's (scored, and
+    with the sampler's log-prob 0 there: the sampler never drew them), env_mask gone."""
+    from dataclasses import replace
+    return replace(rollout, completion_mask=rollout.completion_mask | rollout.env_mask, env_mask=None)
+
+
+def checked_faults(faults: Faults | None, config, say) -> Faults:
+    """train(faults=...): NONE for None; refused where the config makes one meaningless; said
+    (on rank 0) when any is active."""
+    faults = NONE if faults is None else faults
+    if not isinstance(faults, Faults):
+        raise ValueError(f"faults: expected a grpo_edu.lab.faults.Faults, got {type(faults).__name__}")
+    faults.check(config)
+    if faults.active():
+        say(f"FAULTS INJECTED (the failure lab): {faults.active()}")
+    return faults

@@ -1,0 +1,10 @@
+"""Rollout engines: G sampled completions per prompt, with the sampler's log-probs.
+
+    rollout.py      the engine protocol, Rollout, SamplingParams and the transformers-generate engine
+    fused_llama.py  the CPU tier's fast engine: the same Llama maths fused (KV-cache sampler,
+                    group-packed log-probs)
+    vllm_engine.py  the GPU tier's engine: vLLM 0.31.0, colocated or a server (every line that
+                    calls vLLM)
+
+Imports grpo_edu.runtime, grpo_edu.algorithm and grpo_edu.policy.
+"""

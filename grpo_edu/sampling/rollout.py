@@ -1,0 +1,147 @@
+"""Rollout: G sampled completions per prompt, with the sampler's log-probabilities.
+
+An engine turns B prompts into B * G completions in prompt-major order (row
+b * G + g is completion g of prompt b), so `.view(B, G, ...)` recovers the
+groups. Every engine returns the same `Rollout`; the trainer never needs to
+know which engine sampled. `HFEngine` uses transformers' `generate` and runs
+any causal LM; `grpo_edu.sampling.fused_llama.FusedEngine` is the CPU tier's fast
+sampler for Llama-family models (a decoding loop over a shared KV cache);
+`grpo_edu.sampling.vllm_engine.VLLMEngine` samples with vLLM (the GPU tier).
+
+Shapes: N = B * G completions, P prompt columns (left-padded), S completion
+columns (right-padded, S <= max_new_tokens).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+import torch
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """How to sample: G completions per prompt of at most max_new_tokens tokens, from
+    softmax(logits / temperature) (no top-k / top-p: the log-probs the trainer
+    recomputes must describe the distribution that was really sampled)."""
+
+    num_generations: int
+    max_new_tokens: int
+    temperature: float = 1.0
+    # Tokens that end a completion beside EOS, kept in it: a multi-turn episode's hand-over to
+    # its environment (grpo_edu.training.episodes). Empty: EOS alone.
+    stop_token_ids: tuple[int, ...] = ()
+
+    def __post_init__(self):
+        if self.num_generations < 1:
+            raise ValueError(f"num_generations must be >= 1, got {self.num_generations}")
+        if self.max_new_tokens < 1:
+            raise ValueError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
+        if not self.temperature > 0:
+            raise ValueError(f"temperature must be > 0, got {self.temperature}")
+
+
+@dataclass
+class Rollout:
+    """What an engine returns; every tensor is on the engine's device."""
+
+    prompt_ids: torch.Tensor       # (N, P) left-padded prompts, each repeated G times
+    prompt_mask: torch.Tensor      # (N, P) 1 on real prompt tokens
+    completion_ids: torch.Tensor   # (N, S) right-padded with the pad id
+    completion_mask: torch.Tensor  # (N, S) 1 on real tokens, up to and including EOS
+    sampler_logp: torch.Tensor     # (N, S) log softmax(logits / T) at the sampled ids, 0 on padding
+    finished: torch.Tensor         # (N,) True if the completion ended with EOS (else truncated at S)
+    num_generations: int           # G
+    # Multi-turn episodes (grpo_edu.training.episodes) only; None for a single-turn rollout. The
+    # completion columns then hold the whole episode: completion_mask marks the policy's
+    # tokens, env_mask the environment's (context, never trained on; disjoint from it).
+    env_mask: torch.Tensor | None = None     # (N, S) 1 on tokens the environment wrote
+    # (N,) float64 per episode, on the CPU: env_reward (the environment's reward contributions,
+    # summed), turns (the policy's), env_tokens, cut_answers and turn_limit (1 where it ended so)
+    episode: dict[str, torch.Tensor] | None = None
+
+    @property
+    def num_prompts(self) -> int:
+        return self.completion_ids.shape[0] // self.num_generations
+
+
+class RolloutEngine(Protocol):
+    """What the trainer asks of an engine (tests/test_engines.py: every engine's contract).
+
+    Token ids in, token ids out (nothing is re-tokenised), in prompt-major order; the
+    completion mask covers the tokens up to and including EOS; `finished` says which
+    completions ended with EOS; the sampler's log-probs are those of softmax(logits / T) at
+    the sampled ids."""
+
+    def sync_weights(self) -> None:
+        """Before every rollout, on every rank at once: sample from the trainer's current
+        weights (an engine that samples with the policy module itself has nothing to do)."""
+
+    def generate(self, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor,
+                 sampling: SamplingParams) -> Rollout:
+        """prompt_ids, prompt_mask: (B, P) left-padded -> Rollout of B * G completions."""
+
+
+def completion_mask_from_ids(completion_ids: torch.Tensor, eos_token_id: int,
+                             stop_token_ids: tuple[int, ...] = ()) -> tuple[torch.Tensor, torch.Tensor]:
+    """(N, S) ids -> (mask (N, S), finished (N,)): tokens up to and including the
+    first EOS (or stop token) are real; everything after it is padding."""
+    is_eos = completion_ids == eos_token_id
+    for stop in stop_token_ids:
+        is_eos |= completion_ids == stop
+    finished = is_eos.any(dim=1)
+    # Position of the first EOS, or S when there is none.
+    first_eos = torch.where(finished, is_eos.int().argmax(dim=1),
+                            torch.full_like(finished, completion_ids.shape[1], dtype=torch.long))
+    positions = torch.arange(completion_ids.shape[1], device=completion_ids.device)
+    return positions[None, :] <= first_eos[:, None], finished
+
+
+class HFEngine:
+    """Sampling with transformers' `model.generate` (KV cache, any causal LM)."""
+
+    def __init__(self, model, tokenizer):
+        self.model = model
+        self.tokenizer = tokenizer
+        if tokenizer.eos_token_id is None or tokenizer.pad_token_id is None:
+            raise ValueError("tokenizer needs an eos and a pad token for batched generation")
+
+    def sync_weights(self) -> None:
+        """Samples with the policy module itself: nothing to copy."""
+
+    @torch.no_grad()
+    def generate(self, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor,
+                 sampling: SamplingParams, *, greedy: bool = False) -> Rollout:
+        if prompt_ids.ndim != 2 or prompt_ids.shape != prompt_mask.shape:
+            raise ValueError(f"prompt_ids and prompt_mask must both be (B, P), got "
+                             f"{tuple(prompt_ids.shape)} and {tuple(prompt_mask.shape)}")
+        if bool((prompt_mask[:, -1] == 0).any()):
+            raise ValueError("prompts must be left-padded: prompt_mask[:, -1] must be 1 for every prompt")
+        G, T = sampling.num_generations, sampling.temperature
+        ids = prompt_ids.repeat_interleave(G, dim=0)
+        mask = prompt_mask.repeat_interleave(G, dim=0)
+        was_training = self.model.training
+        self.model.eval()
+        out = self.model.generate(
+            input_ids=ids, attention_mask=mask, max_new_tokens=sampling.max_new_tokens,
+            do_sample=not greedy, temperature=None if greedy else T, top_k=None if greedy else 0,
+            top_p=None if greedy else 1.0,
+            pad_token_id=self.tokenizer.pad_token_id,
+            eos_token_id=[self.tokenizer.eos_token_id, *sampling.stop_token_ids] if sampling.stop_token_ids
+            else self.tokenizer.eos_token_id,
+            output_logits=True, return_dict_in_generate=True)
+        self.model.train(was_training)
+        completion_ids = out.sequences[:, ids.shape[1]:]
+        completion_mask, finished = completion_mask_from_ids(completion_ids, self.tokenizer.eos_token_id,
+                                                             sampling.stop_token_ids)
+        # out.logits: one (N, V) tensor per generated position, before temperature. Each becomes
+        # its sampled token's log-prob on its own: stacking them first would hold N x S x V floats
+        # several times over (a 151,936-token vocabulary, 64 completions of 256 tokens: 10 GB each).
+        temperature = 1.0 if greedy else T
+        sampler_logp = torch.stack([
+            torch.log_softmax(step.float() / temperature, dim=-1).gather(-1, completion_ids[:, j, None]).squeeze(-1)
+            for j, step in enumerate(out.logits)], dim=1)                              # (N, S)
+        sampler_logp = sampler_logp.masked_fill(~completion_mask, 0.0)
+        completion_ids = completion_ids.masked_fill(~completion_mask, self.tokenizer.pad_token_id)
+        return Rollout(ids, mask, completion_ids, completion_mask, sampler_logp, finished, G)

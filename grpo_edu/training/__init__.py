@@ -1,0 +1,20 @@
+"""The training run: a config, the loop and the steps it calls, in the order of one step.
+
+    config.py            TrainConfig: every training setting, documented once, from TOML
+    user_functions.py    the reader's own advantage and reward functions by import path
+    placement.py         the policy, reference and sampler placed and wrapped; the engine
+    episodes.py          multi-turn episodes: the policy and an environment take turns
+    batch.py             RolloutBatch: the step's data in the (B, G, S) layout, checked once
+    scoring.py           a rollout's rewards, its advantages and the mini-batch plan
+    update.py            reference and pi_old log-probs, micro-batches, the optimizer steps
+    metrics.py           what a step logs (reduced over micro-batches and ranks), the summary
+    evaluation.py        held-out greedy accuracy, pass@k, intervals
+    lagging.py           rollouts that lag (rollout_lag): batches in flight
+    overlap.py           rollouts sampled in the background (rollout_overlap)
+    dynamic_sampling.py  DAPO's dynamic sampling: all-equal groups replaced by fresh ones
+    checkpoint.py        checkpoints that resume bit for bit and survive a kill
+    trainer.py           the loop that wires them, step by step; set-up and finishing
+    trained.py           the trained model: where a run leaves it, and evaluating it
+
+Imports every subpackage above it: runtime, algorithm, policy, environment, sampling, lab.
+"""

@@ -1,0 +1,429 @@
+"""The training configuration: one dataclass, every field documented once.
+
+The one-line doc of each field is also its `grpo-edu train --help` text. A run is
+configured by a TOML file (configs/cpu-tiny.toml holds exactly these defaults)
+and `--set key=value` overrides; an unknown key or a value of the wrong type is
+an error that names the key.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import types
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+
+try:
+    import tomllib
+except ModuleNotFoundError:  # Python 3.10
+    import tomli as tomllib
+
+# The CPU tier's config in a source checkout (the repository root holds configs/); an
+# installed package has none, and `grpo-edu train` then starts from the defaults below.
+DEFAULT_CONFIG = Path(__file__).resolve().parents[2] / "configs" / "cpu-tiny.toml"
+
+
+def _doc(text: str, default, **kwargs):
+    if isinstance(default, (dict, list)):
+        return field(default_factory=lambda: type(default)(default), metadata={"doc": text}, **kwargs)
+    return field(default=default, metadata={"doc": text}, **kwargs)
+
+
+@dataclass
+class TrainConfig:
+    # --- what to train
+    model: str = _doc("starting policy: a local model directory or a hub id ('start' = the committed tiny policy, "
+                     "'multiply-start' = the committed one that calls a calculator, 'chain-start' = the one that "
+                     "sums chains step by step)", "start")
+    task: str = _doc("task: 'arithmetic', 'multiply' (needs a tool: environment = 'grpo_edu.training.episodes:Calculator'), "
+                     "'countdown' or 'chain' (three numbers summed step by step: process supervision) (generated), "
+                     "or 'gsm8k' (read from `dataset`)", "arithmetic")
+    dataset: str = _doc("task = 'gsm8k': a hub id (downloads) or a local folder holding train.jsonl and test.jsonl "
+                        "(GSM8K's own layout); unused by the generated tasks", "openai/gsm8k")
+    chat_template: bool = _doc("wrap each prompt in the tokenizer's chat template as a user message (instruct "
+                               "models); false: the prompt text as it is (the committed tiny policy)", False)
+    task_instruction: bool = _doc("add the task's instruction on a line after each problem (grpo_edu.environment.tasks."
+                                  "INSTRUCTIONS): the answer format both rewards score, <think>...</think>"
+                                  "\\boxed{...}, and Countdown's rules; for a model not trained on the bare "
+                                  "prompts (any hub model). false: the bare problem ('47+85=', 'Use 3 5 7 to make "
+                                  "22:'), which the committed tiny policy was pretrained on. GSM8K's prompts end "
+                                  "with their instruction either way", False)
+    rewards: dict = _doc("reward functions and their weights, e.g. {accuracy = 1.0, format = 0.5}; a name "
+                         "'module:function' (quoted in TOML) is your own function, TRL's signature",
+                         {"accuracy": 1.0, "format": 0.5})
+    unboxed_answers: bool = _doc("the accuracy reward also reads an answer given as a sentence, 'The answer is 18.' "
+                                 "(off: R1's rule asks for \\boxed{} or an 'Answer:' line)", False)
+    seed: int = _doc("seed for prompts, sampling and initialisation (same seed + threads = same weights)", 0)
+    threads: int = _doc("torch CPU threads (part of what makes a run bitwise reproducible)", 2)
+    device: str = _doc("'auto' (CUDA where torch sees a GPU, else the CPU), 'cpu' or 'cuda' (under torchrun: "
+                       "one GPU per process, cuda:LOCAL_RANK)", "cpu")
+    parallelism: str = _doc("how N processes (torchrun --nproc-per-node N) share the model: 'ddp' (a replica "
+                            "each, gradients all-reduced) or 'fsdp2' (torch's fully_shard: parameters, gradients "
+                            "and AdamW state sharded 1/N); one process ignores it", "ddp")
+    precision: str = _doc("forward passes in 'fp32' or 'bf16' (autocast), 'auto' = bf16 on CUDA, fp32 on the "
+                          "CPU; the master weights and AdamW's moments stay float32 either way (a bf16 weight "
+                          "keeps 8 bits of mantissa: an update smaller than 1/256 of it would round away)", "auto")
+    engine: str = _doc("rollout engine: 'fused' (the CPU tier's fast sampler and forward for Llama/Qwen2 "
+                       "policies, transformers' maths tested to 1e-5; CPU, float32), 'hf' (transformers' generate "
+                       "and forward: any causal LM, any device) or 'vllm' (vLLM 0.31.0 samples, transformers' "
+                       "forward trains; see vllm_mode)", "fused")
+    vllm_mode: str = _doc("engine = 'vllm': 'colocate' (an engine inside every training process, sharing its GPU, "
+                          "asleep between rollouts) or 'server' (a separate `grpo-edu vllm-serve` process at "
+                          "vllm_server_url, for models that do not fit beside the trainer)", "colocate")
+    vllm_gpu_memory_utilization: float = _doc("colocated vLLM: the fraction of the GPU's memory vLLM may take for "
+                                              "its weights and KV cache; the trainer gets the rest", 0.3)
+    vllm_sleep_mode: bool = _doc("colocated vLLM: release the engine's weights and KV cache between rollouts "
+                                 "(sleep level 2), so the update has the GPU to itself", True)
+    vllm_server_url: str = _doc("vllm_mode = 'server': the server's address", "http://127.0.0.1:8000")
+    # --- rollout
+    prompts_per_step: int = _doc("B: prompts sampled per rollout", 16)
+    num_generations: int = _doc("G: completions sampled per prompt", 8)
+    max_completion_length: int = _doc("L: most tokens generated per completion", 16)
+    temperature: float = _doc("sampling temperature (training log-probs use the same one)", 1.0)
+    environment: str = _doc("multi-turn episodes: an environment class, 'module:Class' (grpo_edu.training.episodes; "
+                            "'grpo_edu.training.episodes:Calculator' is a calculator tool); the policy writes until EOS or "
+                            "the environment's stop token, the environment answers, the policy goes on. Its tokens "
+                            "are context, never trained on; max_completion_length holds the whole episode. '' = "
+                            "single-turn completions", "")
+    max_turns: int = _doc("with environment: the most policy turns in an episode (a hand-over on the last one is "
+                          "left unanswered, and the episode ends truncated)", 4)
+
+    # --- optimisation
+    steps: int = _doc("training steps in the run: rollouts, each giving num_iterations x num_mini_batches "
+                      "optimizer steps (eval_every and checkpoint_every count training steps too)", 1500)
+    learning_rate: float = _doc("peak AdamW learning rate", 3e-4)
+    lr_schedule: str = _doc("'constant', 'linear' (decay to 0) or 'cosine' (decay to 0), after warmup, over "
+                            "all steps x num_iterations x num_mini_batches optimizer steps", "cosine")
+    warmup_steps: int = _doc("linear learning-rate warmup, in training steps (rollouts): the first "
+                             "warmup_steps x num_iterations x num_mini_batches optimizer steps", 0)
+    weight_decay: float = _doc("AdamW weight decay", 0.0)
+    adam_betas: list = _doc("AdamW (beta1, beta2)", [0.9, 0.99])
+    max_grad_norm: float = _doc("global gradient-norm clip (0 = none)", 1.0)
+    num_iterations: int = _doc("mu: passes over each rollout; pi_old stays the policy that sampled for all of them", 1)
+    num_mini_batches: int = _doc("optimizer steps per pass over a rollout, each on a near-equal share of whole "
+                                 "groups (an empty one, after filter_zero_std_groups, skips its step)", 1)
+    old_logprobs: str = _doc("pi_old, what the clipped ratio compares with: 'recomputed' (the trainer's forward "
+                             "before the rollout's first update; with one optimizer step per rollout, that step's "
+                             "own detached log-probs: ratio 1; under rollout_lag, the forward of the policy that "
+                             "sampled, taken when it sampled), 'sampler' (the rollout engine's log-probs, for "
+                             "every step: the ratio then also carries the sampler/trainer mismatch) or 'proximal' "
+                             "(under rollout_lag, the policy at the update: the clip no longer sees the staleness, "
+                             "which is left to tis_cap or is_mask; without lag, the same as 'recomputed')",
+                             "recomputed")
+    rollout_lag: int = _doc("k: each update trains on the rollout the policy of k updates earlier sampled "
+                            "(asynchronous GRPO: the sampler runs k rollouts ahead of the trainer); pi_old is that "
+                            "sampling policy (old_logprobs = 'recomputed' or 'sampler'), so the ratio and the clip "
+                            "see the staleness, or the policy at the update ('proximal'). 0 = synchronous. Needs "
+                            "one optimizer step per rollout (num_iterations = num_mini_batches = 1)", 0)
+    rollout_overlap: bool = _doc("with rollout_lag >= 1: sample the next rollout in a background thread while the "
+                                 "trainer updates (the sampler's own copy of the weights, synced from the policy "
+                                 "between rollouts, never during one); the same numbers as without it. Under "
+                                 "torchrun every rank samples its share so. A colocated vLLM: without "
+                                 "vllm_sleep_mode", False)
+    tis_cap: float = _doc("truncated importance sampling: weigh each token's loss by min(pi_old / pi_sampler, "
+                          "tis_cap), correcting for a sampler that differs from pi_old (vLLM's kernels, bf16; an "
+                          "older policy under rollout_lag with old_logprobs = 'proximal'); 0 = off. Not with "
+                          "old_logprobs = 'sampler' (the ratio is 1 there)", 0.0)
+    is_mask: str = _doc("masked importance sampling, the other correction (grpo_edu.algorithm.offpolicy): 'token' zeroes "
+                        "the policy term of each token whose r = pi_old / pi_sampler leaves is_mask_band and "
+                        "weighs the rest by r (IcePop; TRL's token_mask), 'sequence' zeroes whole responses whose "
+                        "geometric-mean r leaves it; 'none' = off. Not with tis_cap, nor old_logprobs = 'sampler'",
+                        "none")
+    is_mask_band: list = _doc("[low, high]: the band of r that is_mask keeps, 0 <= low < 1 < high", [0.5, 2.0])
+    lora_rank: int = _doc("r: train LoRA adapters of this rank on lora_target_modules, the rest of the model "
+                          "frozen; the reference is then the base model with the adapters off, no second copy "
+                          "(grpo_edu.policy.lora); 0 = full fine-tuning", 0)
+    lora_alpha: float = _doc("LoRA's scale numerator: each adapter adds (lora_alpha / lora_rank) B A to its layer's "
+                             "weight", 32.0)
+    lora_target_modules: list = _doc("the linear layers of every decoder layer that get adapters, by name",
+                                     ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"])
+    micro_batch_size: int = _doc("completions per forward/backward (gradient accumulation below a mini-batch)", 128)
+
+    # --- the GRPO loss
+    loss_type: str = _doc("aggregation: 'grpo', 'bnpo', 'dr_grpo' or 'dapo'", "grpo")
+    beta: float = _doc("KL-to-reference coefficient (DeepSeekMath: 0.04; DeepSeek-R1: 0.001)", 0.04)
+    kl_estimator: str = _doc("'k1', 'k2' or 'k3'", "k3")
+    epsilon: float = _doc("clip range below: ratio >= 1 - epsilon", 0.2)
+    epsilon_high: float = _doc("clip range above: ratio <= 1 + epsilon_high (DAPO clip-higher: 0.28)", 0.2)
+    ratio_cap: float = _doc("0: the clipped surrogate (epsilon, epsilon_high); c > 1: the capped surrogate "
+                            "without the clip, -sg(min(ratio, c)) A log pi (CISPO; prime-rl's loss family): a "
+                            "token far off-policy keeps a gradient weighed at most c, where the clip gives it "
+                            "none (epsilon and epsilon_high then unused)", 0.0)
+    importance_sampling_level: str = _doc("'token' (GRPO) or 'sequence' (GSPO)", "token")
+    top_entropy_quantile: float = _doc("entropy masking: only the tokens whose next-token entropy is in this top "
+                                       "share of an optimizer step's tokens train their policy term (the 80/20 "
+                                       "finding: 0.2); the KL term and the normaliser keep every token "
+                                       "(grpo_edu.algorithm.entropy_mask); 1 = every token", 1.0)
+    advantage_fn: str = _doc("your own advantage function, 'module:function' or 'path/file.py:function' (rewards "
+                             "(B, G) -> advantages (B, G); checked at start-up on a probe batch); '' = the built-in "
+                             "group_advantages with advantage_scale and advantage_std", "")
+    supervision: str = _doc("'outcome' (every token of a completion gets its reward's advantage) or 'process' "
+                            "(DeepSeekMath's process supervision, grpo_edu.environment.process: a reward at the end of every "
+                            "reasoning step a rule checks, task 'chain'; token t's advantage is the sum of the "
+                            "group-normalised rewards of its completion's steps ending at or after t)", "outcome")
+    advantage_scale: str = _doc("advantage std: 'group', 'batch' or 'none' (Dr. GRPO)", "group")
+    advantage_std: str = _doc("'population' (divide by G) or 'sample' (by G - 1, as TRL)", "population")
+    mask_truncated_completions: bool = _doc("overlong filtering (DAPO): the completions cut at "
+                                            "max_completion_length (no EOS; an episode that did not end) train "
+                                            "nothing: their tokens leave the loss (policy, KL, bnpo's and dapo's "
+                                            "token counts), their rewards stay in their group's advantages, and "
+                                            "they still count in grpo's and dr_grpo's completions (TRL 1.16's "
+                                            "mask_truncated_completions)", False)
+    overlong_cache: int = _doc("DAPO's soft overlong punishment: a reward term, 0 up to max_completion_length - "
+                               "overlong_cache tokens, then falling linearly to -1 at max_completion_length "
+                               "(logged as reward/overlong); 0 = off", 0)
+    filter_zero_std_groups: bool = _doc("drop groups whose rewards are all equal (the zero-std filter; DAPO's dynamic "
+                                        "sampling would sample replacements, this does not)", False)
+    dynamic_sampling_rounds: int = _doc("DAPO's dynamic sampling: the groups whose rewards are all equal are "
+                                        "replaced by the differing groups of fresh prompts, sampled in up to this "
+                                        "many more rollouts of prompts_per_step prompts; at the limit the slots "
+                                        "left keep all-equal groups, which are not trained on (logged: "
+                                        "dynamic_sampling/rounds, /first_zero_std, /short); 0 = off "
+                                        "(grpo_edu.training.dynamic_sampling)", 0)
+    ref_sync_steps: int = _doc("copy the policy into the reference every K training steps (rollouts; 0 = never; "
+                                "R1: every 400 optimizer steps = 25 rollouts of 16 optimizer steps)", 0)
+    ref_mixup_alpha: float = _doc("with ref_sync_steps: at each sync the reference moves toward the policy by this "
+                                  "share, ref = alpha x policy + (1 - alpha) x ref (Polyak averaging; TRL's "
+                                  "ref_model_mixup_alpha); 1 = a hard copy", 1.0)
+
+    # --- evaluation, logging, checkpoints
+    eval_every: int = _doc("held-out greedy accuracy every N steps (and at the start and end)", 100)
+    eval_size: int = _doc("held-out problems per evaluation", 256)
+    eval_samples: int = _doc("k: at each evaluation also sample k completions per held-out problem (temperature "
+                             "1, seeded) and log pass@1, pass@k and maj@k with 95% intervals; 0 = greedy only", 0)
+    checkpoint_every: int = _doc("checkpoint every N steps (0 = only at the end)", 500)
+    output_dir: str = _doc("run directory: metrics.jsonl, summary.json, plot, checkpoints", "runs/cpu-tiny")
+    progress: bool = _doc("show a tqdm progress bar", True)
+    log_entropy: bool = _doc("log the policy's exact entropy at every optimizer step (entropy/mean, /min, /max "
+                             "over completions; one extra forward per step), as top_entropy_quantile < 1 "
+                             "always does; the 'entropy' metric otherwise is the sampler's -log p estimate", False)
+
+    def __post_init__(self):
+        self.validate()
+
+    def validate(self) -> None:
+        choices = {"task": ("arithmetic", "multiply", "countdown", "chain", "gsm8k"), "lr_schedule": ("constant", "linear", "cosine"),
+                   "loss_type": ("grpo", "bnpo", "dr_grpo", "dapo"), "kl_estimator": ("k1", "k2", "k3"),
+                   "importance_sampling_level": ("token", "sequence"), "is_mask": ("none", "token", "sequence"),
+                   "advantage_scale": ("group", "batch", "none"), "advantage_std": ("population", "sample"),
+                   "old_logprobs": ("recomputed", "sampler", "proximal"), "device": ("auto", "cpu", "cuda"),
+                   "parallelism": ("ddp", "fsdp2"), "precision": ("auto", "fp32", "bf16"),
+                   "engine": ("fused", "hf", "vllm"), "vllm_mode": ("colocate", "server"),
+                   "supervision": ("outcome", "process")}
+        for key, allowed in choices.items():
+            if getattr(self, key) not in allowed:
+                raise ValueError(f"config key {key!r} must be one of {allowed}, got {getattr(self, key)!r}")
+        positive = ("threads", "prompts_per_step", "max_completion_length", "steps", "num_iterations",
+                    "num_mini_batches", "micro_batch_size", "eval_every", "eval_size", "max_turns")
+        for key in positive:
+            if getattr(self, key) < 1:
+                raise ValueError(f"config key {key!r} must be >= 1, got {getattr(self, key)}")
+        if self.eval_samples < 0:
+            raise ValueError(f"config key 'eval_samples' must be >= 0, got {self.eval_samples}")
+        if self.warmup_steps < 0:
+            raise ValueError(f"config key 'warmup_steps' must be >= 0, got {self.warmup_steps}")
+        if self.num_generations < 2:
+            raise ValueError(f"config key 'num_generations' must be >= 2 (a group needs two completions), "
+                             f"got {self.num_generations}")
+        if self.temperature <= 0:
+            raise ValueError(f"config key 'temperature' must be > 0, got {self.temperature}")
+        if self.environment and not (self.environment.count(":") == 1 and all(self.environment.split(":"))):
+            raise ValueError(f"config key 'environment' must be 'module:Class' (or '' for single-turn "
+                             f"completions), got {self.environment!r}")
+        if self.environment and self.eval_samples:
+            raise ValueError(f"config keys 'eval_samples' ({self.eval_samples}) and 'environment' "
+                             f"({self.environment!r}): sampled evaluation (pass@k) runs single-turn completions; "
+                             f"with an environment the held-out greedy episodes are evaluated, set eval_samples = 0")
+        if self.prompts_per_step % self.num_mini_batches:
+            raise ValueError(f"config key 'num_mini_batches' ({self.num_mini_batches}) must divide "
+                             f"prompts_per_step ({self.prompts_per_step}): mini-batches hold whole groups")
+        if len(self.adam_betas) != 2:
+            raise ValueError(f"config key 'adam_betas' must be [beta1, beta2], got {self.adam_betas}")
+        if not 0.0 < self.vllm_gpu_memory_utilization < 1.0:
+            raise ValueError(f"config key 'vllm_gpu_memory_utilization' must be in (0, 1), "
+                             f"got {self.vllm_gpu_memory_utilization}")
+        if self.rollout_lag < 0:
+            raise ValueError(f"config key 'rollout_lag' must be >= 0 (0 = synchronous), got {self.rollout_lag}")
+        if self.rollout_lag and self.num_iterations * self.num_mini_batches != 1:
+            raise ValueError(f"config key 'rollout_lag' ({self.rollout_lag}) needs one optimizer step per rollout, "
+                             f"so that the lag counts optimizer steps: num_iterations = num_mini_batches = 1, got "
+                             f"num_iterations = {self.num_iterations}, num_mini_batches = {self.num_mini_batches}")
+        if self.rollout_overlap and not self.rollout_lag:
+            raise ValueError("config key 'rollout_overlap' is true with rollout_lag = 0: a rollout sampled while the "
+                             "trainer updates comes from the policy before that update, so it needs rollout_lag >= 1")
+        if self.rollout_overlap and self.engine == "vllm" and self.vllm_mode == "colocate" and self.vllm_sleep_mode:
+            raise ValueError("config key 'rollout_overlap' is true with vllm_sleep_mode = true: a colocated vLLM that "
+                             "samples while the trainer updates must stay awake; set vllm_sleep_mode = false")
+        if self.tis_cap < 0 or (self.tis_cap and self.tis_cap < 1):
+            raise ValueError(f"config key 'tis_cap' must be 0 (off) or >= 1 (a cap below 1 would shrink every "
+                             f"on-policy token's weight), got {self.tis_cap}")
+        if self.tis_cap and self.old_logprobs == "sampler":
+            raise ValueError("config key 'tis_cap' needs old_logprobs = 'recomputed' or 'proximal': with "
+                             "old_logprobs = 'sampler' pi_old is the sampler and every weight would be 1 (the "
+                             "clipped ratio already carries the mismatch)")
+        band = self.is_mask_band
+        if (not isinstance(band, list) or len(band) != 2 or not all(isinstance(x, (int, float))
+                                                                    and not isinstance(x, bool) for x in band)
+                or not (0 <= band[0] < 1 < band[1] < math.inf)):
+            raise ValueError(f"config key 'is_mask_band' must be [low, high] with 0 <= low < 1 < high (finite), "
+                             f"got {band!r}")
+        if self.is_mask != "none" and self.tis_cap:
+            raise ValueError(f"config keys 'is_mask' ({self.is_mask!r}) and 'tis_cap' ({self.tis_cap}) are two "
+                             f"corrections of the same weight: set one (is_mask = 'none' or tis_cap = 0)")
+        if self.is_mask != "none" and self.old_logprobs == "sampler":
+            raise ValueError(f"config key 'is_mask' ({self.is_mask!r}) needs old_logprobs = 'recomputed' or "
+                             f"'proximal': with old_logprobs = 'sampler' pi_old is the sampler and every ratio is 1")
+        if self.ratio_cap != 0 and not 1 < self.ratio_cap < math.inf:
+            raise ValueError(f"config key 'ratio_cap' must be 0 (the clipped surrogate) or a finite number > 1, "
+                             f"got {self.ratio_cap}")
+        if self.advantage_fn and (self.advantage_scale, self.advantage_std) != ("group", "population"):
+            raise ValueError(f"config key 'advantage_scale' / 'advantage_std' ({self.advantage_scale!r}, "
+                             f"{self.advantage_std!r}) set with advantage_fn = {self.advantage_fn!r}: they configure "
+                             f"the built-in function, which advantage_fn replaces; leave them at their defaults")
+        if not 0.0 < self.ref_mixup_alpha <= 1.0:
+            raise ValueError(f"config key 'ref_mixup_alpha' must be in (0, 1] (1 = a hard copy), got "
+                             f"{self.ref_mixup_alpha}")
+        if self.ref_mixup_alpha != 1.0 and not (self.ref_sync_steps and self.beta):
+            raise ValueError(f"config key 'ref_mixup_alpha' ({self.ref_mixup_alpha}) moves the reference at each "
+                             f"sync, but there is none: ref_sync_steps = {self.ref_sync_steps}, beta = {self.beta} "
+                             f"(set ref_sync_steps >= 1 and beta > 0, or ref_mixup_alpha = 1)")
+        if not 0.0 < self.top_entropy_quantile <= 1.0:
+            raise ValueError(f"config key 'top_entropy_quantile' must be in (0, 1] (the share of tokens, by "
+                             f"entropy, whose policy term trains; 1 = all), got {self.top_entropy_quantile}")
+        if self.dynamic_sampling_rounds < 0:
+            raise ValueError(f"config key 'dynamic_sampling_rounds' must be >= 0 (0 = off), got "
+                             f"{self.dynamic_sampling_rounds}")
+        if not 0 <= self.overlong_cache < self.max_completion_length:
+            raise ValueError(f"config key 'overlong_cache' must be in [0, max_completion_length = "
+                             f"{self.max_completion_length}) (the stretch before the limit where the punishment "
+                             f"falls from 0 to -1; 0 = off), got {self.overlong_cache}")
+        from grpo_edu.environment import process   # their keys' checks live beside what they configure
+        from grpo_edu.policy import lora
+        lora.check_config(self)
+        process.check_config(self)
+        if not self.rewards:
+            raise ValueError("config key 'rewards' must name at least one reward function")
+
+    @classmethod
+    def from_toml(cls, path: str | Path | None = None, overrides: list[str] | None = None) -> "TrainConfig":
+        """Defaults, then the TOML file (if any), then `key=value` overrides."""
+        values: dict = {}
+        if path is not None:
+            with open(path, "rb") as f:
+                values.update(_flatten_file(tomllib.load(f), str(path)))
+        for override in overrides or []:
+            key, value = parse_override(override)
+            if key.startswith("rewards."):
+                values.setdefault("rewards", dict(values.get("rewards", cls().rewards)))
+                values["rewards"][key.split(".", 1)[1]] = _coerce("rewards.*", value, float)
+            else:
+                values[key] = value
+        return cls.from_dict(values)
+
+    @classmethod
+    def from_dict(cls, values: dict) -> "TrainConfig":
+        fields = {f.name: f for f in dataclasses.fields(cls)}
+        typed = {}
+        for key, value in values.items():
+            if key in RENAMED:
+                raise ValueError(RENAMED[key])
+            if key not in fields:
+                raise ValueError(f"unknown config key {key!r}; known keys: {', '.join(fields)}")
+            typed[key] = _coerce(key, value, _resolved_types()[key])
+        return cls(**typed)
+
+    @classmethod
+    def load_run_config(cls, run_dir: str | Path, overrides: list[str] | None = None) -> "TrainConfig":
+        """The config a run directory was started with (its config.json), plus overrides."""
+        import json
+        path = Path(run_dir) / "config.json"
+        if not path.is_file():
+            raise ValueError(f"--resume {run_dir}: no config.json there (not a grpo-edu run directory)")
+        values = _upgrade(json.loads(path.read_text()))
+        for override in overrides or []:
+            key, value = parse_override(override)
+            values[key] = value
+        values["output_dir"] = str(run_dir)
+        return cls.from_dict(values)
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+# Keys that were replaced: the error names the new key.
+RENAMED = {
+    "fused_llama": "config key 'fused_llama' was replaced by 'engine': fused_llama = true is engine = \"fused\", "
+                   "false is engine = \"hf\" (and engine = \"vllm\" is new)",
+}
+
+
+def _upgrade(saved: dict) -> dict:
+    """A run directory's config.json as written before a key was replaced (so that an older
+    run resumes): fused_llama = true/false is engine = "fused"/"hf"."""
+    saved = dict(saved)
+    if "fused_llama" in saved:
+        saved["engine"] = "fused" if saved.pop("fused_llama") else "hf"
+    return saved
+
+
+def _resolved_types() -> dict:
+    return typing.get_type_hints(TrainConfig)
+
+
+def _flatten_file(data: dict, source: str) -> dict:
+    # TOML sections are for reading only ([rollout], [loss], ...): keys are unique.
+    flat = {}
+    for key, value in data.items():
+        if isinstance(value, dict) and key != "rewards":
+            for inner, inner_value in value.items():
+                if inner in flat:
+                    raise ValueError(f"{source}: config key {inner!r} given twice")
+                flat[inner] = inner_value
+        else:
+            flat[key] = value
+    return flat
+
+
+def parse_override(text: str) -> tuple[str, object]:
+    """'beta=0.0' -> ('beta', 0.0): the value is read as TOML (strings may be bare)."""
+    if "=" not in text:
+        raise ValueError(f"--set expects key=value, got {text!r}")
+    key, raw = (part.strip() for part in text.split("=", 1))
+    try:
+        value = tomllib.loads(f"v = {raw}")["v"]
+    except tomllib.TOMLDecodeError:
+        value = raw  # a bare string: --set task=countdown
+    return key, value
+
+
+def _coerce(key: str, value, expected):
+    """Check (and widen int -> float) a value against the field's type."""
+    origin = typing.get_origin(expected)
+    if origin in (typing.Union, types.UnionType):
+        expected = tuple(t for t in typing.get_args(expected) if t is not type(None))[0]
+    if expected is float and isinstance(value, int) and not isinstance(value, bool):
+        return float(value)
+    if expected is bool and not isinstance(value, bool):
+        raise ValueError(f"config key {key!r} must be true or false, got {value!r}")
+    if expected is int and (isinstance(value, bool) or not isinstance(value, int)):
+        raise ValueError(f"config key {key!r} must be an integer, got {value!r}")
+    if expected in (dict, list) and not isinstance(value, expected):
+        raise ValueError(f"config key {key!r} must be a {expected.__name__}, got {value!r}")
+    if expected is dict:
+        return {str(k): _coerce(f"{key}.{k}", v, float) for k, v in value.items()}
+    if expected in (float, str) and not isinstance(value, expected):
+        raise ValueError(f"config key {key!r} must be a {expected.__name__}, got {value!r}")
+    return value
+
+
+def help_text() -> str:
+    """Every key with its type, default and one-line doc (the --help epilog)."""
+    lines = ["config keys (set in a TOML file or with --set key=value):"]
+    hints = _resolved_types()
+    for f in dataclasses.fields(TrainConfig):
+        default = f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
+        kind = getattr(hints[f.name], "__name__", str(hints[f.name]))
+        lines.append(f"  {f.name} ({kind}, default {default!r}): {f.metadata['doc']}")
+    return "\n".join(lines)

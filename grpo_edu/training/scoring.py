@@ -1,0 +1,201 @@
+"""Steps 3 and 4 of a training step (grpo_edu.training.trainer): score the rollout, turn the rewards
+into group advantages, and plan the update's mini-batches.
+
+    score               rewards (B, G) of every completion, gathered from all ranks; the
+                        advantages and the Plan from all of them; this rank's RolloutBatch
+    Plan                what every rank knows about the whole rollout (the same on all)
+    plan_mini_batches   the prompts of each mini-batch, whole groups, dealt out in turn
+    LossTotals          the counts a mini-batch's loss divides by, over all ranks
+    soft_overlong_punishment  DAPO's length penalty near the limit (config key overlong_cache)
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+import torch
+
+from grpo_edu.algorithm.advantages import zero_std_groups
+from grpo_edu.training.batch import RolloutBatch
+from grpo_edu.training.config import TrainConfig
+from grpo_edu.runtime.distributed import World
+from grpo_edu.environment.process import step_rewards
+from grpo_edu.sampling.rollout import Rollout
+from grpo_edu.training.user_functions import AdvantageFn, RewardFn
+
+
+@dataclass(frozen=True)
+class LossTotals:
+    """The whole mini-batch's counts, over all ranks, that each part's loss divides by."""
+
+    num_completions: int       # grpo, dr_grpo
+    num_items: float           # bnpo: the mini-batch's tokens; dapo: rollout tokens / num_mini_batches
+
+
+@dataclass(frozen=True)
+class Plan:
+    """What every rank knows about the whole rollout (gathered, so the same on all):
+    its rewards, advantages and completion lengths (B, G), and the mini-batches as
+    global prompt indices. `owned` is this rank's prompts."""
+
+    rewards: torch.Tensor               # (B, G) float64, the weighted sum
+    components: dict[str, torch.Tensor]  # name -> (B, G), each reward function
+    advantages: torch.Tensor            # (B, G) float32
+    lengths: torch.Tensor               # (B, G) real completion tokens
+    finished: torch.Tensor              # (B, G) ended with EOS
+    mini_batches: list[torch.Tensor]    # num_mini_batches tensors of global prompt indices
+    owned: slice                        # this rank's prompts
+    group_size: int
+    # Multi-turn episodes: name -> (B, G) float64 (turns, env_tokens, cut_answers, turn_limit);
+    # empty for single-turn completions
+    episode: dict[str, torch.Tensor] = field(default_factory=dict)
+    # dynamic_sampling_rounds: rounds, first_zero_std, short (grpo_edu.training.dynamic_sampling); else empty
+    sampling: dict[str, float] = field(default_factory=dict)
+    # A task whose steps a rule checks (grpo_edu.environment.process): steps, steps_right -> (B, G) float64; else empty.
+    # With supervision = "process" the advantages above are each completion's first-token advantage (the
+    # batch holds them per token).
+    process: dict[str, torch.Tensor] = field(default_factory=dict)
+
+    def local_groups(self, k: int) -> torch.Tensor:
+        """(B / N,) bool: which of this rank's prompts mini-batch k holds."""
+        keep = torch.zeros(self.owned.stop - self.owned.start, dtype=torch.bool)
+        chosen = self.mini_batches[k]
+        mine = chosen[(chosen >= self.owned.start) & (chosen < self.owned.stop)] - self.owned.start
+        keep[mine] = True
+        return keep
+
+    def trained_groups(self) -> torch.Tensor:
+        """(B / N,) bool: which of this rank's prompts any mini-batch holds."""
+        keep = torch.zeros(self.owned.stop - self.owned.start, dtype=torch.bool)
+        for k in range(len(self.mini_batches)):
+            keep |= self.local_groups(k)
+        return keep
+
+    def rows_on_rank(self, k: int, rank: int) -> int:
+        """Completions of mini-batch k that rank `rank` holds (any rank's, known to all)."""
+        width = self.owned.stop - self.owned.start
+        chosen = self.mini_batches[k]
+        return int(((chosen >= rank * width) & (chosen < (rank + 1) * width)).sum()) * self.group_size
+
+    def totals(self, k: int, loss_type: str, mask_truncated: bool = False) -> LossTotals:
+        """Mini-batch k's LossTotals, for the config's loss_type (mask_truncated: the truncated
+        completions' tokens do not count, overlong filtering)."""
+        chosen = self.mini_batches[k]
+        lengths = self.lengths * self.finished if mask_truncated else self.lengths
+        if loss_type == "dapo":
+            # dapo, as TRL 1.16: every token of the rollout weighs the same in every optimizer step,
+            # 1 / (rollout tokens / num_mini_batches), whichever mini-batch holds it. TRL divides by
+            # num_items_in_batch (the generation batch's tokens) x gradient_accumulation_steps /
+            # steps_per_generation, i.e. by the tokens per optimizer step; not by the mini-batch's own
+            # count, which would weigh the tokens of a short mini-batch more. Filtered groups do not
+            # count: they are not trained on.
+            trained = torch.cat(self.mini_batches)
+            items = int(lengths[trained].sum()) / len(self.mini_batches)
+        else:
+            items = float(lengths[chosen].sum())
+        return LossTotals(num_completions=len(chosen) * self.group_size, num_items=items)
+
+
+def plan_mini_batches(config: TrainConfig, rewards: torch.Tensor) -> list[torch.Tensor]:
+    """The prompts of each of a rollout's num_mini_batches mini-batches: rewards (B, G) ->
+    num_mini_batches tensors of prompt indices, whole groups.
+
+    The groups (those left after filter_zero_std_groups) are dealt out in turn, as
+    evenly as possible, larger first: 7 groups in 2 mini-batches give [0, 2, 4, 6] +
+    [1, 3, 5]. Dealt, not cut into runs: each rank owns a run of prompts, so every
+    mini-batch then holds about as many groups of every rank, and all ranks work in
+    every optimizer step. With fewer groups than mini-batches the last ones are empty
+    (the update skips them).
+    """
+    groups = torch.arange(rewards.shape[0])
+    if config.filter_zero_std_groups or config.dynamic_sampling_rounds:   # all-equal groups teach nothing: dropped
+        groups = groups[~zero_std_groups(rewards)]
+    return [groups[k::config.num_mini_batches] for k in range(config.num_mini_batches)]
+
+
+def soft_overlong_punishment(lengths: torch.Tensor, max_completion_length: int, cache: int) -> torch.Tensor:
+    """DAPO's soft overlong punishment (config key overlong_cache), a reward term from token counts:
+    0 up to L - cache tokens, then falling linearly to -1 at the limit L (= max_completion_length,
+    where a completion is cut): ((L - cache) - |o|) / cache. (N,) -> (N,) float64; TRL 1.16's
+    trl.rewards.get_soft_overlong_punishment(L, cache) to the bit (tests/test_overlong.py)."""
+    if not (isinstance(cache, int) and 0 < cache < max_completion_length):
+        raise ValueError(f"cache must be an int in [1, max_completion_length = {max_completion_length}), "
+                         f"got {cache!r}")
+    expected = max_completion_length - cache
+    over = lengths.to(torch.float64) - expected
+    return torch.where(over <= 0, 0.0, torch.where(lengths <= max_completion_length, -over / cache, -1.0))
+
+
+@torch.no_grad()
+def score(config: TrainConfig, samples: list[dict], rollout: Rollout, tokenizer,
+          reward_functions: dict[str, tuple[RewardFn, float]], advantage_fn: AdvantageFn,
+          world: World = World()) -> tuple[RolloutBatch, Plan]:
+    """Steps 3 and 4: this rank's rewards, gathered to all B prompts; advantages and the
+    mini-batch plan from all of them; this rank's RolloutBatch (without reference or pi_old
+    log-probs: add_logprobs). `samples` is the step's whole prompt list."""
+    B, G = len(samples), config.num_generations
+    owned = world.shard(B)
+    mine = samples[owned]
+    b = len(mine)
+    # Each completion is scored with its prompt's dataset columns (TRL's convention).
+    texts = tokenizer.batch_decode(rollout.completion_ids, skip_special_tokens=True)
+    columns = {key: [s.get(key) for s in mine for _ in range(G)] for key in mine[0] if key != "prompt"}
+    local = torch.zeros(1 + len(reward_functions), b * G, dtype=torch.float64)
+    for i, (name, (function, weight)) in enumerate(reward_functions.items(), 1):
+        values = torch.tensor([float(v) for v in function(texts, **columns)], dtype=torch.float64)
+        if values.shape != (b * G,) or not torch.isfinite(values).all():
+            raise ValueError(f"reward function {name!r} must return {b * G} finite floats, got {values.tolist()}")
+        local[i] = values
+        local[0] += weight * values
+    names = list(reward_functions)
+    if config.overlong_cache:   # DAPO's soft overlong punishment: one more term of the reward, weight 1
+        punishment = soft_overlong_punishment(rollout.completion_mask.sum(-1).cpu(), config.max_completion_length,
+                                              config.overlong_cache)
+        local = torch.cat([local, punishment[None]])
+        local[0] += punishment
+        names.append("overlong")
+    # An episode's statistics are gathered beside the rewards; the environment's reward is one more term.
+    episode = {k: v for k, v in (rollout.episode or {}).items() if k != "env_reward"}
+    if rollout.episode is not None:
+        local = torch.cat([local, rollout.episode["env_reward"][None]])
+        local[0] += rollout.episode["env_reward"]
+        names.append("environment")
+    # Steps a rule checks (task "chain"): counted for the log; with supervision = "process", every token's
+    # advantage from the rewards of the steps (grpo_edu.environment.process), computed here: a group is whole on its rank.
+    token_advantages, process = step_rewards(config, texts, columns, tokenizer, rollout, local[0])
+    lengths = rollout.completion_mask.sum(-1).cpu()   # the policy's tokens (an episode's: without the environment's)
+    per_completion = torch.cat([local, *(value[None] for value in episode.values()),
+                                *(value[None] for value in process.values()), lengths[None].double(),
+                                rollout.finished.cpu()[None].double()])
+    gathered = world.gather(per_completion.view(-1, b, G).transpose(0, 1)).transpose(0, 1)  # (rows, B, G)
+    reward_matrix = gathered[0]
+    gathered_process = {name: gathered[1 + len(names) + len(episode) + i] for i, name in enumerate(process)}
+    # Process supervision: the plan keeps each completion's first-token advantage (the sum of its steps').
+    advantages = gathered_process.pop("advantage") if token_advantages is not None else advantage_fn(reward_matrix)
+    if not isinstance(advantages, torch.Tensor) or advantages.shape != (B, G):
+        raise ValueError(f"advantage_fn must map rewards (B, G) = ({B}, {G}) to a tensor of the same "
+                         f"shape, got {getattr(advantages, 'shape', type(advantages))}")
+    if not torch.isfinite(advantages).all():
+        raise ValueError(f"advantage_fn returned non-finite advantages for rewards {reward_matrix.tolist()}")
+    advantages = advantages.to(torch.float32)
+    plan = Plan(rewards=reward_matrix, components={name: gathered[i] for i, name in enumerate(names, 1)},
+                advantages=advantages, lengths=gathered[-2].long(), finished=gathered[-1].bool(),
+                mini_batches=plan_mini_batches(config, reward_matrix), owned=owned, group_size=G,
+                episode={name: gathered[1 + len(names) + i] for i, name in enumerate(episode)},
+                process=gathered_process)
+
+    P, S = rollout.prompt_ids.shape[1], rollout.completion_ids.shape[1]
+    sampled_on = rollout.completion_ids.device
+    # attended: every token the completion columns hold (an episode's: the environment's too)
+    written = rollout.completion_mask if rollout.env_mask is None else rollout.completion_mask | rollout.env_mask
+    batch = RolloutBatch(
+        input_ids=torch.cat([rollout.prompt_ids, rollout.completion_ids], dim=1).view(b, G, P + S),
+        attention_mask=torch.cat([rollout.prompt_mask, written.long()], dim=1).view(b, G, P + S),
+        completion_mask=rollout.completion_mask.view(b, G, S), old_logp=None,
+        rewards=reward_matrix[owned].to(sampled_on),
+        advantages=(advantages[owned] if token_advantages is None else token_advantages.float()).to(sampled_on),
+        sampler_logp=rollout.sampler_logp.view(b, G, S),
+        env_mask=None if rollout.env_mask is None else rollout.env_mask.view(b, G, S),
+        truncated=(~rollout.finished).cpu().view(b, G) if config.mask_truncated_completions else None)
+    # The step's data lives where the policy does (the sampler may be elsewhere: another
+    # device, another process); the plan's bookkeeping stays on the CPU.
+    return batch.to(world.device), plan
