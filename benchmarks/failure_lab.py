@@ -5,7 +5,7 @@ length-bias experiment the chapter only cites.
     .venv/bin/python benchmarks/failure_lab.py --length [--steps 200]
     .venv/bin/python benchmarks/failure_lab.py --mystery grpo_edu/exercises/data/ch07_mystery.json [--configs-only]
 
-The first form trains each lab run (grpo_edu/book/lab.py) for each seed and prints what the doctor
+The first form trains each lab run (grpo_edu/lab/__init__.py) for each seed and prints what the doctor
 finds against what the run expects: how robust each detector's threshold is beyond the
 chapter's seed. The second trains grpo and dr_grpo with max_completion_length = 48 and
 temperature = 1.5 (padding the reasoning is free there) and prints the mean completion length
@@ -21,9 +21,9 @@ import argparse
 import tempfile
 import time
 
-from grpo_edu.book import lab
+from grpo_edu import lab
 from grpo_edu.training.config import TrainConfig
-from grpo_edu.lab.diagnose import diagnose
+from grpo_edu.training.diagnose import diagnose
 from grpo_edu.training.trainer import train
 
 

@@ -388,7 +388,7 @@ def part_countdown_grpo(args, device, previous):
 def recipe_pretrain_flags() -> list[str]:
     """Step 1's command line, read from the recipe's comments (so the benchmark runs what it says)."""
     text = (ROOT / COUNTDOWN_RECIPE).read_text()
-    match = re.search(r"^#\s+1\. python -m grpo_edu\.pretrain (.+)$", text, re.MULTILINE)
+    match = re.search(r"^#\s+1\. python -m grpo_edu\.commands\.pretrain (.+)$", text, re.MULTILINE)
     if match is None:
         raise ValueError(f"{COUNTDOWN_RECIPE}: no '1. python -m grpo_edu.commands.pretrain ...' line in its comments")
     flags = match.group(1).split()

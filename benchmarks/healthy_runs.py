@@ -20,10 +20,10 @@ import time
 from pathlib import Path
 
 from grpo_edu.training.config import TrainConfig
-from grpo_edu.lab.diagnose import diagnose, report
+from grpo_edu.training.diagnose import diagnose, report
 from grpo_edu.training.trainer import train
 
-# What the detectors read (grpo_edu/lab/diagnose.py), and the step number.
+# What the detectors read (grpo_edu/training/diagnose.py), and the step number.
 KEPT = ("step", "reward/mean", "reward/accuracy", "zero_std_groups", "completion_length/mean", "kl",
         "sampler_gap/mean_abs", "ratio/min", "ratio/max", "optimizer_steps", "loss", "grad_norm",
         "advantage/tie_spread", "skipped_update", "eval/greedy_accuracy", "truncated")

@@ -48,12 +48,11 @@ import variant_grid
 
 from grpo_edu.environment import rewards, tasks
 from grpo_edu.training.config import TrainConfig
-from grpo_edu.lab.diagnose import diagnose
+from grpo_edu.training.diagnose import diagnose
 from grpo_edu.training.episodes import writers
 from grpo_edu.training.evaluation import evaluate
-from grpo_edu.lab.faults import Faults
+from grpo_edu.lab.faults import NONE, Faults
 from grpo_edu.policy.models import generate_completions, load_policy, policy_source
-from grpo_edu.training.trainer import train
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIG = ROOT / "configs" / "cpu-tools.toml"
@@ -127,7 +126,7 @@ def run(variant: str, seed: int, steps: int, stop_after: int | None = None) -> d
     with tempfile.TemporaryDirectory() as directory:
         config = config_for(variant, seed, steps, directory)
         started = time.perf_counter()
-        result = train(config, log=lambda line: None, stop_after=stop_after, faults=FAULTS.get(variant))
+        result = FAULTS.get(variant, NONE).train(config, log=lambda line: None, stop_after=stop_after)
         seconds = time.perf_counter() - started
     history = result.history
     out = {"variant": variant, "seed": seed, "seconds": round(seconds, 1),

@@ -31,7 +31,7 @@ import numpy as np
 import torch
 
 from grpo_edu.environment import tasks
-from grpo_edu.training import scoring, trainer, update
+from grpo_edu.training import trainer
 from grpo_edu.training.config import TrainConfig
 from grpo_edu.policy.models import generate_completions, load_policy
 from grpo_edu.training.evaluation import evaluate
@@ -62,37 +62,44 @@ for sample, (completion,) in zip(held_out[:4], generate_completions(policy, toke
 # %% [markdown]
 # ## One step, top to bottom
 #
-# The loop is short enough to read whole; here it is, as `train` runs it after its set-up
-# (the models placed, the optimizer, the engine and the problems built: `trainer.set_up`):
+# One GRPO step, in pseudocode (B prompts, G completions each, S completion tokens):
+#
+# ```text
+# for each step:
+#     prompts  = B problems drawn from the training pool
+#     rollout  = G completions of each prompt, with the sampler's log-probs      (B, G, S)
+#     rewards  = each reward function on each completion, weighted and summed    (B, G)
+#     A        = (rewards - group mean) / (group std + eps)                      (B, G)
+#     ref_logp = the frozen reference's log-probs of the completions             (B, G, S)
+#     for each mini-batch of whole groups:
+#         loss = clipped surrogate of A  +  beta x KL(policy || reference)
+#         backward, clip the gradient norm, AdamW step
+#     log the metrics; now and then re-sync the reference, evaluate, checkpoint
+# ```
+#
+# The trainer's loop is that step, line for line. `train` builds the run (`trainer.set_up`:
+# the models, AdamW, the engine, the problems) and hands it to `trainer.loop`:
 
 # %%
-loop = inspect.getsource(trainer.train)
-print(loop[loop.index("    while state.step < last:"):])
+print(inspect.getsource(trainer.loop))
 
 # %% [markdown]
-# Each step of it is a function in the module named for it. `sample_ahead` (in the loop's own
-# module) keeps the rollouts the updates need sampled: here exactly this update's; with
-# `rollout_lag = k` (asynchronous GRPO: a sampler that runs ahead of the trainer, as
-# production trainers do) k more, each scored when it is sampled and trained on k updates
-# later (chapter 10; `rollout_overlap` samples the newest beside the update, in a thread).
-# `sample_rollout` draws a rollout's prompts and has them rolled out and scored. `roll_out` samples G completions of each prompt;
-# `scoring.score` turns them into rewards,
-# group advantages and the mini-batch plan, and packs the step into the `RolloutBatch` of
-# chapters 3 and 4; `update.add_logprobs` adds the reference's log-probs (and pi_old's when
-# a rollout feeds several optimizer steps); `update.optimise` does the update (mini-batches
-# of whole groups, gradient accumulation, clipping, AdamW). The `world` they take is the
-# process's place in a multi-process run (chapter 8); here there is one process, and every
-# gather and reduce is the identity.
-
-# %%
-print(inspect.getsource(trainer.sample_ahead))
-print(inspect.getsource(trainer.sample_rollout))
-print(inspect.getsource(trainer.roll_out))
-print(inspect.getsource(scoring.score))
-print(inspect.getsource(update.add_logprobs))
-
-# %%
-print(inspect.getsource(update.optimise))
+# Each line calls one stage, in the module named for it:
+#
+# | step | function | module |
+# |---|---|---|
+# | 1-2: draw prompts, roll out | `sample_prompts`, `roll_out` | `grpo_edu.training.rollouts` |
+# | 3-4: rewards, advantages, the mini-batch plan | `score` | `grpo_edu.training.scoring` |
+# | 5: the reference's log-probs | `add_logprobs` | `grpo_edu.training.update` |
+# | 6: the update | `optimise` | `grpo_edu.training.update` |
+# | 7: metrics, evaluation, checkpoint | `step_metrics`, `evaluate_held_out`, `save_checkpoint` | `metrics`, `trainer`, `checkpoint` |
+#
+# `run.rollouts` is where each update's rollout comes from. Here it samples the rollout just
+# before its update. Later chapters swap in other sources behind the same two calls: one
+# that runs k rollouts ahead of the trainer (chapter 10), or one that samples beside the
+# update in a thread. The loop does not change. Nor does it change for 2 processes
+# (chapter 8): `world` is the process's place in such a run; here there is one, and every
+# gather is the identity.
 
 # %% [markdown]
 # ## The same function, computed faster

@@ -20,11 +20,11 @@
 # numbers, as curves, and as what `grpo-edu doctor` reads from the run's metrics.
 #
 # Some failures have a knob in the config (a learning rate, beta, a task). The others are
-# bugs no honest config can express, so the trainer takes them as a separate argument,
-# `train(..., faults=Faults(...))` (`grpo_edu/lab/faults.py`): never a config key, announced in
-# the run's log and written into its `summary.json`. The runs are defined once, in
-# `grpo_edu/book/lab.py`: the default config with fewer steps, evaluated every 25 steps on 128
-# held-out problems.
+# bugs no honest config can express. The lab injects those into a run once it is set up:
+# `Faults(...).train(config)` (`grpo_edu/lab/faults.py`). A fault is never a config key, and
+# the trainer takes no fault argument. Each one is announced in the run's log and written
+# into its `summary.json`. The runs are defined once, in `grpo_edu/lab/__init__.py`: the
+# default config with fewer steps, evaluated every 25 steps on 128 held-out problems.
 
 # %%
 import itertools
@@ -34,11 +34,11 @@ import textwrap
 import numpy as np
 import torch
 
-from grpo_edu.book import lab
+from grpo_edu import lab
 from grpo_edu.environment import tasks
-from grpo_edu.training import placement, trainer
+from grpo_edu.training import placement, rollouts, trainer
 from grpo_edu.algorithm.advantages import group_advantages
-from grpo_edu.lab.diagnose import DETECTORS, diagnose
+from grpo_edu.training.diagnose import DETECTORS, diagnose
 from grpo_edu.runtime.distributed import World
 from grpo_edu.lab.faults import Faults
 from grpo_edu.policy.models import load_policy
@@ -59,7 +59,7 @@ def trial(name):
 
 
 def doctor(*names):
-    """What grpo-edu doctor reports for each run (grpo_edu.lab.diagnose on its metrics and config)."""
+    """What grpo-edu doctor reports for each run (grpo_edu.training.diagnose on its metrics and config)."""
     for name in names:
         findings = diagnose(results[name].history, results[name].summary["config"])
         print(f"doctor, {name}: " + ("no symptoms found" if not findings else ""))
@@ -229,7 +229,7 @@ config = type(config).from_dict({**config.to_dict(), "max_completion_length": 48
 engine = placement.make_engine(config, placement.build_models(config, World(), policy), tokenizer)
 torch.manual_seed(0)
 samples = tasks.make_dataset("arithmetic", n=config.prompts_per_step, split="train", seed=0)
-rollout = trainer.roll_out(config, samples, tokenizer, engine)
+rollout = rollouts.roll_out(config, samples, tokenizer, engine)
 lengths = rollout.completion_mask.sum(-1).double()
 print(f"completion lengths at T = 1.5, L = 48: min {lengths.min():.0f}, median {lengths.median():.0f}, "
       f"max {lengths.max():.0f} tokens")
@@ -460,7 +460,7 @@ doctor("alias")
 #
 # ## The doctor on every run
 #
-# Each lab run must trigger the detectors `grpo_edu/book/lab.py` expects of it, and no other
+# Each lab run must trigger the detectors `grpo_edu/lab/__init__.py` expects of it, and no other
 # beyond the consequences named there (the countdown runs' KL, the learning-rate runs'
 # truncated completions, the all-wrong groups of the policy that refreshed pi_old broke); the
 # healthy run, beta's runs,
@@ -477,7 +477,7 @@ for name, result in results.items():
 print(f"\n{sum(ok for _, ok in rows)} of {len(rows)} runs diagnosed as expected; detectors: {', '.join(DETECTORS)}")
 
 # %% [markdown]
-# The thresholds are in `grpo_edu/lab/diagnose.py`, each with the measurement that sets it:
+# The thresholds are in `grpo_edu/training/diagnose.py`, each with the measurement that sets it:
 # `tests/test_diagnose.py` runs the doctor on three whole 1,500-step healthy runs (no
 # finding) and on short versions of these lab runs. Run it on your own runs:
 # `grpo-edu doctor runs/cpu-tiny`.

@@ -46,7 +46,7 @@ from safetensors.torch import load_file
 
 from grpo_edu.environment import tasks
 from grpo_edu.runtime import distributed
-from grpo_edu.training import placement, scoring, trainer, update
+from grpo_edu.training import placement, rollouts, scoring, trainer, update
 from grpo_edu.algorithm.advantages import group_advantages, zero_std_groups
 from grpo_edu.training.config import TrainConfig
 from grpo_edu.runtime.distributed import World
@@ -73,7 +73,7 @@ def f4(x):
 print(inspect.getsource(World.shard))
 
 # %% [markdown]
-# Every rank draws the same prompt list from the shared seed (`trainer.sample_prompts`) and
+# Every rank draws the same prompt list from the shared seed (`rollouts.sample_prompts`) and
 # takes its slice. Here are the 16 prompts of the first step of this chapter's config on 2
 # ranks, and the rows of the (B x G)-row, prompt-major batch each rank holds (completion j
 # of prompt i is row i G + j):
@@ -82,7 +82,7 @@ print(inspect.getsource(World.shard))
 config = TrainConfig.from_toml("../configs/cpu-tiny.toml")
 B, G, N = config.prompts_per_step, config.num_generations, 2
 pool = tasks.make_dataset(config.task, n=tasks.TRAIN_POOL, split="train", seed=0)
-first_step = trainer.sample_prompts(config, trainer.TrainState(prompt_rng=random.Random(config.seed)), pool)
+first_step = rollouts.sample_prompts(config, trainer.TrainState(prompt_rng=random.Random(config.seed)), pool)
 for rank in range(N):
     share = World(rank=rank, size=N).shard(B)
     print(f"rank {rank}: prompts {share.start}..{share.stop - 1}, rows {share.start * G}..{share.stop * G - 1}: "
@@ -101,8 +101,8 @@ except ValueError as error:
 # numbers, 2 ranks would sample other completions than 1 process, and the runs would part at
 # the first step. The fused sampler therefore takes a table of uniforms, one row per
 # completion: every rank draws the table for the whole batch, B x G rows, and samples with
-# its own rows (`trainer.roll_out`). The rollout does not depend on N, and every rank's
-# random generator stays in step with the 1-process one.
+# its own rows (the engine's `seeded`, which `rollouts.roll_out` calls). The rollout does not
+# depend on N, and every rank's random generator stays in step with the 1-process one.
 #
 # After sampling, each rank scores its own completions, and the rewards are gathered, so
 # that every rank holds all B x G of them: the advantages (batch-level std included), the

@@ -158,12 +158,11 @@ for module in [m for m in sys.modules if m == "vllm" or m.startswith("vllm.")]:
 # %% [markdown]
 # (The warning is the engine's: vLLM on a machine without a GPU, here the stand-in.) Each
 # completion is sampled with its own seed: one number drawn for the step on every rank alike,
-# plus the completion's index in the whole batch. These are the lines of `trainer.roll_out`
-# that do it:
+# plus the completion's index in the whole batch. The engine draws them itself, before each
+# rollout (`roll_out` asks every engine for its `seeded` generate):
 
 # %%
-print("\n".join(line for line in inspect.getsource(trainer.roll_out).splitlines()
-                if "seed = int(" in line or "seeds = [" in line or "sampling, seeds=seeds" in line))
+print(inspect.getsource(vllm_engine.seeded_by_numbers))
 
 # %% [markdown]
 # Prompt b of a rank's share is prompt `share.start + b` of the batch; vLLM gives its G

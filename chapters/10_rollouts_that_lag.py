@@ -31,9 +31,9 @@ import numpy as np
 import torch
 
 from grpo_edu.environment import tasks
-from grpo_edu.training import placement, trainer
+from grpo_edu.training import placement, rollouts, trainer
 from grpo_edu.training.config import TrainConfig
-from grpo_edu.lab.diagnose import diagnose
+from grpo_edu.training.diagnose import diagnose
 from grpo_edu.runtime.distributed import World
 from grpo_edu.algorithm.logprobs import completion_logprobs
 from grpo_edu.policy.models import load_policy
@@ -161,7 +161,7 @@ then, tokenizer = load_policy()
 engine = placement.make_engine(config, placement.build_models(config, World(), then), tokenizer)
 torch.manual_seed(0)
 samples = tasks.make_dataset("arithmetic", n=2, split="train", seed=10)
-rollout = trainer.roll_out(config, samples, tokenizer, engine)
+rollout = rollouts.roll_out(config, samples, tokenizer, engine)
 now = trainer.train(config, log=lambda line: None).policy
 
 mask = rollout.completion_mask.bool()

@@ -34,11 +34,11 @@ import matplotlib.pyplot as plt
 import numpy as np
 import torch
 
-from grpo_edu.book import lab
+from grpo_edu import lab
 from grpo_edu.environment import rewards, tasks
 from grpo_edu.algorithm.advantages import group_advantages
 from grpo_edu.training.config import TrainConfig
-from grpo_edu.lab.diagnose import diagnose
+from grpo_edu.training.diagnose import diagnose
 from grpo_edu.training.episodes import Calculator, roll_out_episodes
 from grpo_edu.training.evaluation import wilson_interval
 from grpo_edu.algorithm.logprobs import completion_logprobs
@@ -191,17 +191,17 @@ print("advantages", [round(a, 4) for a in advantages.tolist()])
 # rollout):
 
 # %% tags=["platform-numerics"]
-from grpo_edu.lab.diagnose import ENV_GAP
+from grpo_edu.training.diagnose import ENV_GAP
 
 sampler_logp = rollout.sampler_logp.double()
 for name, mask in (("the policy's tokens", rollout.completion_mask), ("every written token", written)):
     gap = ((every_token.double() - sampler_logp).abs() * mask).sum() / mask.sum()
     print(f"sampler gap over {name:<20} {gap.item():.3g} nats per token")
-print(f"the doctor's threshold, grpo_edu.lab.diagnose.ENV_GAP: {ENV_GAP} nats per token")
+print(f"the doctor's threshold, grpo_edu.training.diagnose.ENV_GAP: {ENV_GAP} nats per token")
 
 # %% [markdown]
 # The doctor's `environment_tokens_trained` reads exactly this: with an environment set, a gap
-# of 0.03 nats per token or more over the early steps (`grpo_edu.lab.diagnose.ENV_GAP`, chapter
+# of 0.03 nats per token or more over the early steps (`grpo_edu.training.diagnose.ENV_GAP`, chapter
 # 9's mismatch threshold); the tool run of section 4 measures a gap more than five orders of
 # magnitude below it, the leak run more than ten times above it.
 #
@@ -210,7 +210,7 @@ print(f"the doctor's threshold, grpo_edu.lab.diagnose.ENV_GAP: {ENV_GAP} nats pe
 # `configs/cpu-tools.toml` is the CPU tier's config with the multiply task, the tool policy,
 # the calculator and two turns. Twenty steps of it, and the same twenty with the calculator's
 # tokens in the loss (`grpo_edu.lab.faults.Faults(env_tokens_in_loss=True)`; both are
-# `grpo_edu.book.lab.TOOL_RUNS`, the failure lab's runs of this chapter). Per step, from the runs'
+# `grpo_edu.lab.TOOL_RUNS`, the failure lab's runs of this chapter). Per step, from the runs'
 # metrics: the sampled episodes' accuracy, their mean policy turns (2: it called), the
 # sampler gap and the KL:
 

@@ -10,13 +10,14 @@ modules, one line each; a subpackage imports only those above it in this list):
     policy/       the tiny model, its tokenizer and completion format; LoRA adapters
     environment/  tasks with checkable answers, rule-based rewards, process supervision
     sampling/     rollout engines: transformers' generate, the fused CPU engine, vLLM
-    lab/          the failure lab's deliberate bugs and the doctor that reads a run's metrics
-    training/     the config, the loop and its steps (scoring, update, metrics, evaluation),
-                  placement, episodes, lagged and overlapped rollouts, checkpoints
+    training/     the config, the loop and its stages (rollouts, scoring, update, metrics,
+                  evaluation), placement, episodes, lagged and overlapped rollouts, the doctor,
+                  checkpoints
+    lab/          the failure lab: its runs (chapter 7) and the bugs it injects into a run
     exercises/    a checker for each chapter's exercises
     widgets       the interactive explorers (folder widgets/, imported as grpo_edu.widgets)
-    book/         the book's tooling (book.toml, chapter builds and checks, the website), the
-                  failure lab's runs and the training plots
+    book/         the book's tooling (book.toml, chapter builds and checks, the website) and
+                  the training plots
     commands/     `grpo-edu` (cli), pretraining, the TRL bridge, the GPU doctor
 
 One GRPO step goes through them in this order (B prompts, G completions per prompt, S

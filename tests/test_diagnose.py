@@ -1,4 +1,4 @@
-"""grpo-edu doctor RUN_DIR (grpo_edu.lab.diagnose): each detector at its threshold, no false alarm
+"""grpo-edu doctor RUN_DIR (grpo_edu.training.diagnose): each detector at its threshold, no false alarm
 on three whole healthy runs, real faulty runs caught by their own detector and no other, the
 live warnings, the command."""
 
@@ -10,8 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from grpo_edu.book import lab
-from grpo_edu.book.lab import diagnose as dx
+from grpo_edu import lab
+from grpo_edu.lab.faults import NONE
+from grpo_edu.training import diagnose as dx
 from grpo_edu.training import trainer
 from grpo_edu.training.config import TrainConfig
 
@@ -199,7 +200,7 @@ def test_a_lab_run_triggers_its_own_detector_and_no_other(tmp_path, name):
     spec = lab.RUNS[name]
     config = TrainConfig.from_dict({**spec.config(tmp_path / name).to_dict(), "steps": QUICK[name],
                                     "eval_size": 16, "eval_every": 100})
-    result = trainer.train(config, faults=spec.faults, log=lambda line: None)
+    result = (spec.faults or NONE).train(config, log=lambda line: None)
     assert {f.detector for f in dx.diagnose(result.history, config.to_dict())} == set(spec.expected)
 
 
@@ -208,7 +209,7 @@ def test_the_trainer_warns_once_when_a_symptom_appears(tmp_path):
     config = TrainConfig.from_dict({**spec.config(tmp_path / "alias").to_dict(), "steps": 20, "eval_size": 16,
                                     "eval_every": 100})
     lines = []
-    trainer.train(config, faults=spec.faults, log=lines.append)
+    spec.faults.train(config, log=lines.append)
     warnings = [line for line in lines if line.startswith("warning")]
     assert len(warnings) == 1 and warnings[0].startswith(
         "warning at step 10: the reference is the policy (aliased): the KL term does nothing: kl = 0 exactly")

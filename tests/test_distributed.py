@@ -18,7 +18,7 @@ from safetensors.torch import load_file
 from grpo_edu.commands import cli
 from grpo_edu.policy import lora
 from grpo_edu.runtime import distributed
-from grpo_edu.training import placement, scoring, trainer, update, user_functions
+from grpo_edu.training import placement, rollouts, scoring, trainer, update, user_functions
 from grpo_edu.training.batch import RolloutBatch
 from grpo_edu.training.config import TrainConfig
 from grpo_edu.runtime.distributed import World
@@ -252,8 +252,8 @@ def test_every_tensor_handed_to_the_loss_is_on_the_trainers_device(tmp_path, mon
     config = TrainConfig(prompts_per_step=4, num_generations=4, max_completion_length=6, beta=0.04,
                          num_iterations=2, progress=False, threads=1, output_dir=str(tmp_path))
     from grpo_edu.environment import tasks
-    samples = trainer.sample_prompts(config, trainer.TrainState(), tasks.make_dataset(n=20))
-    rollout = trainer.roll_out(config, samples, tokenizer, HFEngine(policy, tokenizer))
+    samples = rollouts.sample_prompts(config, trainer.TrainState(), tasks.make_dataset(n=20))
+    rollout = rollouts.roll_out(config, samples, tokenizer, HFEngine(policy, tokenizer))
     meta = World(device=torch.device("meta"))
     batch, plan = scoring.score(config, samples, rollout, tokenizer,
                                 user_functions.reward_functions_from_config({"format": 1.0}),

@@ -298,7 +298,7 @@ def test_the_environments_tokens_in_the_loss_are_a_failure_the_doctor_names(tmp_
     """Faults.env_tokens_in_loss scores the environment's tokens as the policy's: the sampler gap
     then holds -log pi of each (the sampler never drew them), and the doctor names it; the same
     run done right shows nothing."""
-    from grpo_edu.lab.diagnose import diagnose
+    from grpo_edu.training.diagnose import diagnose
     from grpo_edu.lab.faults import Faults
     settings = {"steps": 6, "eval_every": 6}
     right = episode_run(tmp_path, "right", **settings)
@@ -306,8 +306,7 @@ def test_the_environments_tokens_in_the_loss_are_a_failure_the_doctor_names(tmp_
     policy, tokenizer = tiny()
     config = small_config(tmp_path, output_dir=str(tmp_path / "leak"), environment=ECHO, max_turns=3,
                           max_completion_length=40, checkpoint_every=0, learning_rate=1e-2, **settings)
-    leak = trainer.train(config, policy=policy, tokenizer=tokenizer, log=lambda _: None,
-                         faults=Faults(env_tokens_in_loss=True))
+    leak = Faults(env_tokens_in_loss=True).train(config, policy=policy, tokenizer=tokenizer, log=lambda _: None)
     assert max(m["sampler_gap/mean_abs"] for m in right.history) < 1e-5
     # measured: 0.086 to 0.18 nats per token, with 0.56 to 1.8 of each episode's 31 to 37 tokens the answers'
     assert min(m["sampler_gap/mean_abs"] for m in leak.history) > 0.05

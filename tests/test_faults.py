@@ -2,6 +2,7 @@
 trainer, and none can be switched on from a config; the production checks stay on."""
 
 import dataclasses
+import inspect
 
 import pytest
 import torch
@@ -24,7 +25,7 @@ def lab_config(tmp_path, **overrides):
 
 
 def run(config, faults=None):
-    return trainer.train(config, faults=faults, log=lambda line: None)
+    return (faults or NONE).train(config, log=lambda line: None)
 
 
 @pytest.mark.parametrize("kwargs, message", [
@@ -58,13 +59,13 @@ def test_faults_is_an_argument_never_a_config_key(tmp_path):
 
 def test_a_faulty_run_says_so_in_its_log_and_summary(tmp_path):
     lines = []
-    result = trainer.train(lab_config(tmp_path, steps=1), faults=Faults(split_groups=2), log=lines.append)
+    result = Faults(split_groups=2).train(lab_config(tmp_path, steps=1), log=lines.append)
     assert "FAULTS INJECTED (the failure lab): {'split_groups': 2}" in lines
     assert result.summary["faults"] == {"split_groups": 2}
     assert "faults" not in run(lab_config(tmp_path / "clean", steps=1)).summary
 
 
-def test_an_aliased_reference_is_refused_unless_injected(tmp_path):
+def test_an_aliased_reference_is_refused_and_only_the_lab_injects_one(tmp_path):
     policy, _ = load_policy(STARTING_POLICY)
     config = lab_config(tmp_path)
     with pytest.raises(ValueError, match=r"reference model is the policy object itself"):
@@ -73,8 +74,10 @@ def test_an_aliased_reference_is_refused_unless_injected(tmp_path):
     twin.model.embed_tokens.weight = policy.model.embed_tokens.weight   # one shared tensor is enough
     with pytest.raises(ValueError, match="reference parameter 'model.embed_tokens.weight' shares memory"):
         placement.build_models(config, World(), policy, twin)
-    models = placement.build_models(config, World(), policy, policy, allow_alias=True)
-    assert models.reference is policy
+    assert "allow_alias" not in inspect.signature(placement.build_models).parameters   # no way around the check
+    run = trainer.set_up(config, log=lambda line: None)
+    Faults(alias_reference=True).apply(run)
+    assert run.models.reference is run.models.policy and run.models.reference_logprobs.model is run.models.policy
 
 
 def test_aliased_reference_kl_is_zero_and_the_run_is_beta_0s(tmp_path):

@@ -77,7 +77,7 @@ def test_the_doctor_reads_the_uncorrected_lag_and_nothing_else_in_the_grid():
     exactly on the uncorrected runs from k = 2 (where every seed ends below every synchronous one),
     the k = 64 run that learns nothing included, and no detector fires on any other run: the
     existing ones miss the lag."""
-    from grpo_edu.lab.diagnose import diagnose
+    from grpo_edu.training.diagnose import diagnose
     results = json.loads(RESULTS.read_text())
     synchronous = [r["final_accuracy"] for r in results["runs"] if r["lag"] == 0]
     for run in results["runs"]:

@@ -9,7 +9,8 @@
 - a module stays readable in one sitting: at most MAX_CODE_LINES lines of code (docstrings,
   comments and blank lines not counted);
 - the loop module, grpo_edu.training.trainer, is imported only for what it is: the loop
-  (`train`) and the loop's own steps; every helper lives in the module named for its step.
+  (`train`, `set_up`, `loop`) and its types; every helper lives in the module named for its step;
+- the loop chapter 6 prints fits on one screen, and branches on none of the run's variants.
 
 Counting (the closing note's figures come from `python tests/test_layout.py`): modules are the
 .py files under grpo_edu/ and widgets/ (imported as grpo_edu.widgets); an arrow is one module
@@ -17,6 +18,7 @@ importing another; a module's level is 1 + the highest level among the modules i
 """
 
 import ast
+import inspect
 import io
 import re
 import sys
@@ -27,7 +29,7 @@ ROOT = Path(__file__).resolve().parent.parent
 PACKAGE = ROOT / "grpo_edu"
 WIDGETS = ROOT / "widgets"
 MAX_CODE_LINES = 400
-LOOP_NAMES = {"train", "roll_out", "sample_prompts", "TrainState", "RunResult", "Run"}
+LOOP_NAMES = {"train", "loop", "set_up", "TrainState", "RunResult", "Run"}
 
 # Which subpackage may import which. Read bottom-up: each imports only those named beside it.
 ALLOWED = {
@@ -36,11 +38,11 @@ ALLOWED = {
     "policy": {"runtime"},
     "environment": {"runtime", "algorithm", "policy"},
     "sampling": {"runtime", "algorithm", "policy"},
-    "lab": {"runtime"},
-    "training": {"runtime", "algorithm", "policy", "environment", "sampling", "lab"},
+    "training": {"runtime", "algorithm", "policy", "environment", "sampling"},
+    "lab": {"runtime", "algorithm", "policy", "environment", "sampling", "training"},
     "widgets": {"runtime", "algorithm"},
     "exercises": {"runtime", "algorithm", "policy", "environment", "sampling", "training"},
-    "book": {"runtime", "algorithm", "policy", "environment", "sampling", "lab", "training", "widgets"},
+    "book": {"runtime", "algorithm", "policy", "environment", "sampling", "training", "widgets"},
     "commands": {"runtime", "algorithm", "policy", "environment", "sampling", "lab", "training", "book"},
 }
 TOP_LEVEL = {"grpo_edu", "grpo_edu.__main__"}   # the version, and `python -m grpo_edu`
@@ -263,3 +265,42 @@ def report() -> str:
 
 if __name__ == "__main__":
     sys.exit(print(report()))
+
+
+# Names whose branch would make the loop a variant's: ranks, processes, episodes, lag, overlap,
+# refills, supervision, adapters, engines. Those live in the stages the loop calls.
+VARIANT_NAMES = {"rank", "size", "distributed", "is_main", "environment", "episode", "max_turns", "rollout_lag",
+                 "rollout_overlap", "background", "in_flight", "dynamic_sampling_rounds", "supervision",
+                 "lora_rank", "engine", "vllm_mode", "faults"}
+
+
+def branch_names(function) -> set[str]:
+    """The names and attributes that the conditions of `function`'s if statements read."""
+    tree = ast.parse(inspect.getsource(function).lstrip())
+    found = set()
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.If, ast.IfExp, ast.While)):
+            for part in ast.walk(node.test):
+                if isinstance(part, ast.Name):
+                    found.add(part.id)
+                elif isinstance(part, ast.Attribute):
+                    found.add(part.attr)
+    return found
+
+
+def test_the_loop_fits_on_one_screen_and_branches_on_no_variant():
+    from grpo_edu.training import trainer
+    lines = inspect.getsource(trainer.loop).splitlines()
+    assert len(lines) <= 60, f"trainer.loop is {len(lines)} lines: move what is not the GRPO step into a stage"
+    variants = branch_names(trainer.loop) & VARIANT_NAMES
+    assert not variants, f"trainer.loop branches on {sorted(variants)}: give the variant a stage of its own"
+    signature = inspect.signature(trainer.train).parameters
+    assert "faults" not in signature and "faults" not in inspect.signature(trainer.set_up).parameters
+
+
+def test_branch_names_sees_a_branch_on_a_variant():
+    def looped(run):
+        while run.step < 3:
+            if run.config.rollout_lag and run.world.is_main:
+                pass
+    assert {"rollout_lag", "is_main", "step"} <= branch_names(looped)

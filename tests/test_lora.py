@@ -306,8 +306,8 @@ def test_refusals_at_start_up(tmp_path):
         lora.add_adapters(policy, TrainConfig(lora_rank=2))
     with pytest.raises(ValueError, match="Faults.alias_reference: expected a run with a reference copy, got "
                                          "lora_rank = 4"):
-        trainer.train(small_config(tmp_path, lora_rank=4), policy=tiny()[0], tokenizer=tokenizer,
-                      faults=Faults(alias_reference=True), log=lambda _: None)
+        Faults(alias_reference=True).train(small_config(tmp_path, lora_rank=4), policy=tiny()[0],
+                                           tokenizer=tokenizer, log=lambda _: None)
 
 
 def test_without_peft_the_error_says_what_to_install(monkeypatch):

@@ -7,7 +7,7 @@ import json
 import pytest
 import torch
 
-from grpo_edu.training import overlap, trainer
+from grpo_edu.training import overlap, rollouts, trainer
 from grpo_edu.training.config import TrainConfig
 from test_lagging import run, without_time
 from numerics_probe import weights_digest as digest
@@ -101,8 +101,8 @@ def test_an_error_in_the_sampler_thread_reaches_the_trainer(tmp_path, monkeypatc
         if run.state.step >= 1:
             raise RuntimeError("the sampler broke")
         return sample_rollout(run, engine, models, world)
-    sample_rollout = trainer.sample_rollout
-    monkeypatch.setattr(trainer, "sample_rollout", broken)
+    sample_rollout = rollouts.sample_rollout
+    monkeypatch.setattr(rollouts, "sample_rollout", broken)
     with pytest.raises(RuntimeError, match="the sampler broke"):
         run(tmp_path, "broken", rollout_lag=1, rollout_overlap=True)
 

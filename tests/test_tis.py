@@ -11,7 +11,7 @@ import math
 import pytest
 import torch
 
-from grpo_edu.training import metrics, trainer
+from grpo_edu.training import metrics, rollouts, trainer
 from grpo_edu.training.config import TrainConfig
 from grpo_edu.algorithm.loss import LOSS_TYPES, grpo_loss
 
@@ -172,13 +172,13 @@ def test_the_trainer_weighs_by_the_samplers_log_probs(tmp_path, monkeypatch):
     """tis_cap in training: a sampler whose log-probs read 0.5 lower than the trainer's gives
     every token the weight exp(0.5) (below the cap 2), logged as tis/mean; tis_cap = 0 logs none."""
     from test_trainer import small_config
-    real_roll_out = trainer.roll_out
+    real_roll_out = rollouts.roll_out
 
     def shifted(*args, **kwargs):
         rollout = real_roll_out(*args, **kwargs)
         rollout.sampler_logp = rollout.sampler_logp - 0.5 * rollout.completion_mask
         return rollout
-    monkeypatch.setattr(trainer, "roll_out", shifted)
+    monkeypatch.setattr(rollouts, "roll_out", shifted)
     runs = {}
     for cap in (0.0, 2.0):
         config = small_config(tmp_path / str(cap), steps=1, tis_cap=cap, beta=0.0, checkpoint_every=0)

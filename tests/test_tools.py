@@ -15,7 +15,7 @@ import pytest
 import torch
 from hang_guard import HANG_SECONDS
 
-from grpo_edu.book import lab
+from grpo_edu import lab
 from grpo_edu.commands import pretrain
 from grpo_edu.environment import tasks
 from grpo_edu.runtime import numerics
@@ -323,7 +323,7 @@ def test_the_readme_quotes_the_tools_benchmark():
 
 
 def test_the_failure_labs_tool_runs_change_one_thing_of_the_tools_config():
-    from grpo_edu.book.lab import diagnose as dx
+    from grpo_edu.training import diagnose as dx
     tool, leak = (lab.TOOL_RUNS[name].config("unused") for name in ("tool", "env_leak"))
     assert tool == leak and tool.environment == CALCULATOR and tool.task == "multiply"
     assert lab.TOOL_RUNS["tool"].faults is None and lab.TOOL_RUNS["env_leak"].faults.env_tokens_in_loss

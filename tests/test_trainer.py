@@ -6,7 +6,8 @@ import json
 import pytest
 import torch
 
-from grpo_edu.training import checkpoint, placement, scoring, trainer, update, user_functions
+from grpo_edu.environment import tasks
+from grpo_edu.training import checkpoint, placement, rollouts, scoring, trainer, update, user_functions
 from grpo_edu.runtime.distributed import World
 from grpo_edu.training.config import DEFAULT_CONFIG, TrainConfig, help_text
 from grpo_edu.algorithm.logprobs import completion_logprobs
@@ -112,8 +113,8 @@ def test_gradient_accumulation_equals_one_big_batch(tmp_path, loss_type):
     policy, tokenizer = tiny()
     config = small_config(tmp_path, loss_type=loss_type, micro_batch_size=16, beta=0.04)
     models = placement.build_models(config, World(), policy)
-    samples = trainer.sample_prompts(config, trainer.TrainState(), __import__("grpo_edu.environment.tasks").tasks.make_dataset(n=50))
-    rollout = trainer.roll_out(config, samples, tokenizer, HFEngine(policy, tokenizer))
+    samples = rollouts.sample_prompts(config, trainer.TrainState(), tasks.make_dataset(n=50))
+    rollout = rollouts.roll_out(config, samples, tokenizer, HFEngine(policy, tokenizer))
     batch, plan = scoring.score(config, samples, rollout, tokenizer, user_functions.reward_functions_from_config({"format": 1.0}),
                                 lambda r: torch.randn(r.shape, generator=torch.Generator().manual_seed(1)))
     batch = update.add_logprobs(config, models, batch, plan)
@@ -247,9 +248,9 @@ def test_fused_and_transformers_paths_give_the_same_update(tmp_path):
     rollout gives the same reference log-probs, loss and gradient either way."""
     torch.manual_seed(0)
     policy, tokenizer = tiny()
-    samples = trainer.sample_prompts(small_config(tmp_path), trainer.TrainState(),
-                                     __import__("grpo_edu.environment.tasks").tasks.make_dataset(n=50))
-    rollout = trainer.roll_out(small_config(tmp_path), samples, tokenizer, HFEngine(policy, tokenizer))
+    samples = rollouts.sample_prompts(small_config(tmp_path), trainer.TrainState(),
+                                     tasks.make_dataset(n=50))
+    rollout = rollouts.roll_out(small_config(tmp_path), samples, tokenizer, HFEngine(policy, tokenizer))
     results = []
     for fused in (True, False):
         config = small_config(tmp_path, beta=0.04, engine="fused" if fused else "hf", micro_batch_size=8)

@@ -10,7 +10,7 @@ from torch.optim.optimizer import register_optimizer_step_pre_hook
 
 from grpo_edu.runtime.distributed import World
 from grpo_edu.environment import tasks
-from grpo_edu.training import placement, scoring, trainer, update, user_functions
+from grpo_edu.training import placement, rollouts, scoring, trainer, update, user_functions
 from grpo_edu.algorithm.logprobs import completion_logprobs
 from grpo_edu.algorithm.loss import grpo_loss
 from grpo_edu.sampling.rollout import HFEngine
@@ -107,14 +107,14 @@ def test_old_logprobs_sampler_is_the_losss_pi_old(tmp_path, monkeypatch):
     monkeypatch.setattr(trainer, "make_engine", engine_that_reports(lambda logp, mask: logp - 0.3 * mask))
     calls = record_loss_calls(monkeypatch)
     sampler_logps = []
-    roll_out = trainer.roll_out
+    roll_out = rollouts.roll_out
 
     def remembering(*args):
         rollout = roll_out(*args)
         sampler_logps.append(rollout.sampler_logp)
         return rollout
 
-    monkeypatch.setattr(trainer, "roll_out", remembering)
+    monkeypatch.setattr(rollouts, "roll_out", remembering)
     result = quiet_run(small_config(tmp_path, steps=2, beta=0.0, old_logprobs="sampler"))
     for call, sampler_logp in zip(calls, sampler_logps, strict=True):
         assert torch.equal(call["old_logp"], sampler_logp)
@@ -151,13 +151,13 @@ def test_sampler_gap_sees_a_sampler_at_another_temperature(tmp_path, monkeypatch
     max of |log pi_1 - log pi_0.5| over the sampled tokens, computed here independently for
     the first step (the initial policy)."""
     monkeypatch.setattr(trainer, "make_engine", engine_that_reports(temperature=0.5))
-    rollouts = []
-    roll_out = trainer.roll_out
-    monkeypatch.setattr(trainer, "roll_out", lambda *args: rollouts.append(roll_out(*args)) or rollouts[-1])
+    sampled = []
+    roll_out = rollouts.roll_out
+    monkeypatch.setattr(rollouts, "roll_out", lambda *args: sampled.append(roll_out(*args)) or sampled[-1])
     result = quiet_run(small_config(tmp_path, steps=2))
 
     policy, _ = tiny()      # the policy of the first step, before its update
-    first = rollouts[0]
+    first = sampled[0]
     ids = torch.cat([first.prompt_ids, first.completion_ids], 1)
     attention = torch.cat([first.prompt_mask, first.completion_mask.long()], 1)
     with torch.no_grad():
@@ -278,8 +278,8 @@ def test_dapo_normalises_each_step_by_rollout_tokens_over_mini_batches_as_trl(tm
     policy, tokenizer = tiny()
     config = small_config(tmp_path, loss_type="dapo", num_mini_batches=2, micro_batch_size=4, beta=0.04)
     models = placement.build_models(config, World(), policy)
-    samples = trainer.sample_prompts(config, trainer.TrainState(), tasks.make_dataset(n=50))
-    rollout = trainer.roll_out(config, samples, tokenizer, HFEngine(policy, tokenizer))
+    samples = rollouts.sample_prompts(config, trainer.TrainState(), tasks.make_dataset(n=50))
+    rollout = rollouts.roll_out(config, samples, tokenizer, HFEngine(policy, tokenizer))
     # The first mini-batch (groups 0 and 2, dealt) ends early: 24 tokens against 48.
     rollout.completion_mask[:4, 3:] = False
     rollout.completion_mask[8:12, 3:] = False

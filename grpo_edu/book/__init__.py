@@ -1,5 +1,5 @@
-"""The book's tools: its manifest (book.toml), the chapter builds and checks, and the
-experiments and plots the chapters show. No module of the algorithm imports it; `grpo-edu
+"""The book's tools: its manifest (book.toml), the chapter builds and checks, the website and
+the training plots the chapters show. No module of the algorithm imports it; `grpo-edu
 book`, the tests and chapters/conftest.py do.
 
     __init__.py        Book and Chapter: the manifest, run_chapter / check_chapter, the prose checks
@@ -7,8 +7,6 @@ book`, the tests and chapters/conftest.py do.
     commands.py        `grpo-edu book list | run | check | html`
     html.py            the static website (`grpo-edu book html`)
     explorer_specs.py  the explorers as static pictures and tables for the website
-    lab.py             the failure lab's runs (chapters 4, 7 and 11): a healthy run and each
-                       failure caused one knob or one injected fault at a time
     plots.py           training curves from a run's metrics.jsonl (matplotlib, lazily)
     static/            the website's scripts, styles and KaTeX
 

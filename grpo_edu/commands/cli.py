@@ -256,7 +256,7 @@ def _doctor(args) -> int:
     if args.run_dir is not None and args.gpu:
         raise UsageError(f"expected RUN_DIR or --gpu, got both ({args.run_dir!r} and --gpu)")
     if args.run_dir is not None:
-        from grpo_edu.book.lab import diagnose
+        from grpo_edu.training import diagnose
         try:
             findings = diagnose.diagnose_run(args.run_dir)
         except ValueError as error:

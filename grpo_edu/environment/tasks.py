@@ -43,7 +43,7 @@ from pathlib import Path
 from typing import Iterator
 
 from grpo_edu.environment import process
-from grpo_edu.policy.models import BOXED_OPEN, THINK_CLOSE, THINK_OPEN, completion_text
+from grpo_edu.policy.models import completion_text
 
 
 SPLITS = ("train", "test")

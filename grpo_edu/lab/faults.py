@@ -3,9 +3,12 @@
 Some of GRPO's classic failures have a knob in the config (a learning rate, beta, the loss
 type); others are bugs that no honest config can express: a loss mask one column off, a
 trainer that computes log-probs at another temperature than the sampler's, a reference that
-is the policy itself. The lab injects those through `train(..., faults=Faults(...))`, an
-argument of the training function only: never a config key, so that no run file can switch
-one on by accident, and every run that has one says so in its log and its summary.json.
+is the policy itself. The lab injects those into a run that grpo_edu.training.trainer.set_up
+built, through the seams the run already has (its models' log-prob functions, its reference,
+its advantage function, its roll-out and optimise stages): `Faults(...).apply(run)`, or the
+whole run with `Faults(...).train(config)`. Never a config key, and never an argument of the
+trainer, so that no run file can switch one on by accident; every run that has one says so
+in its log and its summary.json.
 
     field                 the bug it injects
     off_by_one            the trainer's log-prob function misaligned by one column (the
@@ -28,9 +31,17 @@ one on by accident, and every run that has one says so in its log and its summar
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+import functools
+from dataclasses import asdict, dataclass, replace
 
 import torch
+
+from grpo_edu.runtime.distributed import LogprobModel, World
+from grpo_edu.training import trainer
+from grpo_edu.training.batch import RolloutBatch
+from grpo_edu.training.placement import Models, logprob_function
+from grpo_edu.training.scoring import Plan
+from grpo_edu.training.update import optimise, policy_logprobs
 
 
 @dataclass(frozen=True)
@@ -96,6 +107,47 @@ class Faults:
         parts = advantage_fn(rewards.reshape(B * self.split_groups, G // self.split_groups))
         return parts.reshape(B, G)
 
+    def apply(self, run) -> None:
+        """Inject the active faults into `run` (grpo_edu.training.trainer.Run, one process, before
+        its first step); refused where the config makes one meaningless. Said in the log, and
+        written into summary.json."""
+        self.check(run.config)
+        if not self.active():
+            return
+        if run.world.distributed:
+            raise ValueError(f"faults: the failure lab injects faults in one process, got {run.world.size} processes")
+        run.say(f"FAULTS INJECTED (the failure lab): {self.active()}")
+        run.notes["faults"] = self.active()
+        models = run.models
+        if self.alias_reference:   # the reference's log-probs are the policy's own
+            models.reference = models.policy
+            models.reference_logprobs = LogprobModel(models.policy, models.train_logprobs.logprob_fn)
+        # policy, pi_old and reference alike (one process: plain LogprobModels; LoRA's reference
+        # is the policy's own module, whose function it uses)
+        scored = [module for module in (models.train_logprobs, models.reference_logprobs)
+                  if isinstance(module, LogprobModel)]
+        if self.trainer_temperature is not None:   # the trainer's log-probs at another temperature
+            hot = logprob_function(replace(run.config, temperature=self.trainer_temperature), run.world)
+            for module in scored:
+                module.logprob_fn = hot
+        for module in scored:
+            module.logprob_fn = self.logprob_fn(module.logprob_fn)
+        if self.split_groups > 1:
+            run.advantage_fn = functools.partial(self.split_advantages, run.advantage_fn)
+        if self.refresh_old_logprobs:
+            run.optimise = optimise_refreshing_old
+        if self.env_tokens_in_loss:
+            roll_out = run.roll_out
+            run.roll_out = lambda *args, **kwargs: leak_environment(roll_out(*args, **kwargs))
+
+    def train(self, config, *, stop_after: int | None = None, **set_up_arguments):
+        """grpo_edu.training.trainer.train(config, ...) with these faults injected: set_up, apply,
+        then the loop. Returns its RunResult."""
+        self.check(config)   # before anything is built
+        run = trainer.set_up(config, **set_up_arguments)
+        self.apply(run)
+        return trainer.loop(run, stop_after)
+
 
 NONE = Faults()
 
@@ -103,17 +155,23 @@ NONE = Faults()
 def leak_environment(rollout):
     """env_tokens_in_loss: the episode's environment tokens marked as the policy's (scored, and
     with the sampler's log-prob 0 there: the sampler never drew them), env_mask gone."""
-    from dataclasses import replace
     return replace(rollout, completion_mask=rollout.completion_mask | rollout.env_mask, env_mask=None)
 
 
-def checked_faults(faults: Faults | None, config, say) -> Faults:
-    """train(faults=...): NONE for None; refused where the config makes one meaningless; said
-    (on rank 0) when any is active."""
-    faults = NONE if faults is None else faults
-    if not isinstance(faults, Faults):
-        raise ValueError(f"faults: expected a grpo_edu.lab.faults.Faults, got {type(faults).__name__}")
-    faults.check(config)
-    if faults.active():
-        say(f"FAULTS INJECTED (the failure lab): {faults.active()}")
-    return faults
+def optimise_refreshing_old(config, models: Models, optimizer, scheduler, batch: RolloutBatch,
+                            plan: Plan, world: World = World()) -> dict[str, float]:
+    """refresh_old_logprobs in optimise's place: num_iterations passes, pi_old recomputed from the
+    current policy at the start of each (one pass of optimise each), instead of fixed to the
+    policy that sampled. Metrics as optimise's: the last step's, the first step's learning rate
+    and sampler gap, the optimizer steps of all passes."""
+    one_pass = replace(config, num_iterations=1)
+    passes = []
+    for _ in range(config.num_iterations):
+        old_logp = policy_logprobs(one_pass, models, batch, plan, world)
+        passes.append(optimise(one_pass, models, optimizer, scheduler, replace(batch, old_logp=old_logp),
+                               plan, world))
+    merged = dict(passes[-1])
+    merged["learning_rate"] = passes[0]["learning_rate"]
+    merged["optimizer_steps"] = sum(p["optimizer_steps"] for p in passes)
+    merged.update({k: v for k, v in passes[0].items() if k.startswith("sampler_gap/")})
+    return merged

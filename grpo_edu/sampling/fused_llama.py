@@ -46,7 +46,8 @@ import torch.nn.functional as F
 
 from grpo_edu.algorithm.logprobs import check_completion_inputs, position_ids_from_attention_mask, token_entropies, token_logprobs
 from grpo_edu.policy.lora import effective_weight as weight
-from grpo_edu.sampling.rollout import Rollout, SamplingParams, completion_mask_from_ids
+from grpo_edu.runtime.distributed import World
+from grpo_edu.sampling.rollout import Rollout, SamplingParams, Seeded, completion_mask_from_ids
 
 SUPPORTED_MODELS = ("LlamaForCausalLM", "Qwen2ForCausalLM")
 
@@ -352,6 +353,17 @@ class FusedEngine:
 
     def sync_weights(self) -> None:
         """Samples with the policy module itself (fused afresh each call): nothing to copy."""
+
+    def seeded(self, rows: int, length: int, world: World, turns: int | None = None) -> Seeded:
+        """One table of U[0, 1) numbers for every row (and turn) of the step, drawn on every rank
+        alike; each rank samples its rows' numbers, so the rollout does not depend on the number
+        of ranks."""
+        table = torch.rand(rows, length) if turns is None else torch.rand(rows, turns, length)
+
+        def generate(turn: int, prompt_ids, prompt_mask, sampling: SamplingParams, batch_rows) -> Rollout:
+            uniforms = table[batch_rows] if turns is None else table[batch_rows, turn, :sampling.max_new_tokens]
+            return self.generate(prompt_ids, prompt_mask, sampling, uniforms=uniforms.to(world.device))
+        return generate
 
     @torch.inference_mode()
     def generate(self, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, sampling: SamplingParams, *,

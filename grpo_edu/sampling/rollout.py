@@ -15,9 +15,14 @@ columns (right-padded, S <= max_new_tokens).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Callable, Protocol
 
 import torch
+
+from grpo_edu.runtime.distributed import World
+
+
+TURN_STRIDE = 1_000_003   # an episode's turn t of rank r seeds seed + r + t x this (ranks never collide)
 
 
 @dataclass(frozen=True)
@@ -82,6 +87,19 @@ class RolloutEngine(Protocol):
                  sampling: SamplingParams) -> Rollout:
         """prompt_ids, prompt_mask: (B, P) left-padded -> Rollout of B * G completions."""
 
+    def seeded(self, rows: int, length: int, world: World, turns: int | None = None) -> "Seeded":
+        """The random numbers of one training step's rollout, drawn now from torch's RNG, the
+        same draws on every rank (each engine its own way: its own numbers or seeds); returns
+        the generate that samples with them. rows: the step's B * G completions (every rank's);
+        length: max_new_tokens; turns: an episode's most policy turns (None: one turn, no
+        environment)."""
+
+
+# generate(turn, prompt_ids, prompt_mask, sampling, rows): one policy turn, `rows` the step's
+# rows (b * G + g over all ranks' prompts) the prompts' completions are; at turn 0 the prompts
+# are whole groups' (G completions each), later one completion per prompt.
+Seeded = Callable[[int, torch.Tensor, torch.Tensor, SamplingParams, torch.Tensor], Rollout]
+
 
 def completion_mask_from_ids(completion_ids: torch.Tensor, eos_token_id: int,
                              stop_token_ids: tuple[int, ...] = ()) -> tuple[torch.Tensor, torch.Tensor]:
@@ -109,6 +127,19 @@ class HFEngine:
 
     def sync_weights(self) -> None:
         """Samples with the policy module itself: nothing to copy."""
+
+    def seeded(self, rows: int, length: int, world: World, turns: int | None = None) -> Seeded:
+        """transformers draws from torch's RNG: one seed for the step, each rank and turn its
+        own stream from it (seed + rank + turn x TURN_STRIDE). A rank's samples are
+        reproducible, but depend on how the prompts are split among the ranks."""
+        seed = int(torch.randint(0, 2**62, (1,)))
+        devices = [world.device] if world.device.type == "cuda" else []
+
+        def generate(turn: int, prompt_ids, prompt_mask, sampling: SamplingParams, batch_rows) -> Rollout:
+            with torch.random.fork_rng(devices=devices):
+                torch.manual_seed(seed + world.rank + TURN_STRIDE * turn)
+                return self.generate(prompt_ids, prompt_mask, sampling)
+        return generate
 
     @torch.no_grad()
     def generate(self, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor,

@@ -78,7 +78,7 @@ import torch
 
 from grpo_edu.policy import lora
 from grpo_edu.runtime import distributed
-from grpo_edu.sampling.rollout import Rollout, SamplingParams, completion_mask_from_ids
+from grpo_edu.sampling.rollout import Rollout, SamplingParams, Seeded, completion_mask_from_ids
 
 VLLM_VERSION = "0.31.0"
 
@@ -231,6 +231,22 @@ def sampler_model_path(policy: torch.nn.Module, tokenizer, output_dir: str | Pat
     return str(target)
 
 
+def seeded_by_numbers(engine, rows: int, world: distributed.World, turns: int | None = None) -> Seeded:
+    """vLLM samples completion i with a seed of its own: one number drawn for the step (on every
+    rank alike), and at turn 0 the G completions of the prompt whose first row is r seeded from
+    seed + r (vLLM's rule for n > 1: seed, seed + 1, ...), at turn t row r with seed + t B G + r.
+    So the rollout does not depend on the number of ranks (up to vLLM's kernels)."""
+    seed = int(torch.randint(0, 2**62, (1,)))
+
+    def generate(turn: int, prompt_ids, prompt_mask, sampling: SamplingParams, batch_rows) -> Rollout:
+        if turn == 0:
+            seeds = [seed + int(r) for r in batch_rows[::sampling.num_generations]]
+        else:
+            seeds = [seed + turn * rows + int(r) for r in batch_rows]
+        return engine.generate(prompt_ids, prompt_mask, sampling, seeds=seeds)
+    return generate
+
+
 class VLLMEngine:
     """Colocated vLLM (see the module docstring). `policy` is the trainer's model (under FSDP2,
     sharded): its weights are loaded into the engine before every rollout."""
@@ -283,6 +299,10 @@ class VLLMEngine:
             model.load_weights(weights=[(name, tensor)])
         self._weights_asleep = False
         self.llm.reset_prefix_cache()
+
+    def seeded(self, rows: int, length: int, world: distributed.World, turns: int | None = None) -> Seeded:
+        """A seed per completion (seeded_by_numbers)."""
+        return seeded_by_numbers(self, rows, world, turns)
 
     @torch.no_grad()
     def generate(self, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, sampling: SamplingParams, *,
@@ -378,6 +398,10 @@ class VLLMServerEngine:
             for _ in named_weights(self.policy):   # take part in FSDP2's gathers
                 pass
         self.world.barrier()   # no rank samples before the server has the new weights
+
+    def seeded(self, rows: int, length: int, world: distributed.World, turns: int | None = None) -> Seeded:
+        """A seed per completion (seeded_by_numbers)."""
+        return seeded_by_numbers(self, rows, world, turns)
 
     @torch.no_grad()
     def generate(self, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, sampling: SamplingParams, *,

@@ -1,4 +1,4 @@
-"""The training run: a config, the loop and the steps it calls, in the order of one step.
+"""The training run: a config, the loop and the stages it calls, in the order of one step.
 
     config.py            TrainConfig: every training setting, documented once, from TOML
     user_functions.py    the reader's own advantage and reward functions by import path
@@ -8,7 +8,10 @@
     scoring.py           a rollout's rewards, its advantages and the mini-batch plan
     update.py            reference and pi_old log-probs, micro-batches, the optimizer steps
     metrics.py           what a step logs (reduced over micro-batches and ranks), the summary
+    rollouts.py          steps 1-4 as stages (draw, roll out, score, refill, pi_old) and the
+                         rollout sources behind one interface: synchronous, lagged, overlapped
     evaluation.py        held-out greedy accuracy, pass@k, intervals
+    diagnose.py          the doctor: failure modes recognised from a run's metrics, live or after
     lagging.py           rollouts that lag (rollout_lag): batches in flight
     overlap.py           rollouts sampled in the background (rollout_overlap)
     dynamic_sampling.py  DAPO's dynamic sampling: all-equal groups replaced by fresh ones
@@ -16,5 +19,5 @@
     trainer.py           the loop that wires them, step by step; set-up and finishing
     trained.py           the trained model: where a run leaves it, and evaluating it
 
-Imports every subpackage above it: runtime, algorithm, policy, environment, sampling, lab.
+Imports the subpackages below it: runtime, algorithm, policy, environment, sampling.
 """

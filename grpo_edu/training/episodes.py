@@ -44,11 +44,7 @@ from typing import Protocol
 
 import torch
 
-from grpo_edu.sampling import fused_llama
-from grpo_edu.training.config import TrainConfig
-from grpo_edu.runtime.distributed import World
-from grpo_edu.training.placement import autocast
-from grpo_edu.sampling.rollout import HFEngine, Rollout, SamplingParams
+from grpo_edu.sampling.rollout import Rollout, SamplingParams
 from grpo_edu.environment.tasks import ExpressionError, evaluate_expression
 from grpo_edu.training.user_functions import resolve
 
@@ -272,43 +268,6 @@ def writers(text: str, path: str, sample: dict) -> list[tuple[str, bool]]:
             raise ValueError(f"environment {path!r} ended the episode, but the text goes on {text[start:][:40]!r}")
         pieces.append((text[start:], False))
     return [(piece, by_env) for piece, by_env in pieces if piece]
-
-
-# --------------------------------------------------------------------------- sampling turns
-
-_TURN_STRIDE = 1_000_003   # transformers' turn t of rank r seeds seed + r + t x this (ranks never collide)
-
-
-def turn_sampler(config: TrainConfig, engine, world: World, B: int, share: slice):
-    """generate(turn, prompt_ids, prompt_mask, sampling, rows) for roll_out_episodes, its
-    random numbers drawn now for every row of all B * G episodes and every turn, on every rank
-    alike (as roll_out's are): an episode's turn t uses its own row's, whatever continues."""
-    G, L, first = config.num_generations, config.max_completion_length, share.start * config.num_generations
-    if isinstance(engine, fused_llama.FusedEngine):
-        table = torch.rand(B * G, config.max_turns, L)
-    else:
-        seed = int(torch.randint(0, 2**62, (1,)))
-    forked = isinstance(engine, HFEngine)
-
-    def generate(turn: int, prompt_ids, prompt_mask, sampling: SamplingParams, rows: list[int]) -> Rollout:
-        rows_of_batch = torch.tensor(rows) + first
-        with autocast(config, world.device):
-            if isinstance(engine, fused_llama.FusedEngine):
-                uniforms = table[rows_of_batch, turn, :sampling.max_new_tokens].to(world.device)
-                return engine.generate(prompt_ids, prompt_mask, sampling, uniforms=uniforms)
-            if not forked:   # vLLM: turn 0 as roll_out seeds it, turn t row i with seed + t B G + i
-                seeds = ([seed + first + b * G for b in range(prompt_ids.shape[0])] if turn == 0 else
-                         [seed + turn * B * G + int(i) for i in rows_of_batch])
-                return engine.generate(prompt_ids, prompt_mask, sampling, seeds=seeds)
-            return engine.generate(prompt_ids, prompt_mask, sampling)
-    if not forked:
-        return generate
-
-    def generate_forked(*args):   # transformers draws from torch's RNG: its own stream, per rank
-        with torch.random.fork_rng(devices=[world.device] if world.device.type == "cuda" else []):
-            torch.manual_seed(seed + world.rank + _TURN_STRIDE * args[0])
-            return generate(*args)
-    return generate_forked
 
 
 # --------------------------------------------------------------------------- the calculator

@@ -3,7 +3,7 @@
 A production trainer samples while it trains: the engine rolls out the next prompts with the
 weights it last received while the trainer updates, so the rollout an update trains on was
 sampled by the policy of k updates earlier. Here the sampler runs k rollouts ahead of the
-update (grpo_edu.training.trainer.sample_ahead): before update t it has sampled the rollouts of updates
+update (grpo_edu.training.rollouts.Lagged): before update t it has sampled the rollouts of updates
 t .. t + k, each with the policy of its time, and update t trains on the oldest. Each rollout
 is scored when it is sampled, and its pi_old is the policy that sampled it (its log-probs
 taken then: the trainer's forward, or with old_logprobs = "sampler" the sampler's own), so

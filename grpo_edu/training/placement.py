@@ -148,16 +148,25 @@ class Models:
                 reference.mul_(1.0 - alpha).add_(policy, alpha=alpha)
 
 
+def logprob_function(config: TrainConfig, world: World):
+    """The log-prob modules' function: (model, input_ids, attention_mask, completion_mask,
+    entropy=False) -> (n, S), by the engine's forward (sequence_logprobs) at config.temperature,
+    under autocast where config.precision says so."""
+    def logprob_fn(model, input_ids, attention_mask, completion_mask, entropy=False):
+        with autocast(config, world.device):
+            return sequence_logprobs(config, model, input_ids, attention_mask, completion_mask, entropy)
+    return logprob_fn
+
+
 def build_models(config: TrainConfig, world: World, policy: torch.nn.Module,
-                 reference: torch.nn.Module | None = None, *, allow_alias: bool = False) -> Models:
+                 reference: torch.nn.Module | None = None) -> Models:
     """Place the policy and the reference (beta > 0; default a copy of the policy; a policy with
     LoRA adapters: itself with the adapters off, grpo_edu.policy.lora) on the world's device and wrap
-    them for `config.parallelism`. A reference that shares storage
-    with the policy is refused (its KL would stay 0), unless `allow_alias` (the failure lab's
-    injected fault, grpo_edu.lab.faults)."""
+    them for `config.parallelism`. A reference that shares storage with the policy is refused
+    (its KL would stay 0)."""
     policy.to(world.device)
     adapters = lora.has_adapters(policy)   # LoRA: the reference is the policy with its adapters off
-    if adapters and reference is not None and not allow_alias:
+    if adapters and reference is not None:
         raise ValueError("reference: the policy has LoRA adapters, so its reference is the base model (the "
                          "adapters switched off); pass none")
     if config.beta == 0.0 or adapters:
@@ -165,8 +174,7 @@ def build_models(config: TrainConfig, world: World, policy: torch.nn.Module,
     elif reference is None:
         reference = make_reference(policy)
     else:
-        if not allow_alias:
-            check_not_aliased(policy, reference)
+        check_not_aliased(policy, reference)
         reference.to(world.device)
     policy.train()
     sharded = world.distributed and config.parallelism == "fsdp2"
@@ -180,10 +188,7 @@ def build_models(config: TrainConfig, world: World, policy: torch.nn.Module,
         full_policy.generation_config = policy.generation_config
     else:
         full_policy = make_reference(policy) if sharded else policy   # a plain copy, never trained
-
-    def logprob_fn(model, input_ids, attention_mask, completion_mask, entropy=False):
-        with autocast(config, world.device):
-            return sequence_logprobs(config, model, input_ids, attention_mask, completion_mask, entropy)
+    logprob_fn = logprob_function(config, world)
     per_layer = config.engine != "fused"   # the fused path runs no layer's own forward
     train_logprobs = distributed.wrap(policy, logprob_fn, world, config.parallelism, trainable=True,
                                       per_layer=per_layer)

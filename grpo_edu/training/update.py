@@ -311,25 +311,6 @@ def optimise(config: TrainConfig, models: Models, optimizer, scheduler, batch: R
     return metrics
 
 
-def optimise_refreshing_old(config: TrainConfig, models: Models, optimizer, scheduler, batch: RolloutBatch,
-                            plan: Plan, world: World = World()) -> dict[str, float]:
-    """The failure lab's refresh_old_logprobs fault (grpo_edu.lab.faults): num_iterations passes,
-    pi_old recomputed from the current policy at the start of each (one pass of optimise
-    each), instead of fixed to the policy that sampled. Metrics as optimise's: the last
-    step's, the first step's learning rate and sampler gap, the optimizer steps of all passes."""
-    one_pass = replace(config, num_iterations=1)
-    passes = []
-    for _ in range(config.num_iterations):
-        old_logp = policy_logprobs(one_pass, models, batch, plan, world)
-        passes.append(optimise(one_pass, models, optimizer, scheduler, replace(batch, old_logp=old_logp),
-                               plan, world))
-    merged = dict(passes[-1])
-    merged["learning_rate"] = passes[0]["learning_rate"]
-    merged["optimizer_steps"] = sum(p["optimizer_steps"] for p in passes)
-    merged.update({k: v for k, v in passes[0].items() if k.startswith("sampler_gap/")})
-    return merged
-
-
 def _gap_before_update(config: TrainConfig, batch: RolloutBatch, plan: Plan,
                        first_forward: list[tuple[MicroBatch, torch.Tensor]], world: World) -> dict[str, float]:
     """The sampler gap over the log-probs the trainer had before the rollout's first update:
