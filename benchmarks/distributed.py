@@ -177,7 +177,7 @@ def count_bytes_worker(output: Path, steps: int, parallelism: str, extra: list[s
     import torch.distributed._functional_collectives as funcol
 
     from grpo_edu.runtime import distributed
-    from grpo_edu.training import trainer
+    from grpo_edu.training import rollouts, trainer
     from grpo_edu.training.config import TrainConfig
 
     payload, calls = Counter(), Counter()
@@ -219,12 +219,12 @@ def count_bytes_worker(output: Path, steps: int, parallelism: str, extra: list[s
     dist.all_gather = wrapped(all_gather, "trainer", 1, size_factor=True)
 
     snapshots = []
-    sample_prompts = trainer.sample_prompts
+    sample_prompts = rollouts.sample_prompts
 
     def marked(*arguments, **keywords):   # called once per step, first thing in the step
         snapshots.append((Counter(payload), Counter(calls)))
         return sample_prompts(*arguments, **keywords)
-    trainer.sample_prompts = marked
+    rollouts.sample_prompts = marked
 
     overrides = COMMON + [f"steps={steps}", "threads=1", f"parallelism={parallelism}",
                           f"output_dir={output.parent / parallelism}"] + extra

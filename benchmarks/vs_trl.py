@@ -19,7 +19,7 @@ or cold cache, a heated CPU) favours one trainer.
 
 What is timed, the same way for all: the wall-clock of a whole iteration of
 the training loop, from the start of one step to the start of the next.
-  grpo_edu  a timestamp each time the loop calls grpo_edu.training.trainer.sample_prompts,
+  grpo_edu  a timestamp each time the loop calls grpo_edu.training.rollouts.sample_prompts,
             which it does exactly once per step, first thing in the step (checked:
             the benchmark fails if the count differs from the steps). An iteration
             holds sampling, scoring, the update, its metrics and their line in
@@ -94,17 +94,17 @@ def stamped(module, name: str, starts: list[float]):
 
 
 def run_grpo_edu(seed: int, args, held_out, engine: str = "fused") -> Run:
-    from grpo_edu.training import metrics, trainer
+    from grpo_edu.training import metrics, rollouts, trainer
     from grpo_edu.training.config import TrainConfig
     from grpo_edu.training.evaluation import evaluate
 
     starts: list[float] = []
-    with tempfile.TemporaryDirectory() as directory, stamped(trainer, "sample_prompts", starts):
+    with tempfile.TemporaryDirectory() as directory, stamped(rollouts, "sample_prompts", starts):
         config = TrainConfig(steps=args.steps, seed=seed, threads=args.threads, advantage_std="sample",
                              eval_every=args.steps, eval_size=len(held_out), checkpoint_every=0,
                              progress=False, output_dir=directory, engine=engine)
         result = trainer.train(config, log=lambda _: None)
-    step_seconds = intervals(starts, args.steps, "grpo_edu.training.trainer.train (sample_prompts)")
+    step_seconds = intervals(starts, args.steps, "grpo_edu.training.trainer.train (rollouts.sample_prompts)")
     phases = [sum(m[f"time/{key}"] for key in metrics.TIME_SPLIT) for m in result.history]
     accuracy = evaluate(result.policy.eval(), result.tokenizer, held_out)["greedy_accuracy"]
     return Run(step_seconds, phases[:len(step_seconds)], accuracy)

@@ -43,7 +43,8 @@ import torch
 from grpo_edu.algorithm import worked_example
 from grpo_edu.algorithm.advantages import group_advantages
 from grpo_edu.algorithm.estimators import clipped_objective, response_token_weights
-from grpo_edu.algorithm.loss import grpo_loss, kl_estimate
+from grpo_edu.algorithm.kl import kl_estimate
+from grpo_edu.algorithm.loss import grpo_loss
 from grpo_edu.widgets import AdvantageExplorer, ClippingExplorer, KLExplorer, LengthBiasExplorer
 from grpo_edu.widgets import advantages as advantage_view
 from grpo_edu.widgets import kl as kl_view
@@ -157,7 +158,7 @@ for low, high in ((0.2, 0.2), (0.2, 0.28), (0.0, 0.0)):
 # GRPO penalises $\mathrm{KL}(\pi\,\|\,\pi_\text{ref})$ per token, from the one token that was
 # sampled. With $d = \log\pi_\text{ref}(x) - \log\pi(x)$ for $x \sim \pi$, Schulman's three
 # estimators are $k_1 = -d$, $k_2 = d^2/2$ and $k_3 = e^d - 1 - d$
-# (`grpo_edu.algorithm.loss.kl_estimate`, the function the loss calls). The explorer sets $\pi$ and
+# (`grpo_edu.algorithm.kl.kl_estimate`, the function the loss calls). The explorer sets $\pi$ and
 # $\pi_\text{ref}$ over a vocabulary of three tokens by their logits, draws each estimator
 # against $d$ with the three tokens marked, and compares their means over samples from $\pi$
 # with the exact KL.
@@ -196,7 +197,7 @@ for shift in (0.0, 1.0, 2.0, 3.0):
 # is no longer the one that sampled. Averaged over the sampler's tokens, every estimator
 # then misses the KL; weighting each token by the ratio $\pi/\pi_{\theta_\text{old}}$ would
 # restore it. Here the explorer's $\pi$ and $\pi_\text{ref}$, with a sampler whose logits
-# differ from $\pi$'s by a few tenths, using `grpo_edu.algorithm.loss.kl_estimate`:
+# differ from $\pi$'s by a few tenths, using `grpo_edu.algorithm.kl.kl_estimate`:
 
 # %%
 logits, ref_logits = np.array(kl_view.DEFAULT_LOGITS), np.array(kl_view.DEFAULT_REF_LOGITS)
@@ -225,7 +226,7 @@ for name in ("k1", "k2", "k3"):
 # response's token mean, then the mean over responses, so a token of a long response weighs
 # less than a token of a short one. `dr_grpo` divides every token by the same constant
 # (G times `max_completion_length`), and `dapo` / `bnpo` by the number of tokens in the batch.
-# The explorer plots the weight of one token, read from `grpo_edu.algorithm.loss.aggregation_weights`,
+# The explorer plots the weight of one token, read from `grpo_edu.algorithm.aggregation.aggregation_weights`,
 # against response length. Chapter 4 measures what this does to training.
 
 # %%

@@ -43,7 +43,8 @@ from grpo_edu.algorithm.advantages import group_advantages
 from grpo_edu.training.batch import RolloutBatch, pad_rollouts
 from grpo_edu.algorithm.logprobs import (completion_logprobs, position_ids_from_attention_mask,
                                token_logprobs)
-from grpo_edu.algorithm.loss import grpo_loss, kl_estimate
+from grpo_edu.algorithm.kl import kl_estimate
+from grpo_edu.algorithm.loss import grpo_loss
 from grpo_edu.policy.models import char_tokenizer, tiny_llama
 from grpo_edu.environment.rewards import combined_reward
 

@@ -44,7 +44,9 @@ import torch
 
 from grpo_edu.algorithm.advantages import group_advantages, zero_std_groups
 from grpo_edu.training.batch import RolloutBatch, pad_rollouts
-from grpo_edu.algorithm.loss import LOSS_TYPES, aggregate, aggregation_weights, grpo_loss
+from grpo_edu.algorithm import aggregation
+from grpo_edu.algorithm.aggregation import LOSS_TYPES, aggregation_weights
+from grpo_edu.algorithm.loss import grpo_loss
 
 torch.set_num_threads(1)
 torch.set_printoptions(precision=4, sci_mode=False)
@@ -131,10 +133,16 @@ print(f"GSPO's clip range against grpo's epsilon = 0.2: {0.2 / gspo['epsilon']:.
 # (`epsilon_high` = 0.28, DAPO's value, also in the `dapo` row) only changes which
 # *positive-advantage* tokens clip, so the wrong answers' gradients are unchanged.
 #
-# All four aggregations are one line of `grpo_edu.algorithm.loss.aggregate`:
+# Each loss type is one registered function in `grpo_edu.algorithm.aggregation`. It returns
+# the two divisors of the loss: one per response (or none) and one for the whole batch.
+# `aggregate` divides the per-token losses by them. A new loss type is one more function.
 
 # %%
-print(inspect.getsource(aggregate))
+print(inspect.getsource(aggregation.per_response_mean))   # grpo
+print(inspect.getsource(aggregation.batch_token_mean))    # bnpo
+print(inspect.getsource(aggregation.constant_length))     # dr_grpo
+print(inspect.getsource(aggregation.step_token_mean))     # dapo
+print({name: divisors.__name__ for name, divisors in aggregation.AGGREGATIONS.items()})
 
 # %% [markdown]
 # ## The length bias, in numbers

@@ -50,7 +50,8 @@ from grpo_edu.training import placement, rollouts, scoring, trainer, update
 from grpo_edu.algorithm.advantages import group_advantages, zero_std_groups
 from grpo_edu.training.config import TrainConfig
 from grpo_edu.runtime.distributed import World
-from grpo_edu.algorithm.loss import LOSS_TYPES, grpo_loss
+from grpo_edu.algorithm.aggregation import LOSS_TYPES
+from grpo_edu.algorithm.loss import grpo_loss
 from grpo_edu.policy.models import load_policy
 
 torch.set_num_threads(1)

@@ -15,6 +15,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from grpo_edu.algorithm.loss import LossSettings
 from grpo_edu.commands import cli
 from grpo_edu.policy import lora
 from grpo_edu.runtime import distributed
@@ -22,7 +23,7 @@ from grpo_edu.training import placement, rollouts, scoring, trainer, update, use
 from grpo_edu.training.batch import RolloutBatch
 from grpo_edu.training.config import TrainConfig
 from grpo_edu.runtime.distributed import World
-from grpo_edu.algorithm.loss import LOSS_TYPES
+from grpo_edu.algorithm.aggregation import LOSS_TYPES
 from hang_guard import HANG_SECONDS
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -279,7 +280,7 @@ def test_every_tensor_handed_to_the_loss_is_on_the_trainers_device(tmp_path, mon
     monkeypatch.setattr(update, "grpo_loss", spy)
     part = update.micro_batches(plan, batch, 0, config.micro_batch_size, meta)[0]
     with pytest.raises(Seen):
-        update.micro_batch_loss(update.LossSettings.of(config), models.train_logprobs, part,
+        update.micro_batch_loss(LossSettings.of(config), models.train_logprobs, part,
                                 plan.totals(0, config.loss_type))
     assert len(received) >= 5 and {t.device.type for t in received} == {"meta"}
 

@@ -10,7 +10,7 @@ import torch
 from grpo_edu.training import episodes, placement, scoring, trainer, update
 from grpo_edu.training.config import TrainConfig
 from grpo_edu.training.episodes import Calculator, Reply, roll_out_episodes
-from grpo_edu.algorithm.loss import grpo_loss
+from grpo_edu.algorithm.loss import LossSettings, grpo_loss
 from grpo_edu.sampling.rollout import Rollout, SamplingParams
 from grpo_edu.training.user_functions import functions_from_config
 from test_trainer import small_config, tiny
@@ -189,7 +189,7 @@ def test_environment_tokens_get_no_gradient_and_count_in_no_normaliser(loss_type
         captured.append(out)
     hook = policy.lm_head.register_forward_hook(keep)
     totals = plan.totals(0, loss_type)
-    loss, out, logp = update.micro_batch_loss(update.LossSettings.of(config), models.train_logprobs, part, totals)
+    loss, out, logp = update.micro_batch_loss(LossSettings.of(config), models.train_logprobs, part, totals)
     hook.remove()
     loss.backward()
     S = batch.completion_length

@@ -7,7 +7,7 @@ import inspect
 import pytest
 import torch
 
-from grpo_edu.training import metrics, placement, trainer
+from grpo_edu.training import metrics, placement, trainer, update
 from grpo_edu.algorithm.advantages import group_advantages
 from grpo_edu.training.config import TrainConfig
 from grpo_edu.runtime.distributed import World
@@ -48,13 +48,23 @@ def test_a_fault_that_would_inject_nothing_is_refused(tmp_path, faults, override
         run(lab_config(tmp_path, **overrides), faults)
 
 
-def test_faults_is_an_argument_never_a_config_key(tmp_path):
+def test_a_fault_is_never_a_config_key_nor_a_trainer_argument(tmp_path):
     assert "faults" not in {f.name for f in dataclasses.fields(TrainConfig)}
     with pytest.raises(ValueError, match="unknown config key 'faults'"):
         TrainConfig.from_toml(None, ["faults=1"])
-    with pytest.raises(ValueError, match="^faults: expected a grpo_edu.lab.faults.Faults, got dict$"):
-        run(lab_config(tmp_path), {"alias_reference": True})
+    for function in (trainer.train, trainer.set_up, trainer.loop, placement.build_models, update.optimise):
+        assert not {"faults", "allow_alias"} & set(inspect.signature(function).parameters), function.__name__
     assert NONE.active() == {} and Faults(off_by_one=True).active() == {"off_by_one": True}
+
+
+def test_apply_refuses_a_fault_the_config_makes_meaningless_and_injects_nothing_when_none(tmp_path):
+    run_ = trainer.set_up(lab_config(tmp_path, beta=0.0), log=lambda line: None)
+    before = (run_.roll_out, run_.optimise, run_.advantage_fn, run_.models.reference_logprobs)
+    with pytest.raises(ValueError, match="Faults.alias_reference: expected a run with a reference"):
+        Faults(alias_reference=True).apply(run_)
+    NONE.apply(run_)
+    assert (run_.roll_out, run_.optimise, run_.advantage_fn, run_.models.reference_logprobs) == before
+    assert run_.notes == {}
 
 
 def test_a_faulty_run_says_so_in_its_log_and_summary(tmp_path):

@@ -12,8 +12,9 @@ from hypothesis import strategies as st
 from grpo_edu.algorithm import reference
 from grpo_edu.algorithm.advantages import group_advantages
 from grpo_edu.algorithm.logprobs import token_logprobs
-from grpo_edu.algorithm.loss import (KL_ESTIMATORS, LOSS_TYPES, aggregate, aggregation_weights, grpo_loss,
-                           kl_estimate)
+from grpo_edu.algorithm.aggregation import LOSS_TYPES, aggregate, aggregation_weights
+from grpo_edu.algorithm.kl import KL_ESTIMATORS, kl_estimate
+from grpo_edu.algorithm.loss import LossSettings, grpo_loss
 
 F64 = torch.float64
 
@@ -521,3 +522,63 @@ def test_chapter4_sequence_ratio_checker():
     assert token_mean_over_padding.passed == 2  # "no padding" and the first step (all log-ratios 0)
     product = ch04.check_sequence_ratio(lambda l, o, m: torch.exp(((l - o) * m).sum(-1)))
     assert not product  # the unnormalised sequence ratio is not GSPO's
+
+
+# ----------------------------------------------------------------- the registries
+
+def test_each_registry_is_what_the_settings_may_name():
+    from grpo_edu.algorithm import aggregation, kl, offpolicy, surrogates
+    assert LOSS_TYPES == tuple(aggregation.AGGREGATIONS) == ("grpo", "bnpo", "dr_grpo", "dapo")
+    assert KL_ESTIMATORS == tuple(kl.KL_ESTIMATES) == ("k1", "k2", "k3")
+    assert tuple(surrogates.RATIO_LEVELS) == ("token", "sequence")
+    assert tuple(surrogates.SURROGATES) == ("clip", "capped")
+    assert tuple(offpolicy.CORRECTIONS) == ("tis", "token_mask", "sequence_mask")
+    assert LossSettings(ratio_cap=2.0).surrogate == "capped" and LossSettings().surrogate == "clip"
+    assert [LossSettings(tis_cap=2.0).correction.kind, LossSettings(is_mask="token").correction.kind,
+            LossSettings(is_mask="sequence").correction.kind, LossSettings().correction.kind] == \
+        ["tis", "token_mask", "sequence_mask", None]
+    with pytest.raises(ValueError, match=r"loss_type must be one of \('grpo', 'bnpo', 'dr_grpo', 'dapo'\), got 'x'"):
+        LossSettings(loss_type="x")
+
+
+def test_a_new_loss_type_is_one_registered_function(monkeypatch):
+    """Registering divisors is all a loss type takes: grpo_loss, aggregate and the weights use it."""
+    from grpo_edu.algorithm import aggregation
+    monkeypatch.setitem(aggregation.AGGREGATIONS, "sum", lambda mask, counts: (None, 1.0))
+    torch.manual_seed(0)
+    logp = -torch.rand(2, 3, 5, dtype=F64, requires_grad=True)
+    mask = torch.ones(2, 3, 5, dtype=torch.bool)
+    mask[0, 1, 3:] = False
+    out = grpo_loss(logp, logp.detach(), torch.randn(2, 3, dtype=F64), mask, loss_type="sum")
+    assert torch.equal(out.loss, (out.per_token_loss * mask).sum())
+    assert torch.equal(out.token_weights, mask.to(F64))
+
+
+def test_a_new_surrogate_is_one_registered_function(monkeypatch):
+    """A surrogate without the clip (the plain ratio, -rho A) gives, at rho = 1, the clip's loss
+    and gradient; off-policy, the gradient the clip would cut."""
+    from grpo_edu.algorithm import surrogates
+    monkeypatch.setitem(surrogates.SURROGATES, "plain", lambda ratio, A, logp, settings: -ratio * A)
+    monkeypatch.setattr(LossSettings, "surrogate", property(lambda self: "plain"))
+    torch.manual_seed(1)
+    logp = -torch.rand(2, 4, 6, dtype=F64)
+    advantages = torch.randn(2, 4, dtype=F64)
+    mask = torch.ones(2, 4, 6, dtype=torch.bool)
+    plain = logp.clone().requires_grad_(True)
+    grpo_loss(plain, logp, advantages, mask, epsilon=0.01).loss.backward()
+    monkeypatch.undo()
+    clipped = logp.clone().requires_grad_(True)
+    grpo_loss(clipped, logp, advantages, mask, epsilon=0.01).loss.backward()
+    assert torch.allclose(plain.grad, clipped.grad, rtol=0, atol=1e-15)
+
+
+def test_settings_or_options_not_both_and_no_unknown_option():
+    logp = -torch.rand(1, 2, 3, dtype=F64)
+    mask = torch.ones(1, 2, 3, dtype=torch.bool)
+    args = (logp, logp, torch.tensor([[1.0, -1.0]], dtype=F64), mask)
+    assert grpo_loss(*args, LossSettings(beta=0.0, loss_type="bnpo")).metrics == \
+        grpo_loss(*args, beta=0.0, loss_type="bnpo").metrics
+    with pytest.raises(ValueError, match=r"grpo_loss: pass settings or the options \['beta'\], not both"):
+        grpo_loss(*args, LossSettings(), beta=0.1)
+    with pytest.raises(TypeError, match=r"grpo_loss: unknown option 'loss_typ'"):
+        grpo_loss(*args, loss_typ="bnpo")

@@ -9,7 +9,8 @@ import torch
 
 from grpo_edu.commands import trl_bridge
 from grpo_edu.training.config import TrainConfig
-from grpo_edu.algorithm.loss import LOSS_TYPES, grpo_loss
+from grpo_edu.algorithm.aggregation import LOSS_TYPES
+from grpo_edu.algorithm.loss import grpo_loss
 from grpo_edu.algorithm.offpolicy import Correction, correction_weights
 from test_lagging import run, without_time
 

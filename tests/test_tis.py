@@ -13,7 +13,8 @@ import torch
 
 from grpo_edu.training import metrics, rollouts, trainer
 from grpo_edu.training.config import TrainConfig
-from grpo_edu.algorithm.loss import LOSS_TYPES, grpo_loss
+from grpo_edu.algorithm.aggregation import LOSS_TYPES
+from grpo_edu.algorithm.loss import grpo_loss
 
 
 def batch(seed=0, N=4, S=5):

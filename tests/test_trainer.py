@@ -6,6 +6,7 @@ import json
 import pytest
 import torch
 
+from grpo_edu.algorithm.loss import LossSettings
 from grpo_edu.environment import tasks
 from grpo_edu.training import checkpoint, placement, rollouts, scoring, trainer, update, user_functions
 from grpo_edu.runtime.distributed import World
@@ -125,7 +126,7 @@ def test_gradient_accumulation_equals_one_big_batch(tmp_path, loss_type):
         parts = update.micro_batches(plan, batch, 0, micro, World())
         assert len(parts) == -(-16 // micro)
         for part in parts:
-            loss, _, _ = update.micro_batch_loss(update.LossSettings.of(config), models.train_logprobs, part,
+            loss, _, _ = update.micro_batch_loss(LossSettings.of(config), models.train_logprobs, part,
                                                  plan.totals(0, config.loss_type))
             loss.backward()
         gradients.append(torch.cat([p.grad.reshape(-1) for p in policy.parameters()]))
@@ -262,7 +263,7 @@ def test_fused_and_transformers_paths_give_the_same_update(tmp_path):
         policy.zero_grad()
         losses = []
         for part in update.micro_batches(plan, batch, 0, config.micro_batch_size, World()):
-            loss, _, _ = update.micro_batch_loss(update.LossSettings.of(config), models.train_logprobs, part,
+            loss, _, _ = update.micro_batch_loss(LossSettings.of(config), models.train_logprobs, part,
                                                  plan.totals(0, config.loss_type))
             loss.backward()
             losses.append(loss.item())

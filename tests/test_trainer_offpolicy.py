@@ -12,7 +12,7 @@ from grpo_edu.runtime.distributed import World
 from grpo_edu.environment import tasks
 from grpo_edu.training import placement, rollouts, scoring, trainer, update, user_functions
 from grpo_edu.algorithm.logprobs import completion_logprobs
-from grpo_edu.algorithm.loss import grpo_loss
+from grpo_edu.algorithm.loss import LossSettings, grpo_loss
 from grpo_edu.sampling.rollout import HFEngine
 from test_trainer import count_digits, small_config, tiny
 
@@ -309,7 +309,7 @@ def test_dapo_normalises_each_step_by_rollout_tokens_over_mini_batches_as_trl(tm
             policy.zero_grad()
             total = 0.0
             for part in update.micro_batches(plan, batch, k, micro_batch_size, World()):
-                loss, _, _ = update.micro_batch_loss(update.LossSettings.of(config), models.train_logprobs, part, totals)
+                loss, _, _ = update.micro_batch_loss(LossSettings.of(config), models.train_logprobs, part, totals)
                 loss.backward()
                 total += loss.item()
             assert total == pytest.approx(expected, rel=1e-5, abs=1e-8)

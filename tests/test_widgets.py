@@ -19,7 +19,9 @@ from grpo_edu.algorithm import estimators, reference, worked_example
 from grpo_edu.book import notebooks
 from grpo_edu.algorithm.advantages import group_advantages
 from grpo_edu.exercises import ch02
-from grpo_edu.algorithm.loss import aggregation_weights, grpo_loss, kl_estimate
+from grpo_edu.algorithm.aggregation import aggregation_weights
+from grpo_edu.algorithm.kl import kl_estimate
+from grpo_edu.algorithm.loss import grpo_loss
 from grpo_edu.widgets import AdvantageExplorer, ClippingExplorer, KLExplorer, LengthBiasExplorer
 from grpo_edu.widgets import advantages as advantage_view
 from grpo_edu.widgets import clipping as clipping_view

@@ -13,8 +13,8 @@ from matplotlib.collections import LineCollection
 
 from grpo_edu.algorithm import worked_example
 from grpo_edu.algorithm.estimators import categorical_kl
-from grpo_edu.algorithm.loss import KL_ESTIMATORS
-from grpo_edu.algorithm.loss import kl_estimate as _kl_estimate
+from grpo_edu.algorithm.kl import KL_ESTIMATORS
+from grpo_edu.algorithm.kl import kl_estimate as _kl_estimate
 from grpo_edu.algorithm.reference import log_softmax
 from grpo_edu.widgets._base import (Explorer, Plot, cell, fmt, nice_limit, notes_html, snap,
                                     sticky_limits, table)
@@ -28,7 +28,7 @@ COLOURS = {"k1": "#6baed6", "k2": "#fd8d3c", "k3": "#31a354"}
 
 
 def kl_estimate(logp, ref_logp, estimator: str) -> np.ndarray:
-    """grpo_edu.algorithm.loss.kl_estimate (the trainer's) on NumPy arrays."""
+    """grpo_edu.algorithm.kl.kl_estimate (the trainer's) on NumPy arrays."""
     return _kl_estimate(torch.as_tensor(logp, dtype=torch.float64),
                         torch.as_tensor(ref_logp, dtype=torch.float64), estimator).numpy()
 

@@ -58,7 +58,7 @@ class LengthBiasExplorer(Explorer):
 
         explorer = LengthBiasExplorer()
         explorer.lengths.value = (10, 1000)
-        explorer.state.weights["grpo"]     # (G,), from grpo_edu.algorithm.loss.aggregation_weights
+        explorer.state.weights["grpo"]     # (G,), from grpo_edu.algorithm.aggregation.aggregation_weights
     """
 
     css = "grpo-length-bias-explorer"

@@ -20,7 +20,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from grpo_edu.algorithm.loss import aggregation_weights, grpo_loss
+from grpo_edu.algorithm.aggregation import aggregation_weights
+from grpo_edu.algorithm.loss import grpo_loss
 from grpo_edu.algorithm.reference import log_softmax
 
 # grpo_loss takes log-probabilities (<= 0). A ratio rho is fed as

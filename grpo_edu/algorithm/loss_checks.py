@@ -1,5 +1,6 @@
 """The argument checks of grpo_edu.algorithm.loss.grpo_loss: each bad input gets one line naming the
-argument, what was expected and what was given."""
+argument, what was expected and what was given. The allowed names are the registries' (loss
+types: aggregation.AGGREGATIONS; ratio levels: surrogates.RATIO_LEVELS; KL: kl.KL_ESTIMATES)."""
 
 from __future__ import annotations
 
@@ -8,16 +9,10 @@ from typing import Callable
 
 import torch
 
+from grpo_edu.algorithm.aggregation import check_loss_type
+from grpo_edu.algorithm.kl import check_kl_estimator
 from grpo_edu.algorithm.offpolicy import Correction
-
-LOSS_TYPES = ("grpo", "bnpo", "dr_grpo", "dapo")
-IMPORTANCE_SAMPLING_LEVELS = ("token", "sequence")
-KL_ESTIMATORS = ("k1", "k2", "k3")
-
-
-def check_loss_type(loss_type: str) -> None:
-    if loss_type not in LOSS_TYPES:
-        raise ValueError(f"loss_type must be one of {LOSS_TYPES}, got {loss_type!r}")
+from grpo_edu.algorithm.surrogates import RATIO_LEVELS
 
 
 def check_sampler(correction: Correction, sampler_logp, logp) -> None:
@@ -52,11 +47,9 @@ def check_ratio_cap(ratio_cap) -> None:
 
 def check_options(loss_type, level, kl_estimator, epsilon, epsilon_high, beta) -> None:
     check_loss_type(loss_type)
-    if level not in IMPORTANCE_SAMPLING_LEVELS:
-        raise ValueError(f"importance_sampling_level must be one of {IMPORTANCE_SAMPLING_LEVELS}, "
-                         f"got {level!r}")
-    if kl_estimator not in KL_ESTIMATORS:
-        raise ValueError(f"kl_estimator must be one of {KL_ESTIMATORS}, got {kl_estimator!r}")
+    if level not in RATIO_LEVELS:
+        raise ValueError(f"importance_sampling_level must be one of {tuple(RATIO_LEVELS)}, got {level!r}")
+    check_kl_estimator(kl_estimator)
     if not (isinstance(epsilon, (int, float)) and 0 <= epsilon < 1):
         raise ValueError(f"epsilon must be a number in [0, 1), got {epsilon!r}")
     if epsilon_high is not None and not (isinstance(epsilon_high, (int, float)) and epsilon_high >= 0):

@@ -17,6 +17,8 @@ weight w_t on the token's policy term (the KL term is not weighed, as in TRL 1.1
 TRL: it adds 0 to the sum, and the other tokens keep their weight.
 
     Correction            the three settings, from the config keys of the same names
+    CORRECTIONS           name -> weights(r, log_r, mask, correction) -> w (N, S): "tis",
+                          "token_mask", "sequence_mask" (Correction.kind names the one in use)
     correction_weights    w (N, S) and its metrics
 """
 
@@ -24,10 +26,21 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Callable
 
 import torch
 
 IS_MASKS = ("none", "token", "sequence")
+Weights = Callable[..., torch.Tensor]
+CORRECTIONS: dict[str, Weights] = {}
+
+
+def correction(name: str) -> Callable[[Weights], Weights]:
+    """Register a correction's weights(r, log_r, mask, correction) -> w (N, S)."""
+    def register(weights: Weights) -> Weights:
+        CORRECTIONS[name] = weights
+        return weights
+    return register
 
 
 @dataclass(frozen=True)
@@ -44,6 +57,13 @@ class Correction:
     @property
     def active(self) -> bool:
         return bool(self.tis_cap) or self.is_mask != "none"
+
+    @property
+    def kind(self) -> str | None:
+        """The registered correction these settings name (CORRECTIONS), or None: no correction."""
+        if self.tis_cap:
+            return "tis"
+        return None if self.is_mask == "none" else f"{self.is_mask}_mask"
 
 
 def check(tis_cap, is_mask, band, prefix: str = "") -> None:
@@ -74,17 +94,8 @@ def correction_weights(old_logp: torch.Tensor, sampler_logp: torch.Tensor, mask:
     old_logp and sampler_logp are constants (no gradient flows through w)."""
     log_r = (old_logp.detach() - sampler_logp).masked_fill(~mask, 0.0)   # 0 on padding: r = 1 there
     r = torch.exp(log_r)
-    if correction.tis_cap:
-        w = torch.clamp(r, max=correction.tis_cap)
-    elif correction.is_mask == "token":
-        low, high = correction.is_mask_band
-        w = r * ((r >= low) & (r <= high))
-    elif correction.is_mask == "sequence":
-        low, high = correction.is_mask_band
-        g = torch.exp(log_r.sum(-1, keepdim=True) / mask.sum(-1, keepdim=True).clamp(min=1))   # (N, 1)
-        w = ((g >= low) & (g <= high)).to(r.dtype).expand_as(r)
-    else:
-        w = torch.ones_like(r)
+    kind = correction.kind
+    w = torch.ones_like(r) if kind is None else CORRECTIONS[kind](r, log_r, mask, correction)
     w = torch.where(mask, w, torch.ones_like(w))
     with torch.no_grad():
         real = r[mask]
@@ -96,3 +107,24 @@ def correction_weights(old_logp: torch.Tensor, sampler_logp: torch.Tensor, mask:
         if correction.is_mask != "none":
             metrics["is/masked"] = (w[mask] == 0).to(r.dtype).mean().item()
     return w, metrics
+
+
+@correction("tis")
+def truncated(r: torch.Tensor, log_r: torch.Tensor, mask: torch.Tensor, settings: Correction) -> torch.Tensor:
+    """Truncated importance sampling: w = min(r, tis_cap)."""
+    return torch.clamp(r, max=settings.tis_cap)
+
+
+@correction("token_mask")
+def token_mask(r: torch.Tensor, log_r: torch.Tensor, mask: torch.Tensor, settings: Correction) -> torch.Tensor:
+    """IcePop's token mask: w = r inside is_mask_band, else 0."""
+    low, high = settings.is_mask_band
+    return r * ((r >= low) & (r <= high))
+
+
+@correction("sequence_mask")
+def sequence_mask(r: torch.Tensor, log_r: torch.Tensor, mask: torch.Tensor, settings: Correction) -> torch.Tensor:
+    """Every token of a response weighs 1 when its geometric-mean ratio g is inside is_mask_band, else 0."""
+    low, high = settings.is_mask_band
+    g = torch.exp(log_r.sum(-1, keepdim=True) / mask.sum(-1, keepdim=True).clamp(min=1))   # (N, 1)
+    return ((g >= low) & (g <= high)).to(r.dtype).expand_as(r)

@@ -29,7 +29,7 @@ from grpo_edu import widgets
 from grpo_edu.algorithm import worked_example
 from grpo_edu.algorithm.advantages import group_advantages
 from grpo_edu.algorithm.estimators import ClippedObjective, clipped_objective
-from grpo_edu.algorithm.loss import KL_ESTIMATORS
+from grpo_edu.algorithm.kl import KL_ESTIMATORS
 from grpo_edu.widgets import advantages, clipping, kl, length_bias
 from grpo_edu.widgets._base import snap
 

@@ -15,7 +15,7 @@ from grpo_edu.algorithm import worked_example
 from grpo_edu.algorithm.advantages import group_advantages
 from grpo_edu.algorithm.estimators import clipped_objective, response_token_weights
 from grpo_edu.exercises.checking import CheckResult, run_cases
-from grpo_edu.algorithm.loss import KL_ESTIMATORS, kl_estimate
+from grpo_edu.algorithm.kl import KL_ESTIMATORS, kl_estimate
 from grpo_edu.algorithm.reference import log_softmax
 
 BATCH_CASES = [

@@ -9,7 +9,8 @@ import torch
 
 from grpo_edu.algorithm.advantages import zero_std_groups
 from grpo_edu.exercises.checking import CheckResult, run_cases
-from grpo_edu.algorithm.loss import aggregation_weights, grpo_loss
+from grpo_edu.algorithm.aggregation import aggregation_weights
+from grpo_edu.algorithm.loss import grpo_loss
 
 F64 = torch.float64
 

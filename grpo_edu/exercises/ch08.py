@@ -10,7 +10,8 @@ import torch
 from grpo_edu.algorithm.advantages import group_advantages
 from grpo_edu.runtime.distributed import World
 from grpo_edu.exercises.checking import CheckResult
-from grpo_edu.algorithm.loss import LOSS_TYPES, grpo_loss
+from grpo_edu.algorithm.aggregation import LOSS_TYPES
+from grpo_edu.algorithm.loss import grpo_loss
 
 F64 = torch.float64
 

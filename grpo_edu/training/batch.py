@@ -41,7 +41,7 @@ from dataclasses import dataclass, fields, replace
 import torch
 
 from grpo_edu.algorithm.advantages import check_rewards
-from grpo_edu.algorithm.loss import check_logprob_values
+from grpo_edu.algorithm.loss_checks import check_logprob_values
 
 _OPTIONAL = ("old_logp", "ref_logp", "sampler_logp", "env_mask", "truncated")
 _INTEGER_DTYPES = (torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64)
@@ -62,8 +62,9 @@ def _as_bool_mask(mask: torch.Tensor, name: str) -> torch.Tensor:
 
 
 @dataclass(frozen=True)
-class RolloutBatch:
-    """A validated (B, G, S) batch of one GRPO step (see the module docstring)."""
+class StepTensors:
+    """The tensors of a step's data, declared once: RolloutBatch holds them as (B, G, ...),
+    MicroBatch as rows of it, (n, ...) (the module docstring says what each is)."""
 
     input_ids: torch.Tensor
     attention_mask: torch.Tensor
@@ -75,6 +76,11 @@ class RolloutBatch:
     sampler_logp: torch.Tensor | None = None
     env_mask: torch.Tensor | None = None
     truncated: torch.Tensor | None = None
+
+
+@dataclass(frozen=True)
+class RolloutBatch(StepTensors):
+    """A validated (B, G, S) batch of one GRPO step (see the module docstring)."""
 
     def __post_init__(self):
         for f in fields(self):
@@ -300,7 +306,7 @@ class RolloutBatch:
 
 
 @dataclass(frozen=True)
-class MicroBatch:
+class MicroBatch(StepTensors):
     """n rows of a RolloutBatch's flat layout, one completion each (`RolloutBatch.rows`): what
     one forward and backward of the trainer takes. The fields are RolloutBatch's, flattened:
 
@@ -311,17 +317,6 @@ class MicroBatch:
 
     Not re-validated: its rows come from a validated batch.
     """
-
-    input_ids: torch.Tensor
-    attention_mask: torch.Tensor
-    completion_mask: torch.Tensor
-    old_logp: torch.Tensor | None
-    rewards: torch.Tensor
-    advantages: torch.Tensor
-    ref_logp: torch.Tensor | None = None
-    sampler_logp: torch.Tensor | None = None
-    env_mask: torch.Tensor | None = None
-    truncated: torch.Tensor | None = None
 
     @property
     def loss_mask(self) -> torch.Tensor:

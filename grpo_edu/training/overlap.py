@@ -123,6 +123,10 @@ class _Presynced:
     def generate(self, *args, **kwargs):
         return self.inner.generate(*args, **kwargs)
 
+    def seeded(self, *args, **kwargs):
+        """The engine's own seeding: its generate samples with the weights start() synced."""
+        return self.inner.seeded(*args, **kwargs)
+
 
 def _mirrored_copy(model: torch.nn.Module) -> torch.nn.Module:
     """make_reference(model), each parameter and buffer placed at its original's address modulo

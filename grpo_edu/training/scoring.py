@@ -125,6 +125,44 @@ def soft_overlong_punishment(lengths: torch.Tensor, max_completion_length: int, 
     return torch.where(over <= 0, 0.0, torch.where(lengths <= max_completion_length, -over / cache, -1.0))
 
 
+def reward_terms(config: TrainConfig, texts: list[str], columns: dict, rollout: Rollout,
+                 reward_functions: dict[str, tuple[RewardFn, float]]) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
+    """This rank's reward terms by name, each (n,) float64, and the reward, their weighted sum.
+
+    The terms: each reward function (with its weight), then those the config adds with weight 1:
+    "overlong", DAPO's soft overlong punishment (overlong_cache), and "environment", what a
+    multi-turn episode's environment awarded (config.environment)."""
+    n = len(texts)
+    terms, reward = {}, torch.zeros(n, dtype=torch.float64)
+    for name, (function, weight) in reward_functions.items():
+        values = torch.tensor([float(v) for v in function(texts, **columns)], dtype=torch.float64)
+        if values.shape != (n,) or not torch.isfinite(values).all():
+            raise ValueError(f"reward function {name!r} must return {n} finite floats, got {values.tolist()}")
+        terms[name] = values
+        reward += weight * values
+    added = {}
+    if config.overlong_cache:
+        added["overlong"] = soft_overlong_punishment(rollout.completion_mask.sum(-1).cpu(),
+                                                     config.max_completion_length, config.overlong_cache)
+    if rollout.episode is not None:
+        added["environment"] = rollout.episode["env_reward"]
+    for name, values in added.items():
+        if name in terms:
+            raise ValueError(f"reward_functions: the name {name!r} is the reward term the config adds "
+                             f"({'overlong_cache' if name == 'overlong' else 'environment'}); rename the function")
+        terms[name] = values
+        reward += values
+    return terms, reward
+
+
+def gather_rows(rows: dict, b: int, G: int, world: World) -> dict:
+    """{name: (b * G,) tensor} of this rank -> {name: (B, G) float64} over every rank's prompts
+    (one gather for all of them)."""
+    stacked = torch.stack([value.to(torch.float64) for value in rows.values()])      # (rows, b * G)
+    gathered = world.gather(stacked.view(-1, b, G).transpose(0, 1)).transpose(0, 1)  # (rows, B, G)
+    return dict(zip(rows, gathered))
+
+
 @torch.no_grad()
 def score(config: TrainConfig, samples: list[dict], rollout: Rollout, tokenizer,
           reward_functions: dict[str, tuple[RewardFn, float]], advantage_fn: AdvantageFn,
@@ -139,36 +177,19 @@ def score(config: TrainConfig, samples: list[dict], rollout: Rollout, tokenizer,
     # Each completion is scored with its prompt's dataset columns (TRL's convention).
     texts = tokenizer.batch_decode(rollout.completion_ids, skip_special_tokens=True)
     columns = {key: [s.get(key) for s in mine for _ in range(G)] for key in mine[0] if key != "prompt"}
-    local = torch.zeros(1 + len(reward_functions), b * G, dtype=torch.float64)
-    for i, (name, (function, weight)) in enumerate(reward_functions.items(), 1):
-        values = torch.tensor([float(v) for v in function(texts, **columns)], dtype=torch.float64)
-        if values.shape != (b * G,) or not torch.isfinite(values).all():
-            raise ValueError(f"reward function {name!r} must return {b * G} finite floats, got {values.tolist()}")
-        local[i] = values
-        local[0] += weight * values
-    names = list(reward_functions)
-    if config.overlong_cache:   # DAPO's soft overlong punishment: one more term of the reward, weight 1
-        punishment = soft_overlong_punishment(rollout.completion_mask.sum(-1).cpu(), config.max_completion_length,
-                                              config.overlong_cache)
-        local = torch.cat([local, punishment[None]])
-        local[0] += punishment
-        names.append("overlong")
-    # An episode's statistics are gathered beside the rewards; the environment's reward is one more term.
-    episode = {k: v for k, v in (rollout.episode or {}).items() if k != "env_reward"}
-    if rollout.episode is not None:
-        local = torch.cat([local, rollout.episode["env_reward"][None]])
-        local[0] += rollout.episode["env_reward"]
-        names.append("environment")
+    terms, reward = reward_terms(config, texts, columns, rollout, reward_functions)
     # Steps a rule checks (task "chain"): counted for the log; with supervision = "process", every token's
     # advantage from the rewards of the steps (grpo_edu.environment.process), computed here: a group is whole on its rank.
-    token_advantages, process = step_rewards(config, texts, columns, tokenizer, rollout, local[0])
-    lengths = rollout.completion_mask.sum(-1).cpu()   # the policy's tokens (an episode's: without the environment's)
-    per_completion = torch.cat([local, *(value[None] for value in episode.values()),
-                                *(value[None] for value in process.values()), lengths[None].double(),
-                                rollout.finished.cpu()[None].double()])
-    gathered = world.gather(per_completion.view(-1, b, G).transpose(0, 1)).transpose(0, 1)  # (rows, B, G)
-    reward_matrix = gathered[0]
-    gathered_process = {name: gathered[1 + len(names) + len(episode) + i] for i, name in enumerate(process)}
+    token_advantages, process = step_rewards(config, texts, columns, tokenizer, rollout, reward)
+    episode = {k: v for k, v in (rollout.episode or {}).items() if k != "env_reward"}   # gathered for the log
+    # Every rank's rows gathered to all B prompts at once, each by name: (b * G,) -> (B, G).
+    gathered = gather_rows({"reward": reward, **{("term", k): v for k, v in terms.items()},
+                            **{("episode", k): v for k, v in episode.items()},
+                            **{("process", k): v for k, v in process.items()},
+                            "length": rollout.completion_mask.sum(-1).cpu().double(),   # the policy's tokens
+                            "finished": rollout.finished.cpu().double()}, b, G, world)
+    reward_matrix = gathered["reward"]
+    gathered_process = {name: gathered["process", name] for name in process}
     # Process supervision: the plan keeps each completion's first-token advantage (the sum of its steps').
     advantages = gathered_process.pop("advantage") if token_advantages is not None else advantage_fn(reward_matrix)
     if not isinstance(advantages, torch.Tensor) or advantages.shape != (B, G):
@@ -177,11 +198,10 @@ def score(config: TrainConfig, samples: list[dict], rollout: Rollout, tokenizer,
     if not torch.isfinite(advantages).all():
         raise ValueError(f"advantage_fn returned non-finite advantages for rewards {reward_matrix.tolist()}")
     advantages = advantages.to(torch.float32)
-    plan = Plan(rewards=reward_matrix, components={name: gathered[i] for i, name in enumerate(names, 1)},
-                advantages=advantages, lengths=gathered[-2].long(), finished=gathered[-1].bool(),
+    plan = Plan(rewards=reward_matrix, components={name: gathered["term", name] for name in terms},
+                advantages=advantages, lengths=gathered["length"].long(), finished=gathered["finished"].bool(),
                 mini_batches=plan_mini_batches(config, reward_matrix), owned=owned, group_size=G,
-                episode={name: gathered[1 + len(names) + i] for i, name in enumerate(episode)},
-                process=gathered_process)
+                episode={name: gathered["episode", name] for name in episode}, process=gathered_process)
 
     P, S = rollout.prompt_ids.shape[1], rollout.completion_ids.shape[1]
     sampled_on = rollout.completion_ids.device

@@ -16,7 +16,7 @@ from __future__ import annotations
 import math
 import re
 import warnings
-from dataclasses import dataclass, fields, replace
+from dataclasses import dataclass, replace
 from typing import Callable
 
 import torch
@@ -26,7 +26,7 @@ from grpo_edu.runtime import distributed
 from grpo_edu.training.batch import MicroBatch, RolloutBatch
 from grpo_edu.training.config import TrainConfig
 from grpo_edu.runtime.distributed import World
-from grpo_edu.algorithm.loss import GRPOLossOutput, grpo_loss
+from grpo_edu.algorithm.loss import GRPOLossOutput, LossSettings, grpo_loss
 from grpo_edu.training.metrics import MetricSums, sampler_gap
 from grpo_edu.training.placement import Models
 from grpo_edu.training.scoring import LossTotals, Plan
@@ -175,28 +175,6 @@ def policy_logprobs(config: TrainConfig, models: Models, batch: RolloutBatch, pl
 
 # --------------------------------------------------------------------------- step 6
 
-@dataclass(frozen=True)
-class LossSettings:
-    """What grpo_loss takes from the config: the keys of the same names (grpo_edu.algorithm.loss.grpo_loss
-    documents each)."""
-
-    beta: float
-    epsilon: float
-    epsilon_high: float | None
-    loss_type: str
-    max_completion_length: int
-    importance_sampling_level: str
-    kl_estimator: str
-    tis_cap: float
-    is_mask: str
-    is_mask_band: list
-    ratio_cap: float
-
-    @classmethod
-    def of(cls, config: TrainConfig) -> "LossSettings":
-        return cls(**{f.name: getattr(config, f.name) for f in fields(cls)})
-
-
 def micro_batch_loss(settings: LossSettings, model, part: MicroBatch, totals: LossTotals,
                      entropy_mask: torch.Tensor | None = None) -> tuple[torch.Tensor, GRPOLossOutput, torch.Tensor]:
     """The loss of a micro-batch's rows as its part of the mini-batch's loss (divided by
@@ -207,15 +185,9 @@ def micro_batch_loss(settings: LossSettings, model, part: MicroBatch, totals: Lo
     """
     logp = model(part.input_ids, part.attention_mask, part.completion_mask)        # (n, S)
     old = part.old_logp if part.old_logp is not None else logp.detach()             # (n, S)
-    out = grpo_loss(logp, old, part.advantages, part.completion_mask, ref_logp=part.ref_logp,
-                    beta=settings.beta, epsilon=settings.epsilon, epsilon_high=settings.epsilon_high,
-                    loss_type=settings.loss_type, max_completion_length=settings.max_completion_length,
-                    importance_sampling_level=settings.importance_sampling_level,
-                    kl_estimator=settings.kl_estimator, num_items=totals.num_items,
-                    num_completions=totals.num_completions,
-                    sampler_logp=part.sampler_logp, tis_cap=settings.tis_cap, is_mask=settings.is_mask,
-                    is_mask_band=settings.is_mask_band, ratio_cap=settings.ratio_cap, entropy_mask=entropy_mask,
-                    excluded=part.truncated)
+    out = grpo_loss(logp, old, part.advantages, part.completion_mask, settings, ref_logp=part.ref_logp,
+                    sampler_logp=part.sampler_logp, num_items=totals.num_items,
+                    num_completions=totals.num_completions, entropy_mask=entropy_mask, excluded=part.truncated)
     return out.loss, out, logp.detach()
 
 
