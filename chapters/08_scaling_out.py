@@ -46,6 +46,7 @@ from safetensors.torch import load_file
 
 from grpo_edu.environment import tasks
 from grpo_edu.runtime import distributed
+from grpo_edu.runtime import precision
 from grpo_edu.training import placement, rollouts, scoring, trainer, update
 from grpo_edu.algorithm.advantages import group_advantages, zero_std_groups
 from grpo_edu.training.config import TrainConfig
@@ -354,8 +355,8 @@ print(f"largest rank, fsdp2 / ddp: {fsdp2_total / ddp_total:.4f}")
 print("\n".join(line.strip() for line in inspect.getsource(distributed.init_world).splitlines()
                 if "init_process_group" in line or '"nccl"' in line))
 gpu = torch.device("cuda", 0)
-print(f"precision 'auto' on {gpu}: {placement.compute_dtype(config, gpu)}; on the CPU: "
-      f"{placement.compute_dtype(config, torch.device('cpu'))}")
+print(f"precision 'auto' on {gpu}: {precision.compute_dtype(config, gpu)}; on the CPU: "
+      f"{precision.compute_dtype(config, torch.device('cpu'))}")
 try:
     placement.check_engine_settings(config, gpu)
 except ValueError as error:

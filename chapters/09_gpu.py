@@ -42,6 +42,7 @@ from transformers import Qwen2Config, Qwen2ForCausalLM
 
 from grpo_edu.environment import tasks
 from grpo_edu.sampling import vllm_engine
+from grpo_edu.runtime import precision
 from grpo_edu.training import metrics, placement, trainer, user_functions
 from grpo_edu.training.config import TrainConfig
 from grpo_edu.runtime.distributed import World
@@ -190,11 +191,11 @@ for _ in range(1000):                           # 1,000 optimizer steps of 1e-4 
     w_bf16, w_fp32 = w_bf16 + torch.tensor(1e-4, dtype=torch.bfloat16), w_fp32 + 1e-4
 print(f"\n1,000 updates of 1e-4: a bf16 weight {w_bf16.item():.4f}, a float32 weight {w_fp32.item():.4f}")
 
-print("\nthe forward passes' dtype (placement.compute_dtype):")
+print("\nthe forward passes' dtype (precision.compute_dtype):")
 for precision in ("auto", "fp32", "bf16"):
     config = TrainConfig.from_toml("../configs/gpu-1x.toml", [f"precision={precision}"])
-    print(f"  precision = {precision!r:<7} on cuda: {str(placement.compute_dtype(config, torch.device('cuda'))):<15}"
-          f"on the CPU: {placement.compute_dtype(config, torch.device('cpu'))}")
+    print(f"  precision = {precision!r:<7} on cuda: {str(precision.compute_dtype(config, torch.device('cuda'))):<15}"
+          f"on the CPU: {precision.compute_dtype(config, torch.device('cpu'))}")
 
 # %% [markdown]
 # In bf16 the 1e-6 update disappears, and so does a thousand times a 1e-4 one: a weight of

@@ -167,11 +167,13 @@ def test_correction_weights_are_one_on_padding_and_carry_no_gradient():
     ({"is_mask": "tokens"}, "config key 'is_mask' must be one of ('none', 'token', 'sequence'), got 'tokens'"),
     ({"is_mask_band": [1.0, 2.0]}, "config key 'is_mask_band' must be [low, high] with 0 <= low < 1 < high"),
     ({"is_mask_band": [0.5]}, "config key 'is_mask_band' must be [low, high]"),
-    ({"is_mask": "token", "tis_cap": 2.0}, "config keys 'is_mask' ('token') and 'tis_cap' (2.0) are two corrections"),
+    ({"is_mask": "token", "tis_cap": 2.0}, "config key 'tis_cap' (2.0) and config key 'is_mask' ('token') are two "
+                                           "corrections"),
     ({"is_mask": "sequence", "old_logprobs": "sampler"},
      "config key 'is_mask' ('sequence') needs old_logprobs = 'recomputed' or 'proximal'"),
     ({"tis_cap": 2.0, "old_logprobs": "sampler"}, "config key 'tis_cap' needs old_logprobs = 'recomputed' or"),
-    ({"ratio_cap": 1.0}, "config key 'ratio_cap' must be 0 (the clipped surrogate) or a finite number > 1, got 1.0"),
+    ({"ratio_cap": 1.0}, "config key 'ratio_cap' must be 0 (the clipped surrogate) or a finite number > 1 (the capped "
+                         "surrogate's largest weight), got 1.0"),
     ({"ratio_cap": math.inf}, "config key 'ratio_cap' must be 0"),
     ({"old_logprobs": "current"}, "config key 'old_logprobs' must be one of ('recomputed', 'sampler', 'proximal')"),
 ])

@@ -33,9 +33,9 @@ import torch
 from grpo_edu.runtime.distributed import World
 
 
-def check_quantile(top_quantile) -> float:
+def check_quantile(top_quantile, name: str = "top_entropy_quantile") -> float:
     if isinstance(top_quantile, bool) or not isinstance(top_quantile, (int, float)) or not 0 < top_quantile <= 1:
-        raise ValueError(f"top_entropy_quantile must be a number in (0, 1] (the share of tokens, by entropy, whose "
+        raise ValueError(f"{name} must be a number in (0, 1] (the share of tokens, by entropy, whose "
                          f"policy term trains; 1 = all), got {top_quantile!r}")
     return float(top_quantile)
 

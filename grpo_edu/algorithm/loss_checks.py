@@ -38,10 +38,10 @@ def check_excluded(excluded: torch.Tensor, shape) -> torch.Tensor:
     return excluded
 
 
-def check_ratio_cap(ratio_cap) -> None:
+def check_ratio_cap(ratio_cap, name: str = "ratio_cap") -> None:
     if isinstance(ratio_cap, bool) or not isinstance(ratio_cap, (int, float)) or not (
             ratio_cap == 0 or (ratio_cap > 1 and math.isfinite(ratio_cap))):
-        raise ValueError(f"ratio_cap must be 0 (the clipped surrogate) or a finite number > 1 (the capped "
+        raise ValueError(f"{name} must be 0 (the clipped surrogate) or a finite number > 1 (the capped "
                          f"surrogate's largest weight), got {ratio_cap!r}")
 
 

@@ -31,6 +31,9 @@ from typing import Callable
 import torch
 
 IS_MASKS = ("none", "token", "sequence")
+# config key old_logprobs, where pi_old comes from: the trainer's forward before the update, the
+# sampler's own log-probs, or the policy at the update (with a lagging sampler: its proximal policy)
+PI_OLD_SOURCES = ("recomputed", "sampler", "proximal")
 Weights = Callable[..., torch.Tensor]
 CORRECTIONS: dict[str, Weights] = {}
 
@@ -66,21 +69,42 @@ class Correction:
         return None if self.is_mask == "none" else f"{self.is_mask}_mask"
 
 
-def check(tis_cap, is_mask, band, prefix: str = "") -> None:
-    """One-line errors for a correction's settings; `prefix` ("config key ") names config keys."""
+def check(tis_cap, is_mask, band) -> None:
+    """One-line errors for a correction's settings."""
+    check_tis_cap(tis_cap)
+    check_is_mask(is_mask)
+    check_band(band)
+    check_one_correction(tis_cap, is_mask)
+
+
+# Each check names its setting `name`: the argument, or the config key ("config key 'tis_cap'").
+
+def check_tis_cap(tis_cap, name: str = "tis_cap") -> None:
     if isinstance(tis_cap, bool) or not isinstance(tis_cap, (int, float)) or (tis_cap != 0 and not tis_cap >= 1):
-        raise ValueError(f"{prefix}tis_cap must be 0 (off) or >= 1 (the largest importance weight; a cap below "
+        raise ValueError(f"{name} must be 0 (off) or >= 1 (the largest importance weight; a cap below "
                          f"1 would shrink every on-policy token's weight), got {tis_cap!r}")
+
+
+def check_is_mask(is_mask, name: str = "is_mask") -> None:
     if is_mask not in IS_MASKS:
-        raise ValueError(f"{prefix}is_mask must be one of {IS_MASKS}, got {is_mask!r}")
+        raise ValueError(f"{name} must be one of {IS_MASKS}, got {is_mask!r}")
+
+
+def check_band(band, name: str = "is_mask_band") -> None:
     if (not isinstance(band, (tuple, list)) or len(band) != 2
             or not all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in band)
             or not 0 <= band[0] < 1 < band[1] or not math.isfinite(band[1])):
-        raise ValueError(f"{prefix}is_mask_band must be [low, high] with 0 <= low < 1 < high (finite), "
-                         f"got {band!r}")
+        raise ValueError(f"{name} must be [low, high] with 0 <= low < 1 < high (finite), got {band!r}")
+
+
+def check_one_correction(tis_cap, is_mask) -> None:
     if tis_cap and is_mask != "none":
-        raise ValueError(f"{prefix}tis_cap ({tis_cap}) and {prefix}is_mask ({is_mask!r}) are two corrections of "
-                         f"the same weight: set one (tis_cap = 0 or is_mask = 'none')")
+        raise ValueError(two_corrections(tis_cap, is_mask))
+
+
+def two_corrections(tis_cap, is_mask, name=lambda key: key) -> str:
+    return (f"{name('tis_cap')} ({tis_cap}) and {name('is_mask')} ({is_mask!r}) are two corrections of the same "
+            f"weight: set one (tis_cap = 0 or is_mask = 'none')")
 
 
 def correction_weights(old_logp: torch.Tensor, sampler_logp: torch.Tensor, mask: torch.Tensor,

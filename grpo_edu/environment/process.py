@@ -89,6 +89,7 @@ def chain_steps(text: str, numbers: Sequence[int]) -> list[tuple[int, float]]:
 
 
 STEP_VERIFIERS = {"chain": chain_steps}
+SUPERVISIONS = ("outcome", "process")   # config key supervision: a reward per completion, or per step
 
 
 def prefix_lengths(tokenizer, completion_ids: Sequence[int], pieces: dict | None = None,
@@ -192,30 +193,3 @@ def step_rewards(config, texts: Sequence[str], columns: dict, tokenizer, rollout
                                           rollout.completion_ids.shape[1], scale=config.advantage_scale,
                                           std=config.advantage_std)
     return token_advantages, {**counts, "advantage": token_advantages[..., 0].reshape(-1)}
-
-
-def check_config(config) -> None:
-    """The `supervision` key of a TrainConfig (its validate calls this): what process supervision
-    cannot combine with, one line each, naming both keys."""
-    if config.supervision != "process":
-        return
-    if config.task not in STEP_VERIFIERS:
-        raise ValueError(f"config key 'supervision' = 'process' needs a task whose steps a rule checks "
-                         f"{tuple(STEP_VERIFIERS)}, got task = {config.task!r}")
-    refused = {
-        "advantage_fn": (config.advantage_fn != "", "your function maps rewards (B, G) to advantages (B, G); "
-                         "process advantages are per token, from every step's reward"),
-        "advantage_scale": (config.advantage_scale == "batch", "process advantages are normalised per group "
-                            "('group') or only centred ('none')"),
-        "importance_sampling_level": (config.importance_sampling_level == "sequence", "a sequence-level ratio "
-                                      "weighs a whole completion, which has no one advantage"),
-        "filter_zero_std_groups": (config.filter_zero_std_groups, "a group whose outcome rewards are equal can "
-                                   "still differ in its steps, and it would be dropped"),
-        "dynamic_sampling_rounds": (config.dynamic_sampling_rounds != 0, "it replaces the groups whose outcome "
-                                    "rewards are equal, which can still differ in their steps"),
-        "environment": (config.environment != "", "the steps are scored on a single-turn completion's text"),
-    }
-    for key, (bad, why) in refused.items():
-        if bad:
-            raise ValueError(f"config keys 'supervision' ('process') and {key!r} ({getattr(config, key)!r}) do not "
-                             f"combine: {why}")

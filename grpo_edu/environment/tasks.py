@@ -246,6 +246,7 @@ def expression_numbers(text: str) -> list[int]:
 # --------------------------------------------------------------------------- datasets
 
 GENERATED_TASKS = ("arithmetic", "multiply", "countdown", "chain")
+TASKS = (*GENERATED_TASKS, "gsm8k")   # config key task: the generated ones, and GSM8K read from a file or the hub
 _POOLS = {"arithmetic": _arithmetic_pool, "multiply": _multiply_pool}   # small spaces, listed whole
 
 

@@ -38,32 +38,6 @@ import torch
 ADAPTER_NAME = "default"   # peft's name for a model's one adapter
 
 
-def check_config(config) -> None:
-    """The LoRA keys of a TrainConfig (its validate calls this): one line per refusal."""
-    if config.lora_rank < 0:
-        raise ValueError(f"config key 'lora_rank' must be >= 0 (0 = full fine-tuning), got {config.lora_rank}")
-    if config.lora_alpha <= 0:
-        raise ValueError(f"config key 'lora_alpha' must be > 0 (the adapters' scale is lora_alpha / lora_rank), "
-                         f"got {config.lora_alpha}")
-    targets = config.lora_target_modules
-    if (not targets or not all(isinstance(t, str) and t and "." not in t for t in targets)
-            or len(set(targets)) != len(targets)):
-        raise ValueError(f"config key 'lora_target_modules' must be a list of distinct linear layer names such "
-                         f"as 'q_proj' (no dots), got {targets!r}")
-    if not config.lora_rank:   # a LoRA setting with nothing to configure would silently do nothing
-        for key in ("lora_alpha", "lora_target_modules"):
-            default = type(config).__dataclass_fields__[key]
-            value = default.default_factory() if callable(default.default_factory) else default.default
-            if getattr(config, key) != value:
-                raise ValueError(f"config key {key!r} ({getattr(config, key)!r}) configures LoRA adapters, but "
-                                 f"lora_rank = 0 trains the whole model: set lora_rank >= 1, or {key} = {value!r}")
-    elif config.ref_sync_steps:
-        raise ValueError(f"config keys 'lora_rank' ({config.lora_rank}) and 'ref_sync_steps' "
-                         f"({config.ref_sync_steps}): with LoRA the reference is the base model (the adapters "
-                         f"off), which never trains: there is no copy to re-sync (TRL refuses sync_ref_model "
-                         f"with PEFT too); set ref_sync_steps = 0")
-
-
 # --------------------------------------------------------------------------- the adapters
 
 def is_lora_layer(module: torch.nn.Module) -> bool:

@@ -1,9 +1,10 @@
-"""What every run stands on, whatever it trains: processes, files, kernels, the metrics log.
+"""What every run stands on, whatever it trains: processes, files, kernels, precision, the metrics log.
 
     distributed.py  one run on N processes: ranks, process groups, a step's prompts sharded
                     (a group never split), DDP/FSDP2 wrapping, whole weights
     durable.py      fsync and atomic replacement of small files (checkpoints and the run log)
     numerics.py     the pinned floating-point kernels that make runs reproducible anywhere
+    precision.py    the forward passes' precision: float32, or bf16 autocast (config key precision)
     runlog.py       metrics.jsonl, one line per step: the only code that touches it
 
 Imports nothing else of grpo_edu.

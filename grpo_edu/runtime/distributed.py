@@ -46,6 +46,7 @@ import torch
 import torch.distributed as dist
 
 PARALLELISM = ("ddp", "fsdp2")
+DEVICES = ("auto", "cpu", "cuda")   # config key device (resolve_device)
 
 
 @dataclass(frozen=True)

@@ -22,6 +22,7 @@ import torch
 from grpo_edu.runtime.distributed import World
 
 
+ENGINES = ("fused", "hf", "vllm")   # config key engine: FusedEngine, HFEngine, vllm_engine's (placement.make_engine)
 TURN_STRIDE = 1_000_003   # an episode's turn t of rank r seeds seed + r + t x this (ranks never collide)
 
 

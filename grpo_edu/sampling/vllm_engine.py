@@ -81,6 +81,7 @@ from grpo_edu.runtime import distributed
 from grpo_edu.sampling.rollout import Rollout, SamplingParams, Seeded, completion_mask_from_ids
 
 VLLM_VERSION = "0.31.0"
+VLLM_MODES = ("colocate", "server")   # config key vllm_mode: VLLMEngine, VLLMServerEngine
 
 # Every name of vLLM's this module uses, with the arguments it passes (attributes: none).
 # Checked against vLLM 0.31.0's source and the installed package (tests/test_vllm_engine.py);

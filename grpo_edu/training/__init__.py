@@ -1,6 +1,8 @@
 """The training run: a config, the loop and the stages it calls, in the order of one step.
 
-    config.py            TrainConfig: every training setting, documented once, from TOML
+    config.py            TrainConfig: every key documented once with its own rules; RULES, the
+                         rules across keys, in one table; from TOML and --set key=value
+    schedules.py         the learning-rate schedules, registered: constant, linear, cosine
     user_functions.py    the reader's own advantage and reward functions by import path
     placement.py         the policy, reference and sampler placed and wrapped; the engine
     episodes.py          multi-turn episodes: the policy and an environment take turns

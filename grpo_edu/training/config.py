@@ -1,19 +1,40 @@
-"""The training configuration: one dataclass, every field documented once.
+"""The training configuration: one dataclass, every key documented once, beside its rules.
 
-The one-line doc of each field is also its `grpo-edu train --help` text. A run is
-configured by a TOML file (configs/cpu-tiny.toml holds exactly these defaults)
-and `--set key=value` overrides; an unknown key or a value of the wrong type is
-an error that names the key.
+The one-line doc of each key is also its `grpo-edu train --help` text. A run is configured by
+a TOML file (configs/cpu-tiny.toml holds exactly these defaults) and `--set key=value`
+overrides; an unknown key or a value of the wrong type is an error that names the key. The
+keys are grouped as the TOML files group them: the run (a file's top level), [task] and
+[rewards], [rollout], [optimisation], [loss], [logging].
+
+Where each kind of rule lives (each checked once, each refusal one line naming the keys):
+
+    one key's allowed values   beside the key (`choices=`), taken from the module that
+                               implements them: a registry (aggregation.AGGREGATIONS,
+                               kl.KL_ESTIMATES, surrogates.RATIO_LEVELS, schedules.LR_SCHEDULES)
+                               or the implementing module's tuple (tasks.TASKS, offpolicy.IS_MASKS, ...)
+    one key's bounds           beside the key (`at_least=`, `above=`)
+    one key's other rules      beside the key (`check=`): the implementing module's own check
+                               where it has one (offpolicy.check_tis_cap, loss_checks.check_ratio_cap,
+                               entropy_mask.check_quantile), else a check defined here
+    rules across keys          RULES, one table below the class
+    what needs the machine     at start-up, where the machine is known (the device, the number
+                               of processes, the engine's installation, the reader's functions)
 """
 
 from __future__ import annotations
 
 import dataclasses
-import math
 import types
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Callable
+
+from grpo_edu.algorithm import advantages, aggregation, entropy_mask, kl, loss_checks, offpolicy, surrogates
+from grpo_edu.environment import process, tasks
+from grpo_edu.runtime import distributed, precision
+from grpo_edu.sampling import rollout, vllm_engine
+from grpo_edu.training import schedules
 
 try:
     import tomllib
@@ -25,21 +46,79 @@ except ModuleNotFoundError:  # Python 3.10
 DEFAULT_CONFIG = Path(__file__).resolve().parents[2] / "configs" / "cpu-tiny.toml"
 
 
-def _doc(text: str, default, **kwargs):
+def _doc(text: str, default, *, choices=None, at_least=None, above=None, check=None):
+    """A config key: its one-line doc (also its --help), its default, and the rules about it alone.
+
+    choices: the names it may take, from the module that implements them (a registry's dict,
+        or a tuple); at_least / above: a bound (>= / >), or (bound, why); check: a function
+        check(value, name) of the module that implements the key, raising a one-line error."""
+    rules = {"doc": text, "choices": choices, "at_least": at_least, "above": above, "check": check}
     if isinstance(default, (dict, list)):
-        return field(default_factory=lambda: type(default)(default), metadata={"doc": text}, **kwargs)
-    return field(default=default, metadata={"doc": text}, **kwargs)
+        return field(default_factory=lambda: type(default)(default), metadata=rules)
+    return field(default=default, metadata=rules)
+
+
+def _named(key: str) -> str:
+    return f"config key {key!r}"
+
+
+def check_key(key: str, value, rules) -> None:
+    """The rules of one key (its field's metadata), one line per refusal."""
+    if rules.get("choices") is not None and value not in rules["choices"]:
+        raise ValueError(f"{_named(key)} must be one of {tuple(rules['choices'])}, got {value!r}")
+    for rule, holds, symbol in (("at_least", lambda v, b: v >= b, ">="), ("above", lambda v, b: v > b, ">")):
+        if rules.get(rule) is None:
+            continue
+        bound, why = rules[rule] if isinstance(rules[rule], tuple) else (rules[rule], "")
+        if not holds(value, bound):
+            raise ValueError(f"{_named(key)} must be {symbol} {bound}{f' ({why})' if why else ''}, got {value}")
+    if rules.get("check") is not None:
+        rules["check"](value, _named(key))
+
+
+# Checks of one key whose rule lives here: no other module implements it.
+
+def _some_reward(rewards, name):
+    if not rewards:
+        raise ValueError(f"{name} must name at least one reward function")
+
+
+def _fraction_open(value, name):
+    if not 0.0 < value < 1.0:
+        raise ValueError(f"{name} must be in (0, 1), got {value}")
+
+
+def _fraction_half_open(value, name):
+    if not 0.0 < value <= 1.0:
+        raise ValueError(f"{name} must be in (0, 1] (1 = a hard copy), got {value}")
+
+
+def _pair(value, name):
+    if len(value) != 2:
+        raise ValueError(f"{name} must be [beta1, beta2], got {value}")
+
+
+def _import_path(value, name):
+    if value and not (value.count(":") == 1 and all(value.split(":"))):
+        raise ValueError(f"{name} must be 'module:Class' (or '' for single-turn completions), got {value!r}")
+
+
+def _layer_names(targets, name):
+    if (not targets or not all(isinstance(t, str) and t and "." not in t for t in targets)
+            or len(set(targets)) != len(targets)):
+        raise ValueError(f"{name} must be a list of distinct linear layer names such as 'q_proj' (no dots), "
+                         f"got {targets!r}")
 
 
 @dataclass
 class TrainConfig:
-    # --- what to train
+    # --- [task] and [rewards]: what to train
     model: str = _doc("starting policy: a local model directory or a hub id ('start' = the committed tiny policy, "
                      "'multiply-start' = the committed one that calls a calculator, 'chain-start' = the one that "
                      "sums chains step by step)", "start")
     task: str = _doc("task: 'arithmetic', 'multiply' (needs a tool: environment = 'grpo_edu.training.episodes:Calculator'), "
                      "'countdown' or 'chain' (three numbers summed step by step: process supervision) (generated), "
-                     "or 'gsm8k' (read from `dataset`)", "arithmetic")
+                     "or 'gsm8k' (read from `dataset`)", "arithmetic", choices=tasks.TASKS)
     dataset: str = _doc("task = 'gsm8k': a hub id (downloads) or a local folder holding train.jsonl and test.jsonl "
                         "(GSM8K's own layout); unused by the generated tasks", "openai/gsm8k")
     chat_template: bool = _doc("wrap each prompt in the tokenizer's chat template as a user message (instruct "
@@ -52,58 +131,59 @@ class TrainConfig:
                                   "with their instruction either way", False)
     rewards: dict = _doc("reward functions and their weights, e.g. {accuracy = 1.0, format = 0.5}; a name "
                          "'module:function' (quoted in TOML) is your own function, TRL's signature",
-                         {"accuracy": 1.0, "format": 0.5})
+                         {"accuracy": 1.0, "format": 0.5}, check=_some_reward)
     unboxed_answers: bool = _doc("the accuracy reward also reads an answer given as a sentence, 'The answer is 18.' "
                                  "(off: R1's rule asks for \\boxed{} or an 'Answer:' line)", False)
+    # --- the run (a TOML file's top level): seeds, threads, devices, the engine
     seed: int = _doc("seed for prompts, sampling and initialisation (same seed + threads = same weights)", 0)
-    threads: int = _doc("torch CPU threads (part of what makes a run bitwise reproducible)", 2)
+    threads: int = _doc("torch CPU threads (part of what makes a run bitwise reproducible)", 2, at_least=1)
     device: str = _doc("'auto' (CUDA where torch sees a GPU, else the CPU), 'cpu' or 'cuda' (under torchrun: "
-                       "one GPU per process, cuda:LOCAL_RANK)", "cpu")
+                       "one GPU per process, cuda:LOCAL_RANK)", "cpu", choices=distributed.DEVICES)
     parallelism: str = _doc("how N processes (torchrun --nproc-per-node N) share the model: 'ddp' (a replica "
                             "each, gradients all-reduced) or 'fsdp2' (torch's fully_shard: parameters, gradients "
-                            "and AdamW state sharded 1/N); one process ignores it", "ddp")
+                            "and AdamW state sharded 1/N); one process ignores it", "ddp", choices=distributed.PARALLELISM)
     precision: str = _doc("forward passes in 'fp32' or 'bf16' (autocast), 'auto' = bf16 on CUDA, fp32 on the "
                           "CPU; the master weights and AdamW's moments stay float32 either way (a bf16 weight "
-                          "keeps 8 bits of mantissa: an update smaller than 1/256 of it would round away)", "auto")
+                          "keeps 8 bits of mantissa: an update smaller than 1/256 of it would round away)", "auto", choices=precision.PRECISIONS)
     engine: str = _doc("rollout engine: 'fused' (the CPU tier's fast sampler and forward for Llama/Qwen2 "
                        "policies, transformers' maths tested to 1e-5; CPU, float32), 'hf' (transformers' generate "
                        "and forward: any causal LM, any device) or 'vllm' (vLLM 0.31.0 samples, transformers' "
-                       "forward trains; see vllm_mode)", "fused")
+                       "forward trains; see vllm_mode)", "fused", choices=rollout.ENGINES)
     vllm_mode: str = _doc("engine = 'vllm': 'colocate' (an engine inside every training process, sharing its GPU, "
                           "asleep between rollouts) or 'server' (a separate `grpo-edu vllm-serve` process at "
-                          "vllm_server_url, for models that do not fit beside the trainer)", "colocate")
+                          "vllm_server_url, for models that do not fit beside the trainer)", "colocate", choices=vllm_engine.VLLM_MODES)
     vllm_gpu_memory_utilization: float = _doc("colocated vLLM: the fraction of the GPU's memory vLLM may take for "
-                                              "its weights and KV cache; the trainer gets the rest", 0.3)
+                                              "its weights and KV cache; the trainer gets the rest", 0.3, check=_fraction_open)
     vllm_sleep_mode: bool = _doc("colocated vLLM: release the engine's weights and KV cache between rollouts "
                                  "(sleep level 2), so the update has the GPU to itself", True)
     vllm_server_url: str = _doc("vllm_mode = 'server': the server's address", "http://127.0.0.1:8000")
-    # --- rollout
-    prompts_per_step: int = _doc("B: prompts sampled per rollout", 16)
-    num_generations: int = _doc("G: completions sampled per prompt", 8)
-    max_completion_length: int = _doc("L: most tokens generated per completion", 16)
-    temperature: float = _doc("sampling temperature (training log-probs use the same one)", 1.0)
+    # --- [rollout]
+    prompts_per_step: int = _doc("B: prompts sampled per rollout", 16, at_least=1)
+    num_generations: int = _doc("G: completions sampled per prompt", 8, at_least=(2, "a group needs two completions"))
+    max_completion_length: int = _doc("L: most tokens generated per completion", 16, at_least=1)
+    temperature: float = _doc("sampling temperature (training log-probs use the same one)", 1.0, above=0)
     environment: str = _doc("multi-turn episodes: an environment class, 'module:Class' (grpo_edu.training.episodes; "
                             "'grpo_edu.training.episodes:Calculator' is a calculator tool); the policy writes until EOS or "
                             "the environment's stop token, the environment answers, the policy goes on. Its tokens "
                             "are context, never trained on; max_completion_length holds the whole episode. '' = "
-                            "single-turn completions", "")
+                            "single-turn completions", "", check=_import_path)
     max_turns: int = _doc("with environment: the most policy turns in an episode (a hand-over on the last one is "
-                          "left unanswered, and the episode ends truncated)", 4)
+                          "left unanswered, and the episode ends truncated)", 4, at_least=1)
 
-    # --- optimisation
+    # --- [optimisation]
     steps: int = _doc("training steps in the run: rollouts, each giving num_iterations x num_mini_batches "
-                      "optimizer steps (eval_every and checkpoint_every count training steps too)", 1500)
+                      "optimizer steps (eval_every and checkpoint_every count training steps too)", 1500, at_least=1)
     learning_rate: float = _doc("peak AdamW learning rate", 3e-4)
     lr_schedule: str = _doc("'constant', 'linear' (decay to 0) or 'cosine' (decay to 0), after warmup, over "
-                            "all steps x num_iterations x num_mini_batches optimizer steps", "cosine")
+                            "all steps x num_iterations x num_mini_batches optimizer steps", "cosine", choices=schedules.LR_SCHEDULES)
     warmup_steps: int = _doc("linear learning-rate warmup, in training steps (rollouts): the first "
-                             "warmup_steps x num_iterations x num_mini_batches optimizer steps", 0)
+                             "warmup_steps x num_iterations x num_mini_batches optimizer steps", 0, at_least=0)
     weight_decay: float = _doc("AdamW weight decay", 0.0)
-    adam_betas: list = _doc("AdamW (beta1, beta2)", [0.9, 0.99])
+    adam_betas: list = _doc("AdamW (beta1, beta2)", [0.9, 0.99], check=_pair)
     max_grad_norm: float = _doc("global gradient-norm clip (0 = none)", 1.0)
-    num_iterations: int = _doc("mu: passes over each rollout; pi_old stays the policy that sampled for all of them", 1)
+    num_iterations: int = _doc("mu: passes over each rollout; pi_old stays the policy that sampled for all of them", 1, at_least=1)
     num_mini_batches: int = _doc("optimizer steps per pass over a rollout, each on a near-equal share of whole "
-                                 "groups (an empty one, after filter_zero_std_groups, skips its step)", 1)
+                                 "groups (an empty one, after filter_zero_std_groups, skips its step)", 1, at_least=1)
     old_logprobs: str = _doc("pi_old, what the clipped ratio compares with: 'recomputed' (the trainer's forward "
                              "before the rollout's first update; with one optimizer step per rollout, that step's "
                              "own detached log-probs: ratio 1; under rollout_lag, the forward of the policy that "
@@ -111,12 +191,12 @@ class TrainConfig:
                              "every step: the ratio then also carries the sampler/trainer mismatch) or 'proximal' "
                              "(under rollout_lag, the policy at the update: the clip no longer sees the staleness, "
                              "which is left to tis_cap or is_mask; without lag, the same as 'recomputed')",
-                             "recomputed")
+                             "recomputed", choices=offpolicy.PI_OLD_SOURCES)
     rollout_lag: int = _doc("k: each update trains on the rollout the policy of k updates earlier sampled "
                             "(asynchronous GRPO: the sampler runs k rollouts ahead of the trainer); pi_old is that "
                             "sampling policy (old_logprobs = 'recomputed' or 'sampler'), so the ratio and the clip "
                             "see the staleness, or the policy at the update ('proximal'). 0 = synchronous. Needs "
-                            "one optimizer step per rollout (num_iterations = num_mini_batches = 1)", 0)
+                            "one optimizer step per rollout (num_iterations = num_mini_batches = 1)", 0, at_least=(0, "0 = synchronous"))
     rollout_overlap: bool = _doc("with rollout_lag >= 1: sample the next rollout in a background thread while the "
                                  "trainer updates (the sampler's own copy of the weights, synced from the policy "
                                  "between rollouts, never during one); the same numbers as without it. Under "
@@ -125,46 +205,46 @@ class TrainConfig:
     tis_cap: float = _doc("truncated importance sampling: weigh each token's loss by min(pi_old / pi_sampler, "
                           "tis_cap), correcting for a sampler that differs from pi_old (vLLM's kernels, bf16; an "
                           "older policy under rollout_lag with old_logprobs = 'proximal'); 0 = off. Not with "
-                          "old_logprobs = 'sampler' (the ratio is 1 there)", 0.0)
+                          "old_logprobs = 'sampler' (the ratio is 1 there)", 0.0, check=offpolicy.check_tis_cap)
     is_mask: str = _doc("masked importance sampling, the other correction (grpo_edu.algorithm.offpolicy): 'token' zeroes "
                         "the policy term of each token whose r = pi_old / pi_sampler leaves is_mask_band and "
                         "weighs the rest by r (IcePop; TRL's token_mask), 'sequence' zeroes whole responses whose "
                         "geometric-mean r leaves it; 'none' = off. Not with tis_cap, nor old_logprobs = 'sampler'",
-                        "none")
-    is_mask_band: list = _doc("[low, high]: the band of r that is_mask keeps, 0 <= low < 1 < high", [0.5, 2.0])
+                        "none", choices=offpolicy.IS_MASKS)
+    is_mask_band: list = _doc("[low, high]: the band of r that is_mask keeps, 0 <= low < 1 < high", [0.5, 2.0], check=offpolicy.check_band)
     lora_rank: int = _doc("r: train LoRA adapters of this rank on lora_target_modules, the rest of the model "
                           "frozen; the reference is then the base model with the adapters off, no second copy "
-                          "(grpo_edu.policy.lora); 0 = full fine-tuning", 0)
+                          "(grpo_edu.policy.lora); 0 = full fine-tuning", 0, at_least=(0, "0 = full fine-tuning"))
     lora_alpha: float = _doc("LoRA's scale numerator: each adapter adds (lora_alpha / lora_rank) B A to its layer's "
-                             "weight", 32.0)
+                             "weight", 32.0, above=(0, "the adapters' scale is lora_alpha / lora_rank"))
     lora_target_modules: list = _doc("the linear layers of every decoder layer that get adapters, by name",
-                                     ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"])
-    micro_batch_size: int = _doc("completions per forward/backward (gradient accumulation below a mini-batch)", 128)
+                                     ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"], check=_layer_names)
+    micro_batch_size: int = _doc("completions per forward/backward (gradient accumulation below a mini-batch)", 128, at_least=1)
 
-    # --- the GRPO loss
-    loss_type: str = _doc("aggregation: 'grpo', 'bnpo', 'dr_grpo' or 'dapo'", "grpo")
+    # --- [loss]: the GRPO loss
+    loss_type: str = _doc("aggregation: 'grpo', 'bnpo', 'dr_grpo' or 'dapo'", "grpo", choices=aggregation.AGGREGATIONS)
     beta: float = _doc("KL-to-reference coefficient (DeepSeekMath: 0.04; DeepSeek-R1: 0.001)", 0.04)
-    kl_estimator: str = _doc("'k1', 'k2' or 'k3'", "k3")
+    kl_estimator: str = _doc("'k1', 'k2' or 'k3'", "k3", choices=kl.KL_ESTIMATES)
     epsilon: float = _doc("clip range below: ratio >= 1 - epsilon", 0.2)
     epsilon_high: float = _doc("clip range above: ratio <= 1 + epsilon_high (DAPO clip-higher: 0.28)", 0.2)
     ratio_cap: float = _doc("0: the clipped surrogate (epsilon, epsilon_high); c > 1: the capped surrogate "
                             "without the clip, -sg(min(ratio, c)) A log pi (CISPO; prime-rl's loss family): a "
                             "token far off-policy keeps a gradient weighed at most c, where the clip gives it "
-                            "none (epsilon and epsilon_high then unused)", 0.0)
-    importance_sampling_level: str = _doc("'token' (GRPO) or 'sequence' (GSPO)", "token")
+                            "none (epsilon and epsilon_high then unused)", 0.0, check=loss_checks.check_ratio_cap)
+    importance_sampling_level: str = _doc("'token' (GRPO) or 'sequence' (GSPO)", "token", choices=surrogates.RATIO_LEVELS)
     top_entropy_quantile: float = _doc("entropy masking: only the tokens whose next-token entropy is in this top "
                                        "share of an optimizer step's tokens train their policy term (the 80/20 "
                                        "finding: 0.2); the KL term and the normaliser keep every token "
-                                       "(grpo_edu.algorithm.entropy_mask); 1 = every token", 1.0)
+                                       "(grpo_edu.algorithm.entropy_mask); 1 = every token", 1.0, check=entropy_mask.check_quantile)
     advantage_fn: str = _doc("your own advantage function, 'module:function' or 'path/file.py:function' (rewards "
                              "(B, G) -> advantages (B, G); checked at start-up on a probe batch); '' = the built-in "
                              "group_advantages with advantage_scale and advantage_std", "")
     supervision: str = _doc("'outcome' (every token of a completion gets its reward's advantage) or 'process' "
                             "(DeepSeekMath's process supervision, grpo_edu.environment.process: a reward at the end of every "
                             "reasoning step a rule checks, task 'chain'; token t's advantage is the sum of the "
-                            "group-normalised rewards of its completion's steps ending at or after t)", "outcome")
-    advantage_scale: str = _doc("advantage std: 'group', 'batch' or 'none' (Dr. GRPO)", "group")
-    advantage_std: str = _doc("'population' (divide by G) or 'sample' (by G - 1, as TRL)", "population")
+                            "group-normalised rewards of its completion's steps ending at or after t)", "outcome", choices=process.SUPERVISIONS)
+    advantage_scale: str = _doc("advantage std: 'group', 'batch' or 'none' (Dr. GRPO)", "group", choices=advantages.SCALES)
+    advantage_std: str = _doc("'population' (divide by G) or 'sample' (by G - 1, as TRL)", "population", choices=advantages.STD_KINDS)
     mask_truncated_completions: bool = _doc("overlong filtering (DAPO): the completions cut at "
                                             "max_completion_length (no EOS; an episode that did not end) train "
                                             "nothing: their tokens leave the loss (policy, KL, bnpo's and dapo's "
@@ -181,18 +261,18 @@ class TrainConfig:
                                         "many more rollouts of prompts_per_step prompts; at the limit the slots "
                                         "left keep all-equal groups, which are not trained on (logged: "
                                         "dynamic_sampling/rounds, /first_zero_std, /short); 0 = off "
-                                        "(grpo_edu.training.dynamic_sampling)", 0)
+                                        "(grpo_edu.training.dynamic_sampling)", 0, at_least=(0, "0 = off"))
     ref_sync_steps: int = _doc("copy the policy into the reference every K training steps (rollouts; 0 = never; "
                                 "R1: every 400 optimizer steps = 25 rollouts of 16 optimizer steps)", 0)
     ref_mixup_alpha: float = _doc("with ref_sync_steps: at each sync the reference moves toward the policy by this "
                                   "share, ref = alpha x policy + (1 - alpha) x ref (Polyak averaging; TRL's "
-                                  "ref_model_mixup_alpha); 1 = a hard copy", 1.0)
+                                  "ref_model_mixup_alpha); 1 = a hard copy", 1.0, check=_fraction_half_open)
 
-    # --- evaluation, logging, checkpoints
-    eval_every: int = _doc("held-out greedy accuracy every N steps (and at the start and end)", 100)
-    eval_size: int = _doc("held-out problems per evaluation", 256)
+    # --- [logging]: evaluation, logging, checkpoints
+    eval_every: int = _doc("held-out greedy accuracy every N steps (and at the start and end)", 100, at_least=1)
+    eval_size: int = _doc("held-out problems per evaluation", 256, at_least=1)
     eval_samples: int = _doc("k: at each evaluation also sample k completions per held-out problem (temperature "
-                             "1, seeded) and log pass@1, pass@k and maj@k with 95% intervals; 0 = greedy only", 0)
+                             "1, seeded) and log pass@1, pass@k and maj@k with 95% intervals; 0 = greedy only", 0, at_least=0)
     checkpoint_every: int = _doc("checkpoint every N steps (0 = only at the end)", 500)
     output_dir: str = _doc("run directory: metrics.jsonl, summary.json, plot, checkpoints", "runs/cpu-tiny")
     progress: bool = _doc("show a tqdm progress bar", True)
@@ -204,107 +284,12 @@ class TrainConfig:
         self.validate()
 
     def validate(self) -> None:
-        choices = {"task": ("arithmetic", "multiply", "countdown", "chain", "gsm8k"), "lr_schedule": ("constant", "linear", "cosine"),
-                   "loss_type": ("grpo", "bnpo", "dr_grpo", "dapo"), "kl_estimator": ("k1", "k2", "k3"),
-                   "importance_sampling_level": ("token", "sequence"), "is_mask": ("none", "token", "sequence"),
-                   "advantage_scale": ("group", "batch", "none"), "advantage_std": ("population", "sample"),
-                   "old_logprobs": ("recomputed", "sampler", "proximal"), "device": ("auto", "cpu", "cuda"),
-                   "parallelism": ("ddp", "fsdp2"), "precision": ("auto", "fp32", "bf16"),
-                   "engine": ("fused", "hf", "vllm"), "vllm_mode": ("colocate", "server"),
-                   "supervision": ("outcome", "process")}
-        for key, allowed in choices.items():
-            if getattr(self, key) not in allowed:
-                raise ValueError(f"config key {key!r} must be one of {allowed}, got {getattr(self, key)!r}")
-        positive = ("threads", "prompts_per_step", "max_completion_length", "steps", "num_iterations",
-                    "num_mini_batches", "micro_batch_size", "eval_every", "eval_size", "max_turns")
-        for key in positive:
-            if getattr(self, key) < 1:
-                raise ValueError(f"config key {key!r} must be >= 1, got {getattr(self, key)}")
-        if self.eval_samples < 0:
-            raise ValueError(f"config key 'eval_samples' must be >= 0, got {self.eval_samples}")
-        if self.warmup_steps < 0:
-            raise ValueError(f"config key 'warmup_steps' must be >= 0, got {self.warmup_steps}")
-        if self.num_generations < 2:
-            raise ValueError(f"config key 'num_generations' must be >= 2 (a group needs two completions), "
-                             f"got {self.num_generations}")
-        if self.temperature <= 0:
-            raise ValueError(f"config key 'temperature' must be > 0, got {self.temperature}")
-        if self.environment and not (self.environment.count(":") == 1 and all(self.environment.split(":"))):
-            raise ValueError(f"config key 'environment' must be 'module:Class' (or '' for single-turn "
-                             f"completions), got {self.environment!r}")
-        if self.environment and self.eval_samples:
-            raise ValueError(f"config keys 'eval_samples' ({self.eval_samples}) and 'environment' "
-                             f"({self.environment!r}): sampled evaluation (pass@k) runs single-turn completions; "
-                             f"with an environment the held-out greedy episodes are evaluated, set eval_samples = 0")
-        if self.prompts_per_step % self.num_mini_batches:
-            raise ValueError(f"config key 'num_mini_batches' ({self.num_mini_batches}) must divide "
-                             f"prompts_per_step ({self.prompts_per_step}): mini-batches hold whole groups")
-        if len(self.adam_betas) != 2:
-            raise ValueError(f"config key 'adam_betas' must be [beta1, beta2], got {self.adam_betas}")
-        if not 0.0 < self.vllm_gpu_memory_utilization < 1.0:
-            raise ValueError(f"config key 'vllm_gpu_memory_utilization' must be in (0, 1), "
-                             f"got {self.vllm_gpu_memory_utilization}")
-        if self.rollout_lag < 0:
-            raise ValueError(f"config key 'rollout_lag' must be >= 0 (0 = synchronous), got {self.rollout_lag}")
-        if self.rollout_lag and self.num_iterations * self.num_mini_batches != 1:
-            raise ValueError(f"config key 'rollout_lag' ({self.rollout_lag}) needs one optimizer step per rollout, "
-                             f"so that the lag counts optimizer steps: num_iterations = num_mini_batches = 1, got "
-                             f"num_iterations = {self.num_iterations}, num_mini_batches = {self.num_mini_batches}")
-        if self.rollout_overlap and not self.rollout_lag:
-            raise ValueError("config key 'rollout_overlap' is true with rollout_lag = 0: a rollout sampled while the "
-                             "trainer updates comes from the policy before that update, so it needs rollout_lag >= 1")
-        if self.rollout_overlap and self.engine == "vllm" and self.vllm_mode == "colocate" and self.vllm_sleep_mode:
-            raise ValueError("config key 'rollout_overlap' is true with vllm_sleep_mode = true: a colocated vLLM that "
-                             "samples while the trainer updates must stay awake; set vllm_sleep_mode = false")
-        if self.tis_cap < 0 or (self.tis_cap and self.tis_cap < 1):
-            raise ValueError(f"config key 'tis_cap' must be 0 (off) or >= 1 (a cap below 1 would shrink every "
-                             f"on-policy token's weight), got {self.tis_cap}")
-        if self.tis_cap and self.old_logprobs == "sampler":
-            raise ValueError("config key 'tis_cap' needs old_logprobs = 'recomputed' or 'proximal': with "
-                             "old_logprobs = 'sampler' pi_old is the sampler and every weight would be 1 (the "
-                             "clipped ratio already carries the mismatch)")
-        band = self.is_mask_band
-        if (not isinstance(band, list) or len(band) != 2 or not all(isinstance(x, (int, float))
-                                                                    and not isinstance(x, bool) for x in band)
-                or not (0 <= band[0] < 1 < band[1] < math.inf)):
-            raise ValueError(f"config key 'is_mask_band' must be [low, high] with 0 <= low < 1 < high (finite), "
-                             f"got {band!r}")
-        if self.is_mask != "none" and self.tis_cap:
-            raise ValueError(f"config keys 'is_mask' ({self.is_mask!r}) and 'tis_cap' ({self.tis_cap}) are two "
-                             f"corrections of the same weight: set one (is_mask = 'none' or tis_cap = 0)")
-        if self.is_mask != "none" and self.old_logprobs == "sampler":
-            raise ValueError(f"config key 'is_mask' ({self.is_mask!r}) needs old_logprobs = 'recomputed' or "
-                             f"'proximal': with old_logprobs = 'sampler' pi_old is the sampler and every ratio is 1")
-        if self.ratio_cap != 0 and not 1 < self.ratio_cap < math.inf:
-            raise ValueError(f"config key 'ratio_cap' must be 0 (the clipped surrogate) or a finite number > 1, "
-                             f"got {self.ratio_cap}")
-        if self.advantage_fn and (self.advantage_scale, self.advantage_std) != ("group", "population"):
-            raise ValueError(f"config key 'advantage_scale' / 'advantage_std' ({self.advantage_scale!r}, "
-                             f"{self.advantage_std!r}) set with advantage_fn = {self.advantage_fn!r}: they configure "
-                             f"the built-in function, which advantage_fn replaces; leave them at their defaults")
-        if not 0.0 < self.ref_mixup_alpha <= 1.0:
-            raise ValueError(f"config key 'ref_mixup_alpha' must be in (0, 1] (1 = a hard copy), got "
-                             f"{self.ref_mixup_alpha}")
-        if self.ref_mixup_alpha != 1.0 and not (self.ref_sync_steps and self.beta):
-            raise ValueError(f"config key 'ref_mixup_alpha' ({self.ref_mixup_alpha}) moves the reference at each "
-                             f"sync, but there is none: ref_sync_steps = {self.ref_sync_steps}, beta = {self.beta} "
-                             f"(set ref_sync_steps >= 1 and beta > 0, or ref_mixup_alpha = 1)")
-        if not 0.0 < self.top_entropy_quantile <= 1.0:
-            raise ValueError(f"config key 'top_entropy_quantile' must be in (0, 1] (the share of tokens, by "
-                             f"entropy, whose policy term trains; 1 = all), got {self.top_entropy_quantile}")
-        if self.dynamic_sampling_rounds < 0:
-            raise ValueError(f"config key 'dynamic_sampling_rounds' must be >= 0 (0 = off), got "
-                             f"{self.dynamic_sampling_rounds}")
-        if not 0 <= self.overlong_cache < self.max_completion_length:
-            raise ValueError(f"config key 'overlong_cache' must be in [0, max_completion_length = "
-                             f"{self.max_completion_length}) (the stretch before the limit where the punishment "
-                             f"falls from 0 to -1; 0 = off), got {self.overlong_cache}")
-        from grpo_edu.environment import process   # their keys' checks live beside what they configure
-        from grpo_edu.policy import lora
-        lora.check_config(self)
-        process.check_config(self)
-        if not self.rewards:
-            raise ValueError("config key 'rewards' must name at least one reward function")
+        """Every key's own rules (beside the key), then the rules across keys (RULES): one line per refusal."""
+        for key in dataclasses.fields(self):
+            check_key(key.name, getattr(self, key.name), key.metadata)
+        for rule in RULES:
+            if rule.broken(self):
+                raise ValueError(rule.message(self))
 
     @classmethod
     def from_toml(cls, path: str | Path | None = None, overrides: list[str] | None = None) -> "TrainConfig":
@@ -353,6 +338,112 @@ class TrainConfig:
 
 
 # Keys that were replaced: the error names the new key.
+# --------------------------------------------------------------------------- rules across keys
+
+@dataclass(frozen=True)
+class Rule:
+    """A rule across keys: the keys it reads, when a config breaks it, and the one line that says so."""
+
+    keys: tuple[str, ...]
+    broken: Callable[[TrainConfig], bool]
+    message: Callable[[TrainConfig], str]
+
+
+def default(key: str):
+    """The key's default value."""
+    spec = TrainConfig.__dataclass_fields__[key]
+    return spec.default_factory() if callable(spec.default_factory) else spec.default
+
+
+def _lora_setting_without_lora(key: str) -> Rule:
+    """A LoRA setting with lora_rank = 0 would silently do nothing."""
+    return Rule((key, "lora_rank"), lambda c: not c.lora_rank and getattr(c, key) != default(key),
+                lambda c: f"config key {key!r} ({getattr(c, key)!r}) configures LoRA adapters, but lora_rank = 0 "
+                          f"trains the whole model: set lora_rank >= 1, or {key} = {default(key)!r}")
+
+
+def _not_with_process_supervision(key: str, bad: Callable[[TrainConfig], bool], why: str) -> Rule:
+    return Rule(("supervision", key), lambda c: c.supervision == "process" and bad(c),
+                lambda c: f"config keys 'supervision' ('process') and {key!r} ({getattr(c, key)!r}) do not "
+                          f"combine: {why}")
+
+
+RULES = (
+    # rollout and evaluation
+    Rule(("eval_samples", "environment"), lambda c: bool(c.environment and c.eval_samples),
+         lambda c: f"config keys 'eval_samples' ({c.eval_samples}) and 'environment' ({c.environment!r}): sampled "
+                   f"evaluation (pass@k) runs single-turn completions; with an environment the held-out greedy "
+                   f"episodes are evaluated, set eval_samples = 0"),
+    Rule(("num_mini_batches", "prompts_per_step"), lambda c: c.prompts_per_step % c.num_mini_batches != 0,
+         lambda c: f"config key 'num_mini_batches' ({c.num_mini_batches}) must divide prompts_per_step "
+                   f"({c.prompts_per_step}): mini-batches hold whole groups"),
+    Rule(("overlong_cache", "max_completion_length"), lambda c: not 0 <= c.overlong_cache < c.max_completion_length,
+         lambda c: f"config key 'overlong_cache' must be in [0, max_completion_length = {c.max_completion_length}) "
+                   f"(the stretch before the limit where the punishment falls from 0 to -1; 0 = off), got "
+                   f"{c.overlong_cache}"),
+    # rollouts that lag
+    Rule(("rollout_lag", "num_iterations", "num_mini_batches"),
+         lambda c: bool(c.rollout_lag) and c.num_iterations * c.num_mini_batches != 1,
+         lambda c: f"config key 'rollout_lag' ({c.rollout_lag}) needs one optimizer step per rollout, so that the "
+                   f"lag counts optimizer steps: num_iterations = num_mini_batches = 1, got num_iterations = "
+                   f"{c.num_iterations}, num_mini_batches = {c.num_mini_batches}"),
+    Rule(("rollout_overlap", "rollout_lag"), lambda c: c.rollout_overlap and not c.rollout_lag,
+         lambda c: "config key 'rollout_overlap' is true with rollout_lag = 0: a rollout sampled while the trainer "
+                   "updates comes from the policy before that update, so it needs rollout_lag >= 1"),
+    Rule(("rollout_overlap", "vllm_sleep_mode"),
+         lambda c: c.rollout_overlap and c.engine == "vllm" and c.vllm_mode == "colocate" and c.vllm_sleep_mode,
+         lambda c: "config key 'rollout_overlap' is true with vllm_sleep_mode = true: a colocated vLLM that samples "
+                   "while the trainer updates must stay awake; set vllm_sleep_mode = false"),
+    # the sampler's corrections (grpo_edu.algorithm.offpolicy)
+    Rule(("tis_cap", "is_mask"), lambda c: bool(c.tis_cap) and c.is_mask != "none",
+         lambda c: offpolicy.two_corrections(c.tis_cap, c.is_mask, _named)),
+    Rule(("tis_cap", "old_logprobs"), lambda c: bool(c.tis_cap) and c.old_logprobs == "sampler",
+         lambda c: "config key 'tis_cap' needs old_logprobs = 'recomputed' or 'proximal': with old_logprobs = "
+                   "'sampler' pi_old is the sampler and every weight would be 1 (the clipped ratio already "
+                   "carries the mismatch)"),
+    Rule(("is_mask", "old_logprobs"), lambda c: c.is_mask != "none" and c.old_logprobs == "sampler",
+         lambda c: f"config key 'is_mask' ({c.is_mask!r}) needs old_logprobs = 'recomputed' or 'proximal': with "
+                   f"old_logprobs = 'sampler' pi_old is the sampler and every ratio is 1"),
+    # advantages and the reference
+    Rule(("advantage_fn", "advantage_scale", "advantage_std"),
+         lambda c: bool(c.advantage_fn) and (c.advantage_scale, c.advantage_std) != ("group", "population"),
+         lambda c: f"config key 'advantage_scale' / 'advantage_std' ({c.advantage_scale!r}, {c.advantage_std!r}) "
+                   f"set with advantage_fn = {c.advantage_fn!r}: they configure the built-in function, which "
+                   f"advantage_fn replaces; leave them at their defaults"),
+    Rule(("ref_mixup_alpha", "ref_sync_steps", "beta"),
+         lambda c: c.ref_mixup_alpha != 1.0 and not (c.ref_sync_steps and c.beta),
+         lambda c: f"config key 'ref_mixup_alpha' ({c.ref_mixup_alpha}) moves the reference at each sync, but "
+                   f"there is none: ref_sync_steps = {c.ref_sync_steps}, beta = {c.beta} (set ref_sync_steps >= 1 "
+                   f"and beta > 0, or ref_mixup_alpha = 1)"),
+    # LoRA (grpo_edu.policy.lora)
+    _lora_setting_without_lora("lora_alpha"),
+    _lora_setting_without_lora("lora_target_modules"),
+    Rule(("lora_rank", "ref_sync_steps"), lambda c: bool(c.lora_rank and c.ref_sync_steps),
+         lambda c: f"config keys 'lora_rank' ({c.lora_rank}) and 'ref_sync_steps' ({c.ref_sync_steps}): with LoRA "
+                   f"the reference is the base model (the adapters off), which never trains: there is no copy to "
+                   f"re-sync (TRL refuses sync_ref_model with PEFT too); set ref_sync_steps = 0"),
+    # process supervision (grpo_edu.environment.process)
+    Rule(("supervision", "task"), lambda c: c.supervision == "process" and c.task not in process.STEP_VERIFIERS,
+         lambda c: f"config key 'supervision' = 'process' needs a task whose steps a rule checks "
+                   f"{tuple(process.STEP_VERIFIERS)}, got task = {c.task!r}"),
+    _not_with_process_supervision("advantage_fn", lambda c: c.advantage_fn != "",
+                                  "your function maps rewards (B, G) to advantages (B, G); process advantages are "
+                                  "per token, from every step's reward"),
+    _not_with_process_supervision("advantage_scale", lambda c: c.advantage_scale == "batch",
+                                  "process advantages are normalised per group ('group') or only centred ('none')"),
+    _not_with_process_supervision("importance_sampling_level", lambda c: c.importance_sampling_level == "sequence",
+                                  "a sequence-level ratio weighs a whole completion, which has no one advantage"),
+    _not_with_process_supervision("filter_zero_std_groups", lambda c: c.filter_zero_std_groups,
+                                  "a group whose outcome rewards are equal can still differ in its steps, and it "
+                                  "would be dropped"),
+    _not_with_process_supervision("dynamic_sampling_rounds", lambda c: c.dynamic_sampling_rounds != 0,
+                                  "it replaces the groups whose outcome rewards are equal, which can still differ "
+                                  "in their steps"),
+    _not_with_process_supervision("environment", lambda c: c.environment != "",
+                                  "the steps are scored on a single-turn completion's text"),
+)
+
+
 RENAMED = {
     "fused_llama": "config key 'fused_llama' was replaced by 'engine': fused_llama = true is engine = \"fused\", "
                    "false is engine = \"hf\" (and engine = \"vllm\" is new)",

@@ -4,8 +4,6 @@
                         for sampling and evaluation, and the log-prob modules the loss calls
     build_models        place them on the world's device, wrapped for DDP or FSDP2
     make_reference      a frozen copy of the policy (check_not_aliased: never the policy itself)
-    compute_dtype       the forward passes' precision (bf16 on CUDA, float32 on the CPU)
-    autocast            bf16 autocast where compute_dtype says so
     make_engine         the rollout engine config.engine names: fused, hf or vllm
     sequence_logprobs   the completion tokens' log-probs, by the engine's forward
 """
@@ -23,6 +21,7 @@ from grpo_edu.runtime import distributed
 from grpo_edu.sampling import fused_llama
 from grpo_edu.training.config import TrainConfig
 from grpo_edu.runtime.distributed import World
+from grpo_edu.runtime.precision import autocast, compute_dtype
 from grpo_edu.algorithm.logprobs import completion_logprobs
 from grpo_edu.sampling.rollout import HFEngine
 
@@ -45,21 +44,6 @@ def check_not_aliased(policy: torch.nn.Module, reference: torch.nn.Module) -> No
         if parameter.untyped_storage().data_ptr() in policy_storage:
             raise ValueError(f"reference parameter {name!r} shares memory with the policy; "
                              f"pass a separate copy (grpo_edu.training.placement.make_reference(policy))")
-
-
-def compute_dtype(config: TrainConfig, device: torch.device) -> torch.dtype:
-    """The forward passes' precision: config.precision, "auto" being bf16 on CUDA, float32 on
-    the CPU. Master weights and AdamW's state stay float32 either way (see config.precision)."""
-    if config.precision == "auto":
-        return torch.bfloat16 if device.type == "cuda" else torch.float32
-    return torch.bfloat16 if config.precision == "bf16" else torch.float32
-
-
-def autocast(config: TrainConfig, device: torch.device):
-    """bf16 autocast for the forward passes when compute_dtype says so, else nothing."""
-    if compute_dtype(config, device) == torch.float32:
-        return contextlib.nullcontext()
-    return torch.autocast(device.type, dtype=torch.bfloat16)
 
 
 def check_engine_settings(config: TrainConfig, device: torch.device) -> None:

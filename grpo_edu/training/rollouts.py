@@ -44,7 +44,7 @@ from grpo_edu.training.config import TrainConfig
 from grpo_edu.training.episodes import roll_out_episodes
 from grpo_edu.training.lagging import InFlight
 from grpo_edu.training.overlap import BackgroundSampler
-from grpo_edu.training.placement import autocast
+from grpo_edu.runtime.precision import autocast
 from grpo_edu.training.scoring import score
 from grpo_edu.training.update import policy_logprobs
 

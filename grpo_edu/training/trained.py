@@ -29,7 +29,7 @@ from grpo_edu.training.config import TrainConfig
 from grpo_edu.runtime.distributed import resolve_device
 from grpo_edu.training.evaluation import greedy_scores, sampled_metrics, sampled_scores, wilson_interval
 from grpo_edu.policy.models import generate_completions, load_policy, policy_source, save_policy
-from grpo_edu.training.placement import autocast
+from grpo_edu.runtime.precision import autocast
 
 MODEL_DIR = "model"   # RUN_DIR/model: the finished run's policy
 

@@ -84,7 +84,8 @@ from grpo_edu.training.evaluation import held_out_metrics, samples_table
 from grpo_edu.training.lagging import InFlight
 from grpo_edu.training.metrics import run_summary, step_metrics
 from grpo_edu.training.overlap import BackgroundSampler
-from grpo_edu.training.placement import Models, autocast, build_models, check_engine_settings, make_engine, make_reference
+from grpo_edu.runtime.precision import autocast
+from grpo_edu.training.placement import Models, build_models, check_engine_settings, make_engine, make_reference
 from grpo_edu.training.trained import save_trained
 from grpo_edu.training.update import add_logprobs, make_optimizer, optimise
 from grpo_edu.training.user_functions import AdvantageFn, RewardFn, functions_from_config

@@ -23,6 +23,7 @@ import torch
 
 from grpo_edu.algorithm import entropy_mask
 from grpo_edu.runtime import distributed
+from grpo_edu.training import schedules
 from grpo_edu.training.batch import MicroBatch, RolloutBatch
 from grpo_edu.training.config import TrainConfig
 from grpo_edu.runtime.distributed import World
@@ -40,25 +41,12 @@ def optimizer_steps_per_rollout(config: TrainConfig) -> int:
 
 
 def learning_rate_factor(config: TrainConfig) -> Callable[[int], float]:
-    """The multiplier of the peak learning rate at optimizer step `step` (0-based).
-
-    The schedule spans the run: config.steps x K optimizer steps, the first
-    config.warmup_steps x K of them warming up linearly (training steps count
-    rollouts; K = optimizer_steps_per_rollout).
-    """
+    """The multiplier of the peak learning rate at optimizer step `step` (0-based): the schedule
+    (grpo_edu.training.schedules) spans the run, config.steps x K optimizer steps, the first
+    config.warmup_steps x K of them warming up linearly (training steps count rollouts;
+    K = optimizer_steps_per_rollout)."""
     K = optimizer_steps_per_rollout(config)
-    total, warmup = config.steps * K, config.warmup_steps * K
-
-    def factor(step: int) -> float:
-        if step < warmup:
-            return (step + 1) / warmup
-        progress = (step - warmup) / max(1, total - warmup)
-        if config.lr_schedule == "linear":
-            return max(0.0, 1.0 - progress)
-        if config.lr_schedule == "cosine":
-            return 0.5 * (1.0 + math.cos(math.pi * min(1.0, progress)))
-        return 1.0
-    return factor
+    return schedules.learning_rate_factor(config.lr_schedule, config.steps * K, config.warmup_steps * K)
 
 
 def make_optimizer(config: TrainConfig, parameters) -> tuple[torch.optim.Optimizer, torch.optim.lr_scheduler.LambdaLR]:
