@@ -192,9 +192,9 @@ for _ in range(1000):                           # 1,000 optimizer steps of 1e-4 
 print(f"\n1,000 updates of 1e-4: a bf16 weight {w_bf16.item():.4f}, a float32 weight {w_fp32.item():.4f}")
 
 print("\nthe forward passes' dtype (precision.compute_dtype):")
-for precision in ("auto", "fp32", "bf16"):
-    config = TrainConfig.from_toml("../configs/gpu-1x.toml", [f"precision={precision}"])
-    print(f"  precision = {precision!r:<7} on cuda: {str(precision.compute_dtype(config, torch.device('cuda'))):<15}"
+for setting in precision.PRECISIONS:
+    config = TrainConfig.from_toml("../configs/gpu-1x.toml", [f"precision={setting}"])
+    print(f"  precision = {setting!r:<7} on cuda: {str(precision.compute_dtype(config, torch.device('cuda'))):<15}"
           f"on the CPU: {precision.compute_dtype(config, torch.device('cpu'))}")
 
 # %% [markdown]

@@ -7,7 +7,7 @@ the answer off, by autograd where a gradient is wanted.
     clipped_objective(ratio, A)      min(rho A, clip(rho, 1 - eps_low, 1 + eps_high) A)
                                      and its derivative in rho, token by token
     categorical_kl(logits, ref)      the exact KL(pi || pi_ref) of two categoricals, the
-                                     number the k1 / k2 / k3 estimators (loss.kl_estimate)
+                                     number the k1 / k2 / k3 estimators (kl.kl_estimate)
                                      estimate from samples
     response_token_weights(lengths)  how much one token of each response counts in the
                                      loss under each loss_type (the length bias)
@@ -103,7 +103,7 @@ def response_token_weights(lengths, loss_type: str, *, max_completion_length: in
     """The loss weight of one token of each response: lengths (N,) -> (N,).
 
     d loss / d (a token's per-token loss) under `loss_type`, read from
-    loss.aggregation_weights on the completion mask of responses of these lengths
+    aggregation.aggregation_weights on the completion mask of responses of these lengths
     (every token of a response gets the same weight). max_completion_length defaults
     to the longest response; num_items (dapo) to the responses' token count.
     """

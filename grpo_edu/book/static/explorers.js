@@ -310,7 +310,7 @@
     return shifted.map(s => s - logTotal);
   }
 
-  /** grpo_edu.algorithm.loss.kl_estimate, with d = log pi_ref(x) - log pi(x) (Schulman's estimators). */
+  /** grpo_edu.algorithm.kl.kl_estimate, with d = log pi_ref(x) - log pi(x) (Schulman's estimators). */
   const KL_ESTIMATORS = {
     k1: d => -d,                          // unbiased, negative where pi_ref > pi
     k2: d => 0.5 * d * d,                 // biased, low variance
@@ -382,7 +382,7 @@
       : roundHalfEven(10 ** (i * step + logStart))));
   }
 
-  /** grpo_edu.algorithm.loss.aggregation_weights for one token of each response (loss._divisors):
+  /** grpo_edu.algorithm.aggregation.aggregation_weights for one token of each response (the registered divisors):
    * grpo divides by the response's length L and the G responses, dr_grpo by G times
    * max_completion_length, dapo and bnpo by the batch's token count. */
   const TOKEN_WEIGHTS = {
