@@ -29,8 +29,8 @@ def record_loss_calls(monkeypatch) -> list[dict]:
     """Every grpo_loss call of the trainer: its pi_old, mask, ratio and metrics, in call order."""
     calls = []
 
-    def recording(logp, old_logp, advantages, completion_mask, **kwargs):
-        out = grpo_loss(logp, old_logp, advantages, completion_mask, **kwargs)
+    def recording(logp, old_logp, advantages, completion_mask, *settings, **kwargs):
+        out = grpo_loss(logp, old_logp, advantages, completion_mask, *settings, **kwargs)
         calls.append(dict(old_logp=old_logp.clone(), mask=completion_mask.bool(), ratio=out.ratio,
                           metrics=out.metrics))
         return out
