@@ -139,3 +139,14 @@ def test_bad_rewards(rewards, error, message):
 def test_bad_options(kwargs, message):
     with pytest.raises(ValueError, match=message):
         group_advantages(np.zeros((1, 2)), **kwargs)
+
+
+def test_the_scales_are_a_registry_and_a_new_one_is_one_function(monkeypatch):
+    from grpo_edu.algorithm import advantages
+    assert tuple(advantages.SCALES) == ("group", "batch", "none")
+    monkeypatch.setitem(advantages.SCALES, "range", lambda rewards, centred, correction, eps:
+                        centred / (rewards.amax(1, keepdim=True) - rewards.amin(1, keepdim=True) + eps))
+    rewards = torch.tensor([[0.0, 1.0, 3.0], [2.0, 2.0, 2.0]], dtype=torch.float64)
+    got = advantages.group_advantages(rewards, scale="range", eps=0.0)
+    expected = torch.tensor([[-4 / 9, -1 / 9, 5 / 9], [0.0, 0.0, 0.0]], dtype=torch.float64)
+    assert torch.allclose(got, expected, rtol=0, atol=1e-15) and torch.equal(got[1], expected[1])

@@ -2,7 +2,8 @@
 of variants is a registry of pure functions (as verl's core_algos keeps its estimators): a
 new variant is one registered function beside its siblings, and its test.
 
-    advantages.py    group-relative advantages: rewards (B, G) -> (B, G); per token (B, G, S)
+    advantages.py    group-relative advantages: rewards (B, G) -> (B, G), the scales registered
+                     (group, batch, none); per token (B, G, S)
                      from the rewards of every step (process supervision)
     baselines.py     the advantage estimators chapter 0 derives (REINFORCE to GRPO)
     bandit.py        a policy small enough to enumerate: exact bias and variance of each estimator

@@ -18,11 +18,42 @@ are exactly zero (not 1e-9 left over from floating-point rounding of the mean).
 
 from __future__ import annotations
 
+from typing import Callable
+
 import numpy as np
 import torch
 
-SCALES = ("group", "batch", "none")
 STD_KINDS = ("population", "sample")
+
+# The scales, registered (config key advantage_scale): centred rewards (B, G) -> advantages (B, G).
+Scale = Callable[[torch.Tensor, torch.Tensor, int, float], torch.Tensor]
+SCALES: dict[str, Scale] = {}
+
+
+def scaling(name: str) -> Callable[[Scale], Scale]:
+    """Register scale(rewards, centred, correction, eps) as advantage scale `name`."""
+    def register(scale: Scale) -> Scale:
+        SCALES[name] = scale
+        return scale
+    return register
+
+
+@scaling("group")
+def by_group_std(rewards: torch.Tensor, centred: torch.Tensor, correction: int, eps: float) -> torch.Tensor:
+    """Each prompt's own std (DeepSeekMath's GRPO)."""
+    return centred / (rewards.std(dim=1, correction=correction, keepdim=True) + eps)
+
+
+@scaling("batch")
+def by_batch_std(rewards: torch.Tensor, centred: torch.Tensor, correction: int, eps: float) -> torch.Tensor:
+    """One std over all B x G rewards, the mean still per group (Lite PPO; TRL's scale_rewards="batch")."""
+    return centred / (rewards.std(correction=correction) + eps)
+
+
+@scaling("none")
+def centred_only(rewards: torch.Tensor, centred: torch.Tensor, correction: int, eps: float) -> torch.Tensor:
+    """No division: the group mean subtracted only (Dr. GRPO)."""
+    return centred
 
 
 def _as_reward_tensor(rewards) -> tuple[torch.Tensor, bool]:
@@ -95,19 +126,14 @@ def group_advantages(rewards, *, scale: str = "group", std: str = "population",
     nothing breaks either).
     """
     if scale not in SCALES:
-        raise ValueError(f"scale must be one of {SCALES}, got {scale!r}")
+        raise ValueError(f"scale must be one of {tuple(SCALES)}, got {scale!r}")
     _check_std_and_eps(std, eps)
     tensor, from_numpy = _as_reward_tensor(rewards)
     check_rewards(tensor)
 
     correction = 0 if std == "population" else 1
     centred = tensor - tensor.mean(dim=1, keepdim=True)
-    if scale == "group":
-        advantages = centred / (tensor.std(dim=1, correction=correction, keepdim=True) + eps)
-    elif scale == "batch":
-        advantages = centred / (tensor.std(correction=correction) + eps)
-    else:
-        advantages = centred
+    advantages = SCALES[scale](tensor, centred, correction, eps)
     # An all-equal group: the mean can differ from the rewards in the last bit
     # (0.1 + 0.1 + 0.1 != 0.3), which eps would blow up to ~1e-9, and with
     # eps = 0 it is 0 / 0. It carries no signal: make it exactly 0.
