@@ -70,32 +70,58 @@ def run_checks(device: torch.device, output: Callable[[str], None] = print, *,
                engine_dtype: str = "bfloat16") -> list[Row]:
     """Run every check on `device`, printing each row as it completes. engine_dtype: vLLM's
     (bf16, as the trainer's GPU runs; the tests' quick runs of the stand-in on the CPU: float32)."""
-    rows: list[Row] = []
-    state: dict = {}
+    checks = Checks(device, output, engine_dtype)
+    output(f"{'check':<13} {'result':<6} detail")
+    for name, needs, body in checks.in_order():
+        checks.check(name, needs, body)
+    passed = sum(r.status == "PASS" for r in checks.rows)
+    output(f"\n{passed} of {len(checks.rows)} checks passed")
+    return checks.rows
 
-    def record(name: str, status: str, detail: str) -> None:
-        rows.append(Row(name, status, detail))
-        output(f"{name:<13} {status:<6} {detail}")
 
-    def check(name: str, needs: list[str], body: Callable[[], str]) -> None:
-        failed = [n for n in needs if not any(r.name == n and r.status == "PASS" for r in rows)]
+class Checks:
+    """The checks, each a method that returns its row's detail or raises; a check runs only when
+    the checks it needs passed (`in_order` says which)."""
+
+    def __init__(self, device: torch.device, output: Callable[[str], None], engine_dtype: str):
+        self.device, self.output, self.engine_dtype = device, output, engine_dtype
+        self.rows: list[Row] = []
+        self.state: dict = {}   # the engine, the policy and its tokenizer, between checks
+
+    def in_order(self) -> list[tuple[str, list[str], Callable[[], str]]]:
+        return [
+            ("CUDA", [], self.cuda),
+            ("vLLM", [], self.vllm_version),
+            ("transformers", [], self.transformers_version),
+            ("engine", ["CUDA", "vLLM"], self.engine),
+            ("weight sync", ["engine"], self.weight_sync),
+            ("training", ["weight sync"], self.training),
+            ("background", ["training"], self.background),
+        ]
+
+    def record(self, name: str, status: str, detail: str) -> None:
+        self.rows.append(Row(name, status, detail))
+        self.output(f"{name:<13} {status:<6} {detail}")
+
+    def check(self, name: str, needs: list[str], body: Callable[[], str]) -> None:
+        failed = [n for n in needs if not any(r.name == n and r.status == "PASS" for r in self.rows)]
         if failed:
-            record(name, "SKIP", f"needs {', '.join(failed)}")
+            self.record(name, "SKIP", f"needs {', '.join(failed)}")
             return
         try:
-            record(name, "PASS", body())
+            self.record(name, "PASS", body())
         except Exception as error:   # a check that fails says why in one line, and the next ones go on
-            record(name, "FAIL", " ".join(f"{type(error).__name__}: {error}".split())[:300])
+            self.record(name, "FAIL", " ".join(f"{type(error).__name__}: {error}".split())[:300])
 
-    def cuda() -> str:
-        if device.type == "cuda":
+    def cuda(self) -> str:
+        if self.device.type == "cuda":
             if not torch.cuda.is_available():
                 raise RuntimeError("torch.cuda.is_available() is False")
             return (f"torch {torch.__version__}, CUDA {torch.version.cuda}, "
-                    f"{torch.cuda.get_device_name(device)}")
+                    f"{torch.cuda.get_device_name(self.device)}")
         return f"torch {torch.__version__} on the CPU (no GPU is checked)"
 
-    def vllm_version() -> str:
+    def vllm_version(self) -> str:
         try:
             import vllm
         except ImportError as error:
@@ -106,7 +132,7 @@ def run_checks(device: torch.device, output: Callable[[str], None] = print, *,
                                f"(pip install -e '.[gpu]')")
         return f"vllm {vllm.__version__}"
 
-    def transformers_version() -> str:
+    def transformers_version(self) -> str:
         import transformers
         low, high = TRANSFORMERS_RANGE
         if not low <= _version(transformers.__version__) < high:
@@ -114,27 +140,27 @@ def run_checks(device: torch.device, output: Callable[[str], None] = print, *,
                                f">=5.10.4,<5.18")
         return f"transformers {transformers.__version__}"
 
-    def engine() -> str:
+    def engine(self) -> str:
         from grpo_edu.runtime.distributed import World
         from grpo_edu.policy.models import STARTING_POLICY, load_policy
         from grpo_edu.sampling.vllm_engine import VLLMEngine
-        policy, tokenizer = load_policy(STARTING_POLICY, device=device)
-        world = World(device=device)
+        policy, tokenizer = load_policy(STARTING_POLICY, device=self.device)
+        world = World(device=self.device)
         started = time.perf_counter()
-        dtype = engine_dtype
-        state["engine"] = VLLMEngine(str(STARTING_POLICY), policy, tokenizer, world, seed=0,
-                                     gpu_memory_utilization=0.2, sleep_mode=True, dtype=dtype)
-        state.update(policy=policy, tokenizer=tokenizer)
+        dtype = self.engine_dtype
+        self.state["engine"] = VLLMEngine(str(STARTING_POLICY), policy, tokenizer, world, seed=0,
+                                          gpu_memory_utilization=0.2, sleep_mode=True, dtype=dtype)
+        self.state.update(policy=policy, tokenizer=tokenizer)
         return f"built in {time.perf_counter() - started:.1f} s ({dtype}, gpu_memory_utilization 0.2, sleep mode)"
 
-    def weight_sync() -> str:
+    def weight_sync(self) -> str:
         from grpo_edu.algorithm.logprobs import completion_logprobs
         from grpo_edu.sampling.rollout import SamplingParams
         from grpo_edu.training.metrics import sampler_gap
-        engine, policy, tokenizer = state["engine"], state["policy"], state["tokenizer"]
+        engine, policy, tokenizer = self.state["engine"], self.state["policy"], self.state["tokenizer"]
         samples = tasks.make_dataset("arithmetic", n=PROMPTS, split="test", seed=0)
         encoded = tokenizer([s["prompt"] for s in samples], return_tensors="pt", padding=True,
-                            add_special_tokens=False).to(device)
+                            add_special_tokens=False).to(self.device)
         sampling = SamplingParams(num_generations=GENERATIONS, max_new_tokens=MAX_NEW_TOKENS,
                                   temperature=TEMPERATURE)
 
@@ -172,17 +198,17 @@ def run_checks(device: torch.device, output: Callable[[str], None] = print, *,
                 f"(limit {GAP_LIMIT}, T = {TEMPERATURE}); after a weight change: {after['sampler_gap/mean_abs']:.2e} "
                 f"to the new policy, {stale:.3f} to the old (expected > {MOVED})")
 
-    def train_steps(steps: int, *extra: str) -> list[dict]:
+    def train_steps(self, steps: int, *extra: str) -> list[dict]:
         """`grpo-edu train` with engine = 'vllm' for `steps` steps, in a process of its own, as a
         reader runs it (one vLLM engine per process); its metrics, checked finite and with the gap."""
         import json
         import subprocess
         import sys
-        state.clear()   # this process's engine, asleep, and its models: memory back for the run's
+        self.state.clear()   # this process's engine, asleep, and its models: memory back for the run's
         gc.collect()
-        if device.type == "cuda":
+        if self.device.type == "cuda":
             torch.cuda.empty_cache()
-        settings = ["engine=vllm", f"device={device.type}", f"steps={steps}", "prompts_per_step=4",
+        settings = ["engine=vllm", f"device={self.device.type}", f"steps={steps}", "prompts_per_step=4",
                     "num_generations=4", "eval_size=8", "eval_every=1000", "checkpoint_every=0", "progress=false",
                     "vllm_gpu_memory_utilization=0.2", *extra]
         with tempfile.TemporaryDirectory() as directory:
@@ -191,7 +217,7 @@ def run_checks(device: torch.device, output: Callable[[str], None] = print, *,
             done = subprocess.run(command, capture_output=True, text=True, timeout=1800, env=training_environment())
             if done.returncode != 0:
                 raise RuntimeError(f"grpo-edu train exited {done.returncode}: "
-                                   f"{(done.stderr.strip().splitlines() or ['(no output)'])[-1]}")
+                                   f"{(done.stderr.strip().splitlines() or ['(no self.output)'])[-1]}")
             history = [json.loads(line) for line in open(f"{directory}/run/metrics.jsonl")]
         if len(history) != steps or not all(math.isfinite(m["loss"]) for m in history):
             raise RuntimeError(f"expected {steps} steps with finite losses, got {[m.get('loss') for m in history]}")
@@ -199,18 +225,18 @@ def run_checks(device: torch.device, output: Callable[[str], None] = print, *,
             raise RuntimeError("sampler_gap/mean_abs missing from the steps' metrics")
         return history
 
-    def training() -> str:
+    def training(self) -> str:
         from grpo_edu.training.metrics import step_seconds
-        history = train_steps(2)
+        history = self.train_steps(2)
         return (f"grpo-edu train --set engine=vllm, 2 steps: losses {history[0]['loss']:.2e}, "
                 f"{history[1]['loss']:.2e}; step {step_seconds(history[-1]):.2f} s; "
                 f"gap mean {history[-1]['sampler_gap/mean_abs']:.2e}")
 
-    def background() -> str:
+    def background(self) -> str:
         from grpo_edu.training.metrics import step_seconds
         lagged = ("rollout_lag=1", "vllm_sleep_mode=false")
-        in_turn = train_steps(4, *lagged)
-        beside = train_steps(4, *lagged, "rollout_overlap=true")
+        in_turn = self.train_steps(4, *lagged)
+        beside = self.train_steps(4, *lagged, "rollout_overlap=true")
         if not all("time/step" in m for m in beside):
             raise RuntimeError("the overlapped run logged no time/step: it did not sample in the background")
         same = [m["reward/mean"] for m in beside] == [m["reward/mean"] for m in in_turn]
@@ -218,18 +244,6 @@ def run_checks(device: torch.device, output: Callable[[str], None] = print, *,
         return (f"rollout_lag = 1, 4 steps: in turn {alone:.2f} s per step, overlapped {overlapped:.2f} s "
                 f"(median of steps 2-4); rewards {'the same' if same else 'differ'} step by step; "
                 f"gap mean {beside[-1]['sampler_gap/mean_abs']:.2e}")
-
-    output(f"{'check':<13} {'result':<6} detail")
-    check("CUDA", [], cuda)
-    check("vLLM", [], vllm_version)
-    check("transformers", [], transformers_version)
-    check("engine", ["CUDA", "vLLM"], engine)
-    check("weight sync", ["engine"], weight_sync)
-    check("training", ["weight sync"], training)
-    check("background", ["training"], background)
-    passed = sum(r.status == "PASS" for r in rows)
-    output(f"\n{passed} of {len(rows)} checks passed")
-    return rows
 
 
 def gpu(output: Callable[[str], None] = print) -> int:
