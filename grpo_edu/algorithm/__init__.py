@@ -17,6 +17,8 @@ new variant is one registered function beside its siblings, and its test.
     entropy_mask.py  the tokens whose entropy is in the top share (DAPO-style entropy masking)
     estimators.py    per-token pieces of the objective as functions of numbers (the explorers')
     reference.py     one GRPO update in pure NumPy, a loop per response: the test oracle
+    statistics.py    paired comparisons (over seeds: t; over problems: bootstrap, McNemar):
+                     when the book may say "A beats B"
     worked_example.py  chapter 1's worked example as data
 
 Imports only grpo_edu.runtime (a World to reduce over ranks).

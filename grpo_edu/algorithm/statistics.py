@@ -1,0 +1,194 @@
+"""Paired comparisons: how the book decides whether run A beats run B.
+
+Two training set-ups compared on the same seeds and the same held-out problems are paired:
+seed s of A and seed s of B share their prompts and their starting policy, and problem j is
+the same problem for both. A pooled interval over "3 seeds x 256 problems" treats the same
+problems as independent evaluations and ignores the variance between training runs; the
+paired difference does neither. The book's rule: "A beats B" only where the paired interval
+of the difference excludes zero; otherwise "not separated at this size", with the interval.
+
+    paired_seeds     the mean over seeds of (A - B), a seed's number each (its final accuracy,
+                     say), with Student's t interval on n - 1 degrees of freedom
+    paired_problems  per-problem outcomes of one pair of runs: the difference in accuracy with
+                     a paired bootstrap over problems (Efron and Tibshirani, 1993), and
+                     McNemar's exact test (McNemar, 1947) on the discordant problems
+    Verdict          the difference, its interval, which test, and the words the book may use
+    t_quantile       Student's t quantile (no SciPy needed; tests hold it to scipy.stats.t)
+
+Every function takes plain numbers or 0/1 outcomes and returns plain floats.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Sequence
+
+import numpy as np
+
+SEPARATED, NOT_SEPARATED = "beats", "not separated at this size"
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """A paired comparison of A with B: the mean difference A - B and its interval."""
+
+    difference: float
+    low: float
+    high: float
+    confidence: float
+    method: str      # how the interval was made, in words a reader can look up
+    n: int           # the pairs: seeds, or problems
+
+    @property
+    def separated(self) -> bool:
+        """The interval excludes zero."""
+        return self.low > 0 or self.high < 0
+
+    def words(self, a: str = "A", b: str = "B") -> str:
+        """What the book may say: "A beats B", "B beats A", or "not separated at this size"."""
+        interval = f"{self.difference:+.3f} [{self.low:+.3f}, {self.high:+.3f}]"
+        if not self.separated:
+            return f"{a} and {b} are {NOT_SEPARATED}: {a} - {b} = {interval}"
+        winner, loser = (a, b) if self.low > 0 else (b, a)
+        return f"{winner} {SEPARATED} {loser}: {a} - {b} = {interval}"
+
+
+# --------------------------------------------------------------------------- over seeds
+
+def paired_seeds(a: Sequence[float], b: Sequence[float], confidence: float = 0.95) -> Verdict:
+    """a[s], b[s]: one number per seed for each set-up, seed s paired. The mean of the
+    differences d_s = a_s - b_s and its t interval, mean(d) +- t(n - 1) sd(d) / sqrt(n)."""
+    differences = _paired(a, b, "a", "b")
+    n = len(differences)
+    if n < 2:
+        raise ValueError(f"a, b: a t interval needs at least 2 paired seeds, got {n}")
+    _check_confidence(confidence)
+    mean = math.fsum(differences) / n
+    sd = math.sqrt(math.fsum((d - mean) ** 2 for d in differences) / (n - 1))
+    half = t_quantile(0.5 + confidence / 2, n - 1) * sd / math.sqrt(n)
+    return Verdict(mean, mean - half, mean + half, confidence,
+                   f"paired t interval over {n} seeds ({n - 1} degrees of freedom)", n)
+
+
+# --------------------------------------------------------------------------- over problems
+
+def paired_problems(a: Sequence[int], b: Sequence[int], confidence: float = 0.95, resamples: int = 10_000,
+                    seed: int = 0) -> Verdict:
+    """a[j], b[j]: 1 if problem j was solved (greedy, say) by each run, problem j paired. The
+    difference in accuracy and its paired percentile bootstrap interval: `resamples` draws of
+    the problems with replacement, each problem carrying both outcomes."""
+    outcomes = _outcomes(a, b)
+    _check_confidence(confidence)
+    if not (isinstance(resamples, int) and resamples >= 100):
+        raise ValueError(f"resamples: expected an int >= 100, got {resamples!r}")
+    n = len(outcomes)
+    differences = np.array([x - y for x, y in outcomes], dtype=np.float64)
+    draws = np.random.default_rng(seed).integers(0, n, size=(resamples, n))   # problems, with replacement
+    means = differences[draws].mean(axis=1)
+    tail = (1 - confidence) / 2
+    low, high = (float(v) for v in np.quantile(means, [tail, 1 - tail]))   # linear between neighbours
+    return Verdict(float(differences.mean()), low, high, confidence,
+                   f"paired bootstrap over {n} problems ({resamples} resamples, percentile)", n)
+
+
+def mcnemar(a: Sequence[int], b: Sequence[int]) -> dict[str, float]:
+    """McNemar's exact test of paired right/wrong outcomes: only the discordant problems count,
+    a_only (A right, B wrong) and b_only. Under "A and B are equally good" a_only is
+    Binomial(a_only + b_only, 1/2); the two-sided p-value doubles the smaller tail (at most 1)."""
+    outcomes = _outcomes(a, b)
+    a_only = sum(1 for x, y in outcomes if x and not y)
+    b_only = sum(1 for x, y in outcomes if y and not x)
+    discordant = a_only + b_only
+    tail = sum(math.comb(discordant, k) for k in range(min(a_only, b_only) + 1)) / 2 ** discordant
+    return {"a_only": float(a_only), "b_only": float(b_only), "p_value": min(1.0, 2 * tail)}
+
+
+# --------------------------------------------------------------------------- Student's t
+
+def t_quantile(p: float, df: int) -> float:
+    """The p-quantile of Student's t with `df` degrees of freedom: bisection on its CDF."""
+    if not 0 < p < 1:
+        raise ValueError(f"p: expected a probability in (0, 1), got {p!r}")
+    if not (isinstance(df, int) and df >= 1):
+        raise ValueError(f"df: expected an int >= 1, got {df!r}")
+    if p == 0.5:
+        return 0.0
+    if p < 0.5:
+        return -t_quantile(1 - p, df)
+    low, high = 0.0, 1.0
+    while t_cdf(high, df) < p:
+        high *= 2
+    for _ in range(200):   # to the last bit of a double
+        middle = (low + high) / 2
+        if middle in (low, high):
+            break
+        low, high = (middle, high) if t_cdf(middle, df) < p else (low, middle)
+    return (low + high) / 2
+
+
+def t_cdf(t: float, df: int) -> float:
+    """P(T <= t) for Student's t: the tail beyond |t| is I_x(df / 2, 1 / 2) / 2 at
+    x = df / (df + t^2) (1 - x passed as t^2 / (df + t^2), exact where x is near 1)."""
+    tail = 0.5 * _regularized_beta(df / (df + t * t), t * t / (df + t * t), df / 2, 0.5)
+    return 1 - tail if t >= 0 else tail
+
+
+def _regularized_beta(x: float, y: float, a: float, b: float) -> float:
+    """I_x(a, b), y = 1 - x, by its continued fraction (modified Lentz; Press et al., Numerical
+    Recipes, section 6.4)."""
+    if x <= 0:
+        return 0.0
+    if y <= 0:
+        return 1.0
+    if x > (a + 1) / (a + b + 2):   # the fraction converges fast below this point: use the symmetry
+        return 1 - _regularized_beta(y, x, b, a)
+    front = math.exp(math.lgamma(a + b) - math.lgamma(a) - math.lgamma(b) + a * math.log(x) + b * math.log(y)) / a
+    tiny = 1e-300
+    f, c, d = 1.0, 1.0, 0.0
+    for i in range(10_000):
+        m = i // 2
+        if i == 0:
+            numerator = 1.0
+        elif i % 2 == 0:
+            numerator = m * (b - m) * x / ((a + 2 * m - 1) * (a + 2 * m))
+        else:
+            numerator = -((a + m) * (a + b + m) * x) / ((a + 2 * m) * (a + 2 * m + 1))
+        d = 1 + numerator * d
+        d = 1 / (d if abs(d) > tiny else tiny)
+        c = 1 + numerator / c
+        c = c if abs(c) > tiny else tiny
+        f *= c * d
+        if abs(1 - c * d) < 1e-15:
+            return front * (f - 1)
+    raise ArithmeticError(f"the incomplete beta's continued fraction did not converge at x={x}, a={a}, b={b}")
+
+
+# --------------------------------------------------------------------------- checks
+
+def _paired(a: Sequence[float], b: Sequence[float], name_a: str, name_b: str) -> list[float]:
+    a, b = list(a), list(b)
+    if len(a) != len(b):
+        raise ValueError(f"{name_a}, {name_b}: expected one value per pair in each, got {len(a)} and {len(b)}")
+    for name, values in ((name_a, a), (name_b, b)):
+        bad = [v for v in values if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v)]
+        if bad:
+            raise ValueError(f"{name}: expected finite numbers, got {bad[0]!r}")
+    return [x - y for x, y in zip(a, b)]
+
+
+def _outcomes(a: Sequence[int], b: Sequence[int]) -> list[tuple[int, int]]:
+    a, b = list(a), list(b)
+    if len(a) != len(b) or not a:
+        raise ValueError(f"a, b: expected one outcome per problem in each (the same problems), got {len(a)} "
+                         f"and {len(b)}")
+    for name, values in (("a", a), ("b", b)):
+        bad = [v for v in values if v not in (0, 1)]
+        if bad:
+            raise ValueError(f"{name}: expected outcomes 0 (wrong) or 1 (right), got {bad[0]!r}")
+    return [(int(x), int(y)) for x, y in zip(a, b)]
+
+
+def _check_confidence(confidence: float) -> None:
+    if not (isinstance(confidence, float) and 0 < confidence < 1):
+        raise ValueError(f"confidence: expected a float in (0, 1), got {confidence!r}")
