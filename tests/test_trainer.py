@@ -298,3 +298,22 @@ def test_a_lazy_whole_copy_holds_no_memory_outside_whole():
     with models.whole(keep=True) as whole:
         pass
     assert not any(p.is_meta for p in whole.parameters())
+
+
+@pytest.mark.parametrize("overrides", [{}, {"rollout_lag": 1}, {"rollout_lag": 1, "rollout_overlap": True}])
+def test_a_finished_run_is_freed_at_once(tmp_path, overrides):
+    """No reference cycle holds a run: its models (under torchrun, DDP's and FSDP2's wrappers and
+    their process group) go when the run does, not at the garbage collector's whim, which may
+    be interpreter exit, after the process group is gone (measured: rank aborts, "terminate
+    called without an active exception", when the rollout source held the run)."""
+    import gc
+    import weakref
+    gc.disable()
+    try:
+        run = trainer.set_up(small_config(tmp_path, steps=2, checkpoint_every=0, **overrides), log=lambda _: None)
+        freed = weakref.ref(run)
+        trainer.loop(run)
+        del run
+        assert freed() is None
+    finally:
+        gc.enable()

@@ -14,7 +14,7 @@ A rollout goes through the same stages whatever the run:
               now, before later updates move it
 
 `sample_rollout` runs them for the next rollout. A source decides when: the loop asks it for
-the rollout of each update (`next`) and tells it when the update is done (`after_update`).
+the rollout of each update (`next(run)`) and tells it when the update is done (`after_update(run)`).
 
     Synchronous  samples each update's rollout just before the update (rollout_lag = 0)
     Lagged       keeps the rollouts of the next k updates sampled ahead, each by the policy of
@@ -116,31 +116,29 @@ def sample_rollout(run, engine, models, world: World | None = None) -> InFlight:
 # --------------------------------------------------------------------------- the sources
 
 class RolloutSource(Protocol):
-    """Where the loop's rollouts come from."""
+    """Where the loop's rollouts come from. A source holds no reference to the run (the loop
+    hands it the run at each call), so a finished run is freed at once, process groups and all."""
 
-    def next(self) -> InFlight:
+    def next(self, run) -> InFlight:
         """The scored rollout the next update trains on."""
 
-    def after_update(self) -> None:
+    def after_update(self, run) -> None:
         """The update is done (the policy has moved)."""
 
-    def metrics(self, flight: InFlight, started: float) -> dict[str, float]:
+    def metrics(self, run, flight: InFlight, started: float) -> dict[str, float]:
         """What the step logs about its rollout's source (started: the step's start, perf_counter)."""
 
 
 class Synchronous:
     """Each update's rollout sampled just before it, by the current policy."""
 
-    def __init__(self, run):
-        self.run = run
+    def next(self, run) -> InFlight:
+        return sample_rollout(run, run.engine, run.models)
 
-    def next(self) -> InFlight:
-        return sample_rollout(self.run, self.run.engine, self.run.models)
-
-    def after_update(self) -> None:
+    def after_update(self, run) -> None:
         """Nothing is sampled beside the update."""
 
-    def metrics(self, flight: InFlight, started: float) -> dict[str, float]:
+    def metrics(self, run, flight: InFlight, started: float) -> dict[str, float]:
         return {}
 
 
@@ -149,49 +147,46 @@ class Lagged(Synchronous):
     the policy of its time), kept in run.state.in_flight, oldest first (a checkpoint stores
     them); update t trains on the oldest. The last k updates sample nothing."""
 
-    def _sample_ahead(self, ahead: int) -> None:
-        run = self.run
+    def _sample_ahead(self, run, ahead: int) -> None:
         state = run.state
         while len(state.in_flight) <= ahead and state.step + len(state.in_flight) < run.config.steps:
             state.in_flight.append(sample_rollout(run, run.engine, run.models))
 
-    def next(self) -> InFlight:
-        self._sample_ahead(self.run.config.rollout_lag)
-        return self.run.state.in_flight.pop(0)
+    def next(self, run) -> InFlight:
+        self._sample_ahead(run, run.config.rollout_lag)
+        return run.state.in_flight.pop(0)
 
-    def metrics(self, flight: InFlight, started: float) -> dict[str, float]:
-        return {"staleness": float(self.run.state.step - 1 - flight.sampled_at)}   # updates between sampler and this
+    def metrics(self, run, flight: InFlight, started: float) -> dict[str, float]:
+        return {"staleness": float(run.state.step - 1 - flight.sampled_at)}   # updates between sampler and this
 
 
 class Overlapped(Lagged):
     """rollout_overlap: Lagged, the newest of the k rollouts (the one Lagged would sample next,
     by the same policy) sampled by a BackgroundSampler's thread while the update runs."""
 
-    def __init__(self, run, background: BackgroundSampler):
-        super().__init__(run)
+    def __init__(self, background: BackgroundSampler):
         self.background = background
 
-    def next(self) -> InFlight:
-        run = self.run
+    def next(self, run) -> InFlight:
         state = run.state
-        self._sample_ahead(run.config.rollout_lag - 1)
+        self._sample_ahead(run, run.config.rollout_lag - 1)
         flight = state.in_flight.pop(0)
         if state.step + 1 + len(state.in_flight) < run.config.steps:
             self.background.start(run.models, lambda engine, models, world: sample_rollout(run, engine, models, world))
         return flight
 
-    def after_update(self) -> None:
+    def after_update(self, run) -> None:
         if (sampled := self.background.join()) is not None:
-            self.run.state.in_flight.append(sampled)
+            run.state.in_flight.append(sampled)
 
-    def metrics(self, flight: InFlight, started: float) -> dict[str, float]:
+    def metrics(self, run, flight: InFlight, started: float) -> dict[str, float]:
         # the rollout's time overlapped the update: the step's own wall-clock
-        return {**super().metrics(flight, started), "time/step": time.perf_counter() - started}
+        return {**super().metrics(run, flight, started), "time/step": time.perf_counter() - started}
 
 
-def source(run, background: BackgroundSampler | None = None) -> RolloutSource:
-    """The source the run's config names: Overlapped with a background sampler (rollout_overlap),
+def source(config: TrainConfig, background: BackgroundSampler | None = None) -> RolloutSource:
+    """The source the config names: Overlapped with a background sampler (rollout_overlap),
     else Lagged for rollout_lag > 0, else Synchronous."""
     if background is not None:
-        return Overlapped(run, background)
-    return Lagged(run) if run.config.rollout_lag else Synchronous(run)
+        return Overlapped(background)
+    return Lagged() if config.rollout_lag else Synchronous()

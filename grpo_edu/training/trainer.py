@@ -3,7 +3,7 @@
 `train(config)` is `loop(set_up(config))`. One step of `loop`, on each of N ranks (one
 process: N = 1; see grpo_edu.runtime.distributed):
 
-    1. draw the step's B prompts (every rank the same list) and take     run.rollouts.next()
+    1. draw the step's B prompts (every rank the same list) and take     run.rollouts.next(run)
        this rank's B / N of them, whole                                  (grpo_edu.training.rollouts:
     2. roll out G completions each, with the sampler's log-probs          sample_prompts, roll_out,
     3. score every completion; gather the rewards (B, G) from all ranks   scoring.score)
@@ -144,7 +144,7 @@ def loop(run: Run, stop_after: int | None = None) -> RunResult:
     while state.step < last:
         # ------------------------------------------------ 1-4: prompts, completions, rewards, advantages
         t0 = time.perf_counter()
-        flight = run.rollouts.next()   # scored: its RolloutBatch and its mini-batch plan
+        flight = run.rollouts.next(run)   # scored: its RolloutBatch and its mini-batch plan
         # ------------------------------------------------ 5: the reference's log-probs (and pi_old's)
         t1 = time.perf_counter()
         batch = add_logprobs(config, models, flight.batch, flight.plan, world)
@@ -152,12 +152,12 @@ def loop(run: Run, stop_after: int | None = None) -> RunResult:
         t2 = time.perf_counter()
         update = run.optimise(config, models, run.optimizer, run.scheduler, batch, flight.plan, world)
         t3 = time.perf_counter()
-        run.rollouts.after_update()
+        run.rollouts.after_update(run)
         state.step += 1
         # ------------------------------------------------ 7: log, re-sync the reference, evaluate, checkpoint
         seconds = {**flight.seconds, "scoring": flight.seconds["scoring"] + t2 - t1, "update": t3 - t2}
         metrics = {"step": state.step, **step_metrics(flight.plan, batch, update, seconds, world),
-                   **run.rollouts.metrics(flight, started=t0)}
+                   **run.rollouts.metrics(run, flight, started=t0)}
         if config.ref_sync_steps and state.step % config.ref_sync_steps == 0:
             models.sync_reference(config.ref_mixup_alpha)
         if state.step % config.eval_every == 0 or state.step == config.steps:
@@ -244,8 +244,7 @@ def set_up(config: TrainConfig, *, advantage_fn: AdvantageFn | None = None, rewa
     run = Run(config, world, models, tokenizer, engine, optimizer, scheduler, rollouts.roll_out, optimise,
               reward_functions, advantage_fn, train_pool, held_out, state, output_dir, metrics_log,
               history=[], start_accuracy=0.0, elapsed=0.0, say=say, doctor=LiveDoctor(config.to_dict()),
-              progress=None)
-    run.rollouts = rollouts.source(run, background)
+              progress=None, rollouts=rollouts.source(config, background))
     if saved is not None:
         distributed.load_full_optimizer_state(optimizer, saved["optimizer"])
         scheduler.load_state_dict(saved["scheduler"])
