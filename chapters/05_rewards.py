@@ -503,52 +503,57 @@ for ax in axes:
 figure.tight_layout()
 
 # %% [markdown]
-# What this section claims, checked against the file (a variant's pooled interval: the 95% Wilson
-# interval of its three seeds' 768 final evaluations together):
+# Is process supervision better here? Each seed gives both variants the same prompts and the
+# same start, so the fair comparison is paired: the difference process - outcome in each seed,
+# and a 95% interval for its mean (Student's t over the seeds,
+# `grpo_edu.algorithm.statistics.paired_seeds`). The book says "A beats B" only when that
+# interval excludes zero.
 
 # %%
-from grpo_edu.training.evaluation import wilson_interval
+from grpo_edu.algorithm.statistics import paired_seeds
 
 
 def by_variant(value):
-    return {v: [value(r) for r in process_runs if r["variant"] == v] for v in PROCESS_RESULTS["variants"]}
+    return {v: [value(r) for r in sorted(process_runs, key=lambda r: r["seed"]) if r["variant"] == v]
+            for v in PROCESS_RESULTS["variants"]}
 
 
-final = by_variant(lambda r: r["final_accuracy"])
-first_evaluation = by_variant(lambda r: r["eval"][0][1])
-late_steps_right = by_variant(lambda r: np.mean(r["steps"]["process/step_accuracy"][-25:]))
-pooled = {v: wilson_interval(round(sum(a) * 256), 3 * 256) for v, a in final.items()}
-for v, a in final.items():
-    print(f"{v:<8} final {np.mean(a):.3f} ({min(a):.3f}-{max(a):.3f}), pooled 95% interval "
-          f"{pooled[v][0]:.3f}-{pooled[v][1]:.3f}; first evaluation (step 25) {min(first_evaluation[v]):.3f}-"
-          f"{max(first_evaluation[v]):.3f}")
+compared = {
+    "final held-out accuracy": by_variant(lambda r: r["final_accuracy"]),
+    "held-out accuracy at the first evaluation (step 25)": by_variant(lambda r: r["eval"][0][1]),
+    "share of right steps, last 25 steps": by_variant(lambda r: np.mean(r["steps"]["process/step_accuracy"][-25:])),
+}
+verdicts = {name: paired_seeds(values["process"], values["outcome"]) for name, values in compared.items()}
+for name, verdict in verdicts.items():
+    print(f"{name}: {verdict.words('process', 'outcome')}")
+print(f"({verdicts['final held-out accuracy'].method})")
 claims = {
     "every run learns: its final held-out accuracy is at least 0.1 above the start's":
         all(r["final_accuracy"] > r["start_accuracy"] + 0.1 for r in process_runs),
-    "process supervision ends above outcome supervision in every seed (a seed: the same prompts, the same start)":
-        all(p > o for p, o in zip(final["process"], final["outcome"])),
-    "at the first evaluation (step 25) every process seed is above every outcome seed":
-        min(first_evaluation["process"]) > max(first_evaluation["outcome"]),
-    "over the last 25 steps every process seed writes a larger share of right steps than every outcome seed":
-        min(late_steps_right["process"]) > max(late_steps_right["outcome"]),
-    "the two pooled intervals overlap: at 3 x 256 evaluations the edge is consistent, not yet decisive":
-        pooled["process"][0] < pooled["outcome"][1],
+    "final held-out accuracy: not separated at this size (the paired interval includes 0)":
+        not verdicts["final held-out accuracy"].separated,
+    "at the first evaluation: not separated either":
+        not verdicts["held-out accuracy at the first evaluation (step 25)"].separated,
+    "the share of right steps: process supervision beats outcome supervision (the interval is above 0)":
+        verdicts["share of right steps, last 25 steps"].low > 0,
 }
 for claim, holds in claims.items():
     print(f"{'holds' if holds else 'FAILS'}: {claim}")
 
 # %% [markdown]
-# DeepSeekMath reports process supervision ahead of outcome supervision in its GRPO runs. The
-# tiny tier agrees in direction:
-# ahead in every seed, from the first evaluation on, and its completions write right steps more
-# often. It is not a large edge here, and the reason is in the task: with three numbers there are
-# two steps, so an outcome reward already says a lot about them, and the policy's answer does not
-# always follow its own steps (the groups above include right answers after wrong steps), which
-# caps what rewarding the steps can do for the answer. Where process supervision earns its keep
-# is in groups like the one drawn above: of the 40 groups sampled from the start, those whose
-# eight outcomes are all equal give no gradient at all under outcome supervision, and most of
-# them still differ in their steps. The price is a step verifier: a rule here, a trained process
-# reward model in DeepSeekMath (with the hacking risk of any learned reward, two sections back).
+# DeepSeekMath reports process supervision ahead of outcome supervision in its GRPO runs. Here
+# the steps agree: process supervision's completions write right steps more often, and the
+# paired interval is well above zero. The final answers do not separate at this size. Process
+# supervision ends ahead in each of the three seeds, but by amounts that differ, and three
+# seeds leave an interval that holds zero. The task explains part of it. With three numbers
+# there are two steps, so an outcome reward already says a lot about them. And the policy's
+# answer does not always follow its own steps (the groups above include right answers after
+# wrong steps), which caps what rewarding the steps can do for the answer. Where process
+# supervision earns its keep is in groups like the one drawn above: of the 40 groups sampled
+# from the start, those whose eight outcomes are all equal give no gradient at all under
+# outcome supervision, and most of them still differ in their steps. The price is a step
+# verifier: a rule here, a trained process reward model in DeepSeekMath (with the hacking risk
+# of any learned reward, two sections back).
 #
 # ## Exercises
 #

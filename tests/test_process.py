@@ -465,6 +465,24 @@ def test_the_readme_quotes_the_results_file():
     grid_checks.readme_quotes_final_accuracies(RESULTS, benchmark)
 
 
+def test_the_readme_says_what_the_paired_comparison_shows():
+    """The README's verdicts are paired_seeds' on the results file: the final accuracies are
+    not separated at this size, the share of right steps is."""
+    from grpo_edu.algorithm.statistics import paired_seeds
+
+    runs = sorted(grid_checks.results(RESULTS)["runs"], key=lambda r: r["seed"])
+    by = {v: [r for r in runs if r["variant"] == v] for v in ("process", "outcome")}
+    final = paired_seeds(*([r["final_accuracy"] for r in by[v]] for v in ("process", "outcome")))
+    steps = paired_seeds(*([float(np.mean(r["steps"]["process/step_accuracy"][-25:])) for r in by[v]]
+                           for v in ("process", "outcome")))
+    readme = " ".join((ROOT / "README.md").read_text().split())
+    assert not final.separated and steps.separated and steps.low > 0
+    assert (f"not separated at this size (paired by seed, process - outcome = {final.difference:+.3f} "
+            f"[{final.low:+.3f}, {final.high:+.3f}]") in readme
+    assert f"right steps more often ({steps.difference:+.3f} [{steps.low:+.3f}, {steps.high:+.3f}]" in readme
+    assert "ahead in every seed" not in readme
+
+
 # --------------------------------------------------------------------------- the committed chain policy and TRL
 
 def test_the_committed_chain_policy_is_packaged_and_matches_its_model_card():
