@@ -22,6 +22,7 @@ from typing import Callable
 
 import numpy as np
 import torch
+from grpo_edu.runtime.registry import registrar
 
 STD_KINDS = ("population", "sample")
 
@@ -29,13 +30,7 @@ STD_KINDS = ("population", "sample")
 Scale = Callable[[torch.Tensor, torch.Tensor, int, float], torch.Tensor]
 SCALES: dict[str, Scale] = {}
 
-
-def scaling(name: str) -> Callable[[Scale], Scale]:
-    """Register scale(rewards, centred, correction, eps) as advantage scale `name`."""
-    def register(scale: Scale) -> Scale:
-        SCALES[name] = scale
-        return scale
-    return register
+scaling = registrar(SCALES)   # @scaling("name") registers scale(rewards, centred, correction, eps), advantage scale `name`
 
 
 @scaling("group")

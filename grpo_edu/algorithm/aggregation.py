@@ -30,6 +30,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 import torch
+from grpo_edu.runtime.registry import registrar
 
 
 @dataclass(frozen=True)
@@ -45,13 +46,7 @@ class Counts:
 Divisors = Callable[[torch.Tensor, Counts], tuple]
 AGGREGATIONS: dict[str, Divisors] = {}
 
-
-def aggregation(name: str) -> Callable[[Divisors], Divisors]:
-    """Register `divisors` as loss type `name` (config key loss_type)."""
-    def register(divisors: Divisors) -> Divisors:
-        AGGREGATIONS[name] = divisors
-        return divisors
-    return register
+aggregation = registrar(AGGREGATIONS)   # @aggregation("name") registers `divisors`, loss type `name` (config key loss_type)
 
 
 @aggregation("grpo")

@@ -17,17 +17,12 @@ from __future__ import annotations
 from typing import Callable
 
 import torch
+from grpo_edu.runtime.registry import registrar
 
 Estimate = Callable[[torch.Tensor], torch.Tensor]
 KL_ESTIMATES: dict[str, Estimate] = {}
 
-
-def estimator(name: str) -> Callable[[Estimate], Estimate]:
-    """Register `estimate(d)` as KL estimator `name`."""
-    def register(estimate: Estimate) -> Estimate:
-        KL_ESTIMATES[name] = estimate
-        return estimate
-    return register
+estimator = registrar(KL_ESTIMATES)   # @estimator("name") registers `estimate(d)`, KL estimator `name`
 
 
 @estimator("k1")

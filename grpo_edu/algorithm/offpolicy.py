@@ -29,6 +29,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 import torch
+from grpo_edu.runtime.registry import registrar
 
 IS_MASKS = ("none", "token", "sequence")
 # config key old_logprobs, where pi_old comes from: the trainer's forward before the update, the
@@ -37,13 +38,7 @@ PI_OLD_SOURCES = ("recomputed", "sampler", "proximal")
 Weights = Callable[..., torch.Tensor]
 CORRECTIONS: dict[str, Weights] = {}
 
-
-def correction(name: str) -> Callable[[Weights], Weights]:
-    """Register a correction's weights(r, log_r, mask, correction) -> w (N, S)."""
-    def register(weights: Weights) -> Weights:
-        CORRECTIONS[name] = weights
-        return weights
-    return register
+correction = registrar(CORRECTIONS)   # @correction("name") registers a correction's weights(r, log_r, mask, correction) -> w (N, S)
 
 
 @dataclass(frozen=True)

@@ -26,27 +26,16 @@ from __future__ import annotations
 from typing import Callable
 
 import torch
+from grpo_edu.runtime.registry import registrar
 
 LogRatio = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
 Surrogate = Callable[..., torch.Tensor]
 RATIO_LEVELS: dict[str, LogRatio] = {}
 SURROGATES: dict[str, Surrogate] = {}
 
+ratio_level = registrar(RATIO_LEVELS)   # @ratio_level("name") registers a ratio level (config key importance_sampling_level)
 
-def ratio_level(name: str) -> Callable[[LogRatio], LogRatio]:
-    """Register a ratio level (config key importance_sampling_level)."""
-    def register(function: LogRatio) -> LogRatio:
-        RATIO_LEVELS[name] = function
-        return function
-    return register
-
-
-def surrogate(name: str) -> Callable[[Surrogate], Surrogate]:
-    """Register a surrogate (LossSettings.surrogate names the one a run uses)."""
-    def register(function: Surrogate) -> Surrogate:
-        SURROGATES[name] = function
-        return function
-    return register
+surrogate = registrar(SURROGATES)   # @surrogate("name") registers a surrogate (LossSettings.surrogate names the one a run uses)
 
 
 @ratio_level("token")

@@ -5,6 +5,7 @@
     durable.py      fsync and atomic replacement of small files (checkpoints and the run log)
     numerics.py     the pinned floating-point kernels that make runs reproducible anywhere
     precision.py    the forward passes' precision: float32, or bf16 autocast (config key precision)
+    registry.py     registrar: named families of functions, filled by a decorator (the variants)
     runlog.py       metrics.jsonl, one line per step: the only code that touches it
 
 Imports nothing else of grpo_edu.

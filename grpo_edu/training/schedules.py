@@ -15,17 +15,12 @@ from __future__ import annotations
 
 import math
 from typing import Callable
+from grpo_edu.runtime.registry import registrar
 
 Decay = Callable[[float], float]
 LR_SCHEDULES: dict[str, Decay] = {}
 
-
-def schedule(name: str) -> Callable[[Decay], Decay]:
-    """Register factor(progress) as the learning-rate schedule `name`."""
-    def register(decay: Decay) -> Decay:
-        LR_SCHEDULES[name] = decay
-        return decay
-    return register
+schedule = registrar(LR_SCHEDULES)   # @schedule("name") registers factor(progress), the learning-rate schedule `name`
 
 
 @schedule("constant")
