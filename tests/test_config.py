@@ -12,7 +12,8 @@ from grpo_edu.runtime import distributed, precision
 from grpo_edu.sampling import rollout, vllm_engine
 from grpo_edu.training import config as config_module
 from grpo_edu.training import schedules
-from grpo_edu.training.config import RULES, TrainConfig
+from grpo_edu.training.config import TrainConfig
+from grpo_edu.training.config_rules import RULES
 
 try:
     import tomllib

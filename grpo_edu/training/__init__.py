@@ -1,7 +1,8 @@
 """The training run: a config, the loop and the stages it calls, in the order of one step.
 
-    config.py            TrainConfig: every key documented once with its own rules; RULES, the
-                         rules across keys, in one table; from TOML and --set key=value
+    config.py            TrainConfig: every key documented once beside its own rules; from TOML
+                         and --set key=value
+    config_rules.py      how a key is checked; RULES, the rules across keys, in one table
     schedules.py         the learning-rate schedules, registered: constant, linear, cosine
     user_functions.py    the reader's own advantage and reward functions by import path
     placement.py         the policy, reference and sampler placed and wrapped; the engine

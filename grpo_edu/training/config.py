@@ -15,8 +15,8 @@ Where each kind of rule lives (each checked once, each refusal one line naming t
     one key's bounds           beside the key (`at_least=`, `above=`)
     one key's other rules      beside the key (`check=`): the implementing module's own check
                                where it has one (offpolicy.check_tis_cap, loss_checks.check_ratio_cap,
-                               entropy_mask.check_quantile), else a check defined here
-    rules across keys          RULES, one table below the class
+                               entropy_mask.check_quantile), else one in config_rules.py
+    rules across keys          config_rules.RULES, one table
     what needs the machine     at start-up, where the machine is known (the device, the number
                                of processes, the engine's installation, the reader's functions)
 """
@@ -28,13 +28,14 @@ import types
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
 
 from grpo_edu.algorithm import advantages, aggregation, entropy_mask, kl, loss_checks, offpolicy, surrogates
 from grpo_edu.environment import process, tasks
 from grpo_edu.runtime import distributed, precision
 from grpo_edu.sampling import rollout, vllm_engine
 from grpo_edu.training import schedules
+from grpo_edu.training.config_rules import (RULES, check_key, fraction_half_open, fraction_open, import_path,
+                                             layer_names, pair, some_reward)
 
 try:
     import tomllib
@@ -58,58 +59,6 @@ def _doc(text: str, default, *, choices=None, at_least=None, above=None, check=N
     return field(default=default, metadata=rules)
 
 
-def _named(key: str) -> str:
-    return f"config key {key!r}"
-
-
-def check_key(key: str, value, rules) -> None:
-    """The rules of one key (its field's metadata), one line per refusal."""
-    if rules.get("choices") is not None and value not in rules["choices"]:
-        raise ValueError(f"{_named(key)} must be one of {tuple(rules['choices'])}, got {value!r}")
-    for rule, holds, symbol in (("at_least", lambda v, b: v >= b, ">="), ("above", lambda v, b: v > b, ">")):
-        if rules.get(rule) is None:
-            continue
-        bound, why = rules[rule] if isinstance(rules[rule], tuple) else (rules[rule], "")
-        if not holds(value, bound):
-            raise ValueError(f"{_named(key)} must be {symbol} {bound}{f' ({why})' if why else ''}, got {value}")
-    if rules.get("check") is not None:
-        rules["check"](value, _named(key))
-
-
-# Checks of one key whose rule lives here: no other module implements it.
-
-def _some_reward(rewards, name):
-    if not rewards:
-        raise ValueError(f"{name} must name at least one reward function")
-
-
-def _fraction_open(value, name):
-    if not 0.0 < value < 1.0:
-        raise ValueError(f"{name} must be in (0, 1), got {value}")
-
-
-def _fraction_half_open(value, name):
-    if not 0.0 < value <= 1.0:
-        raise ValueError(f"{name} must be in (0, 1] (1 = a hard copy), got {value}")
-
-
-def _pair(value, name):
-    if len(value) != 2:
-        raise ValueError(f"{name} must be [beta1, beta2], got {value}")
-
-
-def _import_path(value, name):
-    if value and not (value.count(":") == 1 and all(value.split(":"))):
-        raise ValueError(f"{name} must be 'module:Class' (or '' for single-turn completions), got {value!r}")
-
-
-def _layer_names(targets, name):
-    if (not targets or not all(isinstance(t, str) and t and "." not in t for t in targets)
-            or len(set(targets)) != len(targets)):
-        raise ValueError(f"{name} must be a list of distinct linear layer names such as 'q_proj' (no dots), "
-                         f"got {targets!r}")
-
-
 @dataclass
 class TrainConfig:
     # --- [task] and [rewards]: what to train
@@ -131,7 +80,7 @@ class TrainConfig:
                                   "with their instruction either way", False)
     rewards: dict = _doc("reward functions and their weights, e.g. {accuracy = 1.0, format = 0.5}; a name "
                          "'module:function' (quoted in TOML) is your own function, TRL's signature",
-                         {"accuracy": 1.0, "format": 0.5}, check=_some_reward)
+                         {"accuracy": 1.0, "format": 0.5}, check=some_reward)
     unboxed_answers: bool = _doc("the accuracy reward also reads an answer given as a sentence, 'The answer is 18.' "
                                  "(off: R1's rule asks for \\boxed{} or an 'Answer:' line)", False)
     # --- the run (a TOML file's top level): seeds, threads, devices, the engine
@@ -153,7 +102,7 @@ class TrainConfig:
                           "asleep between rollouts) or 'server' (a separate `grpo-edu vllm-serve` process at "
                           "vllm_server_url, for models that do not fit beside the trainer)", "colocate", choices=vllm_engine.VLLM_MODES)
     vllm_gpu_memory_utilization: float = _doc("colocated vLLM: the fraction of the GPU's memory vLLM may take for "
-                                              "its weights and KV cache; the trainer gets the rest", 0.3, check=_fraction_open)
+                                              "its weights and KV cache; the trainer gets the rest", 0.3, check=fraction_open)
     vllm_sleep_mode: bool = _doc("colocated vLLM: release the engine's weights and KV cache between rollouts "
                                  "(sleep level 2), so the update has the GPU to itself", True)
     vllm_server_url: str = _doc("vllm_mode = 'server': the server's address", "http://127.0.0.1:8000")
@@ -166,7 +115,7 @@ class TrainConfig:
                             "'grpo_edu.training.episodes:Calculator' is a calculator tool); the policy writes until EOS or "
                             "the environment's stop token, the environment answers, the policy goes on. Its tokens "
                             "are context, never trained on; max_completion_length holds the whole episode. '' = "
-                            "single-turn completions", "", check=_import_path)
+                            "single-turn completions", "", check=import_path)
     max_turns: int = _doc("with environment: the most policy turns in an episode (a hand-over on the last one is "
                           "left unanswered, and the episode ends truncated)", 4, at_least=1)
 
@@ -179,7 +128,7 @@ class TrainConfig:
     warmup_steps: int = _doc("linear learning-rate warmup, in training steps (rollouts): the first "
                              "warmup_steps x num_iterations x num_mini_batches optimizer steps", 0, at_least=0)
     weight_decay: float = _doc("AdamW weight decay", 0.0)
-    adam_betas: list = _doc("AdamW (beta1, beta2)", [0.9, 0.99], check=_pair)
+    adam_betas: list = _doc("AdamW (beta1, beta2)", [0.9, 0.99], check=pair)
     max_grad_norm: float = _doc("global gradient-norm clip (0 = none)", 1.0)
     num_iterations: int = _doc("mu: passes over each rollout; pi_old stays the policy that sampled for all of them", 1, at_least=1)
     num_mini_batches: int = _doc("optimizer steps per pass over a rollout, each on a near-equal share of whole "
@@ -218,7 +167,7 @@ class TrainConfig:
     lora_alpha: float = _doc("LoRA's scale numerator: each adapter adds (lora_alpha / lora_rank) B A to its layer's "
                              "weight", 32.0, above=(0, "the adapters' scale is lora_alpha / lora_rank"))
     lora_target_modules: list = _doc("the linear layers of every decoder layer that get adapters, by name",
-                                     ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"], check=_layer_names)
+                                     ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"], check=layer_names)
     micro_batch_size: int = _doc("completions per forward/backward (gradient accumulation below a mini-batch)", 128, at_least=1)
 
     # --- [loss]: the GRPO loss
@@ -266,7 +215,7 @@ class TrainConfig:
                                 "R1: every 400 optimizer steps = 25 rollouts of 16 optimizer steps)", 0)
     ref_mixup_alpha: float = _doc("with ref_sync_steps: at each sync the reference moves toward the policy by this "
                                   "share, ref = alpha x policy + (1 - alpha) x ref (Polyak averaging; TRL's "
-                                  "ref_model_mixup_alpha); 1 = a hard copy", 1.0, check=_fraction_half_open)
+                                  "ref_model_mixup_alpha); 1 = a hard copy", 1.0, check=fraction_half_open)
 
     # --- [logging]: evaluation, logging, checkpoints
     eval_every: int = _doc("held-out greedy accuracy every N steps (and at the start and end)", 100, at_least=1)
@@ -284,7 +233,8 @@ class TrainConfig:
         self.validate()
 
     def validate(self) -> None:
-        """Every key's own rules (beside the key), then the rules across keys (RULES): one line per refusal."""
+        """Every key's own rules (beside the key), then the rules across keys (config_rules.RULES): one
+        line per refusal."""
         for key in dataclasses.fields(self):
             check_key(key.name, getattr(self, key.name), key.metadata)
         for rule in RULES:
@@ -338,112 +288,6 @@ class TrainConfig:
 
 
 # Keys that were replaced: the error names the new key.
-# --------------------------------------------------------------------------- rules across keys
-
-@dataclass(frozen=True)
-class Rule:
-    """A rule across keys: the keys it reads, when a config breaks it, and the one line that says so."""
-
-    keys: tuple[str, ...]
-    broken: Callable[[TrainConfig], bool]
-    message: Callable[[TrainConfig], str]
-
-
-def default(key: str):
-    """The key's default value."""
-    spec = TrainConfig.__dataclass_fields__[key]
-    return spec.default_factory() if callable(spec.default_factory) else spec.default
-
-
-def _lora_setting_without_lora(key: str) -> Rule:
-    """A LoRA setting with lora_rank = 0 would silently do nothing."""
-    return Rule((key, "lora_rank"), lambda c: not c.lora_rank and getattr(c, key) != default(key),
-                lambda c: f"config key {key!r} ({getattr(c, key)!r}) configures LoRA adapters, but lora_rank = 0 "
-                          f"trains the whole model: set lora_rank >= 1, or {key} = {default(key)!r}")
-
-
-def _not_with_process_supervision(key: str, bad: Callable[[TrainConfig], bool], why: str) -> Rule:
-    return Rule(("supervision", key), lambda c: c.supervision == "process" and bad(c),
-                lambda c: f"config keys 'supervision' ('process') and {key!r} ({getattr(c, key)!r}) do not "
-                          f"combine: {why}")
-
-
-RULES = (
-    # rollout and evaluation
-    Rule(("eval_samples", "environment"), lambda c: bool(c.environment and c.eval_samples),
-         lambda c: f"config keys 'eval_samples' ({c.eval_samples}) and 'environment' ({c.environment!r}): sampled "
-                   f"evaluation (pass@k) runs single-turn completions; with an environment the held-out greedy "
-                   f"episodes are evaluated, set eval_samples = 0"),
-    Rule(("num_mini_batches", "prompts_per_step"), lambda c: c.prompts_per_step % c.num_mini_batches != 0,
-         lambda c: f"config key 'num_mini_batches' ({c.num_mini_batches}) must divide prompts_per_step "
-                   f"({c.prompts_per_step}): mini-batches hold whole groups"),
-    Rule(("overlong_cache", "max_completion_length"), lambda c: not 0 <= c.overlong_cache < c.max_completion_length,
-         lambda c: f"config key 'overlong_cache' must be in [0, max_completion_length = {c.max_completion_length}) "
-                   f"(the stretch before the limit where the punishment falls from 0 to -1; 0 = off), got "
-                   f"{c.overlong_cache}"),
-    # rollouts that lag
-    Rule(("rollout_lag", "num_iterations", "num_mini_batches"),
-         lambda c: bool(c.rollout_lag) and c.num_iterations * c.num_mini_batches != 1,
-         lambda c: f"config key 'rollout_lag' ({c.rollout_lag}) needs one optimizer step per rollout, so that the "
-                   f"lag counts optimizer steps: num_iterations = num_mini_batches = 1, got num_iterations = "
-                   f"{c.num_iterations}, num_mini_batches = {c.num_mini_batches}"),
-    Rule(("rollout_overlap", "rollout_lag"), lambda c: c.rollout_overlap and not c.rollout_lag,
-         lambda c: "config key 'rollout_overlap' is true with rollout_lag = 0: a rollout sampled while the trainer "
-                   "updates comes from the policy before that update, so it needs rollout_lag >= 1"),
-    Rule(("rollout_overlap", "vllm_sleep_mode"),
-         lambda c: c.rollout_overlap and c.engine == "vllm" and c.vllm_mode == "colocate" and c.vllm_sleep_mode,
-         lambda c: "config key 'rollout_overlap' is true with vllm_sleep_mode = true: a colocated vLLM that samples "
-                   "while the trainer updates must stay awake; set vllm_sleep_mode = false"),
-    # the sampler's corrections (grpo_edu.algorithm.offpolicy)
-    Rule(("tis_cap", "is_mask"), lambda c: bool(c.tis_cap) and c.is_mask != "none",
-         lambda c: offpolicy.two_corrections(c.tis_cap, c.is_mask, _named)),
-    Rule(("tis_cap", "old_logprobs"), lambda c: bool(c.tis_cap) and c.old_logprobs == "sampler",
-         lambda c: "config key 'tis_cap' needs old_logprobs = 'recomputed' or 'proximal': with old_logprobs = "
-                   "'sampler' pi_old is the sampler and every weight would be 1 (the clipped ratio already "
-                   "carries the mismatch)"),
-    Rule(("is_mask", "old_logprobs"), lambda c: c.is_mask != "none" and c.old_logprobs == "sampler",
-         lambda c: f"config key 'is_mask' ({c.is_mask!r}) needs old_logprobs = 'recomputed' or 'proximal': with "
-                   f"old_logprobs = 'sampler' pi_old is the sampler and every ratio is 1"),
-    # advantages and the reference
-    Rule(("advantage_fn", "advantage_scale", "advantage_std"),
-         lambda c: bool(c.advantage_fn) and (c.advantage_scale, c.advantage_std) != ("group", "population"),
-         lambda c: f"config key 'advantage_scale' / 'advantage_std' ({c.advantage_scale!r}, {c.advantage_std!r}) "
-                   f"set with advantage_fn = {c.advantage_fn!r}: they configure the built-in function, which "
-                   f"advantage_fn replaces; leave them at their defaults"),
-    Rule(("ref_mixup_alpha", "ref_sync_steps", "beta"),
-         lambda c: c.ref_mixup_alpha != 1.0 and not (c.ref_sync_steps and c.beta),
-         lambda c: f"config key 'ref_mixup_alpha' ({c.ref_mixup_alpha}) moves the reference at each sync, but "
-                   f"there is none: ref_sync_steps = {c.ref_sync_steps}, beta = {c.beta} (set ref_sync_steps >= 1 "
-                   f"and beta > 0, or ref_mixup_alpha = 1)"),
-    # LoRA (grpo_edu.policy.lora)
-    _lora_setting_without_lora("lora_alpha"),
-    _lora_setting_without_lora("lora_target_modules"),
-    Rule(("lora_rank", "ref_sync_steps"), lambda c: bool(c.lora_rank and c.ref_sync_steps),
-         lambda c: f"config keys 'lora_rank' ({c.lora_rank}) and 'ref_sync_steps' ({c.ref_sync_steps}): with LoRA "
-                   f"the reference is the base model (the adapters off), which never trains: there is no copy to "
-                   f"re-sync (TRL refuses sync_ref_model with PEFT too); set ref_sync_steps = 0"),
-    # process supervision (grpo_edu.environment.process)
-    Rule(("supervision", "task"), lambda c: c.supervision == "process" and c.task not in process.STEP_VERIFIERS,
-         lambda c: f"config key 'supervision' = 'process' needs a task whose steps a rule checks "
-                   f"{tuple(process.STEP_VERIFIERS)}, got task = {c.task!r}"),
-    _not_with_process_supervision("advantage_fn", lambda c: c.advantage_fn != "",
-                                  "your function maps rewards (B, G) to advantages (B, G); process advantages are "
-                                  "per token, from every step's reward"),
-    _not_with_process_supervision("advantage_scale", lambda c: c.advantage_scale == "batch",
-                                  "process advantages are normalised per group ('group') or only centred ('none')"),
-    _not_with_process_supervision("importance_sampling_level", lambda c: c.importance_sampling_level == "sequence",
-                                  "a sequence-level ratio weighs a whole completion, which has no one advantage"),
-    _not_with_process_supervision("filter_zero_std_groups", lambda c: c.filter_zero_std_groups,
-                                  "a group whose outcome rewards are equal can still differ in its steps, and it "
-                                  "would be dropped"),
-    _not_with_process_supervision("dynamic_sampling_rounds", lambda c: c.dynamic_sampling_rounds != 0,
-                                  "it replaces the groups whose outcome rewards are equal, which can still differ "
-                                  "in their steps"),
-    _not_with_process_supervision("environment", lambda c: c.environment != "",
-                                  "the steps are scored on a single-turn completion's text"),
-)
-
-
 RENAMED = {
     "fused_llama": "config key 'fused_llama' was replaced by 'engine': fused_llama = true is engine = \"fused\", "
                    "false is engine = \"hf\" (and engine = \"vllm\" is new)",
