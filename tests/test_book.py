@@ -70,6 +70,43 @@ def test_manifest_errors_name_the_entry(tmp_path, toml, on_disk, message):
         book.load_book(root)
 
 
+@pytest.mark.parametrize("extra, message", [
+    ('part = "Nowhere"\n', r"chapter 1 \(chapters/a.ipynb\): part must be one of \[book\] parts \['P'\], got 'Nowhere'"),
+    ('part = "P"\nneeds = [1]\n', r"chapter 1 \(chapters/a.ipynb\): needs must be a list of earlier chapter numbers, got \[1\]"),
+    ('part = "P"\nneeds = 2\n', r"needs must be a list of earlier chapter numbers, got 2"),
+])
+def test_manifest_parts_and_needs_are_checked(tmp_path, extra, message):
+    root = _make_book(tmp_path, _entry("chapters/a.ipynb").replace('tier =', extra + 'tier ='), ["a.ipynb"])
+    toml = (root / "book.toml").read_text().replace('description = "D"', 'description = "D"\nparts = ["P"]')
+    (root / "book.toml").write_text(toml)
+    with pytest.raises(book.ManifestError, match=message):
+        book.load_book(root)
+
+
+def test_manifest_reader_paths_name_chapters_of_the_book(tmp_path):
+    root = _make_book(tmp_path, _entry("chapters/a.ipynb"), ["a.ipynb"])
+    toml = (root / "book.toml").read_text().replace(
+        "[[chapters]]", '[[paths]]\nname = "Fast"\nwho = "you"\nchapters = [1, 7]\n\n[[chapters]]', 1)
+    (root / "book.toml").write_text(toml)
+    with pytest.raises(book.ManifestError, match=r"\[\[paths\]\] 'Fast': chapters \[7\] are not in the book"):
+        book.load_book(root)
+    (root / "book.toml").write_text(toml.replace("[1, 7]", "[1]"))
+    assert book.load_book(root).paths[0].chapters == (1,)
+
+
+def test_the_book_map_follows_the_manifest():
+    """Every chapter has a part of [book] parts, in order; it needs only earlier chapters;
+    the reader paths start where their chapters' needs are met within the path or before it."""
+    assert BOOK.parts and all(c.part in BOOK.parts for c in BOOK.chapters)
+    for path in BOOK.paths:
+        read = set()
+        for number in path.chapters:
+            missing = [n for n in BOOK.chapter(number).needs
+                       if n not in read and n not in (0,)]   # chapter 0 is the on-ramp: optional
+            assert not missing, f"path {path.name}: chapter {number} needs {missing} first"
+            read.add(number)
+
+
 def test_building_accepts_a_notebook_not_yet_run(tmp_path):
     root = _make_book(tmp_path, _entry("chapters/a.ipynb"), [])
     (root / "chapters" / "a.py").write_text("")

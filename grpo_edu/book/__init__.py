@@ -67,6 +67,8 @@ class Chapter:
     summary: str
     tier: str
     budget_seconds: int
+    part: str = ""
+    needs: tuple[int, ...] = ()
 
     @property
     def source(self) -> Path:
@@ -79,11 +81,30 @@ class Chapter:
 
 
 @dataclass(frozen=True)
+class ReaderPath:
+    """A way through the book for one kind of reader."""
+    name: str
+    who: str
+    chapters: tuple[int, ...]
+
+
+@dataclass(frozen=True)
 class Book:
     root: Path
     title: str
     description: str
     chapters: tuple[Chapter, ...]
+    parts: tuple[str, ...] = ()
+    paths: tuple[ReaderPath, ...] = ()
+
+    def chapter(self, number: int) -> Chapter:
+        return next(c for c in self.chapters if c.number == number)
+
+    def reading_minutes(self, chapter: Chapter) -> int:
+        """The chapter's reading time, computed from its notebook's text (grpo_edu.book.prose)."""
+        from grpo_edu.book import prose
+
+        return prose.reading_minutes(json.loads((self.root / chapter.path).read_text())["cells"])
 
     def select(self, names: list[str] | None) -> list[Chapter]:
         """Chapters by number ("1"), stem ("01_grpo_by_hand") or path; all when empty."""
@@ -118,6 +139,9 @@ def load_book(root: Path | str = ROOT, *, building: bool = False) -> Book:
     if not isinstance(entries, list) or not entries:
         raise ManifestError("book.toml needs at least one [[chapters]] entry")
 
+    parts = meta.get("parts", [])
+    if not isinstance(parts, list) or not all(isinstance(p, str) and p for p in parts):
+        raise ManifestError(f"book.toml [book] parts: expected a list of names, got {parts!r}")
     first = meta.get("first_chapter", 1)
     if first not in (0, 1) or isinstance(first, bool):
         raise ManifestError(f"book.toml [book] first_chapter: expected 0 or 1, got {first!r}")
@@ -127,7 +151,7 @@ def load_book(root: Path | str = ROOT, *, building: bool = False) -> Book:
         missing = {"path", "title", "summary", "tier", "budget_seconds"} - set(entry)
         if missing:
             raise ManifestError(f"{label}: missing {sorted(missing)}")
-        unknown = set(entry) - {"path", "title", "summary", "tier", "budget_seconds"}
+        unknown = set(entry) - {"path", "title", "summary", "tier", "budget_seconds", "part", "needs"}
         if unknown:
             raise ManifestError(f"{label}: unknown keys {sorted(unknown)}")
         path = Path(entry["path"])
@@ -145,21 +169,53 @@ def load_book(root: Path | str = ROOT, *, building: bool = False) -> Book:
         budget = entry["budget_seconds"]
         if not isinstance(budget, int) or isinstance(budget, bool) or budget <= 0:
             raise ManifestError(f"{label}: budget_seconds must be a positive integer, got {budget!r}")
-        chapters.append(Chapter(number, path, entry["title"], entry["summary"], entry["tier"], budget))
+        part = entry.get("part", "")
+        if parts and part not in parts:
+            raise ManifestError(f"{label}: part must be one of [book] parts {list(parts)}, got {part!r}")
+        needs = entry.get("needs", [])
+        if (not isinstance(needs, list)
+                or not all(isinstance(n, int) and not isinstance(n, bool) and first <= n < number for n in needs)):
+            raise ManifestError(f"{label}: needs must be a list of earlier chapter numbers, got {needs!r}")
+        chapters.append(Chapter(number, path, entry["title"], entry["summary"], entry["tier"], budget,
+                                part, tuple(needs)))
 
     on_disk = {p.relative_to(root) for p in (root / "chapters").glob("*.ipynb")}
     unlisted = sorted(str(p) for p in on_disk - seen)
     if unlisted:
         raise ManifestError(f"notebooks in chapters/ not listed in book.toml: {unlisted}")
-    return Book(root, meta["title"], meta["description"], tuple(chapters))
+    if parts:
+        order = [parts.index(c.part) for c in chapters]
+        if order != sorted(order):
+            raise ManifestError(f"book.toml: the chapters' parts must follow [book] parts {parts} in order")
+    numbers = {c.number for c in chapters}
+    paths = []
+    for entry in data.get("paths", []):
+        if set(entry) != {"name", "who", "chapters"}:
+            raise ManifestError(f"book.toml [[paths]]: expected the keys name, who, chapters, got {sorted(entry)}")
+        unknown = [n for n in entry["chapters"] if n not in numbers]
+        if unknown:
+            raise ManifestError(f"book.toml [[paths]] {entry['name']!r}: chapters {unknown} are not in the book")
+        paths.append(ReaderPath(entry["name"], entry["who"], tuple(entry["chapters"])))
+    return Book(root, meta["title"], meta["description"], tuple(chapters), tuple(parts), tuple(paths))
 
 
 def chapter_table(book: Book) -> str:
-    """The chapter table as Markdown (the README carries exactly this)."""
-    rows = ["| # | Chapter | Tier | Budget |", "|---|---|---|---|"]
+    """The map of the book as Markdown (the README carries exactly this): the chapters by part,
+    each with what it needs first, its reading time and its compute budget; then the paths."""
+    rows = ["| # | Chapter | Needs | Reading | Runs in |", "|---|---|---|---|---|"]
+    part = None
     for c in book.chapters:
-        rows.append(f"| {c.number} | [{c.title}]({c.path}): {c.summary} | {c.tier} | {c.budget_seconds} s |")
-    return "\n".join(rows)
+        if c.part and c.part != part:
+            part = c.part
+            rows.append(f"| | **{part}** | | | |")
+        needs = ", ".join(str(n) for n in c.needs) or "-"
+        rows.append(f"| {c.number} | [{c.title}]({c.path}): {c.summary} | {needs} | "
+                    f"{book.reading_minutes(c)} min | {c.budget_seconds} s |")
+    lines = ["\n".join(rows)]
+    if book.paths:
+        lines.append("\n".join(f"- **{p.name}** ({p.who}): " + " → ".join(str(n) for n in p.chapters)
+                               for p in book.paths))
+    return "\n\n".join(lines)
 
 
 # --------------------------------------------------------------------------- tiers

@@ -36,9 +36,24 @@ def book_list(args) -> int:
         print(bookmod.chapter_table(book))  # the table README.md carries
         return 0
     print(f"{book.title}\n")
-    print(f"{'#':>2}  {'title':<48} {'tier':<9} {'budget':>7}")
+    print(f"{'#':>2}  {'title':<40} {'part':<12} {'needs':<6} {'reading':>8} {'tier':<5} {'budget':>7}")
     for c in book.chapters:
-        print(f"{c.number:>2}  {c.title:<48} {c.tier:<9} {c.budget_seconds:>5} s")
+        needs = ",".join(str(n) for n in c.needs) or "-"
+        print(f"{c.number:>2}  {c.title:<40} {c.part:<12} {needs:<6} {book.reading_minutes(c):>4} min "
+              f"{c.tier:<5} {c.budget_seconds:>5} s")
+    return 0
+
+
+def book_map(args) -> int:
+    """Draw the map of the book (book.toml's parts and needs) as SVG."""
+    from grpo_edu.book.map import draw_map
+
+    book = load_book(args)
+    out = Path(args.out)
+    if not out.parent.is_dir():
+        raise BookUsageError(f"OUT: expected a file in an existing folder, got {args.out!r}")
+    out.write_text(draw_map(book))
+    print(f"wrote {out}")
     return 0
 
 
@@ -63,6 +78,23 @@ def book_run(args) -> int:
         verdict = "within" if seconds <= chapter.budget_seconds else "OVER"
         print(f"chapter {chapter.number}: wrote {chapter.path} in {seconds:.1f} s "
               f"({verdict} budget {chapter.budget_seconds} s)")
+    return 0
+
+
+def book_prose(args) -> int:
+    """Bring each chapter's changed prose into its notebook without executing it: only where
+    its code is unchanged, so that every output stays the one a re-run prints."""
+    from grpo_edu.book import notebooks
+
+    book = load_book(args)
+    for chapter in _select(book, args.chapters):
+        try:
+            changed = notebooks.sync_prose(book.root / chapter.source, book.root / chapter.path)
+        except notebooks.CodeChangedError as error:
+            raise BookUsageError(f"CHAPTER {chapter.number}: {error}") from error
+        offenders = bookmod.prose_number_offenders(book.root / chapter.path)
+        print(f"chapter {chapter.number}: {changed} markdown cell(s) written"
+              + "".join(f"\n  prose: {o}" for o in offenders))
     return 0
 
 

@@ -106,7 +106,7 @@ class _Chapter:
         parts = []
         for index, cell in enumerate(notebook.cells):
             if cell.cell_type == "markdown":
-                parts.append(f'<div class="cell markdown">{self.markdown.render(cell.source)}</div>')
+                parts.append(f'<div class="cell markdown">{site_links(self.markdown.render(cell.source))}</div>')
             elif cell.cell_type == "code":
                 parts.append(self.code_cell(index, cell))
         return "\n".join(parts)
@@ -227,20 +227,67 @@ def _nav(book: Book, index: int) -> str:
     return f'<nav class="book-nav">{"".join(links)}</nav>'
 
 
+_LINK = re.compile(r'(href|src)="(?:\.\./)?(?:(docs|chapters)/)?([\w./-]+?)\.(md|ipynb)(#[^"]*)?"')
+_IMAGE = re.compile(r'src="(?:\.\./)?(?:docs/)?images/')
+
+
+def site_links(text: str) -> str:
+    """Links between the repository's files as links between the site's pages: a chapter's
+    notebook is its page, docs/NAME.md is NAME.html, the README is the contents page."""
+    def page(match: re.Match) -> str:
+        attribute, folder, name, suffix, anchor = match.groups()
+        if name.startswith(("http", "/")) or "/" in name:
+            return match.group(0)
+        target = "index" if (suffix, name) == ("md", "README") else name
+        return f'{attribute}="{target}.html{anchor or ""}"'
+    return _IMAGE.sub('src="images/', _LINK.sub(page, text))
+
+
 def _contents(book: Book) -> str:
-    rows = "".join(
-        f'<tr><td class="number">{c.number}</td><td><a href="{page_name(c)}">{html.escape(c.title)}</a>'
-        f'<div class="summary">{html.escape(c.summary)}</div></td><td>{c.tier}</td>'
-        f'<td class="number">{c.budget_seconds}&nbsp;s</td>'
-        f'<td><a class="download" href="notebooks/{c.path.name}" download>.ipynb</a></td></tr>'
-        for c in book.chapters)
+    rows, part = [], None
+    for c in book.chapters:
+        if c.part and c.part != part:
+            part = c.part
+            rows.append(f'<tr class="part"><td></td><td colspan="5">{html.escape(part)}</td></tr>')
+        needs = ", ".join(str(n) for n in c.needs) or "-"
+        rows.append(
+            f'<tr><td class="number">{c.number}</td><td><a href="{page_name(c)}">{html.escape(c.title)}</a>'
+            f'<div class="summary">{html.escape(c.summary)}</div></td><td>{needs}</td>'
+            f'<td class="number">{book.reading_minutes(c)}&nbsp;min</td>'
+            f'<td class="number">{c.budget_seconds}&nbsp;s</td>'
+            f'<td><a class="download" href="notebooks/{c.path.name}" download>.ipynb</a></td></tr>')
+    paths = "".join(f"<li><b>{html.escape(p.name)}</b> ({html.escape(p.who)}): "
+                    + " &rarr; ".join(f'<a href="{page_name(book.chapter(n))}">{n}</a>' for n in p.chapters)
+                    + "</li>" for p in book.paths)
     return (f"<h1>{html.escape(book.title)}</h1><p>{html.escape(book.description)}</p>"
             "<p>Every number on these pages is a committed output of a chapter that CI re-executes "
-            "and compares. The explorers of chapter 2 run in this page; to run the chapters "
-            "themselves, download a notebook or clone the repository and run <code>make book</code>."
-            "</p><table class=\"contents\"><thead><tr><th>#</th><th>chapter</th><th>tier</th>"
+            "and compares. The explorers run in this page; to run the chapters "
+            "themselves, download a notebook or clone the repository and run <code>make book</code>. "
+            'Words: the <a href="glossary.html">glossary</a>; symbols: the '
+            '<a href="notation.html">notation</a>.</p>'
+            + (f'<h2>Ways through the book</h2><ul class="paths">{paths}</ul>' if paths else "")
+            + '<p><img class="map" src="images/map.svg" alt="the chapters by part; an arrow from each chapter '
+              'to the chapters that need it"></p>'
+            "<table class=\"contents\"><thead><tr><th>#</th><th>chapter</th><th>needs</th><th>reading</th>"
             "<th>runs within</th><th>notebook</th></tr></thead>"
-            f"<tbody>{rows}</tbody></table>")
+            f"<tbody>{''.join(rows)}</tbody></table>")
+
+
+def _doc_pages(book: Book, out: Path, markdown) -> list[Page]:
+    """docs/*.md as pages of the site (the glossary, the notation, the references), images too."""
+    docs = book.root / "docs"
+    if (docs / "images").is_dir():
+        shutil.copytree(docs / "images", out / "images")
+    pages = []
+    for source in sorted(docs.glob("*.md")):
+        body = site_links(markdown.render(source.read_text()))
+        heading = re.search(r"<h1[^>]*>(.*?)</h1>", body, flags=re.S)
+        title = f"{re.sub('<[^>]+>', '', heading.group(1)) if heading else source.stem} - {book.title}"
+        nav = '<nav class="book-nav"><a class="contents" href="index.html">Contents</a></nav>'
+        text = _page(title, body, nav)
+        (out / f"{source.stem}.html").write_text(text)
+        pages.append(Page(f"{source.stem}.html", title, len(text.encode()), 0, 0, 0))
+    return pages
 
 
 def _prepare(out: Path) -> None:
@@ -271,6 +318,7 @@ def build_site(book: Book, out: Path | str) -> list[Page]:
     index_html = _page(book.title, _contents(book))
     (out / "index.html").write_text(index_html)
     pages.append(Page("index.html", book.title, len(index_html.encode()), 0, 0, 0))
+    pages += _doc_pages(book, out, markdown)
     for position, chapter in enumerate(book.chapters):
         notebook = nbformat.read(book.root / chapter.path, as_version=4)
         shutil.copyfile(book.root / chapter.path, out / "notebooks" / chapter.path.name)

@@ -153,3 +153,34 @@ def code_sources(notebook_path: Path) -> list[str]:
     """The code and markdown sources of a notebook, cell by cell (for drift checks)."""
     notebook = nbformat.read(notebook_path, as_version=4)
     return [f"{c.cell_type}:{c.source}" for c in notebook.cells]
+
+
+class CodeChangedError(ValueError):
+    """The source's code differs from the executed notebook's: the chapter must be re-run."""
+
+
+def sync_prose(source: Path, target: Path) -> int:
+    """Write `source`'s markdown into the executed notebook `target`, keeping every output,
+    where the two have the same code cells in the same order (outputs depend on code only).
+    Returns the number of markdown cells that changed; raises CodeChangedError naming the
+    first code cell that differs (then `grpo-edu book run` rebuilds the chapter)."""
+    fresh = read_source(source)
+    executed = nbformat.read(target, as_version=4)
+    new_code = [c for c in fresh.cells if c.cell_type == "code"]
+    old_code = [c for c in executed.cells if c.cell_type == "code"]
+    for index, (new, old) in enumerate(zip(new_code, old_code)):
+        if new.source != old.source or new.metadata.get("tags") != old.metadata.get("tags"):
+            raise CodeChangedError(f"{source}: code cell {index + 1} differs from {target.name}'s; "
+                                   f"run the chapter (grpo-edu book run)")
+    if len(new_code) != len(old_code):
+        raise CodeChangedError(f"{source}: {len(new_code)} code cells against {len(old_code)} in "
+                               f"{target.name}; run the chapter (grpo-edu book run)")
+    old_markdown = [c.source for c in executed.cells if c.cell_type != "code"]
+    outputs = iter(old_code)
+    cells = []
+    for cell in fresh.cells:
+        cells.append(next(outputs) if cell.cell_type == "code" else cell)
+    executed.cells = cells
+    nbformat.write(normalise(executed), target)
+    new_markdown = [c.source for c in cells if c.cell_type != "code"]
+    return sum(a != b for a, b in zip(new_markdown, old_markdown)) + abs(len(new_markdown) - len(old_markdown))

@@ -6,6 +6,8 @@
     grpo-edu book list                 the chapter table
     grpo-edu book run [CHAPTER ...]    rebuild chapters (fresh kernel) and write their outputs
     grpo-edu book check [CHAPTER ...]  re-execute and compare outputs (nbval), check prose numbers
+    grpo-edu book map [OUT]            draw the map of the book (docs/images/map.svg)
+    grpo-edu book prose [CHAPTER ...]  write changed prose into the notebooks, where no code changed
     grpo-edu doctor RUN_DIR            diagnose a run: each failure symptom in its metrics, with evidence
     grpo-edu doctor --gpu              check a GPU machine for the vLLM engine (pass/fail table)
     grpo-edu vllm-serve MODEL          start the vLLM server of vllm_mode = "server" (127.0.0.1)
@@ -323,12 +325,19 @@ def build_parser() -> argparse.ArgumentParser:
     listing.set_defaults(func=book_commands.book_list)
     for name, func, text in (
             ("run", book_commands.book_run, "execute chapters in a fresh kernel and write their outputs"),
-            ("check", book_commands.book_check, "re-execute, compare every output, check prose numbers")):
+            ("check", book_commands.book_check, "re-execute, compare every output, check prose numbers"),
+            ("prose", book_commands.book_prose, "write changed prose into the notebooks without executing "
+                                                "them (refused where a code cell changed)")):
         action = actions.add_parser(name, help=text)
         _debug_flag(action)
         action.add_argument("chapters", nargs="*", metavar="CHAPTER",
                             help="chapter number or name (default: all)")
         action.set_defaults(func=func)
+    drawing = actions.add_parser("map", help="draw the map of the book: parts, chapters, what needs what (SVG)")
+    _debug_flag(drawing)
+    drawing.add_argument("out", nargs="?", default=str(bookmod.ROOT / "docs" / "images" / "map.svg"),
+                         metavar="OUT", help="the SVG file to write (default docs/images/map.svg)")
+    drawing.set_defaults(func=book_commands.book_map)
     site = actions.add_parser("html", help="build the static website (every page from the committed "
                               "notebooks, explorers live in the browser)")
     _debug_flag(site)
