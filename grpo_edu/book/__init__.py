@@ -4,9 +4,12 @@ book`, the tests and chapters/conftest.py do.
 
     __init__.py        Book and Chapter: the manifest, run_chapter / check_chapter, the prose checks
     notebooks.py       a chapter notebook built from its py:percent source, reproducibly
-    commands.py        `grpo-edu book list | run | check | html`
+    commands.py        `grpo-edu book list | run | check | prose | map | html`
+    prose.py           the prose measured: sentences, their length, reading time, acronyms at first use
+    map.py             the map of the book (parts, chapters, what needs what) drawn as SVG
     html.py            the static website (`grpo-edu book html`)
     explorer_specs.py  the explorers as static pictures and tables for the website
+    schematics.py      the schematic pictures of the chapters, drawn in code
     plots.py           training curves from a run's metrics.jsonl (matplotlib, lazily)
     static/            the website's scripts, styles and KaTeX
 

@@ -1,0 +1,345 @@
+"""The book's schematic pictures, drawn in code so that they are rebuilt with their chapter.
+
+One function per idea; each returns a matplotlib Figure (a notebook shows it). Where a
+picture shows numbers (advantages, a mask, a weight), they are computed here by the library,
+never typed in.
+
+    grpo_ladder        chapter 0: from REINFORCE to GRPO, one change at a time
+    group_advantages   chapter 1: one prompt, G completions, their rewards and advantages
+    clip_regions       chapter 2: where PPO's clipped objective stops the gradient
+    bgs_tensor         chapter 3: the (B, G, S) tensor: prompt, completion and padding, the mask
+    token_weights      chapter 4: what one token weighs under each loss aggregation
+    reward_paths       chapter 5: one completion, an outcome reward and a reward per step
+    grpo_loop          chapter 6: the training loop, one rollout per step
+    failure_lab        chapter 7: one knob changed, the run, the doctor's reading
+    groups_to_ranks    chapter 8: whole groups dealt out to ranks
+    one_gpu            chapter 9: the trainer and the sampler on one GPU, the weight sync
+    rollouts_in_flight chapter 10: the sampler k rollouts ahead of the trainer
+    episode_writers    chapter 11: who wrote each token of an episode, and the loss mask
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+POLICY, ENV, PROMPT, PAD, OFF = "#4a6fa5", "#e39b3b", "#9aa5b1", "#f1f1f1", "#ffffff"
+GOOD, BAD = "#3c8d5a", "#c2493d"
+
+
+def _figure(width: float, height: float):
+    import matplotlib.pyplot as plt
+
+    figure, axes = plt.subplots(figsize=(width, height))
+    axes.axis("off")
+    return figure, axes
+
+
+def _box(axes, x, y, w, h, text, color=POLICY, fill=0.15, size=9, weight="normal"):
+    from matplotlib.colors import to_rgba
+    from matplotlib.patches import FancyBboxPatch
+
+    axes.add_patch(FancyBboxPatch((x, y), w, h, boxstyle="round,pad=0.02",
+                                  facecolor=to_rgba(color, fill), edgecolor=color))
+    axes.text(x + w / 2, y + h / 2, text, ha="center", va="center", fontsize=size, weight=weight)
+
+
+def _arrow(axes, start, end, text="", bend=0.0, color="#555555"):
+    axes.annotate("", xy=end, xytext=start,
+                  arrowprops=dict(arrowstyle="->", color=color, lw=1.2, connectionstyle=f"arc3,rad={bend}"))
+    if text:
+        axes.text((start[0] + end[0]) / 2, (start[1] + end[1]) / 2 + 0.12, text, ha="center",
+                  va="bottom", fontsize=8, color=color)
+
+
+def _done(figure, axes, xlim, ylim):
+    axes.set_xlim(*xlim)
+    axes.set_ylim(*ylim)
+    figure.tight_layout()
+    return figure
+
+
+# ----------------------------------------------------------------------------- chapter 0
+
+def grpo_ladder():
+    """Four steps from REINFORCE to GRPO, each one change to the last."""
+    figure, axes = _figure(10, 2.2)
+    steps = [("REINFORCE", "push up each sample\nby its reward $r$"),
+             ("+ a baseline", "by $r - b$:\nsame mean, less variance"),
+             ("+ the group", "$b$ = the mean of $G$ samples\nof the same prompt"),
+             ("GRPO", "÷ the group's std,\n+ PPO's clip, + a KL term")]
+    for i, (title, text) in enumerate(steps):
+        _box(axes, i * 2.6, 0, 2.2, 1.5, "", fill=0.1 if i < 3 else 0.3)
+        axes.text(i * 2.6 + 1.1, 1.15, title, ha="center", va="center", fontsize=10, weight="bold")
+        axes.text(i * 2.6 + 1.1, 0.55, text, ha="center", va="center", fontsize=8.5)
+        if i:
+            _arrow(axes, (i * 2.6 - 0.38, 0.75), (i * 2.6 - 0.02, 0.75))
+    return _done(figure, axes, (-0.1, 10.3), (-0.1, 1.7))
+
+
+# ----------------------------------------------------------------------------- chapter 1
+
+def group_advantages(rewards=(1.0, 0.0, 0.0, 1.0), prompt="q"):
+    """One prompt, G completions with their rewards, and each completion's advantage
+    (group mean and std, as grpo_edu.algorithm.advantages.group_advantages computes them)."""
+    from grpo_edu.algorithm.advantages import group_advantages as advantages
+
+    rewards = np.asarray(rewards, dtype=np.float64)
+    values = np.asarray(advantages(rewards[None, :])[0], dtype=np.float64)
+    G = len(rewards)
+    figure, axes = _figure(9, 3.2)
+    _box(axes, 0, 1.3, 1.4, 0.8, f"prompt ${prompt}$", color=PROMPT, fill=0.3)
+    for i, (r, a) in enumerate(zip(rewards, values)):
+        y = 3.0 - i * (3.4 / max(G - 1, 1)) - 0.1
+        _arrow(axes, (1.45, 1.7), (2.35, y + 0.3))
+        _box(axes, 2.4, y, 1.8, 0.6, f"$o_{i + 1}$", size=10)
+        axes.text(4.5, y + 0.3, f"$r_{i + 1}$ = {r:g}", va="center", fontsize=10)
+        color = GOOD if a > 0 else BAD if a < 0 else "#777777"
+        axes.barh(y + 0.3, a, left=8.0, height=0.4, color=color)
+        axes.text(8.0 + a + (0.08 if a >= 0 else -0.08), y + 0.3, f"$A_{i + 1}$ = {a:+.3f}", va="center",
+                  ha="left" if a >= 0 else "right", fontsize=10)
+    axes.plot([8.0, 8.0], [-0.4, 3.4], color="#999999", lw=0.8)
+    axes.text(8.0, -0.75, f"mean = {rewards.mean():g}: above it pushed up, below it pushed down",
+              ha="center", fontsize=8.5, color="#555555")
+    return _done(figure, axes, (-0.1, 11.0), (-1.0, 3.7))
+
+
+# ----------------------------------------------------------------------------- chapter 2
+
+def clip_regions(epsilon_low=0.2, epsilon_high=0.2):
+    """PPO's clipped objective against the ratio, for A > 0 and A < 0: where it is flat, the
+    gradient is zero (the token is clipped)."""
+    import matplotlib.pyplot as plt
+
+    ratio = np.linspace(0.4, 1.8, 281)
+    figure, panels = plt.subplots(1, 2, figsize=(9, 3), sharey=False)
+    for axes, advantage in zip(panels, (1.0, -1.0)):
+        clipped = np.clip(ratio, 1 - epsilon_low, 1 + epsilon_high)
+        objective = np.minimum(ratio * advantage, clipped * advantage)
+        flat = np.isclose(np.gradient(objective, ratio), 0.0, atol=1e-9)
+        axes.plot(ratio, objective, color=POLICY, lw=2)
+        axes.fill_between(ratio, objective.min() - 0.1, objective.max() + 0.1, where=flat,
+                          color=BAD, alpha=0.12, label="clipped: no gradient")
+        for edge in (1 - epsilon_low, 1 + epsilon_high):
+            axes.axvline(edge, color="#999999", lw=0.8, ls="--")
+        axes.set_title(f"A {'>' if advantage > 0 else '<'} 0", fontsize=10)
+        axes.set_xlabel(r"ratio $\rho = \pi_\theta / \pi_{old}$")
+        axes.set_ylabel(r"$\min(\rho A, \mathrm{clip}(\rho) A)$")
+        axes.legend(loc="upper left" if advantage > 0 else "lower left", fontsize=8, frameon=False)
+    figure.tight_layout()
+    return figure
+
+
+# ----------------------------------------------------------------------------- chapter 3
+
+def bgs_tensor(prompt_lengths=(3, 5), completion_lengths=((4, 6, 2), (5, 3, 1))):
+    """B prompts x G completions x S positions: what each position holds, and the mask that
+    keeps only completion tokens in the loss."""
+    import matplotlib.pyplot as plt
+    from matplotlib.patches import Patch
+
+    B, G = len(prompt_lengths), len(completion_lengths[0])
+    S = max(prompt_lengths) + max(max(c) for c in completion_lengths)
+    figure, axes = plt.subplots(figsize=(9, 0.42 * B * G + 1.2))
+    rows = 0
+    for b in range(B):
+        for g in range(G):
+            p, c = prompt_lengths[b], completion_lengths[b][g]
+            pad_left = max(prompt_lengths) - p          # prompts padded on the left
+            for s in range(S):
+                if s < pad_left or s >= max(prompt_lengths) + c:
+                    color, mark = PAD, ""
+                elif s < max(prompt_lengths):
+                    color, mark = PROMPT, ""
+                else:
+                    color, mark = POLICY, "1"
+                axes.add_patch(plt.Rectangle((s, -rows), 0.95, 0.9, color=color))
+                axes.text(s + 0.47, -rows + 0.45, mark or "0", ha="center", va="center", fontsize=7,
+                          color="white" if mark else "#777777")
+            axes.text(-0.3, -rows + 0.45, f"b={b}, g={g}", ha="right", va="center", fontsize=8)
+            rows += 1
+        rows += 0.4
+    axes.set_xlim(-2.2, S + 0.2)
+    axes.set_ylim(-rows + 0.3, 1.2)
+    axes.axis("off")
+    axes.text(S / 2, 1.05, f"S = {S} positions; each cell shows the completion mask", ha="center", fontsize=9)
+    axes.legend(handles=[Patch(color=PROMPT, label="prompt"), Patch(color=POLICY, label="completion (mask 1)"),
+                         Patch(color=PAD, label="padding (mask 0)")],
+                loc="upper center", bbox_to_anchor=(0.5, 0.0), ncol=3, fontsize=8, frameon=False)
+    figure.tight_layout()
+    return figure
+
+
+# ----------------------------------------------------------------------------- chapter 4
+
+def token_weights(lengths=(4, 12), loss_types=("grpo", "bnpo", "dr_grpo", "dapo"), max_completion_length=16):
+    """What one token of each completion weighs in the loss, under each aggregation (the
+    weights grpo_edu.algorithm.aggregation computes, one group of these lengths)."""
+    import torch
+
+    from grpo_edu.algorithm.aggregation import aggregation_weights
+
+    S = max(lengths)
+    mask = torch.zeros(1, len(lengths), S)
+    for i, n in enumerate(lengths):
+        mask[0, i, :n] = 1
+    figure, axes = _figure(9, 0.9 * len(loss_types) + 0.8)
+    for row, loss_type in enumerate(loss_types):
+        weights = aggregation_weights(mask, loss_type, max_completion_length=max_completion_length)
+        y = -row * 0.9
+        axes.text(-0.4, y - 0.1, loss_type, ha="right", va="center", fontsize=9, family="monospace")
+        x = 0.0
+        for i, n in enumerate(lengths):
+            w = float(weights[0, i, 0])
+            for _ in range(n):
+                axes.add_patch(_rect(x, y - 0.35, 0.9, 0.5, POLICY, min(1.0, 0.15 + w * 8)))
+                x += 1
+            axes.text(x - n / 2 - 0.05, y + 0.28, f"{n} tokens: {w:.3f} each", ha="center", fontsize=7.5)
+            x += 1
+    axes.text(sum(lengths) / 2, 0.75, "one token's share of the loss (darker: more)", ha="center", fontsize=9)
+    return _done(figure, axes, (-2.6, sum(lengths) + len(lengths) + 0.5), (-0.9 * len(loss_types) + 0.3, 1.0))
+
+
+def _rect(x, y, w, h, color, alpha):
+    from matplotlib.colors import to_rgba
+    from matplotlib.patches import Rectangle
+
+    return Rectangle((x, y), w, h, facecolor=to_rgba(color, alpha), edgecolor="white")
+
+
+# ----------------------------------------------------------------------------- chapter 5
+
+def reward_paths():
+    """One completion, scored two ways: one outcome reward for the whole, or a reward per step."""
+    figure, axes = _figure(9.5, 2.8)
+    steps = ["step 1", "step 2", "step 3", "answer"]
+    for i, name in enumerate(steps):
+        _box(axes, 1.5 + i * 1.6, 1.1, 1.4, 0.6, name, size=9)
+    axes.text(0.7, 1.4, "completion", ha="center", va="center", fontsize=9)
+    _box(axes, 1.5, 2.2, 6.2, 0.5, "outcome: one reward for the whole completion (right or wrong)",
+         color=GOOD, size=8.5)
+    for i in range(4):
+        _box(axes, 1.55 + i * 1.6, 0.1, 1.3, 0.5, f"$r^{{({i + 1})}}$", color=ENV, size=9)
+        _arrow(axes, (2.2 + i * 1.6, 1.05), (2.2 + i * 1.6, 0.65))
+    axes.text(8.1, 0.35, "process: a reward\nper step", va="center", fontsize=8.5)
+    return _done(figure, axes, (0, 9.6), (0, 2.9))
+
+
+# ----------------------------------------------------------------------------- chapter 6
+
+def grpo_loop():
+    """The training loop: one rollout per step, scored, turned into advantages, one update."""
+    figure, axes = _figure(9, 3.4)
+    stages = [("prompts", "B problems"), ("roll out", "G completions each"), ("score", "rewards $r_i$"),
+              ("advantages", "$A_i$ within\neach group"), ("update", "the clipped loss,\none optimizer step")]
+    centres = [(1.0, 2.3), (3.6, 2.3), (6.2, 2.3), (6.2, 0.4), (3.6, 0.4)]
+    for (title, text), (x, y) in zip(stages, centres):
+        _box(axes, x - 1.0, y - 0.5, 2.0, 1.0, "", fill=0.12)
+        axes.text(x, y + 0.2, title, ha="center", fontsize=10, weight="bold")
+        axes.text(x, y - 0.22, text, ha="center", va="center", fontsize=8)
+    for (a, b) in [(0, 1), (1, 2), (2, 3), (3, 4)]:
+        (x0, y0), (x1, y1) = centres[a], centres[b]
+        if y0 == y1:
+            start, end = ((x0 + 1.0, y0), (x1 - 1.0, y1)) if x1 > x0 else ((x0 - 1.0, y0), (x1 + 1.0, y1))
+        else:
+            start, end = (x0, y0 - 0.5), (x1, y1 + 0.5)
+        _arrow(axes, start, end)
+    _arrow(axes, (2.6, 0.4), (1.0, 1.8), "next step", bend=-0.3)
+    _box(axes, 8.0, 1.1, 1.6, 0.8, "every N steps:\nheld-out accuracy", color=GOOD, size=8)
+    return _done(figure, axes, (-0.1, 9.8), (-0.3, 3.0))
+
+
+# ----------------------------------------------------------------------------- chapter 7
+
+def failure_lab():
+    """The failure lab: a healthy run, one knob changed, the metrics, the doctor's reading."""
+    figure, axes = _figure(10, 1.9)
+    stages = [("healthy config", PROMPT), ("one knob changed", BAD), ("the run", POLICY),
+              ("metrics.jsonl", POLICY), ("doctor: symptom\n+ evidence", GOOD)]
+    for i, (text, color) in enumerate(stages):
+        _box(axes, i * 2.05, 0.2, 1.75, 0.9, text, color=color, size=8.5)
+        if i:
+            _arrow(axes, (i * 2.05 - 0.28, 0.65), (i * 2.05 - 0.02, 0.65))
+    return _done(figure, axes, (-0.1, 10.2), (0, 1.4))
+
+
+# ----------------------------------------------------------------------------- chapter 8
+
+def groups_to_ranks(groups=4, G=4, ranks=2):
+    """Whole groups dealt out to ranks: every rank holds complete groups, so each group's mean
+    and std are computed where its rewards are."""
+    figure, axes = _figure(9, 0.55 * groups + 1.2)
+    colors = ["#4a6fa5", "#e39b3b", "#3c8d5a", "#8e5ea2", "#c2493d", "#6b8e23"]
+    per_rank = groups // ranks
+    for g in range(groups):
+        color = colors[g % len(colors)]
+        for i in range(G):
+            axes.add_patch(_rect(i * 0.7, -g * 0.55, 0.6, 0.42, color, 0.7))
+        axes.text(-0.2, -g * 0.55 + 0.2, f"group {g}", ha="right", va="center", fontsize=8)
+        rank = g // per_rank
+        x0 = 5.5 + rank * 2.4
+        slot = g % per_rank
+        for i in range(G):
+            axes.add_patch(_rect(x0 + i * 0.45, -slot * 0.55 - 0.2, 0.4, 0.42, color, 0.7))
+        _arrow(axes, (G * 0.7 + 0.05, -g * 0.55 + 0.2), (x0 - 0.1, -slot * 0.55), bend=0.0, color="#bbbbbb")
+    for rank in range(ranks):
+        x0 = 5.5 + rank * 2.4
+        axes.text(x0 + G * 0.45 / 2, 0.55, f"rank {rank}", ha="center", fontsize=9, weight="bold")
+    axes.text(G * 0.35, 0.55, f"{groups} groups of G = {G}", ha="center", fontsize=9, weight="bold")
+    return _done(figure, axes, (-1.4, 5.5 + ranks * 2.4), (-groups * 0.55 + 0.1, 0.9))
+
+
+# ----------------------------------------------------------------------------- chapter 9
+
+def one_gpu():
+    """One GPU shared by the trainer and the sampler (vLLM): memory for each, the weight sync
+    after every update, the sampler asleep while the trainer works."""
+    figure, axes = _figure(9, 2.8)
+    _box(axes, 0, 0, 9, 2.4, "", color="#777777", fill=0.04)
+    axes.text(0.15, 2.2, "one GPU", fontsize=9, weight="bold", va="center")
+    _box(axes, 0.3, 0.3, 3.6, 1.5, "trainer\npolicy weights, gradients,\noptimizer state, activations",
+         color=POLICY, size=8.5)
+    _box(axes, 5.1, 0.3, 3.6, 1.5, "sampler (vLLM)\na copy of the weights,\nthe KV cache", color=ENV, size=8.5)
+    _arrow(axes, (3.95, 1.3), (5.05, 1.3), "weights after each update")
+    _arrow(axes, (5.05, 0.7), (3.95, 0.7), "completions + log-probs")
+    return _done(figure, axes, (-0.1, 9.1), (-0.1, 2.5))
+
+
+# ----------------------------------------------------------------------------- chapter 10
+
+def rollouts_in_flight(k=2, steps=6):
+    """The sampler runs k rollouts ahead: update n trains on the rollout sampled with the
+    weights of update n - k."""
+    figure, axes = _figure(9.5, 2.2)
+    for n in range(steps):
+        _box(axes, n * 1.5, 1.1, 1.3, 0.55, f"rollout {n}", color=ENV, size=8)
+        if n >= k:
+            _box(axes, n * 1.5, 0.1, 1.3, 0.55, f"update {n}:\nrollout {n - k}", color=POLICY, size=8)
+            _arrow(axes, ((n - k) * 1.5 + 1.2, 1.08), (n * 1.5 + 0.3, 0.68), color="#999999")
+    axes.text(-0.2, 1.37, "sampler", ha="right", va="center", fontsize=9)
+    axes.text(-0.2, 0.37, "trainer", ha="right", va="center", fontsize=9)
+    axes.text(steps * 0.75, 1.9, f"k = {k}: each update trains on a rollout {k} updates old",
+              ha="center", fontsize=9)
+    return _done(figure, axes, (-1.5, steps * 1.5), (0, 2.1))
+
+
+# ----------------------------------------------------------------------------- chapter 11
+
+def episode_writers(segments=(("prompt", "12 + 30 =", PROMPT), ("policy", "<call>12+30</call>", POLICY),
+                              ("tool", "<result>42</result>", ENV), ("policy", "<answer>42</answer>", POLICY))):
+    """One multi-turn episode: who wrote each span, and the loss mask, which keeps only the
+    policy's own tokens."""
+    figure, axes = _figure(10, 1.9)
+    x = 0.0
+    for writer, text, color in segments:
+        width = 0.14 * len(text) + 0.4
+        axes.add_patch(_rect(x, 0.8, width, 0.6, color, 0.8))
+        axes.text(x + width / 2, 1.1, text, ha="center", va="center", fontsize=8.5, family="monospace",
+                  color="white")
+        axes.text(x + width / 2, 1.55, writer, ha="center", fontsize=8)
+        mask = "1" if writer == "policy" else "0"
+        axes.add_patch(_rect(x, 0.1, width, 0.45, GOOD if mask == "1" else "#bbbbbb", 0.35))
+        axes.text(x + width / 2, 0.33, f"mask {mask}", ha="center", va="center", fontsize=8)
+        x += width + 0.1
+    axes.text(-0.15, 1.1, "tokens", ha="right", va="center", fontsize=9)
+    axes.text(-0.15, 0.33, "in the loss", ha="right", va="center", fontsize=9)
+    return _done(figure, axes, (-1.6, x + 0.1), (0, 1.8))
