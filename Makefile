@@ -1,4 +1,4 @@
-# The two commands of the README's quickstart, and the tools behind them.
+# The commands of the README's three doors (read, train, work on it), and the tools behind them.
 #   make train  set up .venv and train the tiny reasoner with GRPO (the main job)
 #   make test   set up .venv, check the gpu extra resolves, run the whole test suite (what CI runs)
 #   make book   set up .venv and open the book in JupyterLab
@@ -9,7 +9,7 @@ PYTHON ?= python3
 VENV   ?= .venv
 BIN    := $(VENV)/bin
 # The CPU build on machines without a GPU; on Linux with an NVIDIA GPU the same
-# pin from the package index is the CUDA build (see README, "GPU readers").
+# pin from the package index is the CUDA build (see docs/training.md, "Which PyTorch").
 TORCH  ?= torch==2.13.0
 
 .PHONY: book html train test test-vllm test-kernels setup setup-test gpu-resolves browser check clean

@@ -1,5 +1,5 @@
 """The GPU tier, measured on one CUDA GPU: the recipes' times to their targets, and Qwen-shaped
-models' step time, throughput and memory. Writes one results file for the README and chapter 9.
+models' step time, throughput and memory. Writes one results file for docs/gpu.md and chapter 9.
 
     python benchmarks/gpu.py [--part PART ...] [--out FILE] [--work-dir DIR] [--budget-seconds S]
     python benchmarks/gpu.py --toy          # every part at toy size on the CPU (what CI runs)
@@ -10,7 +10,7 @@ Parts (--part, repeatable; default all):
   tiny                the tiny policy: configs/gpu-1x.toml with engine = "hf" (transformers'
                       generate samples; no vLLM) in bf16; wall-clock time to the first held-out
                       greedy accuracy >= 0.90 (the same recipe on the CPU, with the fused engine,
-                      is at 0.910 at rollout 100; README, "GPUs"). The run stops there.
+                      is at 0.910 at rollout 100; docs/gpu.md, "GPUs"). The run stops there.
   countdown-pretrain  step 1 of the download-free recipe: the `python -m grpo_edu.commands.pretrain` command
                       written in configs/gpu-countdown-from-scratch.toml, as written but for its
                       output directory (WORK_DIR/countdown-start): time to its target, held-out

@@ -10,18 +10,38 @@
 # %% [markdown]
 # # Chapter 0. From REINFORCE to GRPO
 #
-# GRPO did not come from nowhere. It is the policy gradient of 1992 (REINFORCE) with three
-# ideas added, each of which fixes a measurable problem: a *baseline* that cuts the
-# estimator's variance without biasing it, PPO's *ratio and clip* that let one batch of
-# samples feed several updates safely, and a *group* of samples per prompt whose mean
-# replaces PPO's learned critic. This chapter builds each idea on a policy small enough that
-# every expectation is a finite sum, so each claim is a number computed exactly rather than
-# an inequality to trust. Then it compares six advantage estimators where it counts: the
-# real tiny model trained with each, three seeds apiece.
+# > **You will learn**
+# > - what GRPO (Group Relative Policy Optimization) adds to REINFORCE, the policy gradient of 1992
+# > - why a baseline cuts the gradient's noise without biasing it, computed exactly
+# > - how RLOO (REINFORCE Leave-One-Out), the group mean and the group's std differ in bias and noise
+# > - how PPO (Proximal Policy Optimization) reuses samples with a ratio and a clip
+# > - what six advantage estimators do to a real tiny model, three seeds each
+# >
+# > **You need first**: nothing beyond Python and NumPy.
+# >
+# > **Reading time**: about 18 minutes. **Compute**: at most 60 s on a 2-core CPU. [Glossary](../docs/glossary.md) · [Notation](../docs/notation.md)
 #
-# The names are those of the rest of the book: $\pi$ the policy, $r$ a reward, $G$ the
-# samples per prompt, $A$ an advantage, $\rho$ the ratio $\pi / \pi_\text{old}$; in code,
-# `rewards` and `advantages` are (B, G) tensors, B prompts by G completions.
+# GRPO did not come from nowhere. It is REINFORCE with three ideas added, and each one fixes
+# a measurable problem:
+#
+# - a *baseline* cuts the estimator's variance without biasing it;
+# - PPO's *ratio and clip* let one batch of samples feed several updates safely;
+# - a *group* of samples per prompt gives a mean that replaces PPO's learned critic.
+#
+# This chapter builds each idea on a policy small enough that every expectation is a finite
+# sum. So each claim is a number computed exactly, not an inequality to trust. Then it
+# compares six advantage estimators where it counts: the real tiny model trained with each,
+# three seeds apiece.
+#
+# The names are those of the rest of the book. $\pi$ is the policy, $r$ a reward, $G$ the
+# number of samples per prompt, $A$ an advantage, and $\rho$ the ratio $\pi / \pi_\text{old}$.
+# In code, `rewards` and `advantages` are (B, G) tensors: B prompts by G completions.
+
+# %%
+# The ladder this chapter climbs, one change at a time.
+from grpo_edu.book import schematics
+
+schematics.grpo_ladder();
 
 # %%
 import json
@@ -40,9 +60,9 @@ np.set_printoptions(precision=4, suppress=True, floatmode="fixed")
 # %% [markdown]
 # ## A policy small enough to enumerate
 #
-# One prompt, one token to choose out of K = 4, a softmax policy over four logits
-# $\theta$, and a fixed reward for each token: token 0 is the right answer (reward 1), token
-# 3 is half right (0.5), tokens 1 and 2 are wrong. The policy prefers a wrong token. Its
+# One prompt, one token to choose out of K = 4, and a softmax policy over four logits
+# $\theta$. Each token has a fixed reward. Token 0 is the right answer (reward 1), token 3 is
+# half right (0.5), and tokens 1 and 2 are wrong. The policy prefers a wrong token. Its
 # objective is the expected reward, and its gradient has a closed form:
 #
 # $$
@@ -59,15 +79,15 @@ print(f"J       = {bandit.value:.4f}")
 print(f"grad J  = {gradient}")
 
 # %% [markdown]
-# The gradient raises the right token's logit, lowers the two wrong ones, and raises the
-# half-right token a little (its reward is above the average J). A language model's
-# gradient has the same form, over a vocabulary and a sequence of choices, and there is no
-# way to sum over every completion: it must be *estimated* from samples.
+# The gradient raises the right token's logit and lowers the two wrong ones. It raises the
+# half-right token a little, because its reward is above the average J. A language model's
+# gradient has the same form, over a vocabulary and a sequence of choices. But nobody can
+# sum over every completion, so the gradient must be *estimated* from samples.
 #
 # ## REINFORCE: the gradient from samples
 #
 # Since $\nabla \pi = \pi \nabla \log \pi$, the gradient is an expectation under the policy,
-# which samples can estimate:
+# and samples can estimate it:
 #
 # $$
 # \nabla J = \mathbb{E}_{a \sim \pi}\big[r(a)\, \nabla \log \pi(a)\big], \qquad
@@ -76,9 +96,10 @@ print(f"grad J  = {gradient}")
 # $$
 #
 # $\hat g$ is REINFORCE's estimator (Williams, 1992). With K = 4 and G = 4 there are
-# $4^4$ = 256 possible groups, each with its probability, so $\hat g$'s mean and variance
-# are finite sums: `grpo_edu.algorithm.bandit.moments` computes them. A sampler sees only some groups;
-# its estimate of the same two numbers from 100,000 sampled groups is beside them.
+# $4^4$ = 256 possible groups, each with its probability. So $\hat g$'s mean and variance
+# are finite sums, which `grpo_edu.algorithm.bandit.moments` computes. A sampler sees only
+# some groups. Beside the exact numbers, the cell prints a sampler's estimate of the same
+# two from 100,000 sampled groups.
 
 # %%
 exact = moments(bandit, 4)
@@ -90,13 +111,15 @@ print(f"variance E||g_hat - grad J||^2: exact {exact.variance:.5f}, sampled {sam
 print(f"signal ||grad J||^2: {gradient @ gradient:.5f}")
 
 # %% [markdown]
-# Unbiased: the mean is the gradient, and 100,000 sampled groups agree with the exact sum to
-# two or three digits. But the noise is as large as the signal: the variance is 1.3 times
-# the squared length of the gradient, so one group's estimate can point well away from
-# $\nabla J$. And it depends on something it should not: where zero is on the reward scale.
-# Add a constant c to every reward (a reward of 1 for "right" and 0 for "wrong" becomes 11
-# and 10) and neither the best policy nor the gradient changes, but REINFORCE's variance
-# grows with $c^2$:
+# The estimator is unbiased: its mean is the gradient, and 100,000 sampled groups agree with
+# the exact sum to two or three digits. But the noise is as large as the signal. The
+# variance is 1.3 times the squared length of the gradient, so one group's estimate can
+# point well away from $\nabla J$.
+#
+# The variance also depends on something it should not: where zero is on the reward scale.
+# Add a constant c to every reward, so that a reward of 1 for "right" and 0 for "wrong"
+# becomes 11 and 10. Neither the best policy nor the gradient changes, but REINFORCE's
+# variance grows with $c^2$:
 
 # %%
 print(f"{'shift c':>8} {'E[g_hat] = grad J':>19} {'variance':>10} {'variance / ||grad J||^2':>25}")
@@ -120,8 +143,8 @@ for c in (0.0, 1.0, 10.0):
 # The best constant is close to the average reward J. The advantage $A = r - b$ then says
 # how much better than usual a sample was, and the shift c above cancels. But J is unknown:
 # it is what we are estimating. The estimators below differ in where their b comes from.
-# Each is a function from rewards (B, G) to advantages (B, G) in `grpo_edu.algorithm.baselines`, the
-# signature the trainer's `advantage_fn` takes:
+# Each is a function from rewards (B, G) to advantages (B, G) in
+# `grpo_edu.algorithm.baselines`, with the signature the trainer's `advantage_fn` takes:
 #
 # | name | advantage $A_i$ | the baseline |
 # |---|---|---|
@@ -132,14 +155,14 @@ for c in (0.0, 1.0, 10.0):
 # | `grpo` | $(r_i - \bar r) / \sigma$ | the group's mean, over its population std |
 # | `grpo_sample_std` | $(r_i - \bar r) / s$ | the same, over the sample std (as TRL) |
 #
-# RLOO's baseline (Kool et al., 2019) leaves the sample's own reward out, so it is
-# independent of $a_i$ and the gradient stays unbiased. The group mean includes $r_i$:
-# $r_i - \bar r = \frac{G-1}{G}\,(r_i - \frac{1}{G-1}\sum_{j \ne i} r_j)$, RLOO scaled by
-# $(G-1)/G$, so its mean is $\frac{G-1}{G}\nabla J$: biased in length only, not in
-# direction. GRPO then divides by the group's std, a number that depends on every sample
-# of the group, so nothing guarantees even the direction. On the bandit, for G = 2, 4
-# and 8 (up to $4^8$ = 65,536 groups), with `batch_mean` left out (one prompt: it is the
-# group mean):
+# RLOO's baseline (Kool et al., 2019) leaves the sample's own reward out. So it is
+# independent of $a_i$, and the gradient stays unbiased. The group mean includes $r_i$:
+# $r_i - \bar r = \frac{G-1}{G}\,(r_i - \frac{1}{G-1}\sum_{j \ne i} r_j)$. That is RLOO
+# scaled by $(G-1)/G$, so its mean is $\frac{G-1}{G}\nabla J$: biased in length only, not in
+# direction. GRPO then divides by the group's std, a number that depends on every sample of
+# the group. So nothing guarantees even the direction. The cell below computes all of this
+# on the bandit for G = 2, 4 and 8 (up to $4^8$ = 65,536 groups). It leaves out
+# `batch_mean`, which is the group mean when there is one prompt.
 
 # %%
 print(f"{'G':>2} {'estimator':<16} {'E[g_hat] / grad J, per logit':<36} {'cosine':>8} {'noise / signal':>15}")
@@ -159,29 +182,32 @@ unmoved = [name for name, (function, _) in baselines.ESTIMATORS.items() if name 
 print(f"\nevery reward + 10, G = 4: mean and variance unchanged for {', '.join(unmoved)}")
 
 # %% [markdown]
-# Read it column by column. *Bias:* `reinforce` and `rloo` give exactly $\nabla J$ (a ratio
-# of 1 on every logit); the group mean gives exactly $(G-1)/G$ of it (0.5, 0.75, 0.875),
-# the same direction (cosine 1); GRPO's std gives a different ratio on each logit, a
-# direction a few degrees off (cosine below 1), and the population and sample std give the
-# same direction (they differ by the constant $\sqrt{G/(G-1)}$). *Noise:* the last column
-# divides the variance by the squared length of the mean, so that a constant scale (the
-# group mean's $(G-1)/G$, the std's division) does not count. At G = 2 no baseline is the
-# least noisy: the rewards as given put 0 close to J = 0.2182, so "no baseline" is already
-# a fair one, while RLOO's baseline is a single other sample. From G = 4 on, the group's
-# baselines are less noisy than none, and the std's division moves the ratio a little
-# either way (above RLOO's at G = 4, below it at G = 8). Shift the rewards as above and
-# only `reinforce`'s column changes: every baseline from the group cancels the shift.
+# Read the table column by column.
 #
-# An optimiser that normalises the step's scale (Adam, which every run in this book uses)
-# ignores a constant factor on the gradient, so the group mean's bias costs nothing there.
-# The std's reweighting is not a constant: it gives more weight to prompts whose groups
-# agree (a small std), which Dr. GRPO argues is a bias towards too-easy and too-hard
-# prompts. The measured comparison at the end of the chapter asks whether any of this shows
-# in a real run.
+# - *Bias.* `reinforce` and `rloo` give exactly $\nabla J$: a ratio of 1 on every logit. The
+#   group mean gives exactly $(G-1)/G$ of it (0.5, 0.75, 0.875), in the same direction
+#   (cosine 1). GRPO's std gives a different ratio on each logit, so its direction is a few
+#   degrees off (cosine below 1). The population and the sample std give the same direction,
+#   since they differ by the constant $\sqrt{G/(G-1)}$.
+# - *Noise.* The last column divides the variance by the squared length of the mean. So a
+#   constant scale, such as the group mean's $(G-1)/G$ or the std's division, does not count.
+#   At G = 2 no baseline is the least noisy. The rewards as given put 0 close to
+#   J = 0.2182, so "no baseline" is already a fair one, while RLOO's baseline is a single
+#   other sample. From G = 4 on, the group's baselines are less noisy than none. The std's
+#   division moves the ratio a little either way: above RLOO's at G = 4, below it at G = 8.
+# - *Shift.* Shift the rewards as above and only `reinforce`'s numbers change. Every
+#   baseline from the group cancels the shift.
+#
+# An optimiser that normalises the step's scale ignores a constant factor on the gradient.
+# Adam does, and every run in this book uses it, so there the group mean's bias costs
+# nothing. The std's reweighting is not a constant. It gives more weight to prompts whose
+# groups agree (a small std). Dr. GRPO argues that this is a bias towards too-easy and
+# too-hard prompts. The measured comparison at the end of the chapter asks whether any of
+# this shows in a real run.
 #
 # ## PPO: reusing samples, and the clip
 #
-# A rollout is expensive; an update is cheap. PPO (Schulman et al., 2017) takes several
+# A rollout is expensive; an update is cheap. So PPO (Schulman et al., 2017) takes several
 # gradient steps on one batch sampled by $\pi_\text{old}$. The gradient at $\theta$ is then
 # an expectation under the *old* policy, reweighted by the ratio
 # $\rho = \pi_\theta(a) / \pi_\text{old}(a)$:
@@ -191,11 +217,11 @@ print(f"\nevery reward + 10, G = 4: mean and variance unchanged for {', '.join(u
 # = \nabla_\theta\, \mathbb{E}_{a \sim \pi_\text{old}}\big[\rho\, A\big] .
 # $$
 #
-# Maximising $\rho A$ without limit would chase the few samples whose ratio has grown, so
+# Maximising $\rho A$ without limit would chase the few samples whose ratio has grown. So
 # PPO takes the pessimistic minimum of it and of a clipped copy:
-# $\min(\rho A,\ \operatorname{clip}(\rho, 1-\varepsilon, 1+\varepsilon) A)$. Its slope in
-# $\rho$, computed by `grpo_edu.algorithm.estimators.clipped_objective` from the trainer's own loss
-# (chapter 2 has the interactive version):
+# $\min(\rho A,\ \operatorname{clip}(\rho, 1-\varepsilon, 1+\varepsilon) A)$. The cell
+# below draws it and its slope in $\rho$. `grpo_edu.algorithm.estimators.clipped_objective`
+# computes both from the trainer's own loss (chapter 2 has the interactive version):
 
 # %%
 ratios = np.linspace(0.5, 1.5, 201)
@@ -215,41 +241,52 @@ for rho in (0.7, 0.9, 1.1, 1.3):
     print(f"rho = {rho}: slope {up.gradient[0]:+.0f} with A = +1, {down.gradient[0]:+.0f} with A = -1")
 
 # %% [markdown]
-# The slope is $A$ inside the range (the shaded band) and 0 where the sample has already
+# The slope is $A$ inside the range (the shaded band). It is 0 where the sample has already
 # moved as far as the clip allows in its advantage's direction: above $1+\varepsilon$ for a
-# good sample, below $1-\varepsilon$ for a bad one. Where it moved the wrong way, the slope
-# stays: the clip bounds gains, never corrections.
+# good sample, below $1-\varepsilon$ for a bad one. Where the sample moved the wrong way,
+# the slope stays. The clip bounds gains, never corrections.
 #
 # ## GRPO: the group replaces the critic
 #
-# PPO for language models gets $A$ from a learned value network (the critic): a second
-# model as large as the policy, trained beside it, whose estimate of the expected reward is
-# the baseline. GRPO (Shao et al., 2024) drops it. It samples G completions of each prompt
-# and takes their mean (and std) as the baseline: the group's rewards estimate the
-# prompt's value as RLOO's do, at the cost of G samples per prompt, which a rollout wanted
+# PPO for language models gets $A$ from a learned value network, the critic. It is a second
+# model as large as the policy, trained beside it, and its estimate of the expected reward
+# is the baseline. GRPO (Shao et al., 2024) drops it. It samples G completions of each
+# prompt and takes their mean (and std) as the baseline. The group's rewards estimate the
+# prompt's value as RLOO's do. They cost G samples per prompt, which a rollout wanted
 # anyway. Every token of completion $i$ shares its $A_i$, and the clipped objective above
-# applies per token. This is GRPO's policy-gradient part only: chapter 1 computes one whole
-# update by hand and adds the two pieces this chapter leaves out, a KL penalty that holds
-# the policy near a frozen reference model, and the $1/|o_i|$ weight that averages each
-# completion's token terms over its own length $|o_i|$.
+# applies per token.
+#
+# This is only GRPO's policy-gradient part. Chapter 1 computes one whole update by hand and
+# adds the two pieces this chapter leaves out. One is a penalty on the Kullback-Leibler (KL)
+# divergence, which holds the policy near a frozen reference model. The other is the
+# $1/|o_i|$ weight, which averages each completion's token terms over its own length
+# $|o_i|$.
 #
 # ## Measured: six estimators, one task, three seeds
 #
-# Now a real language model. The book's starting policy is a tiny one (a 2-layer Llama,
-# chapter 5 builds it and chapter 6 trains it with GRPO) that has learned the format of
+# Now a real language model. The book's starting policy is a tiny one, a 2-layer Llama
+# (chapter 5 builds it, chapter 6 trains it with GRPO). It has learned the format of
 # two-digit addition and subtraction, `<think>...</think>\boxed{answer}`, but gets most
-# answers wrong. Each estimator becomes the real trainer's `advantage_fn`, everything else
-# the default config, and the measure is **held-out greedy accuracy**: the share of 256
-# problems never trained on whose greedy (most likely) completion boxes the right answer,
-# evaluated every 20 steps of 300, for seeds 0, 1 and 2. Eighteen runs take about ten
-# minutes, so `benchmarks/estimators.py` trains them and writes
-# `benchmarks/results/estimators.json`, which this cell reads; `tests/test_baselines.py`
+# answers wrong. Each estimator becomes the real trainer's `advantage_fn`, with everything
+# else the default config. The measure is **held-out greedy accuracy**: the share of 256
+# problems never trained on whose greedy (most likely) completion boxes the right answer.
+# It is evaluated every 20 steps of 300, for seeds 0, 1 and 2. Eighteen such runs take far
+# longer than this chapter's budget of 60 s, so the cell below reads their results from a
+# file.
+#
+# <details><summary>How we know</summary>
+#
+# `benchmarks/estimators.py` trains the eighteen runs and writes
+# `benchmarks/results/estimators.json`, which the cell reads. `tests/test_baselines.py`
 # re-trains one of them and checks that its numbers are the file's, exactly.
 #
+# </details>
+#
 # An accuracy measured on 256 problems is itself uncertain. The cell ends with its 95%
-# confidence interval, Wilson's interval for a proportion (`grpo_edu.training.evaluation.wilson_interval`;
-# chapter 6 uses it for every accuracy it reports): the range of true accuracies that 256
-# problems cannot tell apart from the measured one.
+# confidence interval: Wilson's interval for a proportion
+# (`grpo_edu.training.evaluation.wilson_interval`; chapter 6 uses it for every accuracy it
+# reports). It is the range of true accuracies that 256 problems cannot tell apart from the
+# measured one.
 
 # %%
 RESULTS = json.loads(Path("../benchmarks/results/estimators.json").read_text())
@@ -292,18 +329,40 @@ axis.legend(fontsize=8)
 figure.tight_layout()
 
 # %% [markdown]
-# The one difference larger than the noise is the baseline itself. Without one, REINFORCE
-# ends near 0.68 on every seed and reaches 0.8 on none; it even dips below its start at
-# first, when the noise of the unbaselined estimate (every sample of an arithmetic answer is
-# pushed up, the wrong ones less) outweighs the signal. Every estimator with a baseline ends
-# between 0.79 and 0.88 and passes 0.8 around step 200. Among those five the means differ by
-# less than the seeds do, and by less than the 95% interval of one accuracy on 256 problems
-# (about +-0.044): on this task, with AdamW, neither the group mean's $(G-1)/G$ nor the
-# std's reweighting buys or costs anything measurable, and one baseline for the whole batch
-# does as well as one per prompt, because the arithmetic prompts are of a similar
-# difficulty. A task whose prompts differ in difficulty is where the group's baseline earns
-# its keep; that is the case GRPO was made for, and the one Dr. GRPO's argument about the
-# std is about.
+# Seed $s$ of one estimator and seed $s$ of another share their prompts and their start, so
+# the fair comparison is paired: the difference seed by seed, its mean, and a 95% interval
+# for that mean (Student's t over the 3 seeds, `grpo_edu.algorithm.statistics.paired_seeds`).
+# "A beats B" is said only where that interval excludes zero.
+
+# %%
+from grpo_edu.algorithm.statistics import paired_seeds
+
+by_seed = {name: [r["final_accuracy"] for r in sorted((r for r in runs if r["estimator"] == name),
+                                                      key=lambda r: r["seed"])]
+           for name in baselines.ESTIMATORS}
+baselined = [name for name in baselines.ESTIMATORS if name != "reinforce"]
+print("final accuracy, paired over seeds: mean difference [95% t interval]")
+verdicts = {}
+for a, b in [(name, "reinforce") for name in baselined] + [(name, "grpo") for name in baselined if name != "grpo"]:
+    verdicts[a, b] = paired_seeds(by_seed[a], by_seed[b])
+    print(f"  {verdicts[a, b].words(a, b)}")
+
+# %% [markdown]
+# The baseline itself is the one difference that stands out. Without one, REINFORCE ends
+# between 0.668 and 0.684 and reaches 0.8 on no seed. It even dips below its start
+# (0.418) at first. The unbaselined estimate pushes up every sampled answer, the wrong ones
+# less, and early on that noise outweighs the signal. Every run with a baseline ends
+# between 0.793 and 0.879, and each of those five estimators passes 0.8 on at least two of
+# three seeds, between steps 180 and 240. Paired by seed, each of the five beats REINFORCE,
+# by +0.148 (the group mean) to +0.174 (GRPO), and every one of those intervals excludes zero.
+#
+# The five estimators with a baseline are not separated at this size. Against GRPO with the
+# population std, the paired differences run from -0.026 to +0.000, and every interval holds
+# zero. Their means range from 0.826 to 0.852, their seeds from 0.793 to 0.879. So on this task, with AdamW, these runs cannot tell apart the group
+# mean's $(G-1)/G$, the std's reweighting, or one baseline for the whole batch. The
+# arithmetic prompts are of a similar difficulty, which may be why. A task whose prompts
+# differ in difficulty is where the group's baseline is meant to matter. That is the case
+# GRPO was made for, and the one Dr. GRPO's argument about the std is about.
 #
 # What this chapter claims, checked:
 
@@ -328,17 +387,85 @@ claims = {
         and all(sum(step is not None for step in reached[name]) >= 2 for name in baselined),
     "the five baselined estimators' means lie within one accuracy's 95% half-interval of each other":
         max(means) - min(means) < (high - low) / 2,
+    "paired by seed, every baselined estimator beats REINFORCE":
+        all(verdicts[name, "reinforce"].low > 0 for name in baselined),
+    "paired by seed, no baselined estimator is separated from GRPO":
+        not any(verdicts[name, "grpo"].separated for name in baselined if name != "grpo"),
 }
 for claim, holds in claims.items():
     print(f"{'holds' if holds else 'FAILS'}: {claim}")
 
 # %% [markdown]
+# ## What you learned
+#
+# - REINFORCE's estimate is unbiased, but its variance grows with a constant shift of the rewards.
+# - A baseline that does not depend on the sample keeps the mean and cuts the noise.
+# - RLOO's baseline keeps the gradient exact; the group mean scales it by $(G-1)/G$; GRPO's std also tilts its direction a little.
+# - PPO's ratio lets one batch feed several updates, and its clip bounds gains, never corrections.
+# - GRPO takes the group's mean and std as the baseline, in place of a learned critic.
+# - On the tiny model, runs without a baseline end at 0.668 to 0.684, below every run with one (0.793 to 0.879); the five baselines are not separated at this size.
+#
+# ## Check yourself
+#
+# 1. On the chapter's bandit with G = 4, REINFORCE's variance is 0.0405. Add 10 to every
+#    reward. What happens to the estimate's mean, and to its variance?
+#
+#    <details><summary>Answer</summary>
+#
+#    The mean stays the gradient: the shift changes neither the best policy nor $\nabla J$.
+#    The variance grows to 18.1107, 576.2 times the squared length of the gradient. Every
+#    baseline from the group cancels the shift.
+#
+#    </details>
+#
+# 2. Why does subtracting a baseline b, chosen without looking at the sampled token, leave
+#    the gradient's mean unchanged?
+#
+#    <details><summary>Answer</summary>
+#
+#    The score $\nabla \log \pi(a)$ has mean zero under the policy:
+#    $\sum_a \pi(a) \nabla \log \pi(a) = \nabla \sum_a \pi(a) = \nabla 1 = 0$. So
+#    $b\, \nabla \log \pi(a)$ adds nothing on average.
+#
+#    </details>
+#
+# 3. At G = 4, what share of $\nabla J$ does the group-mean estimator give on average, and
+#    in which direction?
+#
+#    <details><summary>Answer</summary>
+#
+#    0.75 of it on every logit, that is $(G-1)/G$, in exactly the same direction (cosine 1).
+#    The group mean is RLOO scaled by $(G-1)/G$.
+#
+#    </details>
+#
+# 4. A sample has $A = -1$ and ratio $\rho = 0.7$, with $\varepsilon = 0.2$. What is the
+#    clipped objective's slope in $\rho$, and why?
+#
+#    <details><summary>Answer</summary>
+#
+#    The slope is 0. The sample has already moved below $1 - \varepsilon$ in the direction its negative
+#    advantage wants, so the clipped branch wins and gives no gradient. With $A = +1$ at
+#    the same ratio, the slope would stay 1: the clip never stops a correction.
+#
+#    </details>
+#
+# 5. What does GRPO use instead of PPO's critic, and what does it cost?
+#
+#    <details><summary>Answer</summary>
+#
+#    The mean (and std) of the rewards of G completions of the same prompt. It costs G
+#    samples per prompt, which a rollout wanted anyway, instead of a second model as large as
+#    the policy.
+#
+#    </details>
+#
 # ## Exercises
 #
-# Each checker in `grpo_edu.exercises.ch00` runs your answer on several cases and names each
-# case that fails and how your answer is wrong there (its shape, its sign, too large or too
-# small, off by a factor, NaN), never the right value. Each exercise has a hint and a worked
-# solution, folded: open them when you want them.
+# Each checker in `grpo_edu.exercises.ch00` runs your answer on several cases. It names each
+# case that fails and how your answer is wrong there: its shape, its sign, too large or too
+# small, off by a factor, NaN. It never gives the right value. Each exercise has a hint and
+# a worked solution, folded: open them when you want them.
 #
 # **0.1 RLOO.** Write `my_rloo(rewards)`: for (B, G) rewards, each completion's reward minus
 # the mean of the *other* G - 1 rewards of its group.
@@ -376,11 +503,11 @@ ch00.check_rloo(my_rloo)
 
 # %% [markdown]
 # **0.2 The estimator's exact mean.** Write `my_exact_mean(probs, rewards, G, advantage_fn)`:
-# the exact $\mathbb{E}[\hat g]$ of this chapter's estimator for a K-token policy with
-# probabilities `probs` (K,) and rewards `rewards` (K,), from groups of G samples, where
-# `advantage_fn` maps a (N, G) float64 tensor of rewards to advantages (or is None: A = r).
-# Then use it to confirm the group mean's $(G-1)/G$ for G = 6, which neither the table (G = 2,
-# 4 and 8) nor the claims cell (G = 2, 3 and 5) computed.
+# the exact $\mathbb{E}[\hat g]$ of this chapter's estimator for a K-token policy. `probs`
+# (K,) holds its probabilities and `rewards` (K,) its rewards; a group has G samples.
+# `advantage_fn` maps a (N, G) float64 tensor of rewards to advantages, or is None (A = r).
+# Then use it to confirm the group mean's $(G-1)/G$ for G = 6. Neither the table (G = 2, 4
+# and 8) nor the claims cell (G = 2, 3 and 5) computed that case.
 #
 # <details><summary>Hint</summary>
 #

@@ -10,23 +10,29 @@
 # %% [markdown]
 # # Chapter 3. The masked (B, G, S) step
 #
-# Chapter 1 computed one GRPO update of one group with a Python loop over responses, each
-# response its own array, so nothing could leak between them. A trainer cannot afford
-# loops: it holds B prompts with G completions each in padded tensors of shape (B, G, S),
-# runs a real transformer over them, and relies on masks to say which entries are tokens
-# and which are padding. Almost every GRPO bug lives in those masks and in one
-# off-by-one between logits and tokens.
+# > **You will learn**
+# > - how a batch is padded into (B, G, S) tensors, and what each mask means
+# > - the off-by-one between logits and tokens, and why that bug hides
+# > - one full training step on a real transformer, checked against chapter 1
+# > - why the old policy must stay the sampler for a whole rollout
+# > - why the first step's loss is 0 while its gradient is not
+# >
+# > **You need first**: chapter 1 (the objective).
+# >
+# > **Reading time**: about 28 minutes. **Compute**: at most 60 s on a 2-core CPU. [Glossary](../docs/glossary.md) · [Notation](../docs/notation.md)
 #
-# This chapter builds that step on a tiny Llama and checks it, number for number, against
-# chapter 1's NumPy reference:
+# Chapter 1 computed one GRPO (Group Relative Policy Optimization) update of one group with
+# a Python loop over responses. Each response was its own array, so nothing could leak
+# between them. A trainer cannot afford loops. It holds B prompts with G completions each
+# in padded tensors of shape (B, G, S), runs a real transformer over them, and relies on
+# masks to say which entries are tokens and which are padding. Almost every GRPO bug lives
+# in those masks and in one off-by-one between logits and tokens.
 #
-# 1. a batch of B = 2 prompts with G = 3 completions of different lengths, prompts
-#    left-padded and completions right-padded, masks printed next to the decoded tokens;
-# 2. one full step: forward, per-token log-probs, ratio, clip, KL, aggregation, backward,
-#    gradient-norm clipping, optimizer step and the diagnostics a trainer logs;
-# 3. the same loss and gradients as `grpo_edu.algorithm.reference` on the same inputs, a float64
-#    gradcheck, what `expand` saves over `repeat`, and why the first step's loss is zero
-#    while its gradient is not.
+# This chapter builds that step on a tiny Llama: a batch of B = 2 prompts with G = 3
+# completions each, then one full step. The step runs the forward pass, the per-token
+# log-probs, the ratio and its clip, the Kullback-Leibler (KL) penalty, the aggregation, the
+# backward pass and the optimizer step. Every number is checked against chapter 1's NumPy
+# reference, `grpo_edu.algorithm.reference`, and by a float64 gradcheck.
 #
 # Shapes: B prompts, G completions per prompt, P prompt columns, S completion columns,
 # T = P + S, V vocabulary entries, N = B G completions in all.
@@ -118,6 +124,12 @@ for b in range(B):
 # times, one row per completion.
 
 # %%
+# A schematic of a padded batch (not this batch): prompts padded on the left, completions on the right.
+from grpo_edu.book import schematics
+
+schematics.bgs_tensor();
+
+# %%
 input_ids, attention_mask, completion_mask = pad_rollouts(prompt_ids, completion_ids, tokenizer.pad_token_id)
 P = input_ids.shape[-1] - completion_mask.shape[-1]
 S = completion_mask.shape[-1]
@@ -127,11 +139,11 @@ print(f"input_ids {tuple(input_ids.shape)} = (B, G, T), attention_mask {tuple(at
 
 # %% [markdown]
 # Row (prompt 1, completion 0) column by column: the decoded token, the attention mask,
-# the completion mask (defined on the S completion columns only), the position id that
-# `generate` gave the token, and the one fact that causes most bugs: **the logits at
-# column j predict the token at column j + 1.** The completion's first token, at column
-# P, is scored by the logits at column P - 1, the last prompt token; the logits at the
-# last column predict nothing we have.
+# the completion mask (defined on the S completion columns only), and the position id that
+# `generate` gave the token. The last column states the one fact that causes most bugs:
+# **the logits at column j predict the token at column j + 1**. The completion's first
+# token, at column P, is scored by the logits at column P - 1, the last prompt token. The
+# logits at the last column predict nothing we have.
 
 # %%
 def show_row(b, g):
@@ -153,8 +165,8 @@ show_row(1, 0)
 # column 0 is padding, and its position id is 0 like the first real token's: positions
 # count real tokens, as in `generate`. The completion `\boxed{12}<eos>` is 5 tokens
 # (`\boxed{` is one); columns 10 to 18 are padding, with attention 0 and completion mask
-# 0. And the EOS token is a completion token: it was sampled, so its log-probability is
-# trained (the model learns when to stop).
+# 0. And the end-of-sequence (EOS) token is a completion token: it was sampled, so its
+# log-probability is trained (the model learns when to stop).
 #
 # ### The off-by-one, measured
 #
@@ -184,9 +196,9 @@ print(f"right == alone: {torch.allclose(right[row, :n], expected, atol=1e-5)}; "
 # %% [markdown]
 # The bug raises no error: the shapes agree, the numbers look like log-probabilities, and
 # training runs. It just trains the wrong conditional. Here it even makes the numbers look
-# *better*: this model ties its input and output embeddings, and the hidden state at a
-# column still carries the embedding of the token it has just read, which the LM head
-# then scores highly. A bug that improves the numbers is the worst kind. `grpo_edu.algorithm.logprobs.completion_logprobs`
+# *better*. This model ties its input and output embeddings, and the hidden state at a
+# column still carries the embedding of the token it has just read. The LM head then
+# scores that token highly. A bug that improves the numbers is the worst kind. `grpo_edu.algorithm.logprobs.completion_logprobs`
 # does the shift once, with the position ids above, and asks the model for logits of the
 # last S + 1 columns only (`logits_to_keep`), so the prompt's logits are never computed:
 
@@ -295,8 +307,9 @@ for name, value in out.metrics.items():
 # %% [markdown]
 # Before the step the new policy *is* the old one: every ratio is 1, nothing is clipped,
 # and approx_kl (how far the policy moved since sampling) and kl (to the reference) are
-# both 0. After the step they are not. This is what a second pass over the same samples
-# (TRL's `num_iterations` = 2, or the next mini-batch) sees:
+# both 0. After the step they are not. This is what a second pass over the same samples sees
+# (`num_iterations` = 2 in TRL, Hugging Face's Transformer Reinforcement Learning library,
+# or the next mini-batch):
 
 # %%
 with torch.no_grad():
@@ -313,8 +326,8 @@ for b in range(B):
               f"change = {f4(change[b, g].item())}")
 
 # %% [markdown]
-# One step moved the completions the way their advantages say: those with A > 0 became
-# more likely, those with A < 0 less likely. The two with A = 0 got no gradient of their
+# One step moved the completions the way their advantages say: those with $A > 0$ became
+# more likely, those with $A < 0$ less likely. The two with A = 0 got no gradient of their
 # own and still moved a little, through the weights they share with the others: a
 # token's gradient changes every probability the same weights produce.
 #
@@ -322,23 +335,25 @@ for b in range(B):
 #
 # A trainer rarely stops at one optimizer step per rollout. It may split the rollout into
 # mini-batches of whole groups, one optimizer step each (DeepSeek-R1 split each rollout
-# into 16), and it may pass over the rollout more than once (`num_iterations`, PPO's
-# epochs). Every step after the first computes its loss with a policy that has already
-# moved, on completions it did not sample. That is exactly the situation the ratio and
-# its clip exist for, and they only work if $\pi_{\theta_\text{old}}$ stays the policy
-# that sampled, from the first step on the rollout to the last.
+# into 16). And it may pass over the rollout more than once: `num_iterations`, the epochs
+# of PPO (Proximal Policy Optimization). Every step after the first computes its loss with
+# a policy that has already moved, on completions it did not sample. That is exactly the
+# situation the ratio and its clip exist for. They only work if
+# $\pi_{\theta_\text{old}}$ stays the policy that sampled, from the first step on the
+# rollout to the last.
 #
-# The textbook section of chapter 1 advises the opposite when a rollout gets several
-# passes: refresh the old log-probabilities at the start of every pass, so that the ratio
-# does not drift far from 1 and the clipped fraction does not spike. Both symptoms are the
-# trust region doing its job; refreshing removes them by moving the reference point of
-# the ratio to wherever the policy has got to. Here are three choices of
-# $\pi_{\theta_\text{old}}$ on this chapter's batch, each trained from the sampling policy
-# with the same AdamW settings, over 2 passes of 2 mini-batches (one prompt's group each),
-# so 4 optimizer steps per rollout:
+# The textbook section "Implementing GRPO from Scratch" (its chapter 15), which chapter 1
+# follows, advises the opposite when a rollout gets several passes. It refreshes the old
+# log-probabilities at the start of every pass, so that the ratio does not drift far from 1
+# and the clipped fraction does not spike. Both symptoms are the trust region doing its job.
+# Refreshing removes them by moving the ratio's reference point to wherever the policy has
+# got to. Here are three choices of $\pi_{\theta_\text{old}}$ on this chapter's batch. Each
+# trains from the sampling policy with the same AdamW settings, over 2 passes of 2
+# mini-batches (one prompt's group each), so 4 optimizer steps per rollout:
 #
 # - `sampler`: the log-probs of the policy that sampled, fixed for the whole rollout;
-# - `each pass`: recomputed from the current policy before every pass (the textbook's advice);
+# - `each pass`: recomputed from the current policy before every pass (the textbook
+#   section's advice);
 # - `each step`: the current policy's own log-probs, detached, in every step (the easy
 #   mistake of writing `old_logp = logp.detach()`).
 
@@ -400,15 +415,15 @@ print("3 passes of one mini-batch (PPO-style epochs), clipped share per step: "
 
 # %% [markdown]
 # With $\pi_{\theta_\text{old}}$ fixed at the sampler, the first step sees ratios of 1 and
-# every later step sees how far the policy has drifted since sampling: in the second pass
+# every later step sees how far the policy has drifted since sampling. In the second pass
 # the ratios span 0.4854 to 1.8383, and the clip stops 0.5833 of the first mini-batch's
-# tokens, those that have already moved far enough in their advantage's direction.
+# tokens: those that have already moved far enough in their advantage's direction.
 # Refreshed before each pass, the ratio is exactly 1 again on the second pass's first
 # step, so nothing the policy did in the first pass can be clipped there; the clip acts in
-# one step of four instead of two. With one mini-batch per pass, the textbook's setting of
-# several PPO-style epochs over one rollout, refreshing switches the clip off entirely: 0
-# clipped tokens in every pass, against 0.4091 and 0.5455 in the second and third passes
-# with a fixed $\pi_{\theta_\text{old}}$. Computed inside each step, the ratio is 1
+# one step of four instead of two. Take one mini-batch per pass, the textbook section's
+# setting of several PPO-style epochs over one rollout. There refreshing switches the clip
+# off entirely: 0 clipped tokens in every pass, against 0.4091 and 0.5455 in the second and
+# third passes with a fixed $\pi_{\theta_\text{old}}$. Computed inside each step, the ratio is 1
 # everywhere, and the loop is plain policy gradient with no trust region at all.
 #
 # The last lines measure the consequence from the sampler's point of view. Without a fixed
@@ -524,9 +539,14 @@ print(f"clipped tokens in this state: {torch_out.metrics['clip_ratio/region']:.4
 
 # %% [markdown]
 # Padding, batching, broadcasting and autograd together reproduce the loop-based
-# reference to 12 decimals. (`tests/test_loss.py` repeats this check on random ragged
-# batches, 60 per test run, and `tests/test_trl_parity.py` checks the same loss against
-# TRL's GRPOTrainer.)
+# reference to 12 decimals.
+#
+# <details><summary>How we know</summary>
+#
+# `tests/test_loss.py` repeats this check on random ragged batches, 60 per test run, and
+# `tests/test_trl_parity.py` checks the same loss against TRL's GRPOTrainer.
+#
+# </details>
 #
 # ## A float64 gradcheck
 #
@@ -579,19 +599,82 @@ for name, (B_, G_, P_) in {"this chapter": (B, G, P), "a GPU batch": (64, 16, 51
 #
 # The largest tensor of the step is not an input at all: the logits, N x S x V floats.
 # This chapter's model has a vocabulary of 102, but a real one has 32k to over 150k
-# entries, and `torch.log_softmax(logits)` writes another tensor of that size only to read one entry
-# per row. `token_logprobs` never does: it works through the logits a chunk of rows at a
-# time, and its backward recomputes the softmax chunk by chunk
-# (`benchmarks/logprobs.py` measures the difference):
+# entries, and `torch.log_softmax(logits)` writes another tensor of that size only to read
+# one entry per row. `token_logprobs` never does: it works through the logits a chunk of
+# rows at a time, and its backward recomputes the softmax chunk by chunk:
+#
+# <details><summary>How we know</summary>
+#
+# `benchmarks/logprobs.py` measures the memory and time of the chunked and the plain
+# log-softmax.
+#
+# </details>
 
 # %%
 print(inspect.getsource(token_logprobs).split('    if not isinstance')[0].rstrip())
 
 # %% [markdown]
+# ## What you learned
+#
+# - Prompts are left-padded and completions right-padded, so every completion starts at column P.
+# - The logits at column j score the token at column j + 1. Scoring with column j raises no
+#   error; it trains the wrong conditional.
+# - Padding is zeroed before anything is summed; `grpo` averages each completion's tokens,
+#   then the N completions.
+# - $\pi_{\theta_\text{old}}$ is the sampler's log-probs, fixed for the whole rollout.
+#   Refreshing it switches the clip off.
+# - At the first step the loss is $-\text{mean}(A)$, here 0, while each token's gradient is
+#   $-A_i / (N\,|o_i|)$.
+#
+# ## Check yourself
+#
+# 1. The prompt `3*4=` has 4 tokens and P = 5. In which column is its completion's first
+#    token, and the logits of which column score it?
+#
+#    <details><summary>Answer</summary>
+#
+#    The token sits in column 5 (= P). The logits at column 4, the last prompt token, score
+#    it. Column 0 is padding.
+#
+#    </details>
+#
+# 2. The unshifted (buggy) log-probs came out higher than the right ones, -3.7209 against
+#    -4.5904 for the first token. Why does the bug look *better*?
+#
+#    <details><summary>Answer</summary>
+#
+#    The model ties its input and output embeddings. The hidden state at a column still
+#    carries the embedding of the token it just read, and the head scores that same token
+#    highly. The bug asks the model to predict a token it can already see.
+#
+#    </details>
+#
+# 3. The completion `7` of the prompt `3*4=` has 2 tokens (EOS included) and A = -1.2247,
+#    in a batch of N = 6 completions. What is d loss / d logp on each of its tokens at the
+#    first step?
+#
+#    <details><summary>Answer</summary>
+#
+#    $-A_i / (N\,|o_i|)$ = 1.2247 / 12 = +0.1021, the largest entry of the printed gradient.
+#    A large advantage shared by few tokens pushes each of them hard.
+#
+#    </details>
+#
+# 4. You run three PPO-style passes over one mini-batch and refresh
+#    $\pi_{\theta_\text{old}}$ before each pass. What share of tokens does the clip stop
+#    in the second and third passes, and with the sampler fixed instead?
+#
+#    <details><summary>Answer</summary>
+#
+#    Refreshed: 0 in every pass, since each pass starts at a ratio of exactly 1. Fixed at
+#    the sampler: 0.4091 and 0.5455. Only a fixed reference point lets the clip act.
+#
+#    </details>
+#
 # ## Exercises
 #
 # Each exercise has a checker in `grpo_edu.exercises.ch03` that runs your function on
-# several cases and names each failing case and how your answer is wrong there (its shape,
+# several cases. It names each failing case and how your answer is wrong there (its shape,
 # its sign, too large or too small, off by a factor, NaN), never the right value. Each has
 # a hint and a worked solution (the open question, a written answer), folded: open them when
 # you want them.

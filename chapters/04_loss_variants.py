@@ -10,30 +10,38 @@
 # %% [markdown]
 # # Chapter 4. Loss variants and length bias
 #
-# Chapter 3 computed one loss, `grpo`: the clipped surrogate averaged over each
-# completion's tokens, then over completions. Since DeepSeekMath, several variants have
-# changed that loss in two places, and those two are this chapter's subject:
+# > **You will learn**
+# > - how four loss types sum per-token losses, and the length bias of `grpo`
+# > - what dividing by the group's std does to easy, hard and in-between prompts
+# > - why groups with equal rewards dilute the gradient, and what dropping or refilling them does
+# > - what a moving reference, entropy masking and overlong handling do to a small run
+# >
+# > **You need first**: chapter 3 (the masked step).
+# >
+# > **Reading time**: about 36 minutes. **Compute**: at most 60 s on a 2-core CPU. [Glossary](../docs/glossary.md) · [Notation](../docs/notation.md)
+#
+# Chapter 3 computed one loss of GRPO (Group Relative Policy Optimization), `grpo`: the
+# clipped surrogate averaged over each completion's tokens, then over completions. Since
+# DeepSeekMath, several variants have changed that loss in two places:
 #
 # - **how per-token losses are summed into one number** (`grpo`, `bnpo`, `dr_grpo`,
 #   `dapo`): this decides how hard each *token* is pushed, and it depends on the
 #   completion's length;
-# - **which ratio is clipped, and where** (GSPO's sequence-level ratio, DAPO's
-#   clip-higher).
+# - **which ratio is clipped, and where**: the sequence-level ratio of GSPO (Group Sequence
+#   Policy Optimization), and the clip-higher of DAPO (Decoupled Clip and Dynamic Sampling
+#   Policy Optimization).
 #
 # Plus one change upstream of the loss: whether advantages are divided by the group's
 # standard deviation (Dr. GRPO drops the division). This chapter puts them side by side on
-# one batch, measures the length bias in numbers and a plot, and looks at the groups that
-# carry no signal at all.
+# one batch, measures the length bias, and looks at the groups that carry no signal at all.
 #
-# The variants change more than these. DAPO, besides its aggregation and clip-higher, drops
-# the KL term altogether, leaves truncated completions out of the loss (overlong
-# filtering), lowers the reward of completions that run close to the length limit (a soft
-# overlong punishment) and replaces groups whose rewards are all equal by sampling more
-# (dynamic sampling). In grpo_edu, `loss_type="dapo"` and `epsilon_high` are DAPO's loss,
-# `beta = 0` removes the KL term, `mask_truncated_completions`, `overlong_cache` and
-# `dynamic_sampling_rounds` are the other three (`filter_zero_std_groups` only drops the
-# all-equal groups), and `top_entropy_quantile` trains only the tokens where the policy was
-# uncertain (the "80/20" finding). The end of the chapter measures each on the tiny reasoner.
+# DAPO changes more than its loss. It drops the Kullback-Leibler (KL) term (`beta = 0` in
+# grpo_edu). It leaves truncated completions out of the loss (overlong filtering), and lowers
+# the reward of completions that run close to the length limit (a soft overlong punishment).
+# It also replaces groups whose rewards are all equal by sampling more (dynamic sampling). A
+# last variant trains only the tokens where the policy was uncertain (entropy masking, the
+# "80/20" finding). The end of the chapter measures each on the tiny reasoner, under its
+# grpo_edu key.
 
 # %%
 import inspect
@@ -86,13 +94,13 @@ print(f"{int(completion_mask.sum())} completion tokens, S = {S}, L = {L}")
 # %% [markdown]
 # ## Side by side
 #
-# Six settings on the same batch (the `dapo` row counts the tokens of a generation batch
-# twice this one's, as when it is split across two GPUs, so it differs from `bnpo`; with
-# the local count the two are identical). Every row keeps the same KL term, $\beta$ = 0.04,
-# DAPO's included, so that the rows differ only in aggregation and clipping. For each: the
-# loss, the fraction of tokens clipped, and the total gradient each completion receives, $\sum_t |\partial\,
-# \text{loss} / \partial \log\pi_{i,t}|$, for the short and the long *wrong* answer of
-# prompt 0 (the third and fourth completions).
+# Six settings on the same batch. The `dapo` row counts the tokens of a generation batch twice
+# this one's, as when it is split across two GPUs, so it differs from `bnpo`; with the local
+# count the two are identical. Every row keeps the same KL term, $\beta$ = 0.04, DAPO's
+# included, so that the rows differ only in aggregation and clipping. For each we print the
+# loss and the fraction of tokens clipped. We also print the total gradient each completion
+# receives, $\sum_t |\partial\, \text{loss} / \partial \log\pi_{i,t}|$, for the short and the
+# long *wrong* answer of prompt 0 (the third and fourth completions).
 
 # %%
 tokens = int(completion_mask.sum())
@@ -121,17 +129,19 @@ print(f"GSPO's clip range against grpo's epsilon = 0.2: {0.2 / gspo['epsilon']:.
       f"{0.2 / gspo['epsilon_high']:.0f} times above")
 
 # %% [markdown]
-# Read the last column first. Under `grpo` the long wrong answer (60 tokens) receives
-# *less* total gradient than the short wrong one (8 tokens): each completion gets the same
-# total weight, 1/N, spread over its own tokens, and the ratios and clipping make up the
-# rest. Under `bnpo`, `dr_grpo` and `dapo` every token weighs the same, so the long
-# completion collects 6.73 times as much, close to the ratio of lengths, 7.50 (the
-# ratios and clipping make the difference). GSPO moves all of a completion's tokens with
-# one ratio, the exponential of the mean log-ratio, and clips it as a whole: with the GSPO
-# paper's range of 3e-4 / 4e-4 around 1, 0.6250 of this batch's completions are clipped,
-# the long wrong answer among them, so only its KL term is left. Clip-higher
-# (`epsilon_high` = 0.28, DAPO's value, also in the `dapo` row) only changes which
-# *positive-advantage* tokens clip, so the wrong answers' gradients are unchanged.
+# Read the last column first. Under `grpo` the long wrong answer (60 tokens) receives *less*
+# total gradient than the short wrong one (8 tokens). Each completion gets the same total
+# weight, 1/N, spread over its own tokens; the ratios and clipping make up the rest. Under
+# `bnpo`, `dr_grpo` and `dapo` every token weighs the same, so the long completion collects
+# 6.73 times as much, close to the ratio of lengths, 7.50 (the ratios and clipping make the
+# difference).
+#
+# GSPO moves all of a completion's tokens with one ratio, the exponential of the mean
+# log-ratio, and clips it as a whole. With the GSPO paper's range of 3e-4 / 4e-4 around 1,
+# 0.6250 of this batch's completions are clipped. The long wrong answer is among them, so
+# only its KL term is left. Clip-higher (`epsilon_high` = 0.28, DAPO's value, also in the
+# `dapo` row) only changes which *positive-advantage* tokens clip, so the wrong answers'
+# gradients are unchanged.
 #
 # Each loss type is one registered function in `grpo_edu.algorithm.aggregation`. It returns
 # the two divisors of the loss: one per response (or none) and one for the whole batch.
@@ -153,6 +163,18 @@ print({name: divisors.__name__ for name, divisors in aggregation.AGGREGATIONS.it
 # eighth:
 
 # %%
+# One group: a 4-token and a 12-token completion. The weight each token gets, by loss type.
+from grpo_edu.book import schematics
+
+schematics.token_weights(lengths=(4, 12), max_completion_length=16);
+
+# %%
+# The same weights, live: drag the lengths and switch the loss type (chapter 2 gathers every explorer).
+from grpo_edu.widgets import LengthBiasExplorer
+
+LengthBiasExplorer()
+
+# %%
 def token_weight(length, loss_type, others=100, N=8, max_length=1024):
     """Weight of one token of a completion of `length` tokens in a batch of N completions."""
     lengths_ = torch.tensor([length] + [others] * (N - 1))
@@ -168,10 +190,10 @@ for length in (10, 100, 1000):
     print(f"{length:>6} " + " ".join(f"{w:>10.6f}" for w in row) + f"   {row[0] * length:.4f}")
 
 # %% [markdown]
-# Under `grpo` the per-token weight is $1/(N|o|)$: a token of a 10-token completion
-# weighs 10 times as much as a token of a 100-token one, and every completion's weights
-# add up to the same 1/N = 0.1250. That is the **length bias** the Dr. GRPO paper
-# describes, and its sign depends on the advantage:
+# Under `grpo` the per-token weight is $1/(N|o|)$. A token of a 10-token completion weighs 10
+# times as much as a token of a 100-token one, and every completion's weights add up to the
+# same 1/N = 0.1250. That is the **length bias** the Dr. GRPO paper describes, and its sign
+# depends on the advantage:
 #
 # - $A > 0$: the tokens of a *short* correct answer are pushed up hardest, so brevity is
 #   rewarded among correct answers;
@@ -179,18 +201,22 @@ for length in (10, 100, 1000):
 #   costs less the longer it is. Response length then grows for reasons that have nothing
 #   to do with reasoning.
 #
-# `bnpo`, `dr_grpo` and `dapo` give every token of the batch the same weight, so a
-# completion's total weight is proportional to its length and there is no per-token
-# preference. They differ in the constant: `bnpo` divides by this batch's token count
-# (which varies from micro-batch to micro-batch), `dapo` by the token count of the whole
-# generation batch (summed over GPUs and accumulation steps; when a rollout is split into
-# mini-batches, grpo_edu's trainer, like TRL, divides by the rollout's tokens per optimizer
-# step), `dr_grpo` by N L with L the generation limit, a true constant.
+# `bnpo`, `dr_grpo` and `dapo` give every token of the batch the same weight. A completion's
+# total weight is then proportional to its length, and there is no per-token preference.
+# They differ in the constant they divide by:
 #
-# A warning about that constant: a widely read textbook section on GRPO describes
-# Dr. GRPO as dividing by the padded width of the batch. That is not a constant: the same
-# completions padded to a longer batch would get a smaller loss. `grpo_loss` therefore
-# requires `max_completion_length` for `dr_grpo` instead of inferring it from the tensor:
+# - `bnpo`: this batch's token count, which varies from micro-batch to micro-batch;
+# - `dapo`: the token count of the whole generation batch, summed over GPUs and accumulation
+#   steps. When a rollout is split into mini-batches, grpo_edu's trainer divides by the
+#   rollout's tokens per optimizer step, as TRL (Hugging Face's Transformer Reinforcement
+#   Learning library) does;
+# - `dr_grpo`: N L, with L the generation limit, a true constant.
+#
+# A warning about that constant. The textbook section "Implementing GRPO from Scratch" (its
+# chapter 15) describes Dr. GRPO as dividing by the padded width of the batch. That is not a
+# constant: the same completions padded to a longer batch would get a smaller loss.
+# `grpo_loss` therefore requires `max_completion_length` for `dr_grpo` instead of inferring
+# it from the tensor:
 
 # %%
 try:
@@ -267,13 +293,13 @@ for loss_type in ("grpo", "bnpo", "dr_grpo"):
           f"{kept_grad.abs().sum():.4f} after filtering (x{scale:.4f})")
 
 # %% [markdown]
-# Filtering does not change the *direction* of the gradient on the informative prompts,
-# only its size: by a factor 2 under `grpo` and `dr_grpo` (N halves), and by the ratio of
-# token counts, 2.9333, under `bnpo`: the saturated prompts here also wrote the longer
-# completions, so they took the larger share of the denominator. That is why a batch in
-# which most groups saturate trains slowly even at a fixed learning rate, and why DAPO's
-# **dynamic sampling** keeps sampling until the batch is full of groups with non-zero
-# std, instead of just dropping them (`dynamic_sampling_rounds`, measured at the end of the
+# Filtering does not change the *direction* of the gradient on the informative prompts, only
+# its size. Under `grpo` and `dr_grpo` it doubles (N halves). Under `bnpo` it grows by the
+# ratio of token counts, 2.9333: the saturated prompts here also wrote the longer completions,
+# so they took the larger share of the denominator. That is why a batch in which most groups
+# saturate trains slowly even at a fixed learning rate. DAPO's **dynamic sampling** therefore
+# keeps sampling until the batch is full of groups whose accuracy is neither all 0 nor all 1,
+# instead of just dropping them (`dynamic_sampling_rounds`, measured at the end of the
 # chapter). `zero_std_groups` is the metric to watch: when it approaches 1, the prompts are
 # too easy (or too hard) for the policy.
 #
@@ -301,14 +327,16 @@ print("\nsum|A| of the 1/8 prompt relative to the 4/8 prompt: "
 # %% [markdown]
 # With the group std, the prompt the policy solves once in 8 (p = 0.125) pushes with
 # $\sum|A|$ = 5.2915, against 8.0000 for a coin-flip prompt: a ratio of 0.6614. Without it,
-# the same prompts push with 1.7500 and 4.0000: a ratio of 0.4375. The single right answer to a
-# hard prompt gets A = +2.6458 with the std and +0.8750 without. So std scaling
-# **up-weights prompts that are nearly always right or nearly always wrong** relative to
-# the in-between ones. Whether that is good is the disagreement: it amplifies the rare
-# success on a hard prompt (useful signal) but also the rare failure on an easy one, and
-# with few samples the std of a near-saturated group is itself noisy. Dr. GRPO drops the
-# division; `scale="batch"` keeps one std for the whole batch, so prompts keep their
-# relative scale while the overall magnitude stays normalised.
+# the same prompts push with 1.7500 and 4.0000: a ratio of 0.4375. The single right answer to
+# a hard prompt gets A = +2.6458 with the std and +0.8750 without. So std scaling
+# **up-weights prompts that are nearly always right or nearly always wrong** relative to the
+# in-between ones.
+#
+# Whether that is good is the disagreement. It amplifies the rare success on a hard prompt
+# (useful signal), but also the rare failure on an easy one, and with few samples the std of
+# a near-saturated group is itself noisy. Dr. GRPO drops the division. `scale="batch"` keeps
+# one std for the whole batch, so prompts keep their relative scale while the overall
+# magnitude stays normalised.
 #
 # The same rows as a plot, per prompt difficulty:
 
@@ -327,10 +355,10 @@ plt.show()
 # %% [markdown]
 # ## The reference the KL anchors to
 #
-# The KL term pulls the policy toward a reference. Which reference is a choice of its own:
-# DeepSeekMath and R1 **replace** it by the current policy from time to time (R1: every 400
-# optimizer steps), open-instruct and TRL can also move it **part of the way**, Polyak
-# averaging, ref = alpha x policy + (1 - alpha) x ref at every sync (TRL's
+# The KL term pulls the policy toward a reference, and which reference is a choice of its
+# own. DeepSeekMath and R1 **replace** it by the current policy from time to time (R1: every
+# 400 optimizer steps). open-instruct and TRL can also move it **part of the way**, by Polyak
+# averaging: ref = alpha x policy + (1 - alpha) x ref at every sync (TRL's
 # `ref_model_mixup_alpha`, default 0.6, with `ref_model_sync_steps`). In grpo_edu the keys are
 # `ref_sync_steps` (every K rollouts; 0 = frozen) and `ref_mixup_alpha` (1 = the hard copy).
 # After n syncs the reference is a mixture of the policies it was synced with: the one of
@@ -359,10 +387,18 @@ for alpha in (1.0, 0.6, 0.05):
           f"sum_k alpha (1 - alpha)^(n-k) x policy_k = {by_hand:.4f}")
 
 # %% [markdown]
-# What each choice does to a run, measured (`benchmarks/reference.py`: the default run, 150
-# steps, seeds 0, 1, 2; frozen; a copy every 25 rollouts; Polyak with alpha 0.6 every 25; and
-# alpha 0.05 at every rollout, an exponential moving average). Held-out greedy accuracy at the
-# end, mean (min-max), and the KL the loss saw, median over the last 25 steps:
+# What each choice does to a run: frozen; a copy every 25 rollouts; Polyak with alpha 0.6
+# every 25; and alpha 0.05 at every rollout, an exponential moving average. The table gives
+# the held-out greedy accuracy at the end, mean (min-max) over three seeds, and the KL the
+# loss saw, median over the last 25 steps:
+#
+# <details><summary>How we know</summary>
+#
+# `benchmarks/reference.py` ran the default run (configs/cpu-tiny.toml) for 150 steps, seeds
+# 0, 1 and 2, with each reference, and wrote `benchmarks/results/reference.json`, which the
+# cell below reads.
+#
+# </details>
 
 # %%
 import json
@@ -388,13 +424,14 @@ axis.legend()
 plt.show()
 
 # %% [markdown]
-# A moving reference follows the policy, so the KL the loss sees stays small: the penalty
-# that a frozen reference turns into a pull back toward the start almost vanishes (the copy's
-# KL is exactly 0 right after each sync). On this tier and budget that does not help: the
-# frozen reference ends highest on average, the moving ones a little lower with ranges that
-# overlap it. R1 resets its reference over thousands of steps, where an anchor to the start
-# would hold a policy that has to travel far; 150 steps of the tiny reasoner do not go far.
-# Checked against the numbers above:
+# A moving reference follows the policy, so the KL the loss sees stays small. The pull back
+# toward the start, which a frozen reference exerts, almost vanishes (the copy's KL is exactly
+# 0 right after each sync). Final accuracy is not separated at this size. The table prints
+# frozen `0.751 (0.734-0.770)`, copy `0.711 (0.672-0.738)`, Polyak `0.721 (0.699-0.746)` and
+# moving average `0.716 (0.668-0.742)`. The frozen reference has the highest mean, and every
+# moving reference's range overlaps it. R1 resets its reference over thousands of steps,
+# where an anchor to the start would hold back a policy that has to travel far. 150 steps of
+# the tiny reasoner do not go far. Checked against the numbers above:
 
 # %%
 moving = [v for v in ref_variants if v != "frozen"]
@@ -412,21 +449,45 @@ for claim, holds in claims.items():
 # %% [markdown]
 # ## Which tokens train: entropy masking
 #
-# Every token of a completion so far gets its completion's advantage. Most of those tokens
-# were never in doubt: once a reasoning model has written `<think>`, the digits that follow
-# are a choice, the closing tag is not. Wang et al. ("Beyond the 80/20 Rule", 2025) measured
-# the policy's entropy at each token, $H_t = -\sum_v \pi(v \mid o_{<t}) \log \pi(v \mid o_{<t})$,
-# found the high-entropy minority to be the "forks" of a trace, and trained only on the top
-# 20% of tokens by entropy, to results as good as or better than training on all of them.
-# In grpo_edu that is `top_entropy_quantile = q` (TRL's key of the same name): before each
-# optimizer step the trainer computes the exact entropy of every token's distribution, takes
-# the threshold $\tau$ = the (1 - q)-quantile over the step's tokens, and zeroes the policy term
-# of every token below it. The KL term still covers every token, and the normaliser still
-# counts them (as TRL; `grpo_edu.algorithm.entropy_mask`).
+# So far every token of a completion gets its completion's advantage. Most of those tokens
+# were never in doubt, like the tags and the `\boxed{`. The choices are elsewhere, and
+# closing the reasoning can be one: in the example below, a completion writes `</think>` at a
+# fork of 1.06 nats.
 #
-# The committed starting policy on one problem, four completions (right, a wrong last digit, a
-# wrong reasoning digit, a missing digit), each token with the entropy of the distribution it
-# was drawn from; in brackets the tokens q = 0.2 keeps:
+# Wang et al. studied which tokens matter when reinforcement learning trains a large language
+# model to reason ("Beyond the 80/20 Rule: High-Entropy Minority Tokens Drive Effective
+# Reinforcement Learning for LLM Reasoning", 2025). They measured the policy's entropy at each
+# token, $H_t = -\sum_v \pi(v \mid o_{<t}) \log \pi(v \mid o_{<t})$. They found the high-entropy
+# minority to be the "forks" of a trace, and trained only the top 20% of tokens by entropy.
+# They report parity with training all tokens at 8B parameters, and gains at 14B and 32B.
+# Their runs use DAPO, with no KL term.
+#
+# In grpo_edu that is `top_entropy_quantile = q` (TRL's key of the same name). Before each
+# optimizer step the trainer computes the exact entropy of every token's distribution. It
+# takes the threshold $\tau$ = the (1 - q)-quantile of the entropies of all the step's real
+# tokens: every micro-batch, on every rank. Then it zeroes the policy term of every token
+# below $\tau$. TRL 1.16 takes the quantile per `_compute_loss` call instead, that is per
+# micro-batch, gathered over ranks; the two agree when an optimizer step is one micro-batch.
+# As in TRL, the KL term and the normaliser still count the masked tokens. With $\beta$ = 0.04
+# the KL term keeps pulling the masked tokens toward the reference, which the paper's runs,
+# with no KL term, did not do.
+#
+# <details><summary>How we know</summary>
+#
+# `grpo_edu.algorithm.entropy_mask.threshold` gathers the entropies of every micro-batch on
+# every rank before taking the quantile; `tests/test_entropy_mask.py` checks that
+# `micro_batch_size` changes neither the threshold nor the update. TRL 1.16's
+# `get_high_entropy_mask`, called from `_compute_loss`, gathers one micro-batch across
+# processes; `tests/test_trl_parity.py` holds the masked loss equal to TRL's.
+# `grpo_edu.commands.trl_bridge` warns when a config with `top_entropy_quantile` < 1 has
+# several micro-batches per optimizer step, where the two differ.
+#
+# </details>
+#
+# Below, the committed starting policy on one problem, with four completions: right; a wrong
+# tens digit in the answer; a reasoning that stops after one digit; an answer missing a digit.
+# Each token shows the entropy of the distribution it was drawn from; in brackets are the
+# tokens q = 0.2 keeps:
 
 # %%
 from grpo_edu.algorithm import entropy_mask
@@ -457,17 +518,32 @@ for row, text in enumerate(texts):
                                                  written.attention_mask[row].tolist()) if m))
 
 # %% [markdown]
-# The kept tokens are the forks: the second digit of the reasoning (the carry, where 1.06 nats
-# of uncertainty sit) and the middle digit of the answer. The tags, the `\boxed{` and the EOS
-# cost the policy 0.01 to 0.05 nats: whatever their advantage, there is little left to learn
-# there. The entropy belongs to the position, not to the token written: the third completion
-# wrote `</think>` where the others wrote a digit, from the same distribution, 1.06 again.
-# (Two decimals: at three, one of these values sits so close to a rounding boundary that another
-# CPU's kernels could tip it.)
+# The problem is 49+62, and the reasoning is the units column, 9 + 2 = 11. The kept tokens are
+# the forks. The first is the reasoning's second character, at 1.06 nats: after a first `1`,
+# does the column sum have a second digit (`1`, for 11) or not (`</think>`)? The second is the
+# answer's tens digit, the one the carry changes (0.88 nats in three rows, 0.76 in the third).
+# The tags, the `\boxed{` and the end-of-sequence (EOS) token cost the policy 0.01 to 0.05
+# nats: whatever their advantage, there is little left to learn there. The entropy belongs to
+# the position, not to the token written. The third completion wrote `</think>` where the
+# others wrote a digit, from the same distribution, 1.06 again.
 #
-# What it does to a run (`benchmarks/entropy.py`: the default run, 150 steps, seeds 0, 1, 2, at
-# q = 1, 0.5 and 0.2; final held-out greedy accuracy, mean (min-max), and the policy's entropy,
-# the mean over completions of their mean token entropy, averaged over the last 25 steps):
+# <details><summary>How we know</summary>
+#
+# The entropies are printed to two decimals: at three, one of these values sits so close to a
+# rounding boundary that another CPU's kernels could tip it.
+#
+# </details>
+#
+# What it does to a run, at q = 1, 0.5 and 0.2. The table gives the final held-out greedy
+# accuracy, mean (min-max) over three seeds, and the policy's entropy: the mean over
+# completions of their mean token entropy, averaged over the last 25 steps.
+#
+# <details><summary>How we know</summary>
+#
+# `benchmarks/entropy.py` ran the default run for 150 steps, seeds 0, 1 and 2, at each q, and
+# wrote `benchmarks/results/entropy.json`, which the cell below reads.
+#
+# </details>
 
 # %%
 entropy_runs = json.loads(Path("../benchmarks/results/entropy.json").read_text())
@@ -498,12 +574,16 @@ axes[0].legend()
 plt.show()
 
 # %% [markdown]
-# On the tiny reasoner the 80/20 finding does not carry over at q = 0.2: training a fifth of the
-# tokens ends below training all of them in every seed, and the policy stays more uncertain
-# (higher entropy: the tokens that would have sharpened are not trained). Half the tokens
-# (q = 0.5) lands where all of them do. The paper's traces are thousands of tokens long with a
-# few hundred forks; this policy's are ten tokens with two or three, and at q = 0.2 some of
-# those are cut too. Checked against the numbers above:
+# On the tiny reasoner the 80/20 finding does not carry over at q = 0.2. Training a fifth of
+# the tokens ends lower in every seed: `0.681 (0.652-0.711)` against `0.751 (0.734-0.770)` for
+# all tokens, ranges that do not overlap (three seeds, no paired interval). The policy also
+# stays more uncertain, 0.3567 nats against 0.3198: the tokens that would have sharpened are
+# not trained. Half the tokens (q = 0.5) is not separated at this size from all of them:
+# `0.749 (0.730-0.762)`.
+#
+# This run differs from the paper's in more than size. The paper's traces are thousands of
+# tokens long; this policy's are about ten, with two or three forks each. And here the KL
+# term still pulls the masked tokens toward the reference. Checked against the numbers above:
 
 # %%
 claims = {
@@ -524,14 +604,17 @@ for claim, holds in claims.items():
 # ## Completions cut at the limit
 #
 # A completion that reaches `max_completion_length` without its EOS is cut, and its reward
-# judges an unfinished text. DAPO offers two remedies: **overlong filtering** leaves truncated
-# completions out of the loss (`mask_truncated_completions`, TRL's name: their tokens count
-# nowhere, while their rewards stay in their group's advantages and they still count among
-# `grpo`'s N), and a **soft overlong punishment** (`overlong_cache` = c), a reward term that is
-# 0 up to L - c tokens and falls linearly to -1 at the limit L. Both assume that what the limit
-# cuts is rambling. At L = 9 tokens that is not so for the tiny reasoner, whose right answers
-# take 7 to 10 tokens, EOS included (the reasoning and the answer are one to three characters
-# each):
+# judges an unfinished text. DAPO offers two remedies:
+#
+# - **overlong filtering** (`mask_truncated_completions`, TRL's name) leaves truncated
+#   completions out of the loss. Their tokens count nowhere, while their rewards stay in
+#   their group's advantages and they still count among `grpo`'s N;
+# - a **soft overlong punishment** (`overlong_cache` = c) is a reward term that is 0 up to
+#   L - c tokens and falls linearly to -1 at the limit L.
+#
+# Both assume that what the limit cuts is rambling. At L = 9 tokens that is not so for the
+# tiny reasoner, whose right answers take 7 to 10 tokens, EOS included (the reasoning and the
+# answer are one to three characters each):
 
 # %%
 from grpo_edu.training.scoring import soft_overlong_punishment
@@ -546,11 +629,25 @@ print("punishment at L = 9, c = 2, by length", dict(zip(lengths.tolist(),
                                                         soft_overlong_punishment(lengths, 9, 2).tolist())))
 
 # %% [markdown]
-# So at L = 9 every answer that needs 10 tokens is cut just before its EOS (it is still read,
-# and still right: the accuracy reward reads the boxed answer), and with c = 2 an answer of 8
-# tokens costs 0.5 and one of 9 costs 1. Measured (`benchmarks/overlong.py`: the default run at L = 9, 150 steps, seeds 0, 1, 2;
-# held-out greedy accuracy at the same limit, and over the last 25 steps the share of truncated
-# completions and the mean completion length):
+# So at L = 9 every answer that needs 10 tokens is cut just before its EOS. It is still read,
+# and still right: the accuracy reward reads the boxed answer. With c = 2, L - c = 7 is the
+# length of the shortest right answer, and an answer of 8 tokens costs 0.5 and one of 9 costs
+# 1. The run's reward is accuracy (weight 1) plus format (weight 0.5) plus this term. A right
+# answer of 9 or 10 tokens therefore earns 1 + 0.5 - 1 = 0.5, exactly what a well-formed
+# wrong answer of 7 tokens earns. At this setting the punishment cannot tell most right
+# answers from the shortest wrong ones, so the test below puts the method where it cannot help.
+#
+# The table gives the held-out greedy accuracy at the same limit, and over the last 25 steps
+# the share of truncated completions and the mean completion length:
+#
+# <details><summary>How we know</summary>
+#
+# `benchmarks/overlong.py` ran the default run (configs/cpu-tiny.toml: accuracy 1.0, format
+# 0.5) at L = 9 for 150 steps, seeds 0, 1 and 2, and wrote `benchmarks/results/overlong.json`,
+# which the cell below reads. The punishment is `grpo_edu.training.scoring.soft_overlong_punishment`,
+# added to the reward with weight 1.
+#
+# </details>
 
 # %%
 overlong_runs = json.loads(Path("../benchmarks/results/overlong.json").read_text())
@@ -565,14 +662,16 @@ for v in ol_variants:
           f"{np.mean(ol_late[v]['truncated']):.3f}            {np.mean(ol_late[v]['completion_length/mean']):.2f}")
 
 # %% [markdown]
-# Filtering costs accuracy here: the completions it leaves out are largely right ten-token
-# answers, so exactly the behaviour that earns reward goes untrained. The punishment does worse:
-# at the start most eight- and nine-token completions are wrong, so their accuracy does not pay
-# for their punishment, while a seven-token completion earns its format reward free of it. The
+# Filtering ends lower in every seed: `0.685 (0.656-0.715)` against `0.743 (0.738-0.754)` for the
+# plain run (three seeds, no paired interval). At L = 9 every right answer that needs 10
+# tokens (211 of the 816 held-out problems above) is truncated, so filtering never trains
+# one; it leaves out every other truncated completion too. The punishment collapses every seed, to
+# `0.003 (0.000-0.008)`. Only a completion of 7 tokens or fewer is free of the punishment, and
+# a right answer of 9 or 10 tokens earns no more than a well-formed wrong one of 7. The
 # group-relative advantage prefers the short ones, and the policy learns to stop at seven
-# tokens, where only a one-character answer fits.
-# DAPO sets L - c well above the length its answers need (16,384 of 20,480 tokens); c must leave
-# the right answers alone. Checked against the numbers above:
+# tokens (7.02 late), where only a one-character answer fits. DAPO sets L - c well above
+# the length its answers need (16,384 of 20,480 tokens); c must leave the right answers
+# alone. Checked against the numbers above:
 
 # %%
 claims = {
@@ -592,16 +691,31 @@ for claim, holds in claims.items():
 # ## Dynamic sampling, measured
 #
 # Back to the groups that carry no signal. `filter_zero_std_groups` drops them, and the batch
-# trains on fewer groups; DAPO's dynamic sampling (`dynamic_sampling_rounds` = k) replaces them
-# with the differing groups of up to k more rollouts of fresh prompts, in order, until the batch
-# is full; at the limit the slots left keep all-equal groups, which do not train, and the step
-# says so (`dynamic_sampling/short`; verl's recipe raises an error there instead;
-# `grpo_edu.training.dynamic_sampling`). Chapter 7's countdown failure is the case it is made for: the
-# arithmetic policy cannot solve countdown, so most groups are all wrong and only the format
-# reward varies within some. `benchmarks/dynamic_sampling.py` runs it 40 steps, seeds 0, 1, 2,
-# keeping, dropping and refilling (k = 4) the all-equal groups; per step, the groups that carry
-# a gradient (whose rewards differ), the rollouts sampled, the steps that reached the limit, the
-# seconds spent sampling, and the KL over the last 10 steps:
+# trains on fewer groups. DAPO's dynamic sampling (`dynamic_sampling_rounds` = k) replaces
+# them with the differing groups of up to k more rollouts of fresh prompts, until the batch is
+# full. At the limit the slots left keep all-equal groups, which do not train, and the step
+# says so (`dynamic_sampling/short`; verl's recipe raises an error there instead).
+#
+# DAPO (Yu et al. 2025) made it for saturated groups, whose accuracy is all 1 or all 0; the
+# all-1 share grows as the policy improves. DAPO filters on accuracy. This book's filter
+# reads the total reward and keeps every group whose total rewards differ. A group that
+# differs only in its format reward therefore counts as signal here.
+#
+# The test below is a hard case, not the one the method was made for: chapter 7's Countdown
+# failure. The arithmetic policy cannot solve Countdown, so most groups are all wrong, and
+# only the format reward varies within some. Three runs keep, drop and refill (k = 4) the
+# all-equal groups for 40 steps. Per step, the table gives the groups that carry a gradient
+# (whose rewards differ), the rollouts sampled, the steps that reached the limit, the seconds
+# spent sampling, and the KL over the last 10 steps:
+#
+# <details><summary>How we know</summary>
+#
+# `benchmarks/dynamic_sampling.py` ran the three variants on Countdown for 40 steps, seeds 0,
+# 1 and 2, and wrote `benchmarks/results/dynamic_sampling.json`, which the cell below reads.
+# The filter is `grpo_edu.algorithm.advantages.zero_std_groups`, applied to the weighted sum of
+# the rewards (`grpo_edu.training.dynamic_sampling`).
+#
+# </details>
 
 # %%
 dynamic_runs = json.loads(Path("../benchmarks/results/dynamic_sampling.json").read_text())
@@ -630,14 +744,18 @@ print(f"first rollout's all-equal share under refill: "
       f"{np.mean(per_run('refill', lambda st: np.mean(st['dynamic_sampling/first_zero_std']))):.3f}")
 
 # %% [markdown]
-# Refilling trains between two and three times as many groups that carry a gradient as dropping
-# does, and pays for it in rollouts: about four per step, reaching the limit in about half the
-# steps (0.711 of the first rollout's groups are all equal, and fresh prompts are no easier; the
-# sampling seconds are this machine's). What it cannot do
-# is make signal where there is none: no completion is ever right, so the groups it finds differ
-# in format only, the policy is pushed harder toward that (the KL grows faster), and held-out
-# accuracy stays 0. Dynamic sampling helps a policy that solves some prompts and not others; for
-# one that solves none, the task or the starting policy has to change (chapter 7). Checked:
+# Refilling trains between two and three times as many groups that carry a gradient as
+# dropping does, 13.5 against 5.0 per step. It pays for them in rollouts: 4.13 per step, and
+# it reaches the limit in 19.3 of the 40 steps on average. 0.711 of the first rollout's
+# groups are all equal, and fresh prompts are no easier (the sampling seconds are this
+# machine's).
+#
+# What it cannot do is make signal where there is none. No completion is ever right, so the
+# groups it finds differ in format only. The policy is pushed harder toward that (the KL
+# grows faster), and held-out accuracy stays 0. Under DAPO's accuracy filter every one of
+# these groups would count as all-equal, and refilling would find nothing. Dynamic sampling
+# helps a policy that solves some prompts and not others. For one that solves none, the task
+# or the starting policy has to change (chapter 7). Checked:
 
 # %%
 claims = {
@@ -654,6 +772,75 @@ for claim, holds in claims.items():
     print(f"{'holds' if holds else 'FAILS'}: {claim}")
 
 # %% [markdown]
+# ## What you learned
+#
+# - `grpo` gives every completion the same total weight, 1/N, so each token weighs
+#   $1/(N|o|)$: that is the length bias.
+# - `bnpo`, `dr_grpo` and `dapo` weigh every token the same and differ only in the constant
+#   they divide by; `dr_grpo`'s must be the generation limit, not the padded width.
+# - Dividing advantages by the group's std up-weights nearly saturated prompts relative to
+#   coin-flip ones.
+# - A group whose rewards are all equal carries no policy gradient but still counts in the
+#   denominators. Dropping it rescales the rest; refilling replaces it, but cannot make
+#   signal where no completion is right.
+# - A moving reference, entropy masking and overlong handling are settings with assumptions.
+#   On the tiny reasoner none ended with a higher mean held-out accuracy than the plain run.
+#
+# ## Check yourself
+#
+# 1. Under `grpo`, in a batch of N = 8 completions, what does one token of a 10-token
+#    completion weigh, and one of a 100-token completion? What does each whole completion
+#    weigh?
+#
+#    <details><summary>Answer</summary>
+#
+#    1/(8 x 10) = 0.012500 and 1/(8 x 100) = 0.001250. Each completion weighs 1/8 = 0.1250 in
+#    all, whatever its length.
+#
+#    </details>
+#
+# 2. A group of G = 8 binary rewards has one right answer. What is that answer's advantage
+#    with the group std, and without it?
+#
+#    <details><summary>Answer</summary>
+#
+#    +2.6458 with the std, +0.8750 without. The std of a near-saturated group is small, so
+#    dividing by it amplifies the lone success.
+#
+#    </details>
+#
+# 3. Dropping the two saturated groups of the four doubled the informative groups' gradient
+#    under `grpo`, but multiplied it by 2.9333 under `bnpo`. Why the difference?
+#
+#    <details><summary>Answer</summary>
+#
+#    `grpo` divides by the number of completions N, which halves. `bnpo` divides by the token
+#    count, which falls from 176 to 60, because the saturated groups wrote the longer
+#    completions.
+#
+#    </details>
+#
+# 4. On Countdown, refilling trains 13.5 groups with signal per step against 5.0 when
+#    dropping, yet held-out accuracy stays 0. Why, and what would DAPO's own filter do?
+#
+#    <details><summary>Answer</summary>
+#
+#    No completion is right, so the groups it finds differ only in their format reward.
+#    This book's filter reads the total reward and keeps them; DAPO filters on accuracy and
+#    would find every one of them all-equal.
+#
+#    </details>
+#
+# 5. At L = 9 with c = 2 (accuracy weight 1, format weight 0.5), what does a right answer of
+#    10 tokens earn, and a well-formed wrong answer of 7 tokens?
+#
+#    <details><summary>Answer</summary>
+#
+#    The right one is cut to 9 tokens: 1 + 0.5 - 1 = 0.5. The wrong one: 0 + 0.5 + 0 = 0.5.
+#    The same reward, which is why the punishment drives the policy to seven tokens.
+#
+#    </details>
+#
 # ## Exercises
 #
 # Checkers are in `grpo_edu.exercises.ch04`. Each exercise has a hint and a worked solution

@@ -10,9 +10,19 @@
 # %% [markdown]
 # # Chapter 5. Rewards you can verify
 #
-# GRPO needs one number per completion. For reasoning tasks DeepSeek-R1 computes it with
-# rules, not with a model (the DeepSeek-R1 paper, "Reward design"; reward models score
-# only its general, non-reasoning data):
+# > **You will learn**
+# > - DeepSeek-R1's three rule-based rewards: accuracy, format and language consistency
+# > - how a group's rewards become advantages, and when they give none
+# > - why a reward function must never fail, and how a sloppy rule and a learned model get hacked
+# > - how process supervision rewards every step, and what it changed on a small task
+# >
+# > **You need first**: chapter 1 (the objective).
+# >
+# > **Reading time**: about 29 minutes. **Compute**: at most 120 s on a 2-core CPU. [Glossary](../docs/glossary.md) · [Notation](../docs/notation.md)
+#
+# GRPO (Group Relative Policy Optimization) needs one number per completion. For reasoning
+# tasks DeepSeek-R1 computes it with rules, not with a model (the DeepSeek-R1 paper, "Reward
+# design"; reward models score only its general, non-reasoning data):
 #
 # - an **accuracy reward**: is the final answer, written in a specified place such as a
 #   box, correct?
@@ -21,13 +31,16 @@
 #   \text{Reward}_\text{format}$ (eq. 4), and, against language mixing in the reasoning,
 #   a **language-consistency reward**: the proportion of target-language words (eq. 7).
 #
-# The paper is explicit about why: "we abstain from applying neural reward models [...] to
-# reasoning tasks [...] neural reward models are susceptible to reward hacking during
-# large-scale RL". This chapter builds the three rules on problems a program can check,
-# runs them on real samples of a small policy, turns them into group advantages, and then
-# breaks two rewards that are *not* verifiable, one rule and one learned model, to see
-# what the paper was avoiding. It ends by handing the same functions to TRL's
-# `GRPOTrainer`.
+# The paper is explicit about why it keeps learned rewards out of reinforcement learning (RL) on
+# reasoning: "we abstain from applying neural reward models [...] to reasoning tasks [...]
+# neural reward models are susceptible to reward hacking during large-scale RL".
+#
+# This chapter builds the three rules on problems a program can check and runs them on real
+# samples of a small policy. It turns them into group advantages, then breaks two rewards
+# that are *not* verifiable, one rule and one learned model, to see what the paper was
+# avoiding. It hands the same functions to the `GRPOTrainer` of TRL (Hugging Face's
+# Transformer Reinforcement Learning library). It ends with process supervision, a reward
+# for every step.
 
 # %%
 import collections
@@ -70,8 +83,8 @@ for sample in tasks.make_dataset("arithmetic", 4, "train", seed=0):
 
 # %% [markdown]
 # Completions are short on purpose. `<think>`, `</think>` and `\boxed{` are one token
-# each in the character-level tokenizer, so a correct completion is at most ten tokens and
-# a 2-core laptop can sample hundreds of them per second: that is what makes chapter 6's
+# each in the character-level tokenizer, so a correct completion is at most ten tokens. A
+# 2-core laptop can sample hundreds of them per second: that is what makes chapter 6's
 # training run take minutes. Train and held-out problems are split by a hash of the prompt,
 # so no seed and no sampler can ever draw a held-out problem for training:
 
@@ -150,9 +163,9 @@ for sample, group in zip(prompts, groups):
 print(inspect.getsource(rewards.has_format))
 
 # %% [markdown]
-# The accuracy reward finds the final answer (the last `\boxed{...}`, braces matched, else
-# an `Answer:` line, else a GSM8K-style `####` line) and compares it exactly, as a number
-# when both sides are numbers, so that `132`, `0132` and `132.0` are the same answer and
+# The accuracy reward finds the final answer: the last `\boxed{...}`, braces matched, else
+# an `Answer:` line, else a GSM8K-style `####` line. It compares it exactly, as a number
+# when both sides are numbers. So `132`, `0132` and `132.0` are the same answer, and
 # `١٣٢` (Arabic-Indic digits, which Python's `int` accepts) is not. The language-consistency
 # reward counts words, runs of letters, in the reasoning: for English, the share written in
 # ASCII letters. Here are all three on real samples of the starting policy, the first
@@ -182,7 +195,7 @@ print(f"of {len(flat)} samples: {counts['correct']} correct, {counts['wrong']} w
 
 # %% [markdown]
 # The last row is written by hand for a problem whose units column is 7 + 5, with the right
-# answer boxed: its reasoning has six words, four English and two Chinese ideographs (each
+# answer boxed. Its reasoning has six words: four English, and two Chinese ideographs (each
 # ideograph counts as a word, as Chinese has no spaces).
 # A reasoning of digits only, like the policy's, has no words and nothing to mix: it scores
 # 1 (and a completion with no reasoning at all scores 0).
@@ -212,9 +225,10 @@ for b, (r, a) in zip(rows, zip(R, A)):
 # A row whose eight rewards are equal has zero advantages everywhere: all eight samples of
 # that prompt contribute no policy gradient, however right or wrong they are (here the
 # first and last rows, eight well-formed wrong answers each). In a row that disagrees the
-# advantages sum to zero: right samples are pushed up, wrong ones down, and a malformed
-# sample, a format point lower, further down than a well-formed wrong one; in the second
-# row the well-formed wrong samples sit exactly at the group mean and get no push at all.
+# advantages sum to zero. Right samples are pushed up and wrong ones down. A malformed
+# sample, a format point lower, goes further down than a well-formed wrong one. In the
+# second row the well-formed wrong samples sit exactly at the group mean and get no push
+# at all.
 #
 # ## Robust by construction
 #
@@ -294,9 +308,9 @@ print(f"{hack!r}: score {reward_model([hack])[0]:.4f}, verified accuracy "
 
 # %% [markdown]
 # On the policy's own samples the model ranks a right completion above a wrong one only
-# a little more often than a coin flip would: counting characters cannot do arithmetic, and
-# a real reward model is far better at this in-distribution job. The failure that matters
-# is the other one. The model learned that digits and the closing tags go with correct
+# a little more often than a coin flip would (0.5607 of the time). Counting characters
+# cannot do arithmetic, and a real reward model is far better at this in-distribution job.
+# The failure that matters is the other one. The model learned that digits and the closing tags go with correct
 # answers, and a linear score has no ceiling, so a string of nines, which no verifier
 # accepts, outscores every correct completion. Under RL the policy would
 # drift toward such text, and the reward would rise while accuracy fell. A bigger network
@@ -357,25 +371,40 @@ else:
 # ## Rewarding every step: process supervision
 #
 # Everything above gives one number per completion, and GRPO turns it into one advantage that
-# every token of the completion shares: a right first step of a wrong answer is pushed down
+# every token of the completion shares. A right first step of a wrong answer is pushed down
 # with the rest of it. DeepSeekMath (section 4.1.3) also trains with *process supervision*, a
 # reward at the end of every reasoning step. Completion i's step j ends at token index(j) and
-# gets a reward $r_i^{index(j)}$; every step reward of the group, R, is normalised by the mean
-# and standard deviation of all of them, and the advantage of token t is the sum of the
+# gets a reward $r_i^{index(j)}$. Every step reward of the group, R, is normalised by the mean
+# and standard deviation of all of them. The advantage of token t is the sum of the
 # normalised rewards of the steps that end at or after it:
 #
 # $$\tilde r_i^{index(j)} = \frac{r_i^{index(j)} - \mathrm{mean}(R)}{\mathrm{std}(R)}, \qquad
 # \hat A_{i,t} = \sum_{index(j) \ge t} \tilde r_i^{index(j)}.$$
 #
-# DeepSeekMath's step rewards come from a learned process reward model. Here a rule gives them,
-# on a task whose every step a program can check: `chain` (`grpo_edu.environment.process`) sums three
-# numbers one written partial sum at a time. A step `a+b=c` is right when it adds the prompt's
-# next number to the total the completion itself wrote last, and c = a + b; a step after a
-# wrong one can be right. The completion's last token carries its outcome reward, its accuracy
-# (`configs/cpu-chain.toml` rewards accuracy alone, so that every step, the final answer
-# included, is right, 1, or wrong, 0): the two kinds of supervision see the same outcome, and
-# process supervision sees the steps too. With one step, at the last token, the formula is
-# outcome supervision again.
+# DeepSeekMath's step rewards come from a learned process reward model (PRM). DeepSeek-R1 tried
+# one and dropped it (DeepSeek-AI 2025, "Unsuccessful Attempts"). A fine-grained step is hard
+# to define in general reasoning, and whether an intermediate step is right is hard to judge.
+# And a learned PRM invites reward hacking, while retraining it costs compute and complicates
+# the pipeline.
+#
+# Here a rule gives the step rewards instead, on a task whose every step a program can check.
+# `chain` (`grpo_edu.environment.process`) sums three numbers, one written partial sum at a
+# time. A step `a+b=c` is right when it adds the prompt's next number to the total the
+# completion itself wrote last, and c = a + b. So a step after a wrong one can be right.
+#
+# The completion's last token carries its outcome reward, its accuracy, as one more step.
+# `configs/cpu-chain.toml` rewards accuracy alone, so every step, the final answer included,
+# is right (1) or wrong (0). The two kinds of supervision then see the same outcome, and
+# process supervision sees the steps too; with one step, at the last token, the formula is
+# outcome supervision again. Counting the outcome as the last step is this book's choice, not
+# DeepSeekMath's: there the PRM scores the reasoning steps, and no separate outcome reward is
+# added.
+
+# %%
+# The same completion, scored two ways.
+from grpo_edu.book import schematics
+
+schematics.reward_paths();
 
 # %%
 from grpo_edu.environment import process
@@ -460,21 +489,44 @@ for ax, values, title in ((axes[0], outcome_A[0], "outcome supervision: one adva
     ax.set_title(title, fontsize=10)
     ax.set_xlabel("token")
 axes[0].set_ylabel("completion")
-figure.colorbar(image, ax=axes, shrink=0.8, label="advantage")
+figure.colorbar(image, ax=axes, shrink=0.8, label="advantage");
 
 # %% [markdown]
 # Under outcome supervision every token of this group gets 0: all eight answers are equally
 # wrong. Under process supervision the tokens before a right step are pushed up and those
-# before a wrong one down (blue up, red down), and the tokens after a completion's last step
-# get only the outcome's share. Per token, the loss is chapter 4's with $\hat A_{i,t}$ in place
-# of $\hat A_i$: `grpo_loss` takes advantages of shape (B, G, S) as TRL 1.16's loss takes (B, T)
-# ones (`tests/test_trl_parity.py` holds the two equal), and the trainer computes them
-# with the config key `supervision = "process"`.
+# before a wrong one down (blue up, red down). The tokens after a completion's last written
+# step get only the outcome's share, -0.4472 here.
 #
-# **Does it train better?** `benchmarks/process.py` trains the chain policy both ways, 150
-# steps, three seeds each, everything else the CPU tier's default run; every run is evaluated
-# greedily on 256 held-out problems every 25 steps, and the share of written steps that are
-# right is logged either way:
+# The seventh row shows what "right" means to the verifier. Its first step, 47+28=74, is
+# wrong, yet its first token gets +1.3416, as much as the rows whose first step is right. The
+# verifier judges each step against the running total the completion itself wrote. The second
+# step, 74+38=112, adds 38 to the 74 written before it correctly, so it earns 1. Its
+# normalised reward counts for every token before it, the wrong first step's included, and
+# outweighs the two -0.4472 shares of the wrong first step and the wrong outcome.
+#
+# Per token, the loss is chapter 4's with $\hat A_{i,t}$ in place of $\hat A_i$. `grpo_loss`
+# takes advantages of shape (B, G, S), as TRL 1.16's loss takes (B, T) ones, and the trainer
+# computes them under the config key `supervision = "process"`.
+#
+# <details><summary>How we know</summary>
+#
+# `tests/test_trl_parity.py` holds `grpo_loss` with per-token advantages equal to TRL 1.16's
+# loss. `grpo_edu.algorithm.reference.process_advantages`, a plain loop, is the version
+# `process_advantages` is tested against.
+#
+# </details>
+#
+# **Does it train better?** The chain policy trains both ways, 150 steps, three seeds each,
+# everything else as in the CPU tier's default run. Every run is evaluated greedily on 256
+# held-out problems every 25 steps, and the share of written steps that are right is logged
+# either way:
+#
+# <details><summary>How we know</summary>
+#
+# `benchmarks/process.py` ran the six runs and wrote `benchmarks/results/process.json`, which
+# the cell below reads.
+#
+# </details>
 
 # %%
 PROCESS_RESULTS = json.loads(Path("../benchmarks/results/process.json").read_text())
@@ -542,30 +594,101 @@ for claim, holds in claims.items():
 
 # %% [markdown]
 # DeepSeekMath reports process supervision ahead of outcome supervision in its GRPO runs. Here
-# the steps agree: process supervision's completions write right steps more often, and the
-# paired interval is well above zero. The final answers do not separate at this size. Process
-# supervision ends ahead in each of the three seeds, but by amounts that differ, and three
-# seeds leave an interval that holds zero. The task explains part of it. With three numbers
-# there are two steps, so an outcome reward already says a lot about them. And the policy's
-# answer does not always follow its own steps (the groups above include right answers after
-# wrong steps), which caps what rewarding the steps can do for the answer. Where process
-# supervision earns its keep is in groups like the one drawn above: of the 40 groups sampled
-# from the start, those whose eight outcomes are all equal give no gradient at all under
-# outcome supervision, and most of them still differ in their steps. The price is a step
-# verifier: a rule here, a trained process reward model in DeepSeekMath (with the hacking risk
-# of any learned reward, two sections back).
+# the steps agree: process supervision's completions write right steps more often, +0.074
+# [+0.058, +0.090], an interval well above zero. The final answers are not separated at this
+# size: +0.047 [-0.029, +0.123], an interval that holds zero. The table's ranges overlap too,
+# outcome `0.4740 (0.4375-0.5156)` and process `0.5208 (0.5039-0.5312)`.
+#
+# The task explains part of it. With three numbers there are two steps, so an outcome reward
+# already says a lot about them. And the policy's answer does not always follow its own steps:
+# 16 of the 320 samples above box the right answer after a wrong or missing step. That caps
+# what rewarding the steps can do for the answer. Where process supervision earns its keep is
+# in groups like the one drawn above. Of the 40 groups sampled from the start, 16 have eight
+# equal outcomes and give no gradient at all under outcome supervision; 13 of them still
+# differ in their steps. The price is a step verifier: a rule here, a trained PRM in
+# DeepSeekMath, with the hacking risk of any learned reward (two sections back) that led
+# DeepSeek-R1 to drop it.
+#
+# ## What you learned
+#
+# - A verifiable reward is a rule a program checks: the boxed answer's accuracy, the
+#   `<think>` format, the reasoning's language.
+# - A group whose rewards are all equal gets zero advantages. In a group that disagrees, the
+#   advantages sum to zero: right samples up, wrong ones down.
+# - A reward function runs on whatever the policy writes, so it must return a number, fast,
+#   for every input.
+# - A reward only correlated with correctness gets hacked: a lenient rule pays answers that
+#   commit to nothing, and a linear reward model pays a string of nines more than any right
+#   answer.
+# - Process supervision gives each token the summed, normalised rewards of the steps at or
+#   after it. On the chain task it raised the share of right steps; final accuracy was not
+#   separated at this size.
+#
+# ## Check yourself
+#
+# 1. A group's rewards (accuracy + format) are 0 1 2 1 1 1 1 1. What are the advantages of
+#    its first three samples?
+#
+#    <details><summary>Answer</summary>
+#
+#    The mean is 1.0000 and the population std 0.5000, so -2.00, +0.00 and +2.00. The five
+#    other well-formed wrong samples also sit at the mean and get no push.
+#
+#    </details>
+#
+# 2. Eight samples of a prompt are all right and well formed. What do they teach the policy,
+#    and why?
+#
+#    <details><summary>Answer</summary>
+#
+#    Nothing: all eight rewards are equal, so every advantage is 0 and the group gives no
+#    policy gradient, however right its samples are.
+#
+#    </details>
+#
+# 3. One completion lists every integer from -89 to 198 in its reasoning. What does it score
+#    on the held-out problems under the lenient rule, and under the verifier?
+#
+#    <details><summary>Answer</summary>
+#
+#    1.0000 under the lenient rule, which pays any completion that contains the answer, and
+#    0.0000 under the verifier, which reads only the final answer (and there is none).
+#
+#    </details>
+#
+# 4. In the process-supervised group, the row that writes 47+28=74 gets +1.3416 on its first
+#    token although that step is wrong. Why?
+#
+#    <details><summary>Answer</summary>
+#
+#    The verifier judges each step against the running total the completion wrote. Its second
+#    step, 74+38=112, is right on those terms and earns 1. That step's normalised reward is
+#    added to every token before it and outweighs the -0.4472 of the wrong first step and of
+#    the wrong outcome.
+#
+#    </details>
+#
+# 5. Process minus outcome supervision: +0.074 [+0.058, +0.090] for the share of right steps,
+#    +0.047 [-0.029, +0.123] for final accuracy. What may you claim?
+#
+#    <details><summary>Answer</summary>
+#
+#    Process supervision raises the share of right steps: the paired interval excludes zero.
+#    Final accuracy is not separated at this size: its interval holds zero.
+#
+#    </details>
 #
 # ## Exercises
 #
-# Each checker in `grpo_edu.exercises.ch05` runs your answer on several cases and names
-# each case that fails and what your answer does wrong there (accepts what the rule
-# rejects, or rejects what it accepts), never the right value.
+# Each checker in `grpo_edu.exercises.ch05` runs your answer on several cases. It names each
+# case that fails and what your answer does wrong there (accepts what the rule rejects, or
+# rejects what it accepts), never the right value.
 #
 # **5.1 A stricter format reward.** The policy's completions have one exact shape. Write
-# `strict_format_reward(completions, **kwargs)` returning 1.0 exactly when a completion is
+# `strict_format_reward(completions, **kwargs)`. It returns 1.0 exactly when a completion is
 # `<think>N</think>\boxed{M}` with N and M plain integers (an optional minus sign, ASCII
-# digits, no leading zero, no spaces, nothing before or after) and 0.0 otherwise, never
-# raising, fast on a megabyte. The attempt below looks right; the checker says where it
+# digits, no leading zero, no spaces, nothing before or after) and 0.0 otherwise. It never
+# raises, and is fast on a megabyte. The attempt below looks right; the checker says where it
 # is not.
 #
 # <details><summary>Hint</summary>

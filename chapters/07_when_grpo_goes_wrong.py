@@ -10,21 +10,39 @@
 # %% [markdown]
 # # Chapter 7. When GRPO goes wrong
 #
-# Every team that trains with GRPO meets the same failures: groups whose rewards are all
-# equal, a group split across GPUs, completions that grow for no reason, a KL coefficient set
-# wrong, a sampler and a trainer that disagree, a mask one token off, a stale or too-fresh
-# pi_old, an exploding gradient, a reference that is secretly the policy. The textbook's
-# section on implementing GRPO lists these nine ("the knobs that break runs"), each with a
-# symptom, a cause and a fix. This chapter causes each one on purpose, on the
-# tiny policy and task of chapter 6, and measures its symptom against the healthy run: as
-# numbers, as curves, and as what `grpo-edu doctor` reads from the run's metrics.
+# > **You will learn**
+# > - the nine ways a GRPO (Group Relative Policy Optimization) run breaks, each caused on purpose
+# > - the symptom of each, measured against a healthy run
+# > - which metric gives each failure away, and what `grpo-edu doctor` reads from it
+# > - where a symptom is not the one you would expect, and why
+# >
+# > **You need first**: chapter 6 (the training loop and its metrics).
+# >
+# > **Reading time**: about 28 minutes. **Compute**: at most 300 s on a 2-core CPU. [Glossary](../docs/glossary.md) · [Notation](../docs/notation.md)
 #
-# Some failures have a knob in the config (a learning rate, beta, a task). The others are
-# bugs no honest config can express. The lab injects those into a run once it is set up:
-# `Faults(...).train(config)` (`grpo_edu/lab/faults.py`). A fault is never a config key, and
-# the trainer takes no fault argument. Each one is announced in the run's log and written
-# into its `summary.json`. The runs are defined once, in `grpo_edu/lab/__init__.py`: the
-# default config with fewer steps, evaluated every 25 steps on 128 held-out problems.
+# Every team that trains with GRPO meets the same failures. Groups whose rewards are all
+# equal. A group split across GPUs. Completions that grow for no reason. A Kullback-Leibler
+# (KL) coefficient set wrong. A sampler and a trainer that disagree. A mask one token off. A
+# stale or too-fresh pi_old. An exploding gradient. A reference that is secretly the policy.
+#
+# The textbook section "Implementing GRPO from Scratch" (its chapter 15) lists these nine,
+# "the knobs that break runs", each with a symptom, a cause and a fix. This chapter is built on
+# that list. It causes each failure on purpose, on the tiny policy and task of chapter 6. Then
+# it measures the symptom against a healthy run: as numbers, as curves, and as what
+# `grpo-edu doctor` reads from the run's metrics.
+#
+# Some failures have a knob in the config: a learning rate, beta, a task. The others are bugs
+# that no honest config can express. The lab injects those into a run once it is set up, with
+# `Faults(...).train(config)`. A fault is never a config key, and the trainer takes no fault
+# argument. Each fault is announced in the run's log and written into its `summary.json`.
+#
+# <details><summary>How we know</summary>
+#
+# The faults are in `grpo_edu/lab/faults.py`. The runs are defined once, in
+# `grpo_edu/lab/__init__.py`: the default config with fewer steps, evaluated every 25 steps on
+# 128 held-out problems.
+#
+# </details>
 
 # %%
 import itertools
@@ -88,7 +106,13 @@ for name, spec in lab.RUNS.items():
 #
 # First the reference point: chapter 6's config for 100 steps. Every failure below is read
 # against these numbers. The table gives held-out greedy accuracy at the start and at the
-# end, then the median of each metric over the first 10 and the last 10 steps.
+# end. Then it gives the median of each metric over the first 10 and the last 10 steps.
+
+# %%
+# How every experiment of this chapter is made.
+from grpo_edu.book import schematics
+
+schematics.failure_lab();
 
 # %% tags=["platform-numerics"]
 trial("healthy")
@@ -99,15 +123,16 @@ doctor("healthy")
 # %% [markdown]
 # ## 1. All-equal-reward groups
 #
-# **Cause.** A group whose G rewards are all equal has advantages of exactly 0: it adds
+# **Cause.** A group whose G rewards are all equal has advantages of exactly 0. It adds
 # nothing to the gradient, whatever the loss. On prompts too hard for the policy every
 # completion is wrong, and the batch fills with such groups.
 #
 # **Knob.** `task = "countdown"`: chapter 5's harder task, which the arithmetic policy never
-# solves. With the default rewards (accuracy + 0.5 format) a group still differs when some of
-# its completions miss the format; with accuracy alone, every group is all zeros. Then the
-# two fixes the textbook names: leaving the all-equal groups out of the gradient (the
-# zero-std filter, `filter_zero_std_groups = true`) and sampling them at a higher temperature.
+# solves. With the default rewards (accuracy + 0.5 format), a group still differs when some of
+# its completions miss the format. With accuracy alone, every group is all zeros. Then come the
+# two fixes that section names. One leaves the all-equal groups out of the gradient (the
+# zero-std filter, `filter_zero_std_groups = true`). The other samples at a higher
+# temperature.
 
 # %% tags=["platform-numerics"]
 for name in ("countdown", "countdown_sparse", "countdown_filter", "countdown_hot"):
@@ -133,35 +158,37 @@ figure = plot_compare({n: results[n] for n in ONE},
 
 # %% [markdown]
 # **Symptom, measured.** With accuracy as the only reward, every group of every step is
-# all-equal: the gradient norm and the KL are exactly 0 and the final weights are the
-# starting policy's, bit for bit. Nothing can learn from a reward that never varies. With
-# the format reward, groups differ only in format, and that is all the policy learns: the
-# format reward rises, the held-out accuracy stays at 0. The filter keeps the remaining
-# groups' gradient at full strength (it divides by the groups it keeps), and a step with no
-# group left is skipped instead of taken with a zero gradient; the temperature makes the
-# groups differ more often (the share of all-equal groups falls). Neither teaches countdown:
-# both fixes make better use of a signal, and here the accuracy signal is absent. The fix for
-# all-wrong groups is prompts the policy can sometimes solve (a curriculum); the doctor says
-# so when most groups are all-equal *and* most samples are wrong (all-right groups are a
-# solved task, not a failure).
+# all-equal. The gradient norm and the KL are exactly 0, and the final weights are the
+# starting policy's, bit for bit. Nothing can learn from a reward that never varies. With the
+# format reward, groups differ only in format, and that is all the policy learns: the format
+# reward rises, and the held-out accuracy stays at 0.
 #
-# The doctor also reports a second symptom on the countdown run and the filtered one: their KL
-# to the reference ends above 1 nat per token, against the healthy run's 0.06. Format is the only
-# thing those groups reward, and the policy runs after it at full speed (its gradient norm
-# starts at several times the healthy run's). That is failure 4's symptom caused by failure
-# 1, and the doctor is right to name both.
+# The filter keeps the remaining groups' gradient at full strength, because it divides by the
+# groups it keeps. A step with no group left is skipped, not taken with a zero gradient. The
+# higher temperature makes the groups differ more often: the share of all-equal groups falls.
+# Neither teaches countdown. Both fixes make better use of a signal, and here the accuracy
+# signal is absent. The fix for all-wrong groups is prompts the policy can sometimes solve (a
+# curriculum). The doctor says so when, over the last 10 steps, half the groups or more are
+# all-equal *and* most samples are wrong. All-right groups are a solved task, not a failure.
+#
+# The doctor also reports a second symptom on the countdown run and the filtered one. Their
+# median KL to the reference over the last 10 steps is 1.207 and 1.328 nats per token, past
+# the doctor's threshold of 1.0; the healthy run ends at 0.0636. Format is the only thing those
+# groups reward, and the policy runs after it at full speed. Its gradient norm starts at
+# several times the healthy run's. That is failure 4's symptom caused by failure 1, and the
+# doctor is right to name both.
 #
 # ## 2. A group split across ranks
 #
-# **Cause.** Under N processes each rank normalises the rewards it holds. If a sampler puts
-# 4 of a prompt's 8 completions on one rank and 4 on another, each half gets its own mean and
-# std, and the advantages no longer compare a completion with its whole group. `grpo_edu`
-# shards whole prompts (chapter 8), so the lab simulates the careless sampler:
+# **Cause.** Under N processes, each rank normalises the rewards it holds. Say a sampler puts
+# 4 of a prompt's 8 completions on one rank and 4 on another. Then each half gets its own mean
+# and std, and the advantages no longer compare a completion with its whole group.
+# `grpo_edu` shards whole prompts (chapter 8), so the lab simulates the careless sampler:
 # `Faults(split_groups=2)` computes each group's advantages in two halves.
 #
-# First, exactly what a split does to one group: 3 of 8 completions right (reward 1.5), the
-# other 5 wrong but well formatted (0.5). There are 70 ways to deal them into two halves of 4;
-# here are the advantages of a right and of a wrong completion over all 70:
+# First, exactly what a split does to one group. Take 3 of 8 completions right (reward 1.5),
+# and the other 5 wrong but well formatted (0.5). There are 70 ways to deal them into two
+# halves of 4. Here are the advantages of a right and of a wrong completion over all 70:
 
 # %%
 group = np.array([1.5, 1.5, 1.5, 0.5, 0.5, 0.5, 0.5, 0.5])
@@ -181,11 +208,11 @@ print(f"split in two (70 ways): right {right.mean():+.4f} on average (std {right
       f"0 in {np.mean(wrong == 0):.1%}")
 
 # %% [markdown]
-# The whole group gives every right answer the same positive advantage. Split, each
-# advantage depends on which completions happen to share its rank: a wrong answer whose half
-# holds no right one gets 0 (nothing to compare it with; 5 wrong answers fill a half of 4 in
-# some deals), and the spreads above are noise that the correct sharding does not have. The
-# run:
+# The whole group gives every right answer the same positive advantage: +1.2910. Split, each
+# advantage depends on which completions happen to share its half. A wrong answer whose half
+# holds no right one gets 0, with nothing to compare it with. That happens in 11.4% of the
+# wrong answers' cases, since 5 wrong answers can fill a half of 4. The spreads above are
+# noise that the correct sharding does not have. The run:
 
 # %% tags=["platform-numerics"]
 trial("split")
@@ -197,30 +224,41 @@ print(f"\nheld-out accuracy after 50 steps: split {results['split'].summary['fin
 doctor("split")
 
 # %% [markdown]
-# The run still learns, about as far in its 50 steps as the healthy run had come by its step
-# 50: halves of 4 are smaller groups, not wrong ones. What gives the bug
-# away is a metric the trainer logs for this: `advantage/tie_spread`, the largest gap between
-# the advantages of two completions of one group with the same reward. Any advantage function
-# of a group's rewards gives equal rewards equal advantages, so it is exactly 0 in every
-# healthy step; split groups make it large from the first step.
+# The run still learns: 0.555 after its 50 steps, against the healthy run's 0.562 at its step
+# 50. Halves of 4 are smaller groups, not wrong ones. What gives the bug away is a metric the
+# trainer logs for this: `advantage/tie_spread`. It is the largest gap between the advantages
+# of two completions of one group with the same reward. Any advantage function of a group's
+# rewards gives equal rewards equal advantages. So it is exactly 0 in every healthy step, and
+# split groups make it large from the first step. The doctor flags any step where it passes
+# 0.0001.
 #
 # ## 3. Length bias
 #
 # **Cause.** The `grpo` loss averages each completion's token losses over its own length
-# |o_i|, so a token of a long completion weighs less than a token of a short one (chapter 4
-# computes the weights). On wrong answers (negative advantage) a long completion is
+# |o_i|. So a token of a long completion weighs less than a token of a short one (chapter 4
+# computes the weights). On a wrong answer (negative advantage), a long completion is
 # penalised less per token, and a policy can drift towards longer answers. `dr_grpo` divides
 # by a constant instead.
 #
 # **Can this tier show it?** We looked for a setting where padding is free: a longer
 # `max_completion_length` (48) and a hotter sampler (1.5), 200 steps of `grpo` and of
-# `dr_grpo` (`benchmarks/failure_lab.py --length`). The mean completion length moved by
-# less than a token in both. The tiny policy's completions have one shape,
-# `<think>d</think>\boxed{answer}`, whose length the problem sets; the policy has no
-# reasoning to pad. So this chapter shows the nearest thing: the per-token weight each loss
-# puts on the tokens of a wrong answer, on a batch sampled from the starting policy at those
-# settings. The doctor's `length_drift` detector (late median length over early, above 1.3)
-# is tested on made-up metrics in `tests/test_diagnose.py`, not on a run of this tier.
+# `dr_grpo`. The mean completion length moved by less than a token in both. The tiny policy's
+# completions have one shape, `<think>d</think>\boxed{answer}`, whose length the problem sets.
+# The policy has no reasoning to pad. So this chapter shows the nearest thing: the per-token
+# weight each loss puts on the tokens of a wrong answer. The batch is sampled from the
+# starting policy at those settings.
+#
+# The doctor's `length_drift` detector reads a whole run of 40 steps or more. It flags one
+# whose median completion length over the last 10 steps is at least 30% above the median over
+# the first 10.
+#
+# <details><summary>How we know</summary>
+#
+# `benchmarks/failure_lab.py --length` ran the 200-step search above. The `length_drift`
+# detector is tested on made-up metrics in `tests/test_diagnose.py`, not on a run of this
+# tier.
+#
+# </details>
 
 # %% tags=["platform-numerics"]
 policy, tokenizer = load_policy()
@@ -241,11 +279,11 @@ for length in (int(lengths.min()), int(lengths.median()), int(lengths.max())):
 # ## 4. The KL coefficient
 #
 # **Cause.** beta weighs the KL penalty that holds the policy near the reference. Too small,
-# and nothing stops the policy from running far from the reference when the update is strong;
-# too large, and the penalty outweighs the reward.
+# and nothing stops the policy from running far from the reference when the update is strong.
+# Too large, and the penalty outweighs the reward.
 #
-# **Knob.** beta = 0, the default 0.04, and 1.0 (25 times the default); then the learning
-# rate of failure 8 (1e-2), where the policy does run away.
+# **Knob.** beta = 0, the default 0.04, and 1.0 (25 times the default). Then the learning rate
+# of failure 8 (1e-2), where the policy does run away.
 
 # %% tags=["platform-numerics"]
 for name in ("beta_0", "beta_1"):
@@ -262,23 +300,28 @@ print(f"beta = 1.0 ends {gap:.3f} below the default\n")
 doctor("beta_0", "beta_1")
 
 # %% [markdown]
-# beta = 0 and the default end within a hundredth of each other (0.719 and 0.727, each inside
-# the other's 95% interval): at this learning rate the update itself keeps the policy near its
-# start, and with beta = 0 the KL is simply not computed (no reference model is built: the
-# chapter-1 saving). beta = 1.0 does separate. It holds the KL lower (0.00943 at the end,
-# against the default's 0.0636), slows the reward, and ends 0.125 below the default in
-# held-out accuracy: more than half the width of either run's interval, though the two
-# intervals, [0.515, 0.682] and [0.644, 0.796], still overlap a little. Neither run is one the
-# doctor flags: too large a beta slows a run without a symptom of its own. Where a small beta
-# matters is a run whose update is strong enough to leave: the countdown runs above and the
-# learning-rate runs of failure 8 reach a KL that the doctor flags (`kl_runaway`), with beta
-# at its default.
+# beta = 0 and the default are not separated at this size: they end at 0.719 [0.635, 0.789]
+# and 0.727 [0.644, 0.796]. At this learning rate the update itself keeps the policy near its
+# start. With beta = 0 the KL is simply not computed, and no reference model is built: the
+# saving of chapter 1.
+#
+# beta = 1.0 holds the KL lower: 0.00943 at the end, against the default's 0.0636. It ends
+# 0.125 below the default in held-out accuracy. That is a large gap, but at this size it is
+# not separated either: the intervals are [0.515, 0.682] and [0.644, 0.796], and they overlap.
+# The doctor flags neither run: a beta too large has no symptom of its own among its
+# detectors.
+#
+# Where a small beta matters is a run whose update is strong enough to leave. The countdown
+# runs above and the learning-rate runs of failure 8 do leave. With beta at its default, they
+# reach a KL that the doctor flags (`kl_runaway`: a median over the last 10 steps of 1.0 nats
+# per token or more).
 #
 # ## 5. A temperature mismatch between sampler and trainer
 #
-# **Cause.** The sampler draws from softmax(logits / T); a trainer that computes log-probs
-# from softmax(logits) (T = 1) scores the same tokens under another distribution. With pi_old
-# taken from the sampler, the ratio pi / pi_old is then far from 1 before the policy has moved.
+# **Cause.** The sampler draws from softmax(logits / T). A trainer that computes log-probs
+# from softmax(logits), at T = 1, scores the same tokens under another distribution. With
+# pi_old taken from the sampler, the ratio pi / pi_old is then far from 1 before the policy
+# has moved.
 #
 # **Knob.** Sampling at T = 0.7, `old_logprobs = "sampler"`, and
 # `Faults(trainer_temperature=1.0)`.
@@ -293,22 +336,23 @@ print(f"\nstep 1, before any update: ratio from {first['ratio/min']:.3f} to {fir
 doctor("temperature")
 
 # %% [markdown]
-# The healthy run's gap is rounding (two float32 computations of the same numbers). The
-# mismatched run's ratio is far from 1 at step 1, and the clip acts on tokens before any
-# update has been taken: the trust region is spent on a bug, and held-out accuracy does not
-# climb in its 20 steps (the table). `sampler_gap/mean_abs` is the
-# metric that reveals it whatever pi_old is (with `old_logprobs = "recomputed"` the ratio
-# would be 1 and hide it); the doctor flags a mean gap above 0.03 nats per token.
+# The healthy run's gap is rounding: two float32 computations of the same numbers. The
+# mismatched run's ratio is far from 1 at step 1, 37.42 at most. The clip acts on tokens before
+# any update has been taken, so the trust region is spent on a bug. Held-out accuracy does not
+# climb in the run's 20 steps (the table). `sampler_gap/mean_abs` reveals the bug whatever
+# pi_old is. With `old_logprobs = "recomputed"` the ratio would be 1 and hide it. The doctor
+# flags a gap whose median over the first 10 steps is 0.03 nats per token or more, and below
+# 0.5 (failure 6's level).
 #
 # ## 6. The log-probs one token off
 #
-# **Cause.** The token at column j is predicted by the logits at column j - 1, so the right
-# alignment scores `input_ids[:, 1:]` with `logits[:, :-1]`; the textbook names the slip
-# between the two slices as the most common off-by-one. The slip here keeps that pairing and
-# cuts the completion out one column late: for a prompt of P tokens, the per-token log-probs
-# `logp[:, P:]` instead of `logp[:, P - 1:]`. Each completion position is then scored with the
-# log-prob of the token after it: the first token is never trained, and the position of EOS
-# trains the padding after it.
+# **Cause.** The token at column j is predicted by the logits at column j - 1. So the right
+# alignment scores `input_ids[:, 1:]` with `logits[:, :-1]`. That section names a slip between
+# these two slices as the most common off-by-one. The slip here keeps that pairing, and cuts
+# the completion out one column late. For a prompt of P tokens, it takes the per-token
+# log-probs `logp[:, P:]` instead of `logp[:, P - 1:]`. Each completion position is then
+# scored with the log-prob of the token after it. The first token is never trained, and the
+# end-of-sequence (EOS) token's position trains the padding after it.
 #
 # **Knob.** `Faults(off_by_one=True)`: the trainer's log-prob function, for the policy,
 # pi_old and the reference alike, misaligned by one column.
@@ -322,24 +366,27 @@ print(f"\nheld-out accuracy after 50 steps: off_by_one {results['off_by_one'].su
 doctor("off_by_one")
 
 # %% [markdown]
-# The textbook warns that such a run "looks fine, reward inches up", while evaluation shows
-# no change from the starting policy. Measured here, it does learn, as far in 50 steps as the
-# healthy run by its step 50: on this task the first token is always `<think>`, which carries no decision,
-# and every other token is still pushed, one column late, in the direction of its
-# completion's advantage. The bug is not harmless in general
-# (on a task whose first token decides, that token never learns), and it is invisible in the
-# reward and the loss. What does show it, at once and in any task, is the gap between the
-# trainer's log-probs and the sampler's: more than any temperature or precision explains,
-# because the two score different tokens. The doctor separates the two cases by size.
+# That section warns that such a run "looks fine, reward inches up", while evaluation shows
+# no change from the starting policy. Measured here, it does learn: 0.609 after 50 steps,
+# against the healthy run's 0.562 at its step 50. On this task the first token is always
+# `<think>`, which carries no decision. Every other token is still pushed in the direction of
+# its completion's advantage, one column late.
+#
+# The bug is not harmless in general: on a task whose first token decides, that token never
+# learns. And it is invisible in the reward and the loss. What does show it, at once and in
+# any task, is the gap between the trainer's log-probs and the sampler's. It is larger than
+# any temperature or precision explains, because the two score different tokens: 1.82 nats
+# per token here. The doctor separates the two cases by size, at 0.5 nats per token.
 #
 # ## 7. pi_old fixed for the rollout, or refreshed every pass
 #
 # **Cause and the two recommendations.** With several passes over a rollout
-# (`num_iterations` > 1), the ratio compares the current policy with pi_old. The textbook
-# recommends refreshing pi_old at the start of every pass; PPO, TRL and this trainer keep it
-# fixed to the policy that sampled. Refreshed, the ratio restarts at 1 every pass, and with one
-# mini-batch per pass it is exactly 1 at every optimizer step: the clip can never act, and
-# nothing bounds how far four passes move the policy.
+# (`num_iterations` > 1), the ratio compares the current policy with pi_old. That section
+# recommends refreshing pi_old at the start of every pass. PPO (Proximal Policy Optimization),
+# TRL (Transformer Reinforcement Learning, Hugging Face's library) and this trainer keep it
+# fixed to the policy that sampled. Refreshed, the ratio restarts at 1 every pass. With one
+# mini-batch per pass it is exactly 1 at every optimizer step. Then the clip can never act,
+# and nothing bounds how far four passes move the policy.
 #
 # **Knob.** `num_iterations = 4`, pi_old fixed (the trainer), and refreshed
 # (`Faults(refresh_old_logprobs=True)`).
@@ -352,29 +399,30 @@ print(lab.table({n: results[n] for n in ("healthy", "old_fixed", "old_refreshed"
 doctor("old_fixed", "old_refreshed")
 
 # %% [markdown]
-# Fixed, the last pass's ratio spreads around 1 and the clip acts on part of the tokens: the
+# Fixed, the last pass's ratio spreads around 1, and the clip acts on part of the tokens: the
 # trust region does its job. Refreshed, the ratio is exactly 1 at every step and the clip
-# fraction exactly 0: four unclipped steps per rollout, a KL to the reference about three times
-# the fixed run's, and held-out accuracy that collapses (0.141, from 0.445), with the
-# all-wrong groups of a broken policy after it (the doctor names both). Four passes per rollout
-# are a strong update for this policy even with the clip: the fixed run also ends below its
-# start in 20 steps (0.391), but nowhere near as far. The doctor
-# flags a run with several optimizer steps per rollout whose last ratio is always exactly 1.
+# fraction exactly 0. That is four unclipped optimizer steps per rollout. The KL to the
+# reference ends about three times the fixed run's (0.271 against 0.0912). Held-out accuracy
+# collapses, to 0.141 from 0.445, and the all-wrong groups of a broken policy follow (the
+# doctor names both). Four passes per rollout are a strong update for this policy even with
+# the clip: the fixed run also ends below its start in 20 steps, at 0.391. The doctor flags a
+# run with several optimizer steps per rollout whose last ratio is always exactly 1.
 #
 # ## 8. The gradient explodes
 #
-# **Cause.** The textbook names two: a KL coefficient too small, so that the policy escapes
-# to extreme outputs, or a reward bug that pays unboundedly large rewards on some inputs. Its
-# symptom is a gradient norm that climbs "from 0.5 to 50 in 100 steps" after a few hundred
-# steps; its fix is to raise beta or to clip the rewards at the source. (Its listing also
-# clips the gradient's norm at 1.0, as `max_grad_norm` does here, so that "a single noisy
-# minibatch" cannot throw the policy into a region it never recovers from.)
+# **Cause.** That section names two causes. One is a KL coefficient too small, so that the
+# policy escapes to extreme outputs. The other is a reward bug that pays unboundedly large
+# rewards on some inputs. Its symptom is a gradient norm that climbs "from 0.5 to 50 in 100
+# steps" after a few hundred steps. Its fix is to raise beta or to clip the rewards at the
+# source. Its listing also clips the gradient's norm at 1.0, as `max_grad_norm` does here, so
+# that "a single noisy minibatch" cannot throw the policy into a region it never recovers
+# from.
 #
-# **Knobs.** Both causes, pushed hard enough to act within this tier's short runs. An update
-# far too strong for the default beta to hold: `learning_rate = 1e-2`, 33 times the default,
-# clipped at norm 1.0 (the default) and not clipped (`max_grad_norm = 0`). Then large
-# rewards: 100 times larger, with no std to divide them back (`advantage_scale = "none"`),
-# clipped and not.
+# **Knobs.** Both causes, pushed hard enough to act within this tier's short runs. First, an
+# update far too strong for the default beta to hold: `learning_rate = 1e-2`, 33 times the
+# default. It runs clipped at norm 1.0 (the default) and not clipped (`max_grad_norm = 0`).
+# Then large rewards: 100 times larger, with no std to divide them back
+# (`advantage_scale = "none"`), clipped and not.
 
 # %% tags=["platform-numerics"]
 for name in ("lr_clipped", "lr_unclipped", "reward_x100", "reward_x100_unclipped"):
@@ -399,38 +447,50 @@ figure = plot_compare({n: results[n] for n in EIGHT},
 
 # %% [markdown]
 # **Symptom, measured, and not the one expected.** The learning rate wrecks the policy in two
-# steps, clipped or not: the KL to the reference jumps past 4 nats per token, the completions
-# turn to noise (16 tokens, the length limit, in the clipped run), every group is all wrong,
-# and held-out accuracy is 0. The gradient norm does not climb: it *falls*, because
-# all-wrong groups give no gradient. Clipping cannot help: AdamW divides each update by the
-# gradient's own running scale, so the step's size is set by the learning rate, not by the
-# gradient's norm. The clip did act: at step 2 the norm reached 2.79, the largest of either
-# run, and the clipped run cut it to 1.0. That run was wrecked all the same, as the
-# unclipped one was.
+# steps, clipped or not. The KL to the reference jumps past 4 nats per token. The completions
+# turn to noise: 16 tokens, the length limit, in the clipped run. Every group is all wrong,
+# and held-out accuracy is 0. The gradient norm does not climb: it *falls*, because all-wrong
+# groups give no gradient.
 #
-# The rewards x100 give the climb's level without the damage: a gradient norm in the tens at
-# every step (the healthy run's stays near 1), cut down to 1.0 by the clip each time,
-# and a run that learns, clipped or not, to accuracies inside each other's 95% intervals
-# (more slowly than the healthy run, with its KL term weighed down 100 times). Again AdamW: scaling every
-# gradient by the same factor does not change its update. What the scale does change is the
-# balance with the KL term, which is not scaled: beta is in effect 100 times smaller.
+# Clipping cannot help. AdamW divides each update by the gradient's own running scale, so the
+# step's size is set by the learning rate, not by the gradient's norm. The clip did act: at
+# step 2 the norm reached 2.79, the largest of either run, and the clipped run cut it to 1.0.
+# That run was wrecked all the same, as the unclipped one was.
+#
+# The rewards x100 give the climb's level without the damage. The gradient norm's medians are
+# 30.8 to 34.2, and it is above 1.0 at every step, where the healthy run's stays near 1. In the
+# clipped run the clip cuts it to 1.0 each time.
+# Both runs learn. Clipped and unclipped are not separated at this size: 0.539 [0.453, 0.623]
+# and 0.594 [0.507, 0.675] after 75 steps. The healthy run had 0.703 at its step 75. Again
+# AdamW explains it: scaling every gradient by the same factor does not change its update.
+# What the scale does change is the balance with the KL term, which is not scaled. In effect
+# beta is 100 times smaller.
 #
 # So on this tier (float32, a policy of 341,376 parameters, AdamW) a large gradient is not
-# what breaks a run, and the doctor's `kl_runaway` and `zero_std_groups` are what catch the
-# broken ones (the live doctor warned during training, above), with `truncated_completions`
-# beside them: a wrecked policy stops ending its completions, and a completion cut at the
-# length limit has no answer to score. The climb the textbook
-# describes, over a hundred steps after a few hundred, comes from causes these runs do not
-# have: a reward bug that pays without bound on outputs the policy then seeks, or a policy
-# escaping to extreme outputs under too little KL pressure over hundreds of steps. Its fixes
-# act on those causes (a larger beta, rewards clipped at the source), not on the gradient;
-# the doctor's `grad_explosion` detector (the late median norm 10 times the early one, or any
-# non-finite loss) is tested on made-up metrics in `tests/test_diagnose.py`, not on a run of
-# this tier. The fix for the runs here is the learning rate.
+# what breaks a run. The doctor's `kl_runaway` and `zero_std_groups` catch the broken runs,
+# and the live doctor warned during training (above). `truncated_completions` fires beside
+# them: a wrecked policy stops ending its completions, and a completion cut at the length
+# limit has no answer to score.
+#
+# The climb that section describes, over a hundred steps after a few hundred, comes from
+# causes these runs do not have. One is a reward bug that pays without bound on outputs the
+# policy then seeks. The other is a policy escaping to extreme outputs under too little KL
+# pressure, over hundreds of steps. The fixes act on those causes (a larger beta, rewards
+# clipped at the source), not on the gradient. The fix for the runs here is the learning
+# rate. The doctor's `grad_explosion` detector flags a run of 40 steps or more whose median
+# gradient norm over the last 10 steps is 10 times or more its median over the first 10, or
+# any loss that is not finite.
+#
+# <details><summary>How we know</summary>
+#
+# The `grad_explosion` detector is tested on made-up metrics in `tests/test_diagnose.py`, not
+# on a run of this tier.
+#
+# </details>
 #
 # ## 9. The reference aliased to the policy
 #
-# **Cause.** `reference = policy` where a copy was meant: both names hold the same tensors,
+# **Cause.** `reference = policy` where a copy was meant. Both names hold the same tensors,
 # and the KL to the reference is 0 whatever the policy does.
 #
 # **Knob.** `Faults(alias_reference=True)`. Without the fault, the trainer refuses such a
@@ -453,18 +513,19 @@ print(f"\nthe aliased run's final weights equal the beta = 0 run's, bit for bit:
 doctor("alias")
 
 # %% [markdown]
-# The textbook says the policy never moves. Measured, it moves exactly as with beta = 0: the k3
-# penalty's gradient is 0 where the reference equals the policy, so the run is the beta = 0
-# run bit for bit, logging a KL of exactly 0 at every step. A KL that is exactly 0 after the
-# first step with beta > 0 is the symptom the doctor (and the trainer, live) reports.
+# That section says the policy never moves. Measured, it moves exactly as with beta = 0. The
+# k3 penalty's gradient is 0 where the reference equals the policy. So the run is the beta = 0
+# run, bit for bit, logging a KL of exactly 0 at every step. The doctor (and the trainer,
+# live) reports a KL of exactly 0 at every step after the first, with beta > 0, while the
+# policy moves. The last condition matters: the countdown run with accuracy alone also logs a
+# KL of 0, but its gradient is 0 too, and the doctor does not call its reference aliased.
 #
 # ## The doctor on every run
 #
-# Each lab run must trigger the detectors `grpo_edu/lab/__init__.py` expects of it, and no other
-# beyond the consequences named there (the countdown runs' KL, the learning-rate runs'
-# truncated completions, the all-wrong groups of the policy that refreshed pi_old broke); the
-# healthy run, beta's runs,
-# pi_old fixed and the rewards x100 none.
+# Each lab run must trigger the detectors that `grpo_edu/lab/__init__.py` expects of it. It may
+# add only the consequences named there: the countdown runs' KL, the learning-rate runs'
+# truncated completions, and the all-wrong groups of the policy that refreshing pi_old broke.
+# The healthy run, beta's runs, pi_old fixed and the rewards x100 must trigger none.
 
 # %% tags=["platform-numerics"]
 rows = []
@@ -477,14 +538,19 @@ for name, result in results.items():
 print(f"\n{sum(ok for _, ok in rows)} of {len(rows)} runs diagnosed as expected; detectors: {', '.join(DETECTORS)}")
 
 # %% [markdown]
-# The thresholds are in `grpo_edu/training/diagnose.py`, each with the measurement that sets it:
-# `tests/test_diagnose.py` runs the doctor on three whole 1,500-step healthy runs (no
-# finding) and on short versions of these lab runs. Run it on your own runs:
-# `grpo-edu doctor runs/cpu-tiny`.
+# Each threshold sits in `grpo_edu/training/diagnose.py`, beside the measurement that sets it.
+# Run the doctor on your own runs: `grpo-edu doctor runs/cpu-tiny`.
+#
+# <details><summary>How we know</summary>
+#
+# `tests/test_diagnose.py` runs the doctor on three whole 1,500-step healthy runs (no finding)
+# and on short versions of these lab runs (each its own detector, no other).
+#
+# </details>
 #
 # **What holds on every machine.** The digits above are exact under the book's pinned
-# kernels; elsewhere the runs end at other digits. The claims this chapter makes are checked
-# here, and it is this cell's output that `make test` compares on every platform:
+# kernels; elsewhere the runs end at other digits. So the next cell checks the claims this
+# chapter makes, and its output is what `make test` compares on every platform:
 
 # %%
 h = {name: result.history for name, result in results.items()}
@@ -523,6 +589,75 @@ for claim, holds in claims.items():
     print(f"{'holds' if holds else 'FAILS'}: {claim}")
 
 # %% [markdown]
+# ## What you learned
+#
+# - Each of the nine failures has a metric that gives it away: the share of all-equal groups,
+#   the tie spread, the sampler gap, the ratio's extremes, the KL.
+# - A reward that never varies within a group teaches nothing; the fixes for all-wrong groups
+#   use a signal better, but cannot create one.
+# - A KL of exactly 0 while the policy moves means the reference is the policy.
+# - Refreshing pi_old every pass keeps the ratio at 1, so the clip never acts.
+# - With AdamW, a large gradient norm is not what breaks these runs; a learning rate too large
+#   is, and the KL and the all-wrong groups show it.
+# - Several failures are not what the textbook section predicts here; measure before you trust
+#   a symptom.
+#
+# ## Check yourself
+#
+# 1. A run with beta = 0.04 logs `kl` = 0 at every step. Name two causes, and the metric that
+#    tells them apart.
+#
+#    <details><summary>Answer</summary>
+#
+#    An aliased reference, or a policy that never moves (every group all-equal, as in the
+#    countdown run with accuracy alone). `grad_norm` tells them apart: above 0 for the aliased
+#    reference, exactly 0 when nothing moves.
+#
+#    </details>
+#
+# 2. A group has 3 right completions (reward 1.5) and 5 wrong ones (0.5). Whole, a right one
+#    gets +1.2910. Split into halves of 4, what does a wrong completion get when its half holds
+#    no right one, and why?
+#
+#    <details><summary>Answer</summary>
+#
+#    0: all four rewards in its half are equal, so the half's advantages are all 0. It
+#    happened in 11.4% of the wrong answers' cases over the 70 splits.
+#
+#    </details>
+#
+# 3. In the temperature run, the ratio reached 37.42 at step 1, before any update. Why, and
+#    which metric shows the bug even when pi_old is recomputed?
+#
+#    <details><summary>Answer</summary>
+#
+#    The sampler drew at T = 0.7 and the trainer scored at T = 1, so the two log-probs of the
+#    same token differ before the policy moves. `sampler_gap/mean_abs` shows it (0.062 per
+#    token over the first 10 steps); a recomputed pi_old would make the ratio 1 and hide it.
+#
+#    </details>
+#
+# 4. Why did clipping the gradient norm at 1.0 not save the run at learning rate 1e-2?
+#
+#    <details><summary>Answer</summary>
+#
+#    AdamW divides each update by the gradient's running scale, so the step's size is set by
+#    the learning rate. The clip did cut the largest norm, 2.79, to 1.0, and the run was
+#    wrecked all the same.
+#
+#    </details>
+#
+# 5. With `num_iterations = 4` and pi_old refreshed every pass, why is the clip fraction
+#    exactly 0?
+#
+#    <details><summary>Answer</summary>
+#
+#    Each pass has one mini-batch, so one optimizer step, and pi_old is recomputed from the
+#    policy just before it. The ratio is exactly 1 at every optimizer step, and a ratio of 1
+#    is never outside the clip range.
+#
+#    </details>
+#
 # ## Exercises
 #
 # Each checker in `grpo_edu.exercises.ch07` runs your answer and names each case that fails

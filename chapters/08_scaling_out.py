@@ -10,6 +10,17 @@
 # %% [markdown]
 # # Chapter 8. Scaling out
 #
+# > **You will learn**
+# > - how N processes split a GRPO (Group Relative Policy Optimization) step without splitting a group
+# > - why every rank samples from the same table of random numbers
+# > - which counts each rank's loss must divide by, and what goes wrong if it uses its own
+# > - that 2 processes train the policy 1 process trains, checked on a real run
+# > - what FSDP2 saves per rank, and what the same config becomes on 8 GPUs
+# >
+# > **You need first**: chapter 6 (the training loop and its config).
+# >
+# > **Reading time**: about 24 minutes. **Compute**: at most 120 s on a 2-core CPU. [Glossary](../docs/glossary.md) · [Notation](../docs/notation.md)
+#
 # Chapter 6 trained in one process. The same command with `torchrun` in front trains in N
 # processes (ranks), each with its own share of every step's work:
 #
@@ -19,17 +30,19 @@
 # ```
 #
 # The promise of this chapter is that the two commands train **the same policy**, up to
-# floating-point rounding, for every loss type, with DDP or FSDP2. Three things make it hold,
-# and each has a way to go wrong: which rank owns which completions, which random numbers
-# each rank samples with, and what each rank's loss divides by. We take them in turn, then
-# launch a real 2-process run (gloo, on this CPU) from the notebook and compare its weights
-# with the 1-process run's, look at what FSDP2 saves per rank, and work out what the same
-# config becomes on 8 H100s.
+# floating-point rounding. That holds for every loss type, with DDP (Distributed Data
+# Parallel) or FSDP2 (PyTorch's Fully Sharded Data Parallel, second version). Three things
+# make it hold, and each has a way to go wrong: which rank owns which completions, which
+# random numbers each rank samples with, and what each rank's loss divides by.
+#
+# We take them in turn. Then we launch a real 2-process run from the notebook (gloo, on this
+# CPU), and compare its weights with the 1-process run's. Last, we look at what FSDP2 saves
+# per rank, and work out what the same config becomes on 8 H100s.
 #
 # A word on speed, before anything else: on a 2-core laptop two processes are **not** faster
 # than one. Each gets one core, which one process with two threads already uses, and every
-# step adds communication. The point here is equality; speed comes when each rank has a
-# GPU of its own.
+# step adds communication. The point here is equality. Speed comes when each rank has a GPU
+# of its own.
 
 # %%
 import inspect
@@ -67,18 +80,24 @@ def f4(x):
 # ## Who owns what
 #
 # A GRPO step samples B prompts and G completions of each. The rank is the unit of work, and
-# the group is the unit of GRPO: a completion's advantage is its reward against the mean
-# and spread of its group's G rewards. So `grpo_edu.runtime.distributed.World.shard` gives every rank
-# **whole prompts**, a contiguous B / N of them, with all G completions of each:
+# the group is the unit of GRPO: a completion's advantage is its reward against the mean and
+# spread of its group's G rewards. So `grpo_edu.runtime.distributed.World.shard` gives every
+# rank **whole prompts**: a contiguous B / N of them, with all G completions of each.
+
+# %%
+# Whole groups dealt out to ranks.
+from grpo_edu.book import schematics
+
+schematics.groups_to_ranks(groups=4, G=4, ranks=2);
 
 # %%
 print(inspect.getsource(World.shard))
 
 # %% [markdown]
-# Every rank draws the same prompt list from the shared seed (`rollouts.sample_prompts`) and
+# Every rank draws the same prompt list from the shared seed (`rollouts.sample_prompts`), and
 # takes its slice. Here are the 16 prompts of the first step of this chapter's config on 2
-# ranks, and the rows of the (B x G)-row, prompt-major batch each rank holds (completion j
-# of prompt i is row i G + j):
+# ranks. Beside them are the rows each rank holds of the prompt-major batch of B x G rows,
+# where completion j of prompt i is row i G + j:
 
 # %%
 config = TrainConfig.from_toml("../configs/cpu-tiny.toml")
@@ -96,34 +115,37 @@ except ValueError as error:
 
 # %% [markdown]
 # A split of the B x G rows into N equal runs would be the same split whenever B divides by
-# N, and would cut a group in two when only B x G does (B = 3, G = 4 on 2 ranks: prompt 1's
+# N. When only B x G divides, it would cut a group in two (B = 3, G = 4 on 2 ranks: prompt 1's
 # completions on both). Such a config is refused rather than split: exercise 8.1.
 #
 # Ownership is half of it; the other half is sampling. If each rank drew its own random
 # numbers, 2 ranks would sample other completions than 1 process, and the runs would part at
-# the first step. The fused sampler therefore takes a table of uniforms, one row per
-# completion: every rank draws the table for the whole batch, B x G rows, and samples with
-# its own rows (the engine's `seeded`, which `rollouts.roll_out` calls). The rollout does not
-# depend on N, and every rank's random generator stays in step with the 1-process one.
+# the first step. So the fused sampler takes a table of uniforms, one row per completion.
+# Every rank draws the table for the whole batch, B x G rows, and samples with its own rows
+# (the engine's `seeded`, which `rollouts.roll_out` calls). The rollout does not depend on N,
+# and every rank's random generator stays in step with the 1-process one.
 #
-# After sampling, each rank scores its own completions, and the rewards are gathered, so
-# that every rank holds all B x G of them: the advantages (batch-level std included), the
-# mini-batch plan and the zero-std filter are computed from the whole batch, the same
-# on every rank (`scoring.score`, `scoring.Plan`).
+# After sampling, each rank scores its own completions. The rewards are then gathered, so that
+# every rank holds all B x G of them. The advantages (batch-level std included), the
+# mini-batch plan and the zero-std filter are computed from the whole batch, the same on every
+# rank (`scoring.score`, `scoring.Plan`).
 
 # %% [markdown]
 # ## The normaliser pitfall, with numbers
 #
-# Each rank computes a loss on its share and backpropagates it; DDP (and FSDP2) then
-# **average** the gradients over the ranks. With the ranks' shares of a batch, which loss
-# must each rank compute so that the average is the 1-process gradient?
+# Each rank computes a loss on its share and backpropagates it. DDP (and FSDP2) then
+# **average** the gradients over the ranks. With the ranks' shares of a batch, which loss must
+# each rank compute, so that the average is the 1-process gradient?
 #
 # The obvious answer is to call `grpo_loss` on the rank's share, as one process calls it on
-# the whole batch. Then each rank divides by its **own** counts: `bnpo` and `dapo` by its
-# own tokens, `grpo` and `dr_grpo` by its own completions. The average of those per-rank
-# means is not the mean over the batch whenever the ranks' counts differ. Here is one batch
-# where they do: 2 ranks x 2 prompts x G = 4, with rank 1's completions about twice as long
-# as rank 0's (prompt 3's rewards are all equal: it has no advantage, but its tokens count).
+# the whole batch. Then each rank divides by its **own** counts. `bnpo` (batch-normalized
+# policy optimization) and `dapo` divide by the rank's own tokens, `grpo` and `dr_grpo` by its
+# own completions. The average of those per-rank means is not the mean over the batch whenever
+# the ranks' counts differ.
+#
+# Here is one batch where they do: 2 ranks x 2 prompts x G = 4, with rank 1's completions
+# about twice as long as rank 0's. Prompt 3's rewards are all equal: it has no advantage, but
+# its tokens count.
 
 # %%
 L = 12                                          # max_completion_length
@@ -178,16 +200,16 @@ print(f"bnpo with own counts: a token of rank 0 weighs 1 / (2 x {tokens[0]}), on
       f"the loss comes out {bnpo_factor:.1f} times the 1-process loss")
 
 # %% [markdown]
-# `grpo` and `dr_grpo` come out right by luck: the ranks hold the same number of
-# completions, and an average of equal-sized means is the mean. `bnpo` and `dapo` do not:
-# rank 0's 30 tokens and rank 1's 81 each weigh half, so a token of rank 0 counts 2.7 times
-# as much as a token of rank 1, where one process weighs all 111 alike. The loss comes out
-# 2.6 times too large, and the gradient, the direction the policy moves, is off too.
+# `grpo` and `dr_grpo` come out right by luck. The ranks hold the same number of completions,
+# and an average of equal-sized means is the mean. `bnpo` and `dapo` do not. Rank 0's 30
+# tokens and rank 1's 81 each weigh half, so a token of rank 0 counts 2.7 times as much as a
+# token of rank 1. One process weighs all 111 alike. The loss comes out 2.6 times too large,
+# and the gradient, the direction the policy moves, is off too.
 #
-# The luck runs out as soon as ranks hold different numbers of completions. With the
-# zero-std filter (`filter_zero_std_groups`, chapter 4), prompt 3, whose rewards are all equal, is
-# dropped: rank 0 trains on 8 completions, rank 1 on 4, and now every loss type's per-rank
-# mean is wrong (mini-batches that split unevenly over the ranks do the same):
+# The luck runs out as soon as ranks hold different numbers of completions. Take the zero-std
+# filter (`filter_zero_std_groups`, chapter 4): it drops prompt 3, whose rewards are all
+# equal. Now rank 0 trains on 8 completions and rank 1 on 4, and every loss type's per-rank
+# mean is wrong. Mini-batches that split unevenly over the ranks do the same:
 
 # %%
 kept = [p for p in range(4) if not zero_std_groups(rewards)[p]]
@@ -197,13 +219,13 @@ for rank, prompts in enumerate(uneven):
 _ = compare(kept, uneven)
 
 # %% [markdown]
-# The fix is in the "global" column, and it is the trainer's: every rank divides by the
-# **whole** mini-batch's counts, which it knows because the completion lengths are gathered
-# with the rewards (`scoring.LossTotals`), and multiplies its part by N, because DDP
-# averages. `grpo_loss` takes the counts as `num_items` and `num_completions`; with them,
-# the ranks' parts add up to the 1-process loss, and their averaged gradient is the
-# 1-process gradient (the last column). With each rank's own counts, `grpo`'s loss even
-# changed sign. These are the lines of the trainer that do it:
+# The fix is in the "global" column, and it is the trainer's. Every rank divides by the
+# **whole** mini-batch's counts. It knows them, because the completion lengths are gathered
+# with the rewards (`scoring.LossTotals`). And it multiplies its part by N, because DDP
+# averages. `grpo_loss` takes the counts as `num_items` and `num_completions`. With them, the
+# ranks' parts add up to the 1-process loss, and their averaged gradient is the 1-process
+# gradient (the last column). With each rank's own counts, `grpo`'s loss even changed sign.
+# These are the lines of the trainer that do it:
 
 # %%
 print(inspect.getsource(scoring.Plan.totals))
@@ -214,10 +236,10 @@ print("\n".join(line for line in optimise_source.splitlines() if "world.size).ba
 # ## A real 2-process run
 #
 # Now the run itself: the chapter's config (configs/cpu-tiny.toml) for 5 steps, 1 thread per
-# process, evaluated on 32 held-out problems, three times: one process, two processes with
-# DDP, two processes with FSDP2. Each is launched as a reader would launch it, with
-# `grpo-edu train` (`python -m grpo_edu train`) or `torchrun` (`python -m
-# torch.distributed.run`) in front of it; on the CPU the ranks talk through gloo.
+# process, evaluated on 32 held-out problems. It runs three times: one process, two processes
+# with DDP, and two processes with FSDP2. Each is launched as a reader would launch it: with
+# `grpo-edu train` (`python -m grpo_edu train`), or with `torchrun`
+# (`python -m torch.distributed.run`) in front of it. On the CPU the ranks talk through gloo.
 
 # %%
 RUNS = Path(tempfile.mkdtemp(prefix="grpo-edu-chapter-8-"))   # print(RUNS) to look inside
@@ -246,8 +268,8 @@ runs = {"1 process": grpo_edu_train("one", 1),
         "2 ranks, fsdp2": grpo_edu_train("fsdp2", 2, "parallelism=fsdp2")}
 
 # %% [markdown]
-# Every rank runs the whole trainer; rank 0 alone writes the run directory. Here is what
-# the three runs logged, step by step, and the final weights, which every run writes whole
+# Every rank runs the whole trainer; rank 0 alone writes the run directory. Here is what the
+# three runs logged, step by step. Then come the final weights, which every run writes whole
 # to `checkpoints/<latest>/policy.safetensors` (FSDP2's shards are gathered first):
 
 # %% tags=["platform-numerics"]
@@ -276,14 +298,21 @@ for name in ("2 ranks, ddp", "2 ranks, fsdp2"):
           f"{sum(v.numel() for v in one_process.values()):,} weights")
 
 # %% [markdown]
-# Two ranks train the policy one process trains: the same rewards at every step (the same
-# completions were sampled), the same losses, the same held-out accuracy, and final weights
-# that agree to well within 1e-5: what remains is the rounding of float32 sums taken in
-# another order (the gradient of 128 completions is one sum in one process, two sums of 64
-# and an all-reduce in two). This is one config; tests/test_distributed.py makes the same
-# comparison for every loss type, with several mini-batches and passes per rollout and with
-# the zero-std filter, under DDP and FSDP2. The digits above depend on the machine's
-# floating-point kernels; what the prose claims is checked here, on any machine:
+# Two ranks train the policy one process trains. The rewards are the same at every step,
+# because the same completions were sampled. The losses are the same, and so is the held-out
+# accuracy. The final weights agree to well within 1e-5: at most 6.4e-07 apart. What remains
+# is the rounding of float32 sums taken in another order. The gradient of 128 completions is
+# one sum in one process, and two sums of 64 plus an all-reduce in two.
+#
+# This is one config. The digits above depend on the machine's floating-point kernels, so
+# the next cell checks what the prose claims, on any machine:
+#
+# <details><summary>How we know</summary>
+#
+# `tests/test_distributed.py` makes the same comparison for every loss type, with several
+# mini-batches and passes per rollout and with the zero-std filter, under DDP and FSDP2.
+#
+# </details>
 
 # %%
 starting_policy, _ = load_policy()
@@ -309,8 +338,8 @@ for claim, holds in claims.items():
 #
 # DDP keeps a whole replica on every rank: the float32 parameters, their gradients and
 # AdamW's two moments, 4 + 4 + 8 = 16 bytes per parameter. FSDP2 (torch's `fully_shard`)
-# splits each of them into N shards, one per rank, and gathers the parameters for each
-# forward and backward. `summary.json` records what each rank held:
+# splits each of them into N shards, one per rank. It gathers the parameters for each forward
+# and backward. `summary.json` records what each rank held:
 
 # %%
 memory = {name: summaries[name]["memory_bytes_per_rank"] for name in ("2 ranks, ddp", "2 ranks, fsdp2")}
@@ -325,28 +354,30 @@ ddp_total, fsdp2_total = (max(sum(r.values()) for r in ranks) for ranks in memor
 print(f"largest rank, fsdp2 / ddp: {fsdp2_total / ddp_total:.4f}")
 
 # %% [markdown]
-# Each FSDP2 rank holds half of each (the policy's tied embedding is one tensor: it is
-# counted once). What the table does not show is the one whole copy every rank keeps under
-# FSDP2 besides: the sampler's weights (`placement.Models.full_policy`: a plain copy, synced
-# after every update, that sampling and evaluation run on without gathering shards), 4 bytes
-# per parameter. (With `engine = "vllm"` nothing samples from it, and the trainer gathers it
-# only while it evaluates: chapter 9.) The frozen reference model is sharded like
-# the policy. Activations depend on the micro-batch, not on the sharding, and are not
-# counted. So on N ranks FSDP2 holds about 4 + (16 + 4) / N bytes per parameter, DDP
-# 16 + 4 = 20.
+# Each FSDP2 rank holds half of each. The policy's tied embedding is one tensor, so it is
+# counted once.
+#
+# What the table does not show is one whole copy that every rank keeps under FSDP2 besides:
+# the sampler's weights, 4 bytes per parameter. This copy (`placement.Models.full_policy`) is
+# synced after every update, so that sampling and evaluation run on it without gathering
+# shards. (With `engine = "vllm"` nothing samples from it, and the trainer gathers it only
+# while it evaluates: chapter 9.) The frozen reference model is sharded like the policy.
+# Activations depend on the micro-batch, not on the sharding, and are not counted. So on N
+# ranks FSDP2 holds about 4 + (16 + 4) / N bytes per parameter, and DDP 16 + 4 = 20.
 #
 # ## The same config on 8 H100s
 #
 # On a GPU node nothing in the algorithm changes. Set `device = "cuda"`, and three things
-# change with it: the trainer derives the first two from the device, and refuses to start
+# change with it. The trainer derives the first two from the device, and refuses to start
 # without the third:
 #
 # - **the backend**: `device = "cuda"` (or `"auto"` on a machine with GPUs) gives each rank
-#   the GPU `cuda:LOCAL_RANK` and the process group **nccl** instead of gloo;
-# - **the precision**: `precision = "auto"` becomes **bf16** autocast on CUDA for the
-#   forward passes, while the master weights and AdamW's moments stay float32;
-# - **the engine**: the fused sampler and forward are the CPU tier's float32 fast path, so
-#   on GPUs `engine = "vllm"` (vLLM samples, transformers' forward trains) or `"hf"`
+#   the GPU `cuda:LOCAL_RANK`, and the process group **nccl** instead of gloo: the NVIDIA
+#   Collective Communications Library (NCCL);
+# - **the precision**: `precision = "auto"` becomes **bf16** autocast on CUDA for the forward
+#   passes, while the master weights and AdamW's moments stay float32;
+# - **the engine**: the fused sampler and forward are the CPU tier's float32 fast path. On
+#   GPUs, use `engine = "vllm"` (vLLM samples, transformers' forward trains) or `"hf"`
 #   (transformers' forward and `generate`).
 #
 # Here is that checked against the trainer itself, without a GPU:
@@ -363,12 +394,16 @@ except ValueError as error:
     print(f"engine = 'fused' on {gpu}: {error}")
 
 # %% [markdown]
-# And the arithmetic of a step. A step's size is set by the config, not by N: B prompts, B x G
-# completions, at most B x G x L tokens; N only divides them. Each rank samples, scores and
-# trains its B / N prompts; each optimizer step trains one mini-batch (B / num_mini_batches
-# prompts) whose parts lie on the ranks that own its prompts. Below, this chapter's config on
-# 2 and on 8 ranks, chapter 1's R1 recipe (configs/r1-recipe-tiny.toml) on 8, and the GPU
-# tier's two configs, configs/gpu-1x.toml for one GPU and configs/h100-8x.toml for 8 H100s.
+# And the arithmetic of a step. A step's size is set by the config, not by N: B prompts,
+# B x G completions, at most B x G x L tokens. N only divides them. Each rank samples, scores
+# and trains its B / N prompts. Each optimizer step trains one mini-batch of
+# B / num_mini_batches prompts, whose parts lie on the ranks that own its prompts. Below are
+# five cases:
+#
+# - this chapter's config on 2 and on 8 ranks;
+# - chapter 1's R1 recipe (configs/r1-recipe-tiny.toml) on 8;
+# - the GPU tier's two configs: configs/gpu-1x.toml for one GPU, configs/h100-8x.toml for 8
+#   H100s.
 
 # %%
 def step_arithmetic(config, world_size):
@@ -403,23 +438,23 @@ print(f"\nconfigs/h100-8x.toml: device {h100.device!r}, precision {h100.precisio
 # %% [markdown]
 # Read down a column. The chapter's config on 8 ranks gives each GPU 2 prompts, 16
 # completions: far too little work for an H100. The GPU tier's configs keep the policy, the
-# task and the loss, and raise B instead: configs/h100-8x.toml samples 512 prompts a step,
-# 64 per GPU, and sets the three device keys of the list above (`device = "cuda"`,
+# task and the loss, and raise B instead. configs/h100-8x.toml samples 512 prompts a step, 64
+# per GPU. It sets the three device keys of the list above (`device = "cuda"`,
 # `precision = "bf16"`, `engine = "vllm"`) and `parallelism = "fsdp2"`.
 #
-# The last row is why the trainer deals a rollout's groups out to its mini-batches in turn
-# (`plan_mini_batches`: mini-batch k holds groups k, k + M, k + 2M, ...) rather than cutting
-# the batch into runs of prompts: a rank's share is a run, so a run-shaped mini-batch would
-# lie on few ranks (the R1 recipe's 16 mini-batches of 32 prompts on 8 ranks of 64: one rank
-# each, the other seven running a zero-weight micro-batch to keep the collectives in step).
-# Dealt, every optimizer step's mini-batch has a part on every rank, and all ranks compute
-# in every step. The update is the same either way: which groups share a mini-batch does not
-# change what a group contributes.
+# The last row explains how the trainer builds its mini-batches. It deals a rollout's groups
+# out to them in turn (`plan_mini_batches`: mini-batch k holds groups k, k + M, k + 2M, ...).
+# It does not cut the batch into runs of prompts. A rank's share is a run, so a run-shaped
+# mini-batch would lie on few ranks. In the R1 recipe, 16 mini-batches of 32 prompts on 8
+# ranks of 64 would lie on one rank each. The other seven would run a zero-weight
+# micro-batch, only to keep the collectives in step. Dealt, every optimizer step's
+# mini-batch has a part on every rank, and all ranks compute in every step. The update is the
+# same either way: which groups share a mini-batch does not change what a group contributes.
 #
-# Memory, the other half of the arithmetic: for a policy of P parameters in float32 with
-# AdamW, DDP holds 16 P bytes per rank, FSDP2 16 P / N (plus, in this trainer, the
-# sampler's whole copy and the reference's shard, as above). For policies of 1.5 and 7
-# billion parameters on 8 GPUs of 80 GB (an H100's memory), per rank, in GB:
+# Memory is the other half of the arithmetic. For a policy of P parameters in float32 with
+# AdamW, DDP holds 16 P bytes per rank, and FSDP2 16 P / N. In this trainer, FSDP2 adds the
+# sampler's whole copy and the reference's shard, as above. For policies of 1.5 and 7 billion
+# parameters on 8 GPUs of 80 GB (an H100's memory), per rank, in GB:
 
 # %%
 N_GPUS, GB = 8, 1e9
@@ -431,16 +466,86 @@ for P in (1.5e9, 7e9):
           f"each rank sending about 2 (N - 1) / N of it: {2 * (N_GPUS - 1) / N_GPUS * 4 * P / GB:.1f} GB")
 
 # %% [markdown]
-# At 1.5 billion parameters both fit an 80 GB GPU, with room for activations; at 7 billion
-# DDP's 112 GB per rank does not, and FSDP2's 14 GB do (45.5 GB with the reference's shard
-# and the sampler's whole copy, which is then the largest item: with vLLM, which samples from
-# a copy of its own, the trainer keeps it only while evaluating). That is the case for FSDP2:
-# memory per rank, paid for in traffic. Where DDP all-reduces the gradients once per
-# optimizer step, FSDP2 all-gathers the parameters for every forward, gathers them again for
-# the backward where it shards layer by layer (configs/h100-8x.toml's path: each decoder
-# layer's before its backward), and reduce-scatters the gradients once per optimizer step, so
-# that each rank keeps only its shard of them (`benchmarks/distributed.py` counts the bytes of
-# each; the README has its table).
+# At 1.5 billion parameters both fit an 80 GB GPU, with room for activations. At 7 billion,
+# DDP's 112 GB per rank does not fit, and FSDP2's 14 GB do. With the reference's shard and the
+# sampler's whole copy FSDP2 needs 45.5 GB, and the copy is then the largest item. With vLLM,
+# which samples from a copy of its own, the trainer keeps that copy only while evaluating.
+#
+# That is the case for FSDP2: memory per rank, paid for in traffic. DDP all-reduces the
+# gradients once per optimizer step. FSDP2 all-gathers the parameters for every forward. Where
+# it shards layer by layer, it gathers them again for the backward (configs/h100-8x.toml's
+# path: each decoder layer's, before its backward). And it reduce-scatters the gradients once
+# per optimizer step, so that each rank keeps only its shard of them.
+#
+# <details><summary>How we know</summary>
+#
+# `benchmarks/distributed.py` counts the bytes of each collective; [docs/gpu.md](../docs/gpu.md#n-processes-torchrun) has its table.
+#
+# </details>
+#
+# ## What you learned
+#
+# - Each rank owns whole prompts, all G completions of each, so every group's advantages are
+#   computed over the whole group.
+# - Every rank draws the same random table for the whole batch, so the rollout does not depend
+#   on N.
+# - Each rank's loss must divide by the whole mini-batch's counts and be multiplied by N.
+#   Dividing by its own counts gives the wrong loss and gradient whenever the ranks' counts
+#   differ.
+# - 2 processes, with DDP or FSDP2, train the 1-process policy up to float32 rounding.
+# - FSDP2 trades memory per rank for traffic: about 4 + 20 / N bytes per parameter in this
+#   trainer, against DDP's 20.
+#
+# ## Check yourself
+#
+# 1. A config sets B = 15 prompts and runs on 2 ranks. What does the trainer do, and why?
+#
+#    <details><summary>Answer</summary>
+#
+#    It refuses to start, with a `ValueError`: 15 prompts cannot be dealt out as whole
+#    prompts over 2 ranks, and splitting one would cut a group in two.
+#
+#    </details>
+#
+# 2. Rank 0 holds 30 completion tokens and rank 1 holds 81. With `bnpo` and each rank's own
+#    counts, how much more does a token of rank 0 weigh than a token of rank 1?
+#
+#    <details><summary>Answer</summary>
+#
+#    81 / 30 = 2.7 times: each rank's mean weighs half, and rank 0's half is spread over
+#    fewer tokens. The loss comes out 2.6 times the 1-process loss.
+#
+#    </details>
+#
+# 3. Why do `grpo` and `dr_grpo` come out right with each rank's own counts in the first
+#    batch, but not after the zero-std filter?
+#
+#    <details><summary>Answer</summary>
+#
+#    They divide by completions. In the first batch both ranks hold 8, and an average of
+#    equal-sized means is the mean. After the filter, rank 0 holds 8 and rank 1 holds 4.
+#
+#    </details>
+#
+# 4. With the whole mini-batch's counts, why must each rank still multiply its loss by N?
+#
+#    <details><summary>Answer</summary>
+#
+#    With the global counts, the ranks' losses add up to the 1-process loss. DDP averages the
+#    gradients over the N ranks; multiplying each part by N turns that average into the sum.
+#
+#    </details>
+#
+# 5. A policy of 7 billion parameters, trained with AdamW in float32 on 8 GPUs of 80 GB: does
+#    DDP fit? Does FSDP2?
+#
+#    <details><summary>Answer</summary>
+#
+#    DDP needs 16 bytes per parameter on every rank, 112 GB: it does not fit. FSDP2 needs
+#    14 GB per rank, or 45.5 GB with the reference's shard and the sampler's whole copy: it
+#    fits.
+#
+#    </details>
 
 # %% [markdown]
 # ## Exercises
@@ -490,12 +595,12 @@ ch08.check_rank_rows(my_rank_rows)
 
 # %% [markdown]
 # **8.2 A rank's loss.** Write `my_rank_loss(logp, old_logp, advantages, completion_mask,
-# token_counts, completion_counts, loss_type, max_completion_length)`: the loss one rank
-# backpropagates under DDP, given its share of a mini-batch ((b, G, S) tensors) and every
-# rank's token and completion counts (gathered: one number per rank). The checker averages
-# the ranks' gradients, as DDP does, and compares with the 1-process gradient for every
-# loss type, on ranks with equal and with unequal shares. The first attempt is the per-rank
-# mean of this chapter.
+# token_counts, completion_counts, loss_type, max_completion_length)`. It returns the loss
+# one rank backpropagates under DDP. It is given the rank's share of a mini-batch ((b, G, S)
+# tensors) and every rank's token and completion counts (gathered: one number per rank).
+# The checker averages the ranks' gradients, as DDP does, and compares with the 1-process
+# gradient for every loss type, on ranks with equal and with unequal shares. The first
+# attempt is the per-rank mean of this chapter.
 #
 # <details><summary>Hint</summary>
 #
@@ -535,10 +640,10 @@ def my_rank_loss(logp, old_logp, advantages, completion_mask, token_counts, comp
 ch08.check_rank_loss(my_rank_loss)
 
 # %% [markdown]
-# **8.3 A step on N GPUs.** Write `my_step_numbers(quiz)`: for a config like
-# `ch08.SCALE_QUIZ` (a dict of world_size, prompts_per_step, num_generations,
-# max_completion_length, num_iterations, num_mini_batches and parameters), return a dict with
-# one number for each key of `ch08.QUANTITIES`, which says what each counts. The checker asks
+# **8.3 A step on N GPUs.** Write `my_step_numbers(quiz)`. Its argument is a config like
+# `ch08.SCALE_QUIZ`: a dict of world_size, prompts_per_step, num_generations,
+# max_completion_length, num_iterations, num_mini_batches and parameters. It returns a dict
+# with one number for each key of `ch08.QUANTITIES`, which says what each counts. The checker asks
 # about `SCALE_QUIZ` and about two quizzes it draws anew at every call, so the numbers must
 # be computed from the quiz. Bonus: with `SCALE_QUIZ`'s 4 mini-batches dealt out, how many of
 # each rank's prompts does each optimizer step train?

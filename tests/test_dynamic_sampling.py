@@ -176,10 +176,10 @@ def test_a_changed_round_count_is_caught_and_timings_are_not_compared():
     assert benchmark.differences(timed, stored, 3) == []
 
 
-def test_the_readme_quotes_the_results_file():
+def test_the_training_doc_quotes_the_results_file():
     """The groups that carry a gradient per step, dropped and refilled, and the rollouts refilling took."""
     stored = grid_checks.results(RESULTS)
-    readme = " ".join((grid_checks.ROOT / "README.md").read_text().split())
+    readme = " ".join(grid_checks.TRAINING_DOC.read_text().split())
     B = benchmark.config_for("keep", 0, 1, "unused").prompts_per_step
     for variant in ("drop", "refill"):
         groups = [benchmark.differing_groups_per_step(r, B) for r in stored["runs"] if r["variant"] == variant]

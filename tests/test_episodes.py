@@ -332,8 +332,8 @@ def test_a_failed_episode_stops_the_run_at_set_up_or_in_the_step_with_one_line(t
     assert "\n" not in str(error.value)
 
 
-def test_the_episode_benchmark_measures_both_and_the_readme_quotes_its_file(tmp_path):
-    """benchmarks/episodes.py at toy length; the README's figures are the committed file's."""
+def test_the_episode_benchmark_measures_both_and_the_training_doc_quotes_its_file(tmp_path):
+    """benchmarks/episodes.py at toy length; docs/training.md's figures are the committed file's."""
     import json
     import subprocess
     import sys
@@ -349,6 +349,6 @@ def test_the_episode_benchmark_measures_both_and_the_readme_quotes_its_file(tmp_
     assert set(figures) == {"single-turn", "episodes"} and figures["episodes"]["turns_per_episode"] > 1
     committed = json.loads((root / "benchmarks" / "results" / "episodes.json").read_text())["figures"]
     single, multi = (committed[name]["phase_median_seconds"]["rollout"] for name in ("single-turn", "episodes"))
-    readme = " ".join((root / "README.md").read_text().split())
+    readme = " ".join((root / "docs" / "training.md").read_text().split())
     assert (f"a rollout of {committed['episodes']['turns_per_episode']:.2f} turns per episode takes {multi:.3f} s "
             f"against {single:.3f} s single-turn (x{multi / single:.2f}") in readme

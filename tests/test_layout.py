@@ -5,7 +5,7 @@
 - a subpackage imports only the subpackages below it (ALLOWED), so the subpackages form no
   cycle, and the modules form none either;
 - the maps agree with the files: the package docstring names every subpackage, each
-  subpackage's docstring names every module in it, and the README's layout names them all;
+  subpackage's docstring names every module in it, and docs/contributing.md's layout names them all;
 - a module stays readable in one sitting: at most MAX_CODE_LINES lines of code (docstrings,
   comments and blank lines not counted);
 - the loop module, grpo_edu.training.trainer, is imported only for what it is: the loop
@@ -185,8 +185,8 @@ def test_the_package_docstring_lists_every_subpackage():
     assert listed >= set(ALLOWED), f"grpo_edu/__init__.py's map lacks {sorted(set(ALLOWED) - listed)}"
 
 
-def test_the_readme_layout_lists_every_module():
-    readme = (ROOT / "README.md").read_text()
+def test_the_contributing_doc_layout_lists_every_module():
+    readme = (ROOT / "docs" / "contributing.md").read_text()
     layout = readme[readme.index("## Layout"):]
     layout = layout.split("\n## ")[0]
     missing = []
@@ -198,7 +198,7 @@ def test_the_readme_layout_lists_every_module():
             continue   # the exercise checkers, one per chapter: one line for all
         elif name not in TOP_LEVEL and path.name not in layout:
             missing.append(str(path.relative_to(ROOT)))
-    assert not missing, f"README.md's layout does not name: {missing}"
+    assert not missing, f"docs/contributing.md's layout does not name: {missing}"
 
 
 def test_no_module_is_longer_than_one_sitting():

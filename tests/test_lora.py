@@ -355,5 +355,5 @@ def test_a_changed_kl_is_caught():
     grid_checks.catches_a_change(RESULTS, benchmark, "lora", 0, 2, "kl", lambda value: value * 1.0001 + 1e-9)
 
 
-def test_the_readme_quotes_the_results_file():
-    grid_checks.readme_quotes_final_accuracies(RESULTS, benchmark)
+def test_the_training_doc_quotes_the_results_file():
+    grid_checks.training_doc_quotes_final_accuracies(RESULTS, benchmark)

@@ -182,9 +182,9 @@ def test_settings_it_cannot_serve_are_refused_in_one_line(tmp_path):
     TrainConfig(rollout_overlap=True, rollout_lag=1, engine="vllm", vllm_mode="server")   # no engine of its own to sleep
 
 
-def test_the_benchmark_measures_every_setting_and_the_readme_quotes_its_file(tmp_path):
+def test_the_benchmark_measures_every_setting_and_the_training_doc_quotes_its_file(tmp_path):
     """benchmarks/overlap.py at toy length (its figures are its own; the committed file's are
-    the README's and chapter 10's); every setting trains the same weights."""
+    docs/training.md's and chapter 10's); every setting trains the same weights."""
     import subprocess
     import sys
     from pathlib import Path
@@ -200,6 +200,6 @@ def test_the_benchmark_measures_every_setting_and_the_readme_quotes_its_file(tmp
     assert len({w for f in figures.values() for w in f["weights"]}) == 1
     assert "s/step" in done.stdout and "wrote" in done.stdout
     committed = json.loads((root / "benchmarks" / "results" / "overlap.json").read_text())["figures"]
-    readme = (root / "README.md").read_text()
+    readme = (root / "docs" / "training.md").read_text()
     sequential, overlapped = (committed[name]["seconds_per_step"] for name in ("sequential", "overlap"))
     assert f"{sequential:.3f} s per step sequential, {overlapped:.3f} s overlapped" in " ".join(readme.split())

@@ -204,5 +204,5 @@ def test_a_changed_truncation_share_is_caught():
     grid_checks.catches_a_change(RESULTS, benchmark, "filter", 0, 4, "truncated", lambda value: value + 1 / 128)
 
 
-def test_the_readme_quotes_the_results_file():
-    grid_checks.readme_quotes_final_accuracies(RESULTS, benchmark)
+def test_the_training_doc_quotes_the_results_file():
+    grid_checks.training_doc_quotes_final_accuracies(RESULTS, benchmark)

@@ -461,12 +461,12 @@ def test_a_changed_step_accuracy_is_caught():
                                  lambda value: value + 1e-9)
 
 
-def test_the_readme_quotes_the_results_file():
-    grid_checks.readme_quotes_final_accuracies(RESULTS, benchmark)
+def test_the_training_doc_quotes_the_results_file():
+    grid_checks.training_doc_quotes_final_accuracies(RESULTS, benchmark)
 
 
-def test_the_readme_says_what_the_paired_comparison_shows():
-    """The README's verdicts are paired_seeds' on the results file: the final accuracies are
+def test_the_training_doc_says_what_the_paired_comparison_shows():
+    """docs/training.md's verdicts are paired_seeds' on the results file: the final accuracies are
     not separated at this size, the share of right steps is."""
     from grpo_edu.algorithm.statistics import paired_seeds
 
@@ -475,7 +475,7 @@ def test_the_readme_says_what_the_paired_comparison_shows():
     final = paired_seeds(*([r["final_accuracy"] for r in by[v]] for v in ("process", "outcome")))
     steps = paired_seeds(*([float(np.mean(r["steps"]["process/step_accuracy"][-25:])) for r in by[v]]
                            for v in ("process", "outcome")))
-    readme = " ".join((ROOT / "README.md").read_text().split())
+    readme = " ".join(grid_checks.TRAINING_DOC.read_text().split())
     assert not final.separated and steps.separated and steps.low > 0
     assert (f"not separated at this size (paired by seed, process - outcome = {final.difference:+.3f} "
             f"[{final.low:+.3f}, {final.high:+.3f}]") in readme

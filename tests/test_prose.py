@@ -143,3 +143,10 @@ def test_the_committed_map_is_drawn_from_the_manifest():
 
     assert (ROOT / "docs" / "images" / "map.svg").read_text() == draw_map(BOOK), (
         "docs/images/map.svg is out of date: run grpo-edu book map")
+
+
+def test_comparisons_are_not_tags_and_quoted_lists_are_items():
+    assert prose.sentences("When A < 0 the ratio falls. When A > 0 it rises.") == [
+        "When A < 0 the ratio falls.", "When A > 0 it rises."]
+    assert prose.sentences("> **You will learn**\n> - one thing\n> - another\n>\n> **Then** more.") == [
+        "**You will learn**", "one thing", "another", "**Then** more."]

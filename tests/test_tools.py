@@ -295,7 +295,7 @@ def test_a_changed_number_or_evaluation_is_caught():
 
 
 def readme_figures(results: dict) -> list[str]:
-    """The figures README.md quotes from benchmarks/results/tools.json, as it writes them."""
+    """The figures docs/training.md quotes from benchmarks/results/tools.json, as it writes them."""
     def span(variant, key):
         values = [r["after"][key] for r in results["runs"] if r["variant"] == variant]
         return f"{sum(values) / len(values):.3f} ({min(values):.3f}-{max(values):.3f})"
@@ -316,8 +316,8 @@ def readme_figures(results: dict) -> list[str]:
             f"sampled accuracy {span('leak', 'sample_accuracy')}"]
 
 
-def test_the_readme_quotes_the_tools_benchmark():
-    readme = " ".join((ROOT / "README.md").read_text().split())
+def test_the_training_doc_quotes_the_tools_benchmark():
+    readme = " ".join((ROOT / "docs" / "training.md").read_text().split())
     for figure in readme_figures(json.loads(RESULTS.read_text())):
         assert figure in readme, figure
 

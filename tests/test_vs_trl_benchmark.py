@@ -1,4 +1,4 @@
-"""benchmarks/vs_trl.py runs end to end (2 steps a trainer): the README's figures against TRL
+"""benchmarks/vs_trl.py runs end to end (2 steps a trainer): docs/training.md's figures against TRL
 come from it, and a refactor once left it with a name it no longer imported."""
 
 import subprocess

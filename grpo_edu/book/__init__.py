@@ -294,9 +294,12 @@ def prose_number_offenders(notebook: Path | str) -> list[str]:
     computed_text = "\n".join(_cell_text(c) + "\n" + _output_text(c)
                               for c in cells if c["cell_type"] == "code")
     candidates = []
-    for literal in re.findall(r"[-−]?(?:\d+\.\d*|\.\d+|\d+)(?:[eE][-+]?\d+)?", computed_text):
+    for match in re.finditer(r"[-−]?(?:\d+\.\d*|\.\d+|\d+)(?:[eE][-+]?\d+)?", computed_text):
+        literal = match.group(0).replace("−", "-")
         try:
-            candidates.append(float(literal.replace("−", "-")))
+            candidates.append(float(literal))
+            if literal.startswith("-") and match.start() and computed_text[match.start() - 1].isalnum():
+                candidates.append(float(literal[1:]))     # a range 0.734-0.770: the dash is not a sign
         except ValueError:
             continue
     offenders = []

@@ -30,7 +30,7 @@ _DISPLAY_MATH = re.compile(r"\$\$.*?\$\$", re.S)
 _INLINE_MATH = re.compile(r"\$[^$\n]+\$")
 _INLINE_CODE = re.compile(r"`[^`\n]+`")
 _LINK = re.compile(r"!?\[([^\]]*)\]\([^)]*\)")
-_TAG = re.compile(r"<[^>]+>")
+_TAG = re.compile(r"</?[A-Za-z][^>\n]*>")
 # Abbreviations whose full stop does not end a sentence.
 _ABBREVIATIONS = re.compile(r"\b(?:e\.g|i\.e|et al|eq|Eq|Fig|fig|vs|cf|approx|No|Sec|resp)\.", re.S)
 _SENTENCE_END = re.compile(r"(?<=[.!?])\s+(?=[\"'(\[*_]*[A-Z0-9$])")
@@ -47,7 +47,7 @@ def teaching_text(markdown: str) -> list[str]:
     text = _TAG.sub(" ", text)
     blocks, current = [], []
     for line in text.splitlines():
-        stripped = line.strip()
+        stripped = re.sub(r"^(?:>\s?)+", "", line.strip()).strip()    # a blockquote's text is prose
         item = re.match(r"^(?:[-*+]|\d+\.)\s+", stripped)
         if not stripped or stripped.startswith("#") or stripped.startswith("|") or item:
             if current:

@@ -324,8 +324,8 @@ def rollouts_in_flight(k=2, steps=6):
 
 # ----------------------------------------------------------------------------- chapter 11
 
-def episode_writers(segments=(("prompt", "12 + 30 =", PROMPT), ("policy", "<call>12+30</call>", POLICY),
-                              ("tool", "<result>42</result>", ENV), ("policy", "<answer>42</answer>", POLICY))):
+def episode_writers(segments=(("prompt", "47*85=", PROMPT), ("policy", "<think>[47*85]", POLICY),
+                              ("calculator", "=3995", ENV), ("policy", "</think>\\boxed{3995}", POLICY))):
     """One multi-turn episode: who wrote each span, and the loss mask, which keeps only the
     policy's own tokens."""
     figure, axes = _figure(10, 1.9)

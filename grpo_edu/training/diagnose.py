@@ -40,7 +40,7 @@ LOW_ACCURACY = 0.5
 # Equal rewards must get equal advantages within a group (any advantage function of the
 # group's rewards gives them exactly equal ones); a group normalised in pieces does not.
 TIE_SPREAD = 1e-4
-# Completion length: the late window's mean over the early window's.
+# Completion length: the late window's median over the early window's.
 LENGTH_GROWTH = 1.3
 # Sampler/trainer gap, mean |log pi_trainer - log pi_sampler| per token over the first
 # steps. Float32 on both sides: ~2e-7. A bf16 sampler (vLLM): ~1e-2. The trainer at T = 1
