@@ -5,6 +5,7 @@
 #   make html   build the book as a static website in build/html (open build/html/index.html)
 #   make test-vllm  the real-vLLM tier: the vLLM engine against vLLM's CPU build, in .venv-vllm (CI runs it too)
 #   make test-kernels  the kernels tier: training and the book under other CPU kernels than the pin (CI runs it too)
+#   make test-anywhere the run-anywhere tier: every chapter outside the repository, from the built wheel (CI runs it too)
 PYTHON ?= python3
 VENV   ?= .venv
 BIN    := $(VENV)/bin
@@ -12,7 +13,7 @@ BIN    := $(VENV)/bin
 # pin from the package index is the CUDA build (see docs/training.md, "Which PyTorch").
 TORCH  ?= torch==2.13.0
 
-.PHONY: book html train test test-vllm test-kernels setup setup-test gpu-resolves browser check clean
+.PHONY: book html train test test-vllm test-kernels test-anywhere setup setup-test gpu-resolves browser check clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -56,7 +57,7 @@ train: setup
 TEST_WORKERS ?= 2
 # The kernels tier (the tests marked kernels, in tests/test_numerics.py) is run by make test-kernels.
 test: setup-test gpu-resolves browser
-	OMP_WAIT_POLICY=PASSIVE $(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadfile --durations=30 -m "not kernels"
+	OMP_WAIT_POLICY=PASSIVE $(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadfile --durations=30 -m "not kernels and not anywhere"
 
 # tests/test_browser.py drives Debian's Chromium. Install it where it is missing and
 # apt-get can (root); elsewhere that test is skipped with the reason (CI, which sets
@@ -102,6 +103,11 @@ test-vllm: $(VLLM_VENV)/.installed
 # after make test.
 test-kernels: setup-test
 	OMP_WAIT_POLICY=PASSIVE $(BIN)/python -m pytest -n $(TEST_WORKERS) --dist load -m kernels tests/test_numerics.py
+
+# The run-anywhere tier (tests/test_anywhere.py): the wheel built from this checkout, installed apart
+# from it, and every chapter run in a folder of its own against its committed outputs.
+test-anywhere: setup-test
+	OMP_WAIT_POLICY=PASSIVE $(BIN)/python -m pytest -p no:cacheprovider -m anywhere tests/test_anywhere.py
 
 check: setup-test
 	$(BIN)/grpo-edu book check

@@ -4,6 +4,8 @@
     all      every token trains its policy term (q = 1; log_entropy on, which changes nothing)
     top50    the half of each optimizer step's tokens with the highest entropy (q = 0.5)
     top20    the fifth with the highest entropy (q = 0.2: "Beyond the 80/20 Rule")
+    all-beta0, top20-beta0   the same two without the KL term (beta = 0), as the paper ran DAPO:
+             with beta = 0.04 the KL still pulls the masked tokens toward the reference
 
     .venv/bin/python benchmarks/entropy.py [--variants ...] [--seeds 0 1 2] [--steps 150] [--out FILE]
     .venv/bin/python benchmarks/entropy.py --check FILE [--steps 4] [--runs top20:0 ...]
@@ -29,6 +31,8 @@ VARIANTS = {
     "all": {"top_entropy_quantile": 1.0, "log_entropy": True},
     "top50": {"top_entropy_quantile": 0.5},
     "top20": {"top_entropy_quantile": 0.2},
+    "all-beta0": {"top_entropy_quantile": 1.0, "log_entropy": True, "beta": 0.0},
+    "top20-beta0": {"top_entropy_quantile": 0.2, "beta": 0.0},
 }
 KEPT = ("entropy/mean", "entropy/threshold", "entropy/kept", "reward/accuracy", "kl", "grad_norm")
 GRID = variant_grid.DefaultRunGrid(

@@ -41,7 +41,7 @@
 # The ladder this chapter climbs, one change at a time.
 from grpo_edu.book import schematics
 
-schematics.grpo_ladder();
+schematics.grpo_ladder()
 
 # %%
 import json
@@ -54,6 +54,9 @@ from grpo_edu.algorithm import baselines
 from grpo_edu.algorithm.bandit import Bandit, moments, sampled_moments
 from grpo_edu.algorithm.estimators import clipped_objective
 from grpo_edu.training.evaluation import wilson_interval
+from grpo_edu.book import home
+
+home.enter()   # the book's folder: its files are read and its runs written from there
 
 np.set_printoptions(precision=4, suppress=True, floatmode="fixed")
 
@@ -289,7 +292,7 @@ for rho in (0.7, 0.9, 1.1, 1.3):
 # measured one.
 
 # %%
-RESULTS = json.loads(Path("../benchmarks/results/estimators.json").read_text())
+RESULTS = json.loads(home.path("benchmarks/results/estimators.json").read_text())
 TARGET = 0.8
 runs = RESULTS["runs"]
 

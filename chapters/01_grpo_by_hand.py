@@ -53,6 +53,9 @@ import inspect
 import numpy as np
 
 from grpo_edu.algorithm import reference
+from grpo_edu.book import home
+
+home.enter()   # the book's folder: its files are read and its runs written from there
 
 np.set_printoptions(precision=4, suppress=True, floatmode="fixed")
 
@@ -135,7 +138,7 @@ print(f"G = {G}, response lengths = {[len(t) for t in token_ids]}, "
 # The worked example's group: each response against the group's mean (population std).
 from grpo_edu.book import schematics
 
-schematics.group_advantages(rewards);
+schematics.group_advantages(rewards)
 
 # %%
 # Drag the rewards: the advantages follow (group, batch or no std scaling). Chapter 2 gathers the explorers.
@@ -585,7 +588,7 @@ print(f"clip ratio {r1_epsilon}: ratios clipped to [{1 - r1_epsilon}, {1 + r1_ep
 # %%
 from grpo_edu.training.config import TrainConfig
 
-tiny_r1 = TrainConfig.from_toml("../configs/r1-recipe-tiny.toml")
+tiny_r1 = TrainConfig.from_toml(home.path("configs/r1-recipe-tiny.toml"))
 r1_as_keys = {  # grpo_edu key: R1's first RL stage in that key's units
     "prompts_per_step": outputs_per_rollout // outputs_per_question,
     "num_generations": outputs_per_question,

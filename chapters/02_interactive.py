@@ -141,7 +141,7 @@ for note in state.notes:
 # The picture the explorer below animates: PPO's clipped objective for A > 0 and A < 0.
 from grpo_edu.book import schematics
 
-schematics.clip_regions(epsilon_low=0.2, epsilon_high=0.2);
+schematics.clip_regions(epsilon_low=0.2, epsilon_high=0.2)
 
 # %%
 clipping = ClippingExplorer()

@@ -127,7 +127,7 @@ for b in range(B):
 # A schematic of a padded batch (not this batch): prompts padded on the left, completions on the right.
 from grpo_edu.book import schematics
 
-schematics.bgs_tensor();
+schematics.bgs_tensor()
 
 # %%
 input_ids, attention_mask, completion_mask = pad_rollouts(prompt_ids, completion_ids, tokenizer.pad_token_id)

@@ -55,6 +55,9 @@ from grpo_edu.training.batch import RolloutBatch, pad_rollouts
 from grpo_edu.algorithm import aggregation
 from grpo_edu.algorithm.aggregation import LOSS_TYPES, aggregation_weights
 from grpo_edu.algorithm.loss import grpo_loss
+from grpo_edu.book import home
+
+home.enter()   # the book's folder: its files are read and its runs written from there
 
 torch.set_num_threads(1)
 torch.set_printoptions(precision=4, sci_mode=False)
@@ -166,7 +169,7 @@ print({name: divisors.__name__ for name, divisors in aggregation.AGGREGATIONS.it
 # One group: a 4-token and a 12-token completion. The weight each token gets, by loss type.
 from grpo_edu.book import schematics
 
-schematics.token_weights(lengths=(4, 12), max_completion_length=16);
+schematics.token_weights(lengths=(4, 12), max_completion_length=16)
 
 # %%
 # The same weights, live: drag the lengths and switch the loss type (chapter 2 gathers every explorer).
@@ -404,7 +407,7 @@ for alpha in (1.0, 0.6, 0.05):
 import json
 from pathlib import Path
 
-reference_runs = json.loads(Path("../benchmarks/results/reference.json").read_text())
+reference_runs = json.loads(home.path("benchmarks/results/reference.json").read_text())
 ref_variants = list(reference_runs["variants"])
 final = {v: [r["final_accuracy"] for r in reference_runs["runs"] if r["variant"] == v] for v in ref_variants}
 late_kl = {v: [float(np.median(r["steps"]["kl"][-25:])) for r in reference_runs["runs"] if r["variant"] == v]
@@ -546,7 +549,7 @@ for row, text in enumerate(texts):
 # </details>
 
 # %%
-entropy_runs = json.loads(Path("../benchmarks/results/entropy.json").read_text())
+entropy_runs = json.loads(home.path("benchmarks/results/entropy.json").read_text())
 ent_variants = list(entropy_runs["variants"])
 ent_final = {v: [r["final_accuracy"] for r in entropy_runs["runs"] if r["variant"] == v] for v in ent_variants}
 late_entropy = {v: [float(np.mean(r["steps"]["entropy/mean"][-25:])) for r in entropy_runs["runs"]
@@ -650,7 +653,7 @@ print("punishment at L = 9, c = 2, by length", dict(zip(lengths.tolist(),
 # </details>
 
 # %%
-overlong_runs = json.loads(Path("../benchmarks/results/overlong.json").read_text())
+overlong_runs = json.loads(home.path("benchmarks/results/overlong.json").read_text())
 ol_variants = list(overlong_runs["variants"])
 ol_final = {v: [r["final_accuracy"] for r in overlong_runs["runs"] if r["variant"] == v] for v in ol_variants}
 ol_late = {v: {key: [float(np.mean(r["steps"][key][-25:])) for r in overlong_runs["runs"] if r["variant"] == v]
@@ -718,7 +721,7 @@ for claim, holds in claims.items():
 # </details>
 
 # %%
-dynamic_runs = json.loads(Path("../benchmarks/results/dynamic_sampling.json").read_text())
+dynamic_runs = json.loads(home.path("benchmarks/results/dynamic_sampling.json").read_text())
 ds_variants = list(dynamic_runs["variants"])
 B_countdown = 16                                      # prompts_per_step of configs/cpu-tiny.toml
 ds = {v: [r for r in dynamic_runs["runs"] if r["variant"] == v] for v in ds_variants}

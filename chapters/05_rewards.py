@@ -57,6 +57,9 @@ from grpo_edu.environment import rewards, tasks
 from grpo_edu.algorithm.advantages import group_advantages
 from grpo_edu.exercises import ch05
 from grpo_edu.policy.models import STARTING_POLICY, generate_completions, load_policy
+from grpo_edu.book import home
+
+home.enter()   # the book's folder: its files are read and its runs written from there
 
 torch.set_num_threads(1)
 torch.manual_seed(0)
@@ -404,7 +407,7 @@ else:
 # The same completion, scored two ways.
 from grpo_edu.book import schematics
 
-schematics.reward_paths();
+schematics.reward_paths()
 
 # %%
 from grpo_edu.environment import process
@@ -489,7 +492,7 @@ for ax, values, title in ((axes[0], outcome_A[0], "outcome supervision: one adva
     ax.set_title(title, fontsize=10)
     ax.set_xlabel("token")
 axes[0].set_ylabel("completion")
-figure.colorbar(image, ax=axes, shrink=0.8, label="advantage");
+_ = figure.colorbar(image, ax=axes, shrink=0.8, label="advantage")
 
 # %% [markdown]
 # Under outcome supervision every token of this group gets 0: all eight answers are equally
@@ -529,7 +532,7 @@ figure.colorbar(image, ax=axes, shrink=0.8, label="advantage");
 # </details>
 
 # %%
-PROCESS_RESULTS = json.loads(Path("../benchmarks/results/process.json").read_text())
+PROCESS_RESULTS = json.loads(home.path("benchmarks/results/process.json").read_text())
 process_runs = PROCESS_RESULTS["runs"]
 for variant in PROCESS_RESULTS["variants"]:
     mine = [r for r in process_runs if r["variant"] == variant]

@@ -43,6 +43,9 @@ from grpo_edu.training.config import TrainConfig
 from grpo_edu.policy.models import generate_completions, load_policy
 from grpo_edu.training.evaluation import evaluate
 from grpo_edu.environment.rewards import accuracy_reward
+from grpo_edu.book import home
+
+home.enter()   # the book's folder: its files are read and its runs written from there
 
 torch.set_num_threads(2)
 torch.set_printoptions(precision=4, sci_mode=False)
@@ -99,7 +102,7 @@ for sample, (completion,) in zip(held_out[:4], generate_completions(policy, toke
 # The loop below, as a picture: one rollout per step.
 from grpo_edu.book import schematics
 
-schematics.grpo_loop();
+schematics.grpo_loop()
 
 # %%
 print(inspect.getsource(trainer.loop))
@@ -237,9 +240,9 @@ print(f"token positions per forward: transformers {padded} (128 rows x {ids.shap
 # reward is accuracy + 0.5 format.
 
 # %% tags=["platform-numerics"]
-config = TrainConfig.from_toml("../configs/cpu-tiny.toml",
+config = TrainConfig.from_toml(home.path("configs/cpu-tiny.toml"),
                                ["steps=200", "eval_every=50", "checkpoint_every=0", "progress=false",
-                                "output_dir='../runs/chapter-6'"])
+                                "output_dir='runs/chapter-6'"])
 print(f"B = {config.prompts_per_step}, G = {config.num_generations}, lr = {config.learning_rate:g} "
       f"({config.lr_schedule}), "
       f"beta = {config.beta}, epsilon = {config.epsilon}, loss_type = {config.loss_type!r}, "
@@ -425,7 +428,7 @@ check = torch.tensor([[1.5, 0.0, 0.0, 1.5], [0.5, 0.5, 0.5, 0.5], [1.0, 0.0, 0.5
 from grpo_edu.algorithm.advantages import group_advantages
 print(f"max |mine - library| on a test batch: {(my_batch_advantages(check) - group_advantages(check)).abs().max():.1e}")
 
-mine = trainer.train(TrainConfig.from_dict({**config.to_dict(), "output_dir": "../runs/chapter-6-mine"}),
+mine = trainer.train(TrainConfig.from_dict({**config.to_dict(), "output_dir": "runs/chapter-6-mine"}),
                      advantage_fn=my_batch_advantages, log=lambda _: None)
 print(f"with my advantages: {mine.summary['start_accuracy']:.4f} -> {mine.summary['final_accuracy']:.4f} "
       f"after {mine.summary['steps']} steps")

@@ -61,9 +61,12 @@ from grpo_edu.runtime.distributed import World
 from grpo_edu.lab.faults import Faults
 from grpo_edu.policy.models import load_policy
 from grpo_edu.book.plots import plot_compare
+from grpo_edu.book import home
+
+home.enter()   # the book's folder: its files are read and its runs written from there
 
 torch.set_num_threads(2)
-ROOT = "../runs/chapter-7"
+ROOT = "runs/chapter-7"
 results, logged = {}, {}
 
 
@@ -112,7 +115,7 @@ for name, spec in lab.RUNS.items():
 # How every experiment of this chapter is made.
 from grpo_edu.book import schematics
 
-schematics.failure_lab();
+schematics.failure_lab()
 
 # %% tags=["platform-numerics"]
 trial("healthy")

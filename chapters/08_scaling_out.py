@@ -67,6 +67,9 @@ from grpo_edu.runtime.distributed import World
 from grpo_edu.algorithm.aggregation import LOSS_TYPES
 from grpo_edu.algorithm.loss import grpo_loss
 from grpo_edu.policy.models import load_policy
+from grpo_edu.book import home
+
+home.enter()   # the book's folder: its files are read and its runs written from there
 
 torch.set_num_threads(1)
 torch.set_printoptions(precision=4, sci_mode=False)
@@ -88,7 +91,7 @@ def f4(x):
 # Whole groups dealt out to ranks.
 from grpo_edu.book import schematics
 
-schematics.groups_to_ranks(groups=4, G=4, ranks=2);
+schematics.groups_to_ranks(groups=4, G=4, ranks=2)
 
 # %%
 print(inspect.getsource(World.shard))
@@ -100,7 +103,7 @@ print(inspect.getsource(World.shard))
 # where completion j of prompt i is row i G + j:
 
 # %%
-config = TrainConfig.from_toml("../configs/cpu-tiny.toml")
+config = TrainConfig.from_toml(home.path("configs/cpu-tiny.toml"))
 B, G, N = config.prompts_per_step, config.num_generations, 2
 pool = tasks.make_dataset(config.task, n=tasks.TRAIN_POOL, split="train", seed=0)
 first_step = rollouts.sample_prompts(config, trainer.TrainState(prompt_rng=random.Random(config.seed)), pool)
@@ -426,7 +429,7 @@ def step_arithmetic(config, world_size):
 
 
 runs_on = [("cpu-tiny", 2), ("cpu-tiny", 8), ("r1-recipe-tiny", 8), ("gpu-1x", 1), ("h100-8x", 8)]
-configs = {name: TrainConfig.from_toml(f"../configs/{name}.toml") for name, _ in runs_on}
+configs = {name: TrainConfig.from_toml(home.path(f"configs/{name}.toml")) for name, _ in runs_on}
 tables = {f"{name} on {n}": step_arithmetic(configs[name], n) for name, n in runs_on}
 print(f"{'':<32}" + "".join(f"{name:>21}" for name in tables))
 for key in next(iter(tables.values())):

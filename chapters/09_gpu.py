@@ -19,7 +19,7 @@
 # >
 # > **You need first**: chapter 6 (training the tiny reasoner).
 # >
-# > **Reading time**: about 40 minutes. **Compute**: at most 120 s on a 2-core CPU. [Glossary](../docs/glossary.md) · [Notation](../docs/notation.md)
+# > **Reading time**: about 41 minutes. **Compute**: at most 120 s on a 2-core CPU. [Glossary](../docs/glossary.md) · [Notation](../docs/notation.md)
 #
 # Everything so far ran on a laptop CPU. This chapter moves the same GRPO (Group Relative
 # Policy Optimization) trainer to GPUs, and it runs on a CPU too: what a CPU can compute is
@@ -62,10 +62,13 @@ from grpo_edu.algorithm.loss import grpo_loss
 from grpo_edu.policy.models import STARTING_POLICY, load_policy
 from grpo_edu.sampling.rollout import SamplingParams
 from grpo_edu.training.update import optimizer_steps_per_rollout
+from grpo_edu.book import home
+
+home.enter()   # the book's folder: its files are read and its runs written from there
 
 torch.set_num_threads(1)
 torch.set_printoptions(precision=4, sci_mode=False)
-configs = {name: TrainConfig.from_toml(f"../configs/{name}.toml")
+configs = {name: TrainConfig.from_toml(home.path(f"configs/{name}.toml"))
            for name in ("cpu-tiny", "gpu-1x", "h100-8x", "qwen2.5-0.5b-gsm8k-8x")}
 
 
@@ -124,7 +127,7 @@ print(f"gpu-1x -> h100-8x changes: "
 # One GPU, shared: the trainer and the sampler each hold their memory; weights cross after each update.
 from grpo_edu.book import schematics
 
-schematics.one_gpu();
+schematics.one_gpu()
 
 # %%
 print(inspect.getsource(vllm_engine.VLLMEngine.sync_weights))
@@ -147,7 +150,7 @@ print(inspect.getsource(vllm_engine.VLLMEngine.generate))
 # policy itself on the CPU, and refuses any call out of order:
 
 # %%
-STAND_IN = str(Path("../tests/fake_vllm").resolve())
+STAND_IN = str(home.path("tests/fake_vllm"))
 sys.path.insert(0, STAND_IN)
 import vllm as stand_in  # noqa: E402  (the stand-in: vLLM itself needs a GPU)
 
@@ -210,7 +213,7 @@ print(f"\n1,000 updates of 1e-4: a bf16 weight {w_bf16.item():.4f}, a float32 we
 
 print("\nthe forward passes' dtype (precision.compute_dtype):")
 for setting in precision.PRECISIONS:
-    config = TrainConfig.from_toml("../configs/gpu-1x.toml", [f"precision={setting}"])
+    config = TrainConfig.from_toml(home.path("configs/gpu-1x.toml"), [f"precision={setting}"])
     print(f"  precision = {setting!r:<7} on cuda: {str(precision.compute_dtype(config, torch.device('cuda'))):<15}"
           f"on the CPU: {precision.compute_dtype(config, torch.device('cpu'))}")
 
@@ -493,7 +496,7 @@ print(f"\nthe reference's float32 copy LoRA does without, Qwen2.5-7B: {4 * sizes
 # </details>
 
 # %%
-measured = json.loads(Path("../benchmarks/results/gpu.json").read_text())["parts"]
+measured = json.loads(home.path("benchmarks/results/gpu.json").read_text())["parts"]
 print(f"{'part':<22}{'GPU':<13}{'predicted':>10}{'held':>8}{'peak':>8}  median step, s (rollout / update)")
 for part in ("qwen2.5-1.5b", "qwen2.5-1.5b-lora", "qwen2.5-7b-lora", "qwen2.5-7b-lora-mb8"):
     e = measured[part]
@@ -552,7 +555,7 @@ show_claims({
 # </details>
 
 # %%
-lora_runs = json.loads(Path("../benchmarks/results/lora.json").read_text())
+lora_runs = json.loads(home.path("benchmarks/results/lora.json").read_text())
 LORA_VARIANTS = {"full": "whole model, lr 3e-4", "lora": "LoRA r = 8, lr 3e-3", "lora-3e-4": "LoRA r = 8, lr 3e-4"}
 final = {v: [r["final_accuracy"] for r in lora_runs["runs"] if r["variant"] == v] for v in LORA_VARIANTS}
 late_kl = {v: [sum(r["steps"]["kl"][-25:]) / 25 for r in lora_runs["runs"] if r["variant"] == v] for v in LORA_VARIANTS}
@@ -617,7 +620,7 @@ print(f"{'config':<28}{'GPUs':>5}{'prompts/engine':>16}{'completions/engine':>20
       f"{'optimizer steps':>17}{'completions/step':>18}")
 per_engine_tokens = {}
 for name in recipes:
-    c = TrainConfig.from_toml(f"../configs/{name}.toml")
+    c = TrainConfig.from_toml(home.path(f"configs/{name}.toml"))
     gpus = 8 if name.endswith("8x") else 1
     per_engine = c.prompts_per_step // gpus * c.num_generations
     per_engine_tokens[name] = per_engine * c.max_completion_length
@@ -673,7 +676,7 @@ folder = Path(tempfile.mkdtemp())
 sys.path.insert(0, str(folder))   # as running from that folder would
 for setting in ("advantage_fn=my_solutions:group_advantages", "rewards.my_solutions:brevity=0.1",
                 "advantage_fn=my_solutions:forgot_the_epsilon", "rewards.my_solutions:brevity_without_columns=0.1"):
-    config = TrainConfig.from_toml("../configs/gpu-1x.toml", [setting])
+    config = TrainConfig.from_toml(home.path("configs/gpu-1x.toml"), [setting])
     try:
         user_functions.functions_from_config(config)
         print(f"--set {setting}: passes the probe")
@@ -701,18 +704,23 @@ for name, launch in (("gpu-1x", "grpo-edu train"),
 # build of torch, and disk space.
 #
 # **The install.** The `gpu` extra is vLLM and TRL and nothing for Jupyter. To run this book
-# on the GPU machine as well, add the `book` extra. What each extra brings, read from
-# `pyproject.toml`:
+# on the GPU machine as well, add the `book` extra. What each extra brings, read from the
+# installed package's metadata:
 
 # %%
-from grpo_edu.training.config import tomllib
+from importlib.metadata import requires
 
-project = tomllib.loads(Path("../pyproject.toml").read_text())["project"]
+from grpo_edu.runtime.numerics import TORCH_PIN
+
+extras = {}
+for requirement in requires("grpo-edu"):
+    name, _, marker = requirement.partition(";")
+    if "extra ==" in marker:
+        extras.setdefault(marker.split("extra ==")[1].strip().strip("\"'"), []).append(name.strip())
 for extra in ("gpu", "book"):
-    print(f"{extra}: {', '.join(project['optional-dependencies'][extra])}")
-torch_pin = next(line for line in Path("../Makefile").read_text().splitlines() if line.startswith("TORCH "))
-print(f"the torch pin (Makefile): {torch_pin.split('?=')[1].strip()}")
-print("\npip install torch==2.13.0                  # on Linux the package index's build is a CUDA build")
+    print(f"{extra}: {', '.join(extras[extra])}")
+print(f"the torch pin (the Makefile's TORCH): {TORCH_PIN}")
+print(f"\npip install {TORCH_PIN}                  # on Linux the package index's build is a CUDA build")
 print("pip install -e '.[gpu,book]'               # vLLM, TRL, and Jupyter for the book")
 print("grpo-edu doctor --gpu                      # CUDA, versions, vLLM's weight sync, two training steps")
 
@@ -762,8 +770,8 @@ for name, size in sizes.items():
 # what it holds:
 
 # %% tags=["platform-numerics"]
-run_dir = Path("../runs/chapter-9")
-short = TrainConfig.from_toml("../configs/cpu-tiny.toml", ["steps=100", "eval_every=100", "eval_size=64",
+run_dir = Path("runs/chapter-9")
+short = TrainConfig.from_toml(home.path("configs/cpu-tiny.toml"), ["steps=100", "eval_every=100", "eval_size=64",
                                                            "checkpoint_every=0", "progress=false",
                                                            f"output_dir={json.dumps(str(run_dir))}"])
 result = trainer.train(short, log=lambda line: None)
@@ -830,7 +838,7 @@ show_claims({
 # %%
 import ast
 
-for path in sorted(Path("../tests/real_vllm").glob("test_*.py")):
+for path in sorted(home.path("tests/real_vllm").glob("test_*.py")):
     tree = ast.parse(path.read_text())
     print(f"{path.name}: {(ast.get_docstring(tree) or '').splitlines()[0]}")
     for node in tree.body:
@@ -869,7 +877,7 @@ GPU_RUN = """
 import json, sys, torch
 from grpo_edu.training import trainer
 from grpo_edu.training.config import TrainConfig
-config = TrainConfig.from_toml("../configs/gpu-1x.toml", ["steps=20", "eval_every=20", "checkpoint_every=0",
+config = TrainConfig.from_toml(home.path("configs/gpu-1x.toml"), ["steps=20", "eval_every=20", "checkpoint_every=0",
                                                          "progress=false", "output_dir=" + sys.argv[1]])
 summary = trainer.train(config).summary
 print(json.dumps({"steps_per_second": summary["median_steps_per_second"], "start": summary["start_accuracy"],
@@ -907,9 +915,9 @@ print(f"configs/gpu-1x.toml, 20 steps: {run['steps_per_second']:.2f} steps/s (me
 # others.
 
 # %%
-gpu_results = subprocess.run([sys.executable, "../benchmarks/gpu.py", "--report",
-                              "--out", "../benchmarks/results/gpu.json"], capture_output=True, text=True, check=True)
-print(gpu_results.stdout.replace(str(Path("..").resolve()) + "/", ""))
+gpu_results = subprocess.run([sys.executable, str(home.path("benchmarks/gpu.py")), "--report", "--out",
+                              str(home.path("benchmarks/results/gpu.json"))], capture_output=True, text=True, check=True)
+print(home.shown(gpu_results.stdout))
 
 # %% [markdown]
 # ## What you learned

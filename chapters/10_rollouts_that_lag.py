@@ -52,9 +52,12 @@ from grpo_edu.runtime.distributed import World
 from grpo_edu.algorithm.logprobs import completion_logprobs
 from grpo_edu.policy.models import load_policy
 from grpo_edu.algorithm.offpolicy import Correction, correction_weights
+from grpo_edu.book import home
+
+home.enter()   # the book's folder: its files are read and its runs written from there
 
 torch.set_num_threads(2)
-RESULTS = json.loads(Path("../benchmarks/results/lag.json").read_text())
+RESULTS = json.loads(home.path("benchmarks/results/lag.json").read_text())
 runs = RESULTS["runs"]
 
 
@@ -137,7 +140,7 @@ for f in (0.3, 0.5, 0.6, 0.7, 0.8, 0.9):
     print(f"sampling {f:.0%} of a synchronous step: overlapped step {max(f, 1 - f):.0%} of it, x{1 / max(f, 1 - f):.2f}")
 f_cpu = (phase["rollout"] + phase["scoring"]) / step_sync
 print(f"this CPU tier: sampling and scoring {f_cpu:.0%} of a step")
-gpu_parts = json.loads(Path("../benchmarks/results/gpu.json").read_text())["parts"]
+gpu_parts = json.loads(home.path("benchmarks/results/gpu.json").read_text())["parts"]
 for part, e in gpu_parts.items():
     if "time_split_median_s" in e:
         f_gpu = e["time_split_median_s"]["rollout"] / e["step_seconds_median"]
@@ -169,7 +172,7 @@ for part, e in gpu_parts.items():
 # </details>
 
 # %%
-measured = json.loads(Path("../benchmarks/results/overlap.json").read_text())
+measured = json.loads(home.path("benchmarks/results/overlap.json").read_text())
 print(f"{measured['machine']['cpu_count']} cores, threads = {measured['settings']['threads']}: "
       f"median seconds per step, and per phase")
 for name, figures in measured["figures"].items():
@@ -206,12 +209,12 @@ print("the same final weights in every setting:", len({w for f in measured["figu
 # The sampler k rollouts ahead of the trainer: update n trains on rollout n - k.
 from grpo_edu.book import schematics
 
-schematics.rollouts_in_flight(k=2);
+schematics.rollouts_in_flight(k=2)
 
 # %% tags=["platform-numerics"]
-config = TrainConfig.from_toml("../configs/cpu-tiny.toml", [
+config = TrainConfig.from_toml(home.path("configs/cpu-tiny.toml"), [
     "steps=4", "eval_every=1000", "eval_size=16", "checkpoint_every=0", "progress=false",
-    "output_dir='../runs/chapter-10/four-updates'"])
+    "output_dir='runs/chapter-10/four-updates'"])
 then, tokenizer = load_policy()
 engine = placement.make_engine(config, placement.build_models(config, World(), then), tokenizer)
 torch.manual_seed(0)
@@ -465,7 +468,7 @@ for lag in LAGS[1:]:
 # from metrics.jsonl), beside the synchronous run's.
 
 # %%
-BASE = TrainConfig.from_toml("../configs/cpu-tiny.toml").to_dict()
+BASE = TrainConfig.from_toml(home.path("configs/cpu-tiny.toml")).to_dict()
 
 
 def config_of(run):

@@ -58,10 +58,12 @@ from grpo_edu.algorithm.logprobs import completion_logprobs
 from grpo_edu.algorithm.loss import grpo_loss
 from grpo_edu.policy.models import TOOL_POLICY, load_policy
 from grpo_edu.sampling.rollout import HFEngine, SamplingParams
+from grpo_edu.book import home
+
+home.enter()   # the book's folder: its files are read and its runs written from there
 
 torch.set_num_threads(2)
-ROOT = Path("..").resolve()
-RESULTS = json.loads((ROOT / "benchmarks/results/tools.json").read_text())
+RESULTS = json.loads(home.path("benchmarks/results/tools.json").read_text())
 CALCULATOR = "grpo_edu.training.episodes:Calculator"
 
 
@@ -121,7 +123,7 @@ for key in ("sample_tool_call_rate", "sample_accuracy", "mixed_groups", "tool_ca
 # Who writes what in an episode, and what the loss sees (a schematic; the real episode follows).
 from grpo_edu.book import schematics
 
-schematics.episode_writers();
+schematics.episode_writers()
 
 # %% tags=["platform-numerics"]
 policy, tokenizer = load_policy(TOOL_POLICY)
@@ -255,7 +257,7 @@ print(f"the doctor's threshold, grpo_edu.training.diagnose.ENV_GAP: {ENV_GAP} na
 # </details>
 
 # %% tags=["platform-numerics"]
-live = {name: lab.run(name, ROOT / "runs" / "chapter11") for name in lab.TOOL_RUNS}
+live = {name: lab.run(name, Path("runs") / "chapter11") for name in lab.TOOL_RUNS}
 print(f"{'step':>4}  " + "".join(f"{name + ': accuracy turns gap kl':<44}" for name in live))
 for step in (1, 5, 10, 15, 20):
     cells = []
@@ -454,7 +456,7 @@ show_claims(claims)
 # </details>
 
 # %%
-cost = json.loads((ROOT / "benchmarks/results/episodes.json").read_text())
+cost = json.loads(home.path("benchmarks/results/episodes.json").read_text())
 for name, figures in cost["figures"].items():
     extra = (f", {figures['turns_per_episode']:.2f} turns and {figures['environment_tokens_per_episode']:.2f} "
              f"environment tokens per episode" if "turns_per_episode" in figures else "")

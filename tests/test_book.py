@@ -127,6 +127,13 @@ def test_readme_chapter_table_matches_manifest():
         "README.md's chapter table is out of date; paste this:\n" + book.chapter_table(BOOK))
 
 
+def test_the_torch_pin_the_chapters_print_is_the_makefiles():
+    from grpo_edu.runtime.numerics import TORCH_PIN
+
+    line = next(line for line in (ROOT / "Makefile").read_text().splitlines() if line.startswith("TORCH "))
+    assert line.split("?=")[1].strip() == TORCH_PIN
+
+
 def test_book_list_prints_every_chapter(capsys):
     assert main(["book", "list"]) == 0
     out = capsys.readouterr().out

@@ -10,6 +10,7 @@ book`, the tests and chapters/conftest.py do.
     html.py            the static website (`grpo-edu book html`)
     explorer_specs.py  the explorers as static pictures and tables for the website
     schematics.py      the schematic pictures of the chapters, drawn in code
+    home.py            where a chapter reads and writes, in the repository or anywhere else
     plots.py           training curves from a run's metrics.jsonl (matplotlib, lazily)
     static/            the website's scripts, styles and KaTeX
 

@@ -321,7 +321,7 @@ def build_site(book: Book, out: Path | str) -> list[Page]:
     pages += _doc_pages(book, out, markdown)
     for position, chapter in enumerate(book.chapters):
         notebook = nbformat.read(book.root / chapter.path, as_version=4)
-        shutil.copyfile(book.root / chapter.path, out / "notebooks" / chapter.path.name)
+        (out / "notebooks" / chapter.path.name).write_text(downloadable(book.root / chapter.path))
         renderer = _Chapter(chapter, out, markdown, explorers)
         body = _with_sections(renderer.cells(notebook))
         title = f"{chapter.number}. {chapter.title} - {book.title}"
@@ -331,6 +331,29 @@ def build_site(book: Book, out: Path | str) -> list[Page]:
                           sum(p.stat().st_size for p in renderer.figures), len(renderer.figures),
                           len(renderer.explorers)))
     return pages
+
+
+INSTALL = ("**To run this notebook outside the book's repository**, install the book's package first, "
+           "in a terminal or in a cell: `pip install \"grpo-edu[book]\"` (from a checkout of the repository: "
+           "`pip wheel --no-deps .`, then `pip install \"grpo_edu-{version}-py3-none-any.whl[book]\"`). "
+           "The chapter reads its configs and results from the package and writes its runs under `runs/` "
+           "in the folder it runs in.")
+
+
+def downloadable(path: Path) -> str:
+    """The committed notebook as the website offers it: the install line as its first cell,
+    every other cell (outputs included) as committed."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        release = version("grpo-edu")
+    except PackageNotFoundError:
+        release = "0.1.0"
+    notebook = nbformat.read(path, as_version=4)
+    cell = nbformat.v4.new_markdown_cell(INSTALL.format(version=release))
+    cell["id"] = "install"
+    notebook.cells.insert(0, cell)
+    return nbformat.writes(notebook) + "\n"
 
 
 def site_bytes(out: Path | str) -> int:

@@ -51,10 +51,16 @@ def _arrow(axes, start, end, text="", bend=0.0, color="#555555"):
                   va="bottom", fontsize=8, color=color)
 
 
-def _done(figure, axes, xlim, ylim):
-    axes.set_xlim(*xlim)
-    axes.set_ylim(*ylim)
+def _done(figure, axes=None, xlim=None, ylim=None):
+    """Lay the figure out and hand it back closed: a notebook shows the returned figure once
+    (pyplot's own end-of-cell display would show an open one a second time)."""
+    import matplotlib.pyplot as plt
+
+    if axes is not None:
+        axes.set_xlim(*xlim)
+        axes.set_ylim(*ylim)
     figure.tight_layout()
+    plt.close(figure)
     return figure
 
 
@@ -125,8 +131,7 @@ def clip_regions(epsilon_low=0.2, epsilon_high=0.2):
         axes.set_xlabel(r"ratio $\rho = \pi_\theta / \pi_{old}$")
         axes.set_ylabel(r"$\min(\rho A, \mathrm{clip}(\rho) A)$")
         axes.legend(loc="upper left" if advantage > 0 else "lower left", fontsize=8, frameon=False)
-    figure.tight_layout()
-    return figure
+    return _done(figure)
 
 
 # ----------------------------------------------------------------------------- chapter 3
@@ -165,8 +170,7 @@ def bgs_tensor(prompt_lengths=(3, 5), completion_lengths=((4, 6, 2), (5, 3, 1)))
     axes.legend(handles=[Patch(color=PROMPT, label="prompt"), Patch(color=POLICY, label="completion (mask 1)"),
                          Patch(color=PAD, label="padding (mask 0)")],
                 loc="upper center", bbox_to_anchor=(0.5, 0.0), ncol=3, fontsize=8, frameon=False)
-    figure.tight_layout()
-    return figure
+    return _done(figure)
 
 
 # ----------------------------------------------------------------------------- chapter 4

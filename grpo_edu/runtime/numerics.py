@@ -43,6 +43,10 @@ import platform
 import sys
 from pathlib import Path
 
+# The torch release the book is built and checked with: the Makefile's TORCH, and the release
+# vllm==0.31.0 (the gpu extra) pins. tests/test_book.py keeps the two equal.
+TORCH_PIN = "torch==2.13.0"
+
 PINNED_ENV = {
     "ATEN_CPU_CAPABILITY": "avx2",
     "MKL_CBWR": "COMPATIBLE",

@@ -42,9 +42,12 @@ try:
 except ModuleNotFoundError:  # Python 3.10
     import tomli as tomllib
 
-# The CPU tier's config in a source checkout (the repository root holds configs/); an
-# installed package has none, and `grpo-edu train` then starts from the defaults below.
-DEFAULT_CONFIG = Path(__file__).resolve().parents[2] / "configs" / "cpu-tiny.toml"
+# The CPU tier's config: in a source checkout the repository root's configs/; in a package
+# installed from its wheel the copy shipped with the book's files (pyproject.toml maps configs/
+# to grpo_edu/book/files/configs, grpo_edu.book.home reads them).
+_CHECKOUT_CONFIG = Path(__file__).resolve().parents[2] / "configs" / "cpu-tiny.toml"
+_SHIPPED_CONFIG = Path(__file__).resolve().parents[1] / "book" / "files" / "configs" / "cpu-tiny.toml"
+DEFAULT_CONFIG = _CHECKOUT_CONFIG if _CHECKOUT_CONFIG.is_file() else _SHIPPED_CONFIG
 
 
 def _doc(text: str, default, *, choices=None, at_least=None, above=None, check=None):
