@@ -290,8 +290,9 @@ def test_the_results_file_holds_every_variant_and_seed():
 
 @grid_checks.PINNED
 def test_the_results_file_is_what_the_trainer_computes():
-    """Re-train top20, seed 0, for 4 steps under the pin."""
+    """Re-train top20, seed 0, and its beta = 0 arm for 4 steps under the pin."""
     grid_checks.reproduces("entropy.py", RESULTS, "top20:0", 4)
+    grid_checks.reproduces("entropy.py", RESULTS, "top20-beta0:0", 4)
 
 
 def test_a_changed_threshold_is_caught():
