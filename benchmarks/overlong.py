@@ -9,6 +9,12 @@ completions are truncated, many of them right.
     soft     the soft overlong punishment, a reward term 0 up to 7 tokens, -0.5 at 8, -1 at 9
              (overlong_cache = 2)
 
+L - c = 7 is the shortest right answer's length, so those two fail by construction. The same three
+with DAPO's slack, scaled to this task (DAPO: L = 20,480 with c = 4,096, so L - c = 0.8 L; here
+L = 13 and c = 3, so L - c = 10, the longest right answer): the methods where they are meant to help.
+
+    plain-13, filter-13, soft-13   max_completion_length = 13 (soft: overlong_cache = 3)
+
     .venv/bin/python benchmarks/overlong.py [--variants ...] [--seeds 0 1 2] [--steps 150] [--out FILE]
     .venv/bin/python benchmarks/overlong.py --check FILE [--steps 4] [--runs filter:0 ...]
 
@@ -32,6 +38,9 @@ VARIANTS = {
     "plain": {},
     "filter": {"mask_truncated_completions": True},
     "soft": {"overlong_cache": 2},
+    "plain-13": {"max_completion_length": 13},
+    "filter-13": {"max_completion_length": 13, "mask_truncated_completions": True},
+    "soft-13": {"max_completion_length": 13, "overlong_cache": 3},
 }
 KEPT = ("truncated", "reward/accuracy", "completion_length/mean", "reward/overlong", "kl", "grad_norm")
 GRID = variant_grid.DefaultRunGrid(

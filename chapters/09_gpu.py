@@ -19,7 +19,7 @@
 # >
 # > **You need first**: chapter 6 (training the tiny reasoner).
 # >
-# > **Reading time**: about 41 minutes. **Compute**: at most 120 s on a 2-core CPU. [Glossary](../docs/glossary.md) · [Notation](../docs/notation.md)
+# > **Reading time**: about 42 minutes. **Compute**: at most 120 s on a 2-core CPU. [Glossary](../docs/glossary.md) · [Notation](../docs/notation.md)
 #
 # Everything so far ran on a laptop CPU. This chapter moves the same GRPO (Group Relative
 # Policy Optimization) trainer to GPUs, and it runs on a CPU too: what a CPU can compute is
@@ -988,3 +988,103 @@ print(home.shown(gpu_results.stdout))
 #    that reused them would attend to a policy that no longer exists.
 #
 #    </details>
+#
+# ## Exercises
+#
+# Each checker in `grpo_edu.exercises.ch09` runs your answer on several cases and names each
+# case that fails and what is wrong there, never the right answer. Each exercise has a hint
+# and a worked solution, folded: open them when you want them.
+#
+# **9.1 What one GPU holds.** Write `my_state_bytes(model, config, gpus)`: the bytes one GPU's
+# trainer holds of the weights, their gradients, AdamW's two moments and the reference.
+# `model` is a plain model on the meta device: its shapes, no memory. `config` sets
+# `lora_rank` (0 is full fine-tuning), `lora_alpha`, `lora_target_modules` and `beta`. With
+# `gpus` > 1, FSDP2 gives each GPU 1/gpus of every tensor. Leave out activations and vLLM, as
+# the chapter's tables do. None of the checker's six cases is a row of those tables: other GPU
+# counts, beta = 0, other ranks and other target modules. The first attempt below counts full
+# fine-tuning's 16 bytes a parameter, whatever the config.
+#
+# <details><summary>Hint</summary>
+#
+# Read the two tables again. Full fine-tuning holds 16 bytes a parameter, and the float32
+# reference's 4 only when beta > 0: `build_models` makes no reference at beta = 0. LoRA holds
+# the frozen base's 4 bytes a parameter, 16 bytes a parameter of the adapters, and no
+# reference. An adapter on an (out, in) layer has A (r, in) and B (out, r): r (in + out)
+# parameters. `model.parameters()` gives a tied embedding once.
+#
+# </details>
+#
+# <details><summary>Solution</summary>
+#
+# ```python
+# import torch
+#
+#
+# def my_state_bytes(model, config, gpus):
+#     P = sum(p.numel() for p in model.parameters())            # a tied embedding counts once
+#     if not config.lora_rank:                                 # weights, gradients, AdamW: 16 bytes
+#         return (16 + (4 if config.beta > 0 else 0)) * P / gpus   # and the reference's 4 if beta > 0
+#     adapters = sum(config.lora_rank * (m.in_features + m.out_features)   # A (r, in) and B (out, r)
+#                    for name, m in model.named_modules()
+#                    if isinstance(m, torch.nn.Linear) and name.rsplit(".", 1)[-1] in config.lora_target_modules)
+#     return (4 * P + 16 * adapters) / gpus                    # the frozen base, the adapters; no reference
+#
+#
+# ch09.check_state_bytes(my_state_bytes)
+# ```
+#
+# The LoRA section's cell counted the adapters another way: `lora.add_adapters` on a copy of
+# the model. Both give the same count.
+#
+# </details>
+
+# %%
+from grpo_edu.exercises import ch09
+
+
+def my_state_bytes(model, config, gpus):
+    P = sum(p.numel() for p in model.parameters())   # a tied embedding counts once
+    return 16 * P / gpus                             # full fine-tuning's 16 bytes, whatever the config: fix me
+
+
+ch09.check_state_bytes(my_state_bytes)
+
+# %% [markdown]
+# **9.2 The weights vLLM receives.** vLLM knows nothing of the adapters: before every rollout
+# it loads each adapted layer's weight with its adapter merged. Write `my_merged_weight(W, A,
+# B, alpha, r)`: that weight, from the base weight W (out, in), the adapter's A (r, in) and B
+# (out, r), `lora_alpha` and `lora_rank`. The checker compares it with
+# `lora.named_merged_weights` for every adapted layer of the tiny policy, in four settings.
+# Untrained adapters would hide a mistake, since B starts at 0: the checker's B are random, as
+# after training. The first attempt below leaves something out. Bonus: at what rank would an
+# adapter on a square layer of width d have as many parameters as the layer itself?
+#
+# <details><summary>Hint</summary>
+#
+# The LoRA section wrote the adapted layer as x W^T + (alpha / r) x A^T B^T. Which one weight,
+# put in place of W, computes the same? Its shape must be W's, (out, in).
+#
+# </details>
+#
+# <details><summary>Solution</summary>
+#
+# ```python
+# def my_merged_weight(W, A, B, alpha, r):
+#     return W + (alpha / r) * (B @ A)      # (out, r) @ (r, in): shaped like W
+#
+#
+# ch09.check_merged_weight(my_merged_weight)
+# ```
+#
+# Bonus: the adapter has r (d + d) parameters and the layer d x d, so they are equal at r = d
+# / 2. For Qwen2.5-7B's q_proj and o_proj, 3,584 wide, that is rank 1,792; the rank 16
+# measured above is a 112th of it.
+#
+# </details>
+
+# %%
+def my_merged_weight(W, A, B, alpha, r):
+    return W + B @ A                                 # without LoRA's scale: fix me
+
+
+ch09.check_merged_weight(my_merged_weight)

@@ -19,7 +19,7 @@
 # >
 # > **You need first**: chapter 6 (training the tiny reasoner).
 # >
-# > **Reading time**: about 26 minutes. **Compute**: at most 60 s on a 2-core CPU. [Glossary](../docs/glossary.md) · [Notation](../docs/notation.md)
+# > **Reading time**: about 27 minutes. **Compute**: at most 60 s on a 2-core CPU. [Glossary](../docs/glossary.md) · [Notation](../docs/notation.md)
 #
 # Every trainer in chapters 1-9 is synchronous. It samples a rollout with the policy it has,
 # updates on it, and only then samples again. The trainers a reader graduates to do not wait:
@@ -647,22 +647,22 @@ show_claims(claims)
 #
 # ## Exercises
 #
-# **10.1 The sequence mask.** Write `my_sequence_mask(old_logp, sampler_logp, mask, band)`:
-# the weight of every token under `is_mask = "sequence"`, (N, S) like the inputs. A response's
-# geometric-mean ratio is exp(mean over its real tokens of (old_logp - sampler_logp)). Every
-# token of a response whose ratio lies in [low, high] gets 1; every token of one outside
-# gets 0. `mask` is bool, True on a response's real tokens; the padding after them holds
-# garbage. The checker compares with `grpo_edu.algorithm.offpolicy` on responses of different
-# lengths, with small and large mismatches, and on long responses whose every token is a
-# little off.
+# **10.1 A response's weight, two ways.** Write `my_sequence_weights(old_logp, sampler_logp,
+# mask, band)`. It returns three tensors of shape (N,), one value per response. `geometric`
+# is the geometric mean of the ratios r_t = exp(old_logp - sampler_logp) over the response's
+# real tokens. `product` is their product, the response's likelihood ratio. `keep` is True
+# where the sequence mask keeps the response: `geometric` lies in [low, high]. `mask` is
+# bool, True on a response's real tokens; the padding after them holds garbage. The checker
+# compares with `grpo_edu.algorithm.offpolicy` on responses of different lengths, with small
+# and large mismatches. It adds long responses whose every token is a little off. Then
+# answer: on that drift case, `ch10.sequence_weight_cases()[2]`, which responses would a
+# band on the product keep?
 #
 # <details><summary>Hint</summary>
 #
-# Zero the log-ratio on padding before you sum it, and divide the sum by each response's own
-# number of real tokens, not by S. Compare the mean of the logs with the band's logs, or its
-# exponential with the band: the same test. The product of the ratios (the sum of the logs,
-# not divided) is the likelihood ratio of the whole response, and it leaves any band on a long
-# response that is only slightly stale everywhere.
+# Zero the log-ratio on padding before you sum it. The sum's exponential is the product. For
+# the geometric mean, divide the sum by each response's own number of real tokens, not by S.
+# A response whose every token is slightly stale has a product far from 1 when it is long.
 #
 # </details>
 #
@@ -674,15 +674,24 @@ show_claims(claims)
 # from grpo_edu.exercises import ch10
 #
 #
-# def my_sequence_mask(old_logp, sampler_logp, mask, band):
+# def my_sequence_weights(old_logp, sampler_logp, mask, band):
 #     low, high = band
-#     log_r = (old_logp - sampler_logp).masked_fill(~mask, 0.0)
-#     geometric = torch.exp(log_r.sum(-1, keepdim=True) / mask.sum(-1, keepdim=True))
-#     return ((geometric >= low) & (geometric <= high)).to(old_logp.dtype).expand_as(old_logp)
+#     total = (old_logp - sampler_logp).masked_fill(~mask, 0.0).sum(-1)
+#     geometric = torch.exp(total / mask.sum(-1))
+#     product = torch.exp(total)
+#     return geometric, product, (geometric >= low) & (geometric <= high)
 #
 #
-# ch10.check_sequence_mask(my_sequence_mask)
+# name, old_logp, sampler_logp, mask, band = ch10.sequence_weight_cases()[2]
+# geometric, product, keep = my_sequence_weights(old_logp, sampler_logp, mask, band)
+# print(f"{name}: the geometric mean keeps {keep.tolist()}, "
+#       f"a band on the product {((product >= band[0]) & (product <= band[1])).tolist()}")
+# ch10.check_sequence_weights(my_sequence_weights)
 # ```
+#
+# The geometric mean keeps three of the drift case's four responses. A band on the product
+# keeps none: 24 tokens, each a little off in the same direction, take every product out of
+# it.
 #
 # </details>
 
@@ -690,10 +699,59 @@ show_claims(claims)
 from grpo_edu.exercises import ch10
 
 
-def my_sequence_mask(old_logp, sampler_logp, mask, band):
-    low, high = band
-    r = torch.exp(old_logp - sampler_logp)
-    return ((r >= low) & (r <= high)).to(old_logp.dtype)   # per token: fix me
+def my_sequence_weights(old_logp, sampler_logp, mask, band):
+    log_r = (old_logp - sampler_logp).masked_fill(~mask, 0.0)
+    geometric = torch.exp(log_r.mean(-1))          # the mean over all S columns: fix me
+    product = torch.exp(log_r.sum(-1))
+    return geometric, product, (geometric >= band[0]) & (geometric <= band[1])
 
 
-ch10.check_sequence_mask(my_sequence_mask)
+ch10.check_sequence_weights(my_sequence_weights)
+
+# %% [markdown]
+# **10.2 A run's wall time.** Write `my_run_seconds(phase, steps, lag, overlap)`. `phase` is
+# a dict like section 1's: the seconds of one step's rollout, scoring and update. It returns
+# the seconds a run of `steps` updates takes, syncs and logging left out. Without overlap,
+# each step samples, scores and updates in turn, whatever the lag. With `overlap` (lag k >=
+# 1), the trainer first samples and scores k rollouts, alone. Then each update runs beside
+# the sampling and scoring of the rollout k updates ahead. The last k updates sample nothing:
+# a run samples `steps` rollouts. The checker chooses the phase times, the lags and the
+# run lengths.
+#
+# <details><summary>Hint</summary>
+#
+# Follow `Overlapped.next` in `grpo_edu/training/rollouts.py`. How many rollouts are sampled
+# before the first update, and how many updates start a rollout in the background? The
+# scoring is the sampler thread's work (section 1). A run no longer than its lag overlaps
+# nothing.
+#
+# </details>
+#
+# <details><summary>Solution</summary>
+#
+# ```python
+# from grpo_edu.exercises import ch10
+#
+#
+# def my_run_seconds(phase, steps, lag, overlap):
+#     sample = phase["rollout"] + phase["scoring"]      # the sampler's lane: it samples and scores
+#     if not overlap:
+#         return steps * (sample + phase["update"])
+#     alone = min(lag, steps)                            # rollouts sampled before the first update
+#     return alone * sample + (steps - alone) * max(sample, phase["update"]) + alone * phase["update"]
+#
+#
+# ch10.check_run_seconds(my_run_seconds)
+# ```
+#
+# </details>
+
+# %%
+def my_run_seconds(phase, steps, lag, overlap):
+    sample = phase["rollout"] + phase["scoring"]
+    if overlap:
+        return steps * max(sample, phase["update"])   # section 1's step, every step: fix me
+    return steps * (sample + phase["update"])
+
+
+ch10.check_run_seconds(my_run_seconds)

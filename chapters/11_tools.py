@@ -19,7 +19,7 @@
 # >
 # > **You need first**: chapter 5 (verifiable rewards), chapter 6 (training the tiny reasoner).
 # >
-# > **Reading time**: about 21 minutes. **Compute**: at most 90 s on a 2-core CPU. [Glossary](../docs/glossary.md) · [Notation](../docs/notation.md)
+# > **Reading time**: about 22 minutes. **Compute**: at most 90 s on a 2-core CPU. [Glossary](../docs/glossary.md) · [Notation](../docs/notation.md)
 #
 # Every completion so far was written by the policy alone. Models trained with reinforcement
 # learning (RL) today call tools: they write a call, a program answers, and they go on writing
@@ -599,15 +599,72 @@ class StrictCalculator:
     stop = "]"
 
     def reset(self, sample):
-        self.factors = [int(x) for x in sample["prompt"].rstrip("=").split("*")]
+        self.factors = sorted(int(x) for x in sample["prompt"].rstrip("=").split("*"))
         self.calls = 0
 
     def step(self, action):
-        self.calls += 1
-        call = re.search(r"\[(\d+)\*(\d+)\]$", action)
-        if call and [int(call.group(1)), int(call.group(2))] == self.factors:   # fix me: see the exercise
+        self.calls += 1                                      # counted, never limited: fix me
+        call = re.search(r"\[(\d+)\*(\d+)\]$", action)       # no spaces allowed: fix me
+        if call and sorted(int(x) for x in call.groups()) == self.factors:
             return Reply(f"={self.factors[0] * self.factors[1]}")
-        return Reply("=?")
+        return Reply("=?", ch11.INVALID_CALL)
 
 
 ch11.check_strict_calculator(StrictCalculator)
+
+# %% [markdown]
+# **11.2 Who trains on what.** Write `my_loss_masks(pieces, tokenizer, length)`. `pieces` is
+# one episode as `grpo_edu.training.episodes.writers` splits it: (text, written by the
+# environment) pairs, in order. It returns two masks of `length` True/False values, one per
+# token position. The loss mask is True on the policy's tokens, `env_mask` on the
+# environment's; the padding after the episode is False in both. `length` is
+# `max_completion_length`: the rollout cuts a longer episode there. The checker rolls each
+# episode out with `roll_out_episodes`, the calculator answering, and compares with its
+# `completion_mask` and `env_mask`. Its episodes include two calls (two spans of the
+# calculator's), a call it cannot read, an answer that ends the episode, and cuts.
+#
+# <details><summary>Hint</summary>
+#
+# Count tokens, not characters: `<think>` is one token of the policy's tokenizer. Tokenize
+# each piece with `tokenizer(text, add_special_tokens=False)["input_ids"]`: all its tokens
+# have the piece's writer. Then cut at `length`, and pad with False.
+#
+# </details>
+#
+# <details><summary>Solution</summary>
+#
+# ```python
+# import torch
+#
+# from grpo_edu.exercises import ch11
+#
+#
+# def my_loss_masks(pieces, tokenizer, length):
+#     loss_mask, env_mask = [], []
+#     for text, by_env in pieces:
+#         n = len(tokenizer(text, add_special_tokens=False)["input_ids"])
+#         loss_mask += [not by_env] * n
+#         env_mask += [by_env] * n
+#     padding = [False] * max(0, length - len(loss_mask))
+#     return torch.tensor(loss_mask[:length] + padding), torch.tensor(env_mask[:length] + padding)
+#
+#
+# ch11.check_loss_masks(my_loss_masks)
+# ```
+#
+# </details>
+
+# %%
+from grpo_edu.training.episodes import writers
+
+print(writers(sample["solution"], CALCULATOR, sample))
+
+
+def my_loss_masks(pieces, tokenizer, length):
+    ids = tokenizer("".join(text for text, _ in pieces), add_special_tokens=False)["input_ids"][:length]
+    written = torch.zeros(length, dtype=torch.bool)
+    written[:len(ids)] = True
+    return written, torch.zeros(length, dtype=torch.bool)   # masks only the padding: fix me
+
+
+ch11.check_loss_masks(my_loss_masks)

@@ -11,7 +11,7 @@ import numpy as np
 
 from grpo_edu.exercises import checking
 
-CHAPTERS = [f"grpo_edu.exercises.ch{n:02d}" for n in range(9)]
+CHAPTERS = [f"grpo_edu.exercises.ch{n:02d}" for n in range(12)]
 
 
 @contextlib.contextmanager
@@ -28,7 +28,12 @@ def expected_values() -> Iterator[list[np.ndarray]]:
     patched = [(checking, original)]
     checking.compare = spy
     for name in CHAPTERS:
-        module = importlib.import_module(name)
+        try:
+            module = importlib.import_module(name)
+        except ModuleNotFoundError as error:   # a chapter without exercises has no checker module
+            if error.name != name:
+                raise
+            continue
         if getattr(module, "compare", None) is original:
             module.compare = spy
             patched.append((module, original))

@@ -18,7 +18,7 @@ import torch
 from checker_support import all_values, assert_rejected_without_answer, expected_values
 from grpo_edu.algorithm.advantages import group_advantages
 from grpo_edu.training.episodes import Reply
-from grpo_edu.exercises import ch00, ch01, ch02, ch03, ch04, ch05, ch06, ch07, ch08, ch10, ch11
+from grpo_edu.exercises import ch00, ch01, ch02, ch03, ch04, ch05, ch06, ch07, ch08, ch09, ch10, ch11
 from grpo_edu.algorithm.loss import grpo_loss
 
 COVERED: set[str] = set()
@@ -309,46 +309,128 @@ def test_scale_quizzes_change_at_every_call_and_repeat_from_a_seed():
     assert ch08.check_scale_answers(ch08.scale_answers)
 
 
+# --------------------------------------------------------------------------- chapter 9
+
+@covers("9.1")
+def test_state_bytes_with_a_reference_copy_under_lora():
+    """Full fine-tuning's reference kept for LoRA: 4 bytes a base parameter too many."""
+    def with_reference(model, config, gpus):
+        P = sum(p.numel() for p in model.parameters())
+        reference = 4 * P if config.beta > 0 else 0
+        if not config.lora_rank:
+            return (16 * P + reference) / gpus
+        A = sum(config.lora_rank * (m.in_features + m.out_features) for name, m in model.named_modules()
+                if isinstance(m, torch.nn.Linear) and name.rsplit(".", 1)[-1] in config.lora_target_modules)
+        return (4 * P + 16 * A + reference) / gpus
+    with expected_values() as seen:
+        result = ch09.check_state_bytes(with_reference)
+    report = assert_rejected_without_answer(result, all_values(seen))
+    assert result.passed == 4 and "the reference is the base with its adapters off" in report
+    for value in all_values(seen):   # the right byte counts, however printed
+        for text in (f"{value:,.0f}", f"{value:.0f}", f"{value / 1e9:.1f} GB", f"{value / 1e9:.2f}"):
+            assert text not in report
+
+
+@covers("9.2")
+def test_merged_weight_without_the_scale():
+    report = rejected(ch09.check_merged_weight, lambda W, A, B, alpha, r: W + B @ A)
+    assert report.count("no scale: the adapter adds (alpha / r) B A") == 4
+
+
 # --------------------------------------------------------------------------- chapter 10
 
 def _log_ratio(old_logp, sampler_logp, mask):
     return (old_logp - sampler_logp).masked_fill(~mask, 0.0)
 
 
+def _weights(geometric, product, band, by=None):
+    by = geometric if by is None else by
+    return geometric, product, (by >= band[0]) & (by <= band[1])
+
+
 @covers("10.1")
-def test_sequence_mask_by_the_product_of_the_ratios():
+def test_sequence_weights_keeping_by_the_product():
     """TRL's sequence_mask takes the product: a long response whose every token is a little off
     leaves any band, though each token (and the geometric mean) is close to 1."""
-    def product(old_logp, sampler_logp, mask, band):
-        r = torch.exp(_log_ratio(old_logp, sampler_logp, mask).sum(-1, keepdim=True))
-        return ((r >= band[0]) & (r <= band[1])).double().expand_as(old_logp)
-    report = rejected(ch10.check_sequence_mask, product)
-    assert "3 responses of 24 tokens" in report and "dropped or reweighed that lie in it" in report
+    def by_product(old_logp, sampler_logp, mask, band):
+        total = _log_ratio(old_logp, sampler_logp, mask).sum(-1)
+        geometric, product = torch.exp(total / mask.sum(-1)), torch.exp(total)
+        return _weights(geometric, product, band, by=product)
+    report = rejected(ch10.check_sequence_weights, by_product)
+    assert "4 responses of 24 tokens" in report and "keep decides by the product's place in the band" in report
+    assert "geometric" not in report.replace("the geometric mean's", "")
 
 
-def test_sequence_mask_averaging_over_the_padding_too():
+def test_sequence_weights_averaging_over_the_padding_too():
     def over_padding(old_logp, sampler_logp, mask, band):
-        g = torch.exp((old_logp - sampler_logp).mean(-1, keepdim=True))
-        return ((g >= band[0]) & (g <= band[1])).double().expand_as(old_logp)
-    report = rejected(ch10.check_sequence_mask, over_padding)
-    assert "with padding" in report
-
-
-def test_sequence_mask_weighing_each_kept_response_by_its_ratio():
-    def weighed(old_logp, sampler_logp, mask, band):
         log_r = _log_ratio(old_logp, sampler_logp, mask)
-        g = torch.exp(log_r.sum(-1, keepdim=True) / mask.sum(-1, keepdim=True))
-        return (g * ((g >= band[0]) & (g <= band[1]))).expand_as(old_logp)
-    report = rejected(ch10.check_sequence_mask, weighed)
-    assert "dropped or reweighed that lie in it" in report
+        return _weights(torch.exp(log_r.mean(-1)), torch.exp(log_r.sum(-1)), band)
+    report = rejected(ch10.check_sequence_weights, over_padding)
+    assert "with padding: geometric" in report and "200 tokens" not in report   # no padding there: right
 
 
-def test_sequence_mask_per_token():
-    def per_token(old_logp, sampler_logp, mask, band):
-        r = torch.exp(_log_ratio(old_logp, sampler_logp, mask))
-        return ((r >= band[0]) & (r <= band[1])).double()
-    report = rejected(ch10.check_sequence_mask, per_token)
-    assert "do not all get the same weight" in report
+def test_sequence_weights_with_the_paddings_garbage_in_the_product():
+    def garbage(old_logp, sampler_logp, mask, band):
+        log_r = _log_ratio(old_logp, sampler_logp, mask)
+        geometric = torch.exp(log_r.sum(-1) / mask.sum(-1))
+        return _weights(geometric, torch.exp(old_logp - sampler_logp).prod(-1), band)
+    report = rejected(ch10.check_sequence_weights, garbage)
+    assert "with padding: product" in report and "geometric" not in report
+
+
+def test_sequence_weights_whose_geometric_mean_is_the_product():
+    def undivided(old_logp, sampler_logp, mask, band):
+        product = torch.exp(_log_ratio(old_logp, sampler_logp, mask).sum(-1))
+        return _weights(product, product, band)
+    report = rejected(ch10.check_sequence_weights, undivided)
+    assert "geometric is each response's product (the sum of the log-ratios, not divided by its length)" in report
+
+
+def test_sequence_weights_keeping_with_weights():
+    def weighed(old_logp, sampler_logp, mask, band):
+        geometric, product, keep = ch10.sequence_weights(old_logp, sampler_logp, mask, band)
+        return geometric, product, geometric * keep
+    report = rejected(ch10.check_sequence_weights, weighed)
+    assert "keep holds weights, not True/False" in report
+
+
+@covers("10.2")
+def test_run_seconds_with_every_step_overlapped():
+    """Section 1's step, times the steps: the first k rollouts and the last k updates run alone."""
+    def every_step(phase, steps, lag, overlap):
+        sample = phase["rollout"] + phase["scoring"]
+        return steps * (max(sample, phase["update"]) if overlap else sample + phase["update"])
+    report = rejected(ch10.check_run_seconds, every_step)
+    assert "every step counted as overlapped" in report and "not overlapped" not in report
+
+
+def test_run_seconds_scoring_in_the_trainers_lane():
+    def trainer_scores(phase, steps, lag, overlap):
+        r, s, u = phase["rollout"], phase["scoring"], phase["update"]
+        if not overlap:
+            return steps * (r + s + u)
+        alone = min(lag, steps)
+        return alone * (r + s) + (steps - alone) * max(r, s + u) + alone * u
+    report = rejected(ch10.check_run_seconds, trainer_scores)
+    assert "scoring counted in the trainer's lane" in report and "rollout < update < rollout + scoring" in report
+
+
+def test_run_seconds_with_one_rollout_ahead_whatever_the_lag():
+    def one_ahead(phase, steps, lag, overlap):
+        return ch10.run_seconds(phase, steps, 1, overlap)
+    report = rejected(ch10.check_run_seconds, one_ahead)
+    assert "lag 4, 50 steps, overlapped: one rollout sampled alone" in report
+    assert "lag 1" not in report
+
+
+def test_run_seconds_forgetting_a_run_shorter_than_its_lag():
+    def no_min(phase, steps, lag, overlap):
+        if not overlap:
+            return ch10.run_seconds(phase, steps, lag, overlap)
+        sample = phase["rollout"] + phase["scoring"]
+        return lag * sample + (steps - lag) * max(sample, phase["update"]) + lag * phase["update"]
+    report = rejected(ch10.check_run_seconds, no_min)
+    assert report.count("\n  - ") == 1 and "a run shorter than its lag" in report
 
 
 # --------------------------------------------------------------------------- chapter 11
@@ -417,6 +499,71 @@ def test_strict_calculator_that_returns_a_string():
             return super().step(action).text
     report = rejected(ch11.check_strict_calculator, Text)
     assert "raised TypeError" in report and "step must return a grpo_edu.training.episodes.Reply" in report
+
+
+def test_strict_calculator_stub_reports_a_case_once():
+    """A case that fails in a fresh instance is not played again in a reset one: one line each."""
+    class NoLimit(_Strict):
+        limit = 99
+    result = ch11.check_strict_calculator(NoLimit)
+    assert len(result.failures) == 2 and result.passed == len(ch11.strict_cases()) - 2
+    assert "(the instance reset from another episode)" not in str(result)
+
+
+def _masks(pieces, tokenizer, length, count=None, cut=True):
+    count = count or (lambda text: len(tokenizer(text, add_special_tokens=False)["input_ids"]))
+    policy, env = [], []
+    for text, by_env in pieces:
+        policy += [not by_env] * count(text)
+        env += [by_env] * count(text)
+    if cut:
+        policy, env = policy[:length], env[:length]
+    padding = [False] * max(0, length - len(policy))
+    return torch.tensor(policy + padding), torch.tensor(env + padding)
+
+
+@covers("11.2")
+def test_loss_masks_counting_characters():
+    """'<think>' and '\\boxed{' are one token each: counting characters shifts every later writer."""
+    report = rejected(ch11.check_loss_masks, lambda pieces, tokenizer, length: _masks(pieces, tokenizer, length,
+                                                                                      count=len))
+    assert "one call: a mask marks padding after the episode's last token" in report
+    assert "answered in the head" in report
+
+
+def test_loss_masks_of_every_written_token():
+    def written(pieces, tokenizer, length):
+        policy, env = _masks(pieces, tokenizer, length)
+        return policy | env, env
+    report = rejected(ch11.check_loss_masks, written)
+    assert "the loss mask marks the environment's tokens too" in report and "answered in the head" not in report
+
+
+def test_loss_masks_swapped():
+    report = rejected(ch11.check_loss_masks, lambda pieces, tokenizer, length: _masks(pieces, tokenizer,
+                                                                                      length)[::-1])
+    assert "two calls: the calculator writes two spans: the two masks are swapped" in report
+
+
+def test_loss_masks_not_cut_at_the_length():
+    report = rejected(ch11.check_loss_masks, lambda pieces, tokenizer, length: _masks(pieces, tokenizer, length,
+                                                                                      cut=False))
+    assert "inside the calculator's answer: loss_mask has shape (20,); the case needs 10 values" in report
+    assert report.count("\n  - ") == 2
+
+
+def test_loss_masks_with_the_first_span_only():
+    """An environment that writes several spans: marking only the first is caught there."""
+    def first_span(pieces, tokenizer, length):
+        seen = False
+        marked = []
+        for text, by_env in pieces:
+            marked.append((text, by_env and not seen))
+            seen = seen or by_env
+        return _masks(pieces, tokenizer, length)[0], _masks(marked, tokenizer, length)[1]
+    report = rejected(ch11.check_loss_masks, first_span)
+    assert "two calls: the calculator writes two spans: env_mask: wrong at" in report
+    assert "one call" not in report
 
 
 # --------------------------------------------------------------------------- the list is complete

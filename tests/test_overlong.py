@@ -189,15 +189,20 @@ import overlong as benchmark  # noqa: E402
 def test_the_results_file_holds_every_variant_and_seed():
     for run_ in grid_checks.every_variant_and_seed(RESULTS, benchmark, eval_every=25):
         overlong = run_["steps"]["reward/overlong"]
-        assert (set(overlong) == {None}) == (run_["variant"] != "soft")
-        assert run_["steps"]["truncated"][0] > 0.1   # the limit truncates often
+        assert (set(overlong) == {None}) == (not run_["variant"].startswith("soft"))
+        if run_["variant"].endswith("-13"):   # DAPO's slack: the limit truncates rarely
+            assert benchmark.VARIANTS[run_["variant"]]["max_completion_length"] == 13
+            assert max(run_["steps"]["truncated"][-25:]) < 0.05
+        else:
+            assert run_["steps"]["truncated"][0] > 0.1   # the limit truncates often
     assert grid_checks.results(RESULTS)["settings"]["max_completion_length"] == 9
 
 
 @grid_checks.PINNED
 def test_the_results_file_is_what_the_trainer_computes():
-    """Re-train filter, seed 0, for 4 steps under the pin."""
+    """Re-train filter, seed 0, and soft-13, seed 0, for 4 steps under the pin."""
     grid_checks.reproduces("overlong.py", RESULTS, "filter:0", 4)
+    grid_checks.reproduces("overlong.py", RESULTS, "soft-13:0", 4)
 
 
 def test_a_changed_truncation_share_is_caught():

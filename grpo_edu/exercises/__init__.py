@@ -8,7 +8,7 @@ the right value:
     >>> ch01.check_group_advantages(my_group_advantages)
 
     checking.py  CheckResult, run_cases and compare: what every checker reports
-    ch00.py ... ch11.py  one module per chapter with exercises (ch09 has none)
+    ch00.py ... ch11.py  one module per chapter with exercises
     data/        the fixed cases some checkers read (chapter 7's mystery runs)
 """
 
