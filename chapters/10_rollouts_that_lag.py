@@ -25,9 +25,11 @@
 # updates on it, and only then samples again. The trainers a reader graduates to do not wait:
 # prime-rl, verl, open-instruct's `grpo_fast` and the experimental `AsyncGRPOTrainer` of
 # Hugging Face's Transformer Reinforcement Learning library (TRL 1.16) all let the sampler run
-# ahead. prime-rl, for one, samples one update behind by default and allows up to 8. While the
-# trainer updates, the engine already samples the next rollouts with the weights it last
-# received. The rollout an update trains on then comes from the policy of **k updates
+# ahead. prime-rl, for one, samples one update ahead by default (`max_async_level = 1`). It
+# drops a rollout once it is more than `max_off_policy_steps` updates stale, counted from the
+# oldest policy that wrote it (8 by default; before May 2026 the key counted the policy
+# versions that wrote one rollout). While the trainer updates, the engine already samples the
+# next rollouts with the weights it last received. The rollout an update trains on then comes from the policy of **k updates
 # earlier**.
 #
 # This chapter makes k a knob of our GRPO (Group Relative Policy Optimization) trainer,
@@ -297,7 +299,9 @@ print("per completion, product of r:        " + " ".join(f"{x:.3f}" for x in pro
 # It grows or shrinks with the response's length even when every token is only a little stale:
 # completion 15 has a geometric mean of 0.789 but a product of 0.150. The geometric mean is
 # the product's per-token rate, comparable across lengths. That is why the sequence mask here
-# uses it, as verl's geometric mask does.
+# uses it, as verl's geometric rejection does (`rollout_rs = "seq_mean_k1"` in current verl,
+# `"geometric"` in earlier releases). The two differ in one place: verl takes the rejected
+# tokens out of a token-mean normaliser, while this book keeps them in it, as TRL does.
 #
 # TRL's default correction works on the product. Its `vllm_importance_sampling_mode` defaults
 # to `"sequence_mask"`, with `vllm_importance_sampling_clip_max = 3` and no lower bound. A
