@@ -31,7 +31,9 @@ pytestmark = pytest.mark.anywhere
 def installed(tmp_path_factory):
     """The wheel built from this checkout, installed into a folder of its own."""
     root = tmp_path_factory.mktemp("wheel")
-    subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation",
+    # Built as pip builds it for a reader: in an isolated environment with pyproject.toml's
+    # build requirements (this venv's own setuptools may be older than bdist_wheel needs).
+    subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps",
                     "-w", str(root / "dist"), str(ROOT)], check=True, cwd=root)
     wheel, = (root / "dist").glob("grpo_edu-*.whl")
     target = root / "site"
