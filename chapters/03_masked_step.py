@@ -796,7 +796,7 @@ ch03.check_masked_grpo_loss(my_masked_grpo_loss)
 #
 # The hardest-pushed tokens are those with the largest $|A_i| / |o_i|$: a large advantage
 # shared by few tokens. In this chapter's batch that is the shortest completion, 2 tokens
-# long with one of the two largest advantages in size: each of its tokens gets 7 times the
+# long, with one of the two largest advantages in size. Each of its tokens gets 7 times the
 # push of a token of the 14-token completion with the same $|A|$. That is the `grpo` loss's
 # length bias (chapter 4).
 #
@@ -825,12 +825,12 @@ ch03.check_first_step_gradient(my_first_step_gradient)
 #
 # <details><summary>Answer</summary>
 #
-# In bf16 every logit is rounded to about 3 significant digits, so the log-probs, the KL
-# and the loss move in their third digit, and the diagnostics that compare two computations
+# In bf16 every logit is rounded to about 3 significant digits. So the log-probs, the KL
+# and the loss move in their third digit. The diagnostics that compare two computations
 # of the same numbers (the ratio at the first step, the sampler/trainer gap) stop being
-# exactly 1 and 0. `token_logprobs` upcasts the logits to float32 before the log-softmax
-# because the quantities downstream are *differences* of log-probs: a log-prob near -3
-# rounded to bf16 can be off by up to 1/128 (half its spacing of 1/64), so the ratio of two
+# exactly 1 and 0. `token_logprobs` upcasts the logits to float32 before the log-softmax,
+# because the quantities downstream are *differences* of log-probs. A log-prob near -3
+# rounded to bf16 can be off by up to 1/128 (half its spacing of 1/64). So the ratio of two
 # such numbers can be off by nearly 2% (a spacing of 1/64 in the log-ratio) before the policy
 # has moved at all. That is close to a tenth of a clip range of 0.2 spent on rounding; in the
 # other direction it can hide a real change of the same size. Rounded log-probs would also

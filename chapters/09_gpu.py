@@ -326,14 +326,8 @@ show_claims({
 # the parameter counts are exact:
 
 # %%
-ARCHITECTURES = {
-    "Qwen2.5-0.5B": dict(hidden_size=896, num_hidden_layers=24, num_attention_heads=14, num_key_value_heads=2,
-                         intermediate_size=4864, vocab_size=151936, tie_word_embeddings=True),
-    "Qwen2.5-1.5B": dict(hidden_size=1536, num_hidden_layers=28, num_attention_heads=12, num_key_value_heads=2,
-                         intermediate_size=8960, vocab_size=151936, tie_word_embeddings=True),
-    "Qwen2.5-7B": dict(hidden_size=3584, num_hidden_layers=28, num_attention_heads=28, num_key_value_heads=4,
-                       intermediate_size=18944, vocab_size=152064, tie_word_embeddings=False),
-}
+from grpo_edu.exercises.ch09 import QWEN_ARCHITECTURES as ARCHITECTURES   # Qwen2.5's published dimensions
+
 sizes = {}
 for name, dims in ARCHITECTURES.items():
     with torch.device("meta"):
