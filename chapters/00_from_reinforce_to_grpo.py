@@ -338,11 +338,9 @@ figure.tight_layout()
 # "A beats B" is said only where that interval excludes zero.
 
 # %%
-from grpo_edu.algorithm.statistics import paired_seeds
+from grpo_edu.algorithm.statistics import by_seed as finals_by_seed, paired_seeds
 
-by_seed = {name: [r["final_accuracy"] for r in sorted((r for r in runs if r["estimator"] == name),
-                                                      key=lambda r: r["seed"])]
-           for name in baselines.ESTIMATORS}
+by_seed = {name: finals_by_seed(runs, estimator=name) for name in baselines.ESTIMATORS}
 baselined = [name for name in baselines.ESTIMATORS if name != "reinforce"]
 print("final accuracy, paired over seeds: mean difference [95% t interval]")
 verdicts = {}

@@ -565,10 +565,9 @@ for v in ent_variants:
           f"{np.mean(late_entropy[v]):.4f} ({min(late_entropy[v]):.4f}-{max(late_entropy[v]):.4f})   "
           f"{np.mean(kept_share[v]):.3f}")
 
-from grpo_edu.algorithm.statistics import paired_seeds
+from grpo_edu.algorithm.statistics import by_seed, paired_seeds
 
-ent_by_seed = {v: [r["final_accuracy"] for r in sorted((r for r in entropy_runs["runs"] if r["variant"] == v),
-                                                       key=lambda r: r["seed"])] for v in ent_variants}
+ent_by_seed = {v: by_seed(entropy_runs["runs"], variant=v) for v in ent_variants}
 ent_verdicts = {(a, b): paired_seeds(ent_by_seed[a], ent_by_seed[b])
                 for a, b in (("top20", "all"), ("top50", "all"), ("top20-beta0", "all-beta0"), ("all-beta0", "all"))}
 print("\nfinal accuracy, paired over seeds: mean difference [95% t interval]")
@@ -686,10 +685,7 @@ for v in ol_variants:
     print(f"{v:<11}{settings:<64}{np.mean(ol_final[v]):.3f} ({min(ol_final[v]):.3f}-{max(ol_final[v]):.3f})      "
           f"{np.mean(ol_late[v]['truncated']):.3f}            {np.mean(ol_late[v]['completion_length/mean']):.2f}")
 
-from grpo_edu.algorithm.statistics import paired_seeds
-
-ol_by_seed = {v: [r["final_accuracy"] for r in sorted((r for r in overlong_runs["runs"] if r["variant"] == v),
-                                                      key=lambda r: r["seed"])] for v in ol_variants}
+ol_by_seed = {v: by_seed(overlong_runs["runs"], variant=v) for v in ol_variants}
 ol_verdicts = {(a, b): paired_seeds(ol_by_seed[a], ol_by_seed[b])
                for a, b in (("filter", "plain"), ("soft", "plain"), ("filter-13", "plain-13"), ("soft-13", "plain-13"))}
 print("\nfinal accuracy, paired over seeds: mean difference [95% t interval]")

@@ -560,11 +560,10 @@ for v, label in LORA_VARIANTS.items():
 start = lora_runs["runs"][0]["start_accuracy"]
 print(f"\nstarting policy: {start:.3f}")
 
-from grpo_edu.algorithm.statistics import paired_seeds
+from grpo_edu.algorithm.statistics import by_seed, paired_seeds
 
-by_seed = {v: [r["final_accuracy"] for r in sorted((r for r in lora_runs["runs"] if r["variant"] == v),
-                                                   key=lambda r: r["seed"])] for v in LORA_VARIANTS}
-lora_verdicts = {(a, b): paired_seeds(by_seed[a], by_seed[b])
+lora_finals = {v: by_seed(lora_runs["runs"], variant=v) for v in LORA_VARIANTS}
+lora_verdicts = {(a, b): paired_seeds(lora_finals[a], lora_finals[b])
                  for a, b in (("full", "lora"), ("full", "lora-3e-4"), ("lora", "lora-3e-4"))}
 print("\nfinal accuracy, paired over seeds: mean difference [95% t interval]")
 for (a, b), verdict in lora_verdicts.items():

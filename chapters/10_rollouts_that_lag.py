@@ -391,25 +391,20 @@ figure.tight_layout()
 # that interval excludes zero.
 
 # %%
-from grpo_edu.algorithm.statistics import paired_seeds
+from grpo_edu.algorithm.statistics import by_seed, paired_seeds
 
-
-def by_seed(correction, lag):
-    return [next(r["final_accuracy"] for r in runs
-                 if r["correction"] == correction and r["lag"] == lag and r["seed"] == seed)
-            for seed in RESULTS["seeds"]]
-
-
-synchronous = by_seed("clip", 0)
+synchronous = by_seed(runs, correction="clip", lag=0)
 lag_verdicts = {}
 print("final accuracy, paired over seeds: mean difference [95% t interval]")
 for lag in LAGS[1:]:
-    lag_verdicts["none", "synchronous", lag] = paired_seeds(by_seed("none", lag), synchronous)
+    lag_verdicts["none", "synchronous", lag] = paired_seeds(by_seed(runs, correction="none", lag=lag), synchronous)
     print(f"k = {lag:>2}  {lag_verdicts['none', 'synchronous', lag].words('none', 'synchronous')}")
     for name in NAMES[1:]:
-        lag_verdicts[name, "none", lag] = paired_seeds(by_seed(name, lag), by_seed("none", lag))
+        lag_verdicts[name, "none", lag] = paired_seeds(by_seed(runs, correction=name, lag=lag),
+                                                       by_seed(runs, correction="none", lag=lag))
         print(f"        {lag_verdicts[name, 'none', lag].words(name, 'none')}")
-lag_verdicts["tis", "clip", 16] = paired_seeds(by_seed("tis", 16), by_seed("clip", 16))
+lag_verdicts["tis", "clip", 16] = paired_seeds(by_seed(runs, correction="tis", lag=16),
+                                               by_seed(runs, correction="clip", lag=16))
 print(f"k = 16  {lag_verdicts['tis', 'clip', 16].words('tis', 'clip')}")
 
 # %% [markdown]

@@ -326,17 +326,16 @@ for variant in VARIANTS:
     mine = [r["after"] for r in runs if r["variant"] == variant]
     print(f"{variant:<16}" + "".join(f"{cell([m[key] for m in mine]):<24}" for key in KEYS))
 
-from grpo_edu.algorithm.statistics import paired_seeds
+from grpo_edu.algorithm.statistics import by_seed, paired_seeds
 
-by_seed = {v: [r["after"] for r in sorted((r for r in runs if r["variant"] == v), key=lambda r: r["seed"])]
-           for v in VARIANTS}
+after_by_seed = {v: by_seed(runs, "after", variant=v) for v in VARIANTS}
 start_of = RESULTS["before"]["tool"]
 tool_verdicts = {}
 print("\npaired over seeds: mean difference [95% t interval]")
 for key in ("greedy_accuracy", "sample_accuracy", "sample_tool_call_rate"):
-    tool = [m[key] for m in by_seed["tool"]]
+    tool = [m[key] for m in after_by_seed["tool"]]
     tool_verdicts["start", key] = paired_seeds(tool, [start_of[key]] * len(tool))
-    tool_verdicts["leak", key] = paired_seeds(tool, [m[key] for m in by_seed["leak"]])
+    tool_verdicts["leak", key] = paired_seeds(tool, [m[key] for m in after_by_seed["leak"]])
     print(f"{key:<22} {tool_verdicts['start', key].words('tool', 'start')}")
     print(f"{'':<22} {tool_verdicts['leak', key].words('tool', 'leak')}")
 

@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 from scipy import stats
 
+from grpo_edu.algorithm import statistics
 from grpo_edu.algorithm.statistics import Verdict, mcnemar, paired_problems, paired_seeds, t_cdf, t_quantile
 
 
@@ -114,3 +115,15 @@ def test_verdict_is_separated_only_when_the_interval_excludes_zero():
     assert not Verdict(0.1, 0.0, 0.2, 0.95, "", 3).separated
     assert Verdict(0.1, 0.01, 0.2, 0.95, "", 3).separated
     assert Verdict(-0.1, -0.2, -1e-9, 0.95, "", 3).separated
+
+
+def test_by_seed_takes_one_number_per_seed_in_seed_order():
+    runs = [{"variant": "a", "seed": 2, "final_accuracy": 0.3}, {"variant": "a", "seed": 0, "final_accuracy": 0.1},
+            {"variant": "b", "seed": 0, "final_accuracy": 0.9}, {"variant": "a", "seed": 1, "final_accuracy": 0.2,
+                                                                  "after": {"x": 5}}]
+    assert statistics.by_seed(runs, variant="a") == [0.1, 0.2, 0.3]
+    assert statistics.by_seed(runs, lambda run: run["seed"] * 10, variant="a") == [0, 10, 20]
+    with pytest.raises(ValueError, match=r"runs: expected one run per seed where \{'variant': 'c'\}, got seeds \[\]"):
+        statistics.by_seed(runs, variant="c")
+    with pytest.raises(ValueError, match=r"got seeds \[0, 0, 1, 2\]"):
+        statistics.by_seed(runs)

@@ -7,6 +7,7 @@ problems as independent evaluations and ignores the variance between training ru
 paired difference does neither. The book's rule: "A beats B" only where the paired interval
 of the difference excludes zero; otherwise "not separated at this size", with the interval.
 
+    by_seed          one number per seed, in seed order, from a results file's runs
     paired_seeds     the mean over seeds of (A - B), a seed's number each (its final accuracy,
                      say), with Student's t interval on n - 1 degrees of freedom
     paired_problems  per-problem outcomes of one pair of runs: the difference in accuracy with
@@ -55,6 +56,18 @@ class Verdict:
 
 
 # --------------------------------------------------------------------------- over seeds
+
+def by_seed(runs: Sequence[dict], value="final_accuracy", **where) -> list[float]:
+    """One number per seed, in seed order: `value` (a key of the run, or a function of it) of each
+    run (a dict with a "seed") whose keys equal `where`, as the benchmarks' results files hold them.
+    Two runs of one seed are an error: pairing needs one number per seed."""
+    chosen = sorted((run for run in runs if all(run.get(key) == wanted for key, wanted in where.items())),
+                    key=lambda run: run["seed"])
+    seeds = [run["seed"] for run in chosen]
+    if not chosen or len(set(seeds)) != len(seeds):
+        raise ValueError(f"runs: expected one run per seed where {where}, got seeds {seeds}")
+    return [value(run) if callable(value) else run[value] for run in chosen]
+
 
 def paired_seeds(a: Sequence[float], b: Sequence[float], confidence: float = 0.95) -> Verdict:
     """a[s], b[s]: one number per seed for each set-up, seed s paired. The mean of the
