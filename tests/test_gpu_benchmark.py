@@ -219,7 +219,9 @@ def test_the_qwen_shapes_are_chapter_9s(gpu_benchmark):
     with torch.device("meta"):
         assert round(sum(p.numel() for p in Qwen2ForCausalLM(Qwen2Config(**gpu_benchmark.QWEN_7B)).parameters())
                      / 1e9, 2) == 7.62   # and 7.62
-    chapter = (ROOT / "chapters" / "09_gpu.py").read_text()
+    # chapter 9 builds its shapes from the table grpo_edu/exercises/ch09.py holds
+    chapter = (ROOT / "grpo_edu" / "exercises" / "ch09.py").read_text()
+    assert "from grpo_edu.exercises.ch09 import QWEN_ARCHITECTURES" in (ROOT / "chapters" / "09_gpu.py").read_text()
     for name, shape in gpu_benchmark.QWEN_SHAPES.items():
         dims = ", ".join(f"{key}={shape[key]}" for key in ("hidden_size", "num_hidden_layers", "num_attention_heads",
                                                            "num_key_value_heads"))
