@@ -8,7 +8,15 @@ differs within some of them. The CPU tier's default run (configs/cpu-tiny.toml) 
     refill   dynamic_sampling_rounds = 4: they are replaced by the differing groups of up to 4
              more rollouts of fresh prompts; at the limit, the slots left are dropped
 
+and, in the regime DAPO made refill for, a policy that solves most of its problems (so most
+groups are all right): the three again as keep-solved, drop-solved and refill-solved, each from
+the committed policy `make train` trains (model = "trained", grpo_edu/assets/tiny-arithmetic-trained:
+configs/cpu-tiny.toml, seed 0, 1,500 steps) on its own task, arithmetic, with 4 samples per
+held-out problem at every evaluation (room to grow where greedy accuracy has almost none).
+The filter reads each group's total reward (accuracy + format), not accuracy alone as DAPO's does.
+
     .venv/bin/python benchmarks/dynamic_sampling.py [--variants ...] [--seeds 0 1 2] [--steps 40] [--out FILE]
+    .venv/bin/python benchmarks/dynamic_sampling.py --trained-policy   (re-make the committed policy; ~2 min)
     .venv/bin/python benchmarks/dynamic_sampling.py --check FILE [--steps 4] [--runs refill:0 ...]
 
 Writes FILE (default benchmarks/results/dynamic_sampling.json) after every run: per run its
@@ -28,13 +36,11 @@ import variant_grid
 
 OUT = Path(__file__).parent / "results" / "dynamic_sampling.json"
 SETTINGS = {"task": "countdown", "eval_every": 10, "eval_size": 128, "checkpoint_every": 0, "progress": False}
-VARIANTS = {
-    "keep": {},
-    "drop": {"filter_zero_std_groups": True},
-    "refill": {"dynamic_sampling_rounds": 4},
-}
+HOW = {"keep": {}, "drop": {"filter_zero_std_groups": True}, "refill": {"dynamic_sampling_rounds": 4}}
+SOLVED = {"task": "arithmetic", "model": "trained", "eval_samples": 4, "learning_rate": 3e-5}   # refill's regime
+VARIANTS = {**HOW, **{f"{name}-solved": {**SOLVED, **keys} for name, keys in HOW.items()}}
 KEPT = ("zero_std_groups", "dynamic_sampling/first_zero_std", "dynamic_sampling/rounds", "dynamic_sampling/short",
-        "reward/accuracy", "reward/format", "kl", "grad_norm")
+        "reward/accuracy", "reward/format", "kl", "grad_norm", "eval/pass_at_1")
 TIMED = ("time/rollout",)   # kept in the file, not compared by --check (seconds differ run to run)
 GRID = variant_grid.DefaultRunGrid(
     __doc__, OUT, VARIANTS, KEPT + TIMED, SETTINGS, example="refill:0", compared=KEPT,
@@ -51,5 +57,55 @@ def differing_groups_per_step(run_: dict, prompts_per_step: int) -> float:
     return prompts_per_step * (1 - sum(shares) / len(shares))
 
 
+def write_trained_policy() -> Path:
+    """The committed policy "trained": `make train`'s run (configs/cpu-tiny.toml as it is, seed 0,
+    1,500 steps), its model/ folder and model card copied into the package's assets. Run it
+    under the pinned kernels, as the benchmark."""
+    import shutil
+    import tempfile
+
+    from grpo_edu.policy.models import TRAINED_POLICY
+    from grpo_edu.training.config import DEFAULT_CONFIG, TrainConfig
+    from grpo_edu.training.trainer import train
+    with tempfile.TemporaryDirectory() as directory:
+        config = TrainConfig.from_dict({**TrainConfig.from_toml(DEFAULT_CONFIG).to_dict(), "output_dir": directory,
+                                        "checkpoint_every": 0, "progress": False})
+        result = train(config, log=lambda line: None)
+        shutil.rmtree(TRAINED_POLICY, ignore_errors=True)
+        shutil.copytree(Path(directory) / "model", TRAINED_POLICY)
+    (TRAINED_POLICY / "README.md").write_text(trained_card(config, result.summary))
+    print(f"wrote {TRAINED_POLICY}: held-out greedy accuracy {result.summary['start_accuracy']:.3f} -> "
+          f"{result.summary['final_accuracy']:.3f}")
+    return TRAINED_POLICY
+
+
+def trained_card(config, summary: dict) -> str:
+    """The committed policy's model card: what it is, how it was made, how it scored."""
+    return f"""# tiny-arithmetic-trained: the policy `make train` trains
+
+The committed starting policy (`start`, grpo_edu/assets/tiny-arithmetic-start) after the CPU tier's
+default GRPO run: configs/cpu-tiny.toml as it is, seed {config.seed}, {config.steps:,} steps of
+{config.prompts_per_step} prompts x {config.num_generations} completions, loss '{config.loss_type}',
+beta {config.beta}, learning rate {config.learning_rate} ({config.lr_schedule}). In a run's config:
+`model = "trained"`. Chapter 4 trains from it where many groups are all right
+(benchmarks/dynamic_sampling.py, the `-solved` variants).
+
+## How it was made
+
+    env $(python -m grpo_edu.runtime.numerics) python benchmarks/dynamic_sampling.py --trained-policy
+
+under the book's pinned kernels, so any x86-64 machine makes the same weights.
+
+## Held-out figures
+
+Greedy accuracy on the run's {summary['eval_problems']} held-out problems: {summary['start_accuracy']:.4f} before
+training, {summary['final_accuracy']:.4f} after (tests/test_dynamic_sampling.py evaluates it again).
+"""
+
+
 if __name__ == "__main__":
-    GRID.main(steps=40)
+    import sys
+    if sys.argv[1:] == ["--trained-policy"]:
+        write_trained_policy()
+    else:
+        GRID.main(steps=40)

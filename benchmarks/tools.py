@@ -19,11 +19,16 @@ calculator where it has one, single-turn where not):
     greedy_accuracy, tool_call_rate, mean_turns   greedy decoding
     sample_accuracy, sample_tool_call_rate         4 samples per problem at temperature 1
 and once more with the tool taken away (single-turn greedy, "unaided"): its accuracy, and the
-share of completions in which the policy writes a number itself between its call's `]` and
-`</think>`, where the calculator's answer would stand ("self_answer_rate"), with the share of
-those numbers that are the product; and "answer_logp", the mean log-prob per token the policy
-gives the calculator's answer (`=3995` after `<think>[47*85]`, teacher-forced): what a leak
-teaches.
+share of completions in which the policy writes a result itself between its call's `]` and
+`</think>`, where the calculator's answer would stand ("self_answer_rate": a number of three
+or more digits, the size of every product of two two-digit numbers; a stray digit among
+repeated brackets, `[51*96]]]]]]5`, is not a result), with the share of those results that
+are the product; and "answer_logp", the mean log-prob per token the policy gives the
+calculator's answer (`=3995` after `<think>[47*85]`, teacher-forced): what a leak teaches.
+Each measurement also keeps every held-out problem's outcomes, in order ("greedy_correct":
+1 right, 0 wrong; "sample_correct": right samples of 4), for comparisons paired over the same
+problems, and the first 3 unaided completions as text ("unaided_examples"). The file's
+"verdicts" are the paired comparisons chapter 11 prints (`verdicts`).
 From the run's own metrics: its training accuracy, KL, sampler gap and environment tokens per
 step, and the doctor's findings on them.
 
@@ -46,6 +51,7 @@ from pathlib import Path
 import torch
 import variant_grid
 
+from grpo_edu.algorithm.statistics import by_seed, mcnemar, paired_seeds
 from grpo_edu.environment import rewards, tasks
 from grpo_edu.training.config import TrainConfig
 from grpo_edu.training.diagnose import diagnose
@@ -63,6 +69,7 @@ VARIANTS = {"tool": {}, "no_tool": {"environment": ""}, "leak": {}}
 FAULTS = {"leak": Faults(env_tokens_in_loss=True)}
 HELD_OUT = 816          # every held-out multiply problem
 SAMPLES = 4             # per problem at temperature 1
+EXAMPLES = 3            # unaided completions kept as text (the first held-out problems'), for the eye
 # What the file keeps of each step (absent from a step: None).
 KEPT = ("reward/accuracy", "reward/mean", "kl", "entropy", "grad_norm", "sampler_gap/mean_abs",
         "episode/turns", "episode/env_tokens", "completion_length/mean", "zero_std_groups")
@@ -74,16 +81,18 @@ def config_for(variant: str, seed: int, steps: int, output_dir: str) -> TrainCon
                                   **VARIANTS[variant]})
 
 
-SELF_ANSWER = re.compile(r"\]([^<]*?)(\d+)[^<]*</think>")   # digits after the call, before </think>
+# A result after the call, before </think>: the first number of three or more digits (every
+# product of two two-digit numbers has three or four).
+SELF_ANSWER = re.compile(r"\][^<\d]*(?:\d{1,2}[^<\d]+)*(\d{3,})[^<]*</think>")
 
 
 def self_answers(texts: list[str], samples: list[dict]) -> dict[str, float]:
-    """Of single-turn completions: the share that write a number themselves after a call
-    (between its `]` and `</think>`, where the calculator's answer would stand), and the share
-    of those whose first such number is the product."""
+    """Of single-turn completions: the share that write a result themselves after a call
+    (a number of three or more digits between its `]` and `</think>`, where the calculator's
+    answer would stand), and the share of those whose first such number is the product."""
     written = [(SELF_ANSWER.search(text), sample) for text, sample in zip(texts, samples) if "[" in text]
     written = [(match, sample) for match, sample in written if match]
-    right = sum(match.group(2) == sample["answer"] for match, sample in written)
+    right = sum(match.group(1) == sample["answer"] for match, sample in written)
     return {"self_answer_rate": len(written) / len(texts), "self_answers_right": right / len(written) if written else 0.0}
 
 
@@ -109,15 +118,17 @@ def measure(model, tokenizer, config: TrainConfig) -> dict:
     """The held-out figures of `model` as `config` plays (see the module's docstring)."""
     held_out = tasks.make_dataset("multiply", HELD_OUT, "test", seed=0)
     played = evaluate(model, tokenizer, held_out, pass_k=SAMPLES, max_new_tokens=config.max_completion_length,
-                      environment=config.environment, max_turns=config.max_turns)
+                      environment=config.environment, max_turns=config.max_turns, per_problem=True)
     texts = [group[0] for group in generate_completions(model, tokenizer, [s["prompt"] for s in held_out],
                                                         max_new_tokens=config.max_completion_length)]
     if not config.environment:   # a call in a single-turn completion: its text holds "["
         played["tool_call_rate"] = sum("[" in text for text in texts) / len(texts)
     figures = {key: played.get(key) for key in ("greedy_accuracy", "tool_call_rate", "mean_turns",
-                                                 "sample_accuracy", "sample_tool_call_rate")}
+                                                 "sample_accuracy", "sample_tool_call_rate",
+                                                 "greedy_correct", "sample_correct")}
     unaided = rewards.accuracy_reward(texts, answer=[s["answer"] for s in held_out], task=["multiply"] * len(texts))
     figures.update(unaided_accuracy=sum(unaided) / len(unaided), **self_answers(texts, held_out),
+                   unaided_examples=[held_out[i]["prompt"].splitlines()[-1] + texts[i] for i in range(EXAMPLES)],
                    answer_logp=answer_logp(model, tokenizer, held_out))
     return figures
 
@@ -135,6 +146,30 @@ def run(variant: str, seed: int, steps: int, stop_after: int | None = None) -> d
     if stop_after is None:
         out["after"] = measure(result.policy, result.tokenizer, config)
         out["findings"] = [finding.detector for finding in diagnose(history, config.to_dict())]
+    return out
+
+
+def verdicts(payload: dict) -> dict:
+    """The paired comparisons chapter 11 prints, from the file's runs: the tool run against its
+    start and against the leak, paired over seeds (Student's t), for greedy and sampled accuracy
+    and the sampled tool-call rate; and, within each seed, the tool run against the leak over
+    the same held-out problems (McNemar's exact test of the greedy outcomes)."""
+    runs, start = payload["runs"], payload["before"]["tool"]
+    seeds = sorted({r["seed"] for r in runs if r["variant"] == "tool"} & {r["seed"] for r in runs if r["variant"] == "leak"})
+    if len(seeds) < 2:
+        return {}
+    after = {v: by_seed([r for r in runs if r["seed"] in seeds], "after", variant=v) for v in ("tool", "leak")}
+    out = {}
+    for key in ("greedy_accuracy", "sample_accuracy", "sample_tool_call_rate"):
+        tool = [m[key] for m in after["tool"]]
+        for other, values in (("start", [start[key]] * len(tool)), ("leak", [m[key] for m in after["leak"]])):
+            verdict = paired_seeds(tool, values)
+            out[f"tool - {other}, {key}"] = {"difference": verdict.difference, "low": verdict.low,
+                                             "high": verdict.high, "method": verdict.method,
+                                             "words": verdict.words("tool", other)}
+    for seed, tool, leak in zip(seeds, after["tool"], after["leak"]):
+        out[f"tool - leak, greedy_correct, seed {seed}"] = {
+            **mcnemar(tool["greedy_correct"], leak["greedy_correct"]), "method": "McNemar's exact test"}
     return out
 
 
@@ -157,6 +192,7 @@ def write(args) -> None:
         payload = {"steps": args.steps, "seeds": args.seeds, "variants": args.variants, "config": CONFIG.name,
                    "held_out": HELD_OUT, "samples": SAMPLES, "machine": platform.machine(),
                    "before": before, "runs": runs}
+        payload["verdicts"] = verdicts(payload)
         out.parent.mkdir(parents=True, exist_ok=True)
         out.write_text(json.dumps(payload, separators=(",", ":")) + "\n")   # after every run: a stop loses one
     print(f"wrote {out}")

@@ -19,7 +19,7 @@
 # >
 # > **You need first**: chapter 5 (verifiable rewards), chapter 6 (training the tiny reasoner).
 # >
-# > **Reading time**: about 22 minutes. **Compute**: at most 90 s on a 2-core CPU. [Glossary](../docs/glossary.md) · [Notation](../docs/notation.md)
+# > **Reading time**: about 24 minutes. **Compute**: at most 90 s on a 2-core CPU. [Glossary](../docs/glossary.md) · [Notation](../docs/notation.md)
 #
 # Every completion so far was written by the policy alone. Models trained with reinforcement
 # learning (RL) today call tools: they write a call, a program answers, and they go on writing
@@ -339,10 +339,28 @@ for key in ("greedy_accuracy", "sample_accuracy", "sample_tool_call_rate"):
     print(f"{key:<22} {tool_verdicts['start', key].words('tool', 'start')}")
     print(f"{'':<22} {tool_verdicts['leak', key].words('tool', 'leak')}")
 
+from grpo_edu.algorithm.statistics import mcnemar
+
+print("\nwithin each seed, greedy, the same 816 problems: tool against leak (McNemar's exact test)")
+within_seed = {}
+for seed, tool, leak in zip(RESULTS["seeds"], after_by_seed["tool"], after_by_seed["leak"]):
+    within_seed[seed] = mcnemar(tool["greedy_correct"], leak["greedy_correct"])
+    test = within_seed[seed]
+    print(f"  seed {seed}: tool right where the leak is wrong on {test['a_only']:.0f} problems, the reverse on "
+          f"{test['b_only']:.0f}; p = {test['p_value']:.2g}")
+
 # %% [markdown]
 # Against its own start, the tool run learned to call and to read the answer: greedy from
 # 0.783 to 1.000, sampled from 0.376 to 0.917, calling in 0.984 of its samples against 0.509.
 # Paired by seed, each of those gains excludes zero (sampled accuracy +0.542 [+0.536, +0.547]).
+#
+# Greedy, the tool run and the leak are not separated over seeds (+0.009 [-0.008, +0.027]).
+# Within one seed the two runs meet the same 816 problems, so only the problems they disagree
+# on count. McNemar's exact test (McNemar 1947) asks whether those split evenly. In seed 0
+# the tool run is right where the leak is wrong on 15 problems, the reverse on 1 (p =
+# 0.00052). In seed 2 it is 3 against 0 (p = 0.25). Each of these tests knows the noise of
+# the problems for one pair of trained policies. It does not know that another seed trains
+# other policies. That is why the book's "beats" is paired over seeds.
 # The no-tool runs start at 0.002 and end at 0.001. Their reward almost never comes, so their
 # groups' rewards are all equal (`zero_std_groups`, below), and GRPO has nothing to learn
 # from. They check that the task needs the tool; they do not measure what the tool adds.
@@ -374,15 +392,16 @@ plt.show()
 # - **answer log-prob**: the mean log-prob per token the policy gives the calculator's answer
 #   after its call, teacher-forced on the 816 held-out calling solutions. A rising value means
 #   the policy is learning to predict the tool instead of reading it.
-# - **writes a number itself**: with the calculator taken away (single-turn, greedy), the
-#   share of completions with a number of the policy's own between its call's `]` and
-#   `</think>`, where the answer would stand. "of those right" is the share of those numbers
-#   that are the product; the rest are hallucinated results.
+# - **writes a result itself**: with the calculator taken away (single-turn, greedy), the
+#   share of completions with a number of three or more digits between the call's `]` and
+#   `</think>`, where the answer would stand. Every product of two two-digit numbers has three
+#   or four digits. "of those right" is the share of those numbers that are the product; the
+#   rest are hallucinated results.
 # - the median over the run's steps of the **sampler gap** and the **KL**, and what the doctor
 #   finds in its metrics.
 
 # %%
-print(f"{'':<11}{'answer log-prob':<17}{'writes a number':<17}{'of those right':<16}{'sampled accuracy':<18}"
+print(f"{'':<11}{'answer log-prob':<17}{'writes a result':<17}{'of those right':<16}{'sampled accuracy':<18}"
       f"{'sampler gap':<13}{'kl':<9}doctor")
 print(f"{'start':<11}{RESULTS['before']['tool']['answer_logp']:<17.3f}{RESULTS['before']['tool']['self_answer_rate']:<17.3f}")
 for variant in VARIANTS:
@@ -396,13 +415,25 @@ for variant in VARIANTS:
 
 # %% [markdown]
 # The leak learned to predict the calculator: its answer log-prob per token is -3.163 to
-# -2.802, against -8.889 at the start. With the calculator taken away it writes a number of
-# its own after its call in nearly every completion, almost never the product; the tool runs
-# do so less often (0.097 to 0.612), all wrong. The leak's KL runs away (`kl_runaway`). Its
+# -2.802, against -8.889 at the start. With the calculator taken away it writes a result of
+# its own after its call in nearly every completion, almost never the product. The tool runs
+# almost never do (at most 0.001). What they write there instead shows in the first held-out
+# problems, below: closing brackets, sometimes a stray digit. A tool policy never learned what
+# follows its call, because the calculator always wrote it. The leak learned to write it
+# itself. The leak's KL runs away (`kl_runaway`). Its
 # sampled accuracy, 0.865-0.870, is below every tool seed's (0.915-0.919). Paired by seed, the
 # tool run beats the leak there (+0.049 [+0.038, +0.061]). Greedy, the two are not separated at
 # this size (+0.009 [-0.008, +0.027]): the calculator still answers the leak's calls.
 #
+# With the calculator taken away, greedy, seed 0 of each (the benchmark keeps the first three
+# held-out problems' completions as text):
+
+# %%
+for variant in ("tool", "leak"):
+    for text in after_by_seed[variant][0]["unaided_examples"]:
+        print(f"{variant:<6}{text}")
+
+# %% [markdown]
 # What this chapter claims, checked against the numbers above. The first claim checks the
 # no-tool runs, which learn nothing; it checks the runs, not what the tool adds.
 
@@ -426,8 +457,11 @@ claims = {
     "every leak seed gives the calculator's answers a higher log-prob than the start and every tool seed":
         min(a["answer_logp"] for a in after["leak"]) > max([start["answer_logp"]] + [a["answer_logp"]
                                                                                      for a in after["tool"]]),
-    "every leak seed writes numbers of its own after a call more often than every tool seed":
-        min(a["self_answer_rate"] for a in after["leak"]) > max(a["self_answer_rate"] for a in after["tool"]),
+    "every leak seed writes a result of its own after a call in more than 0.9 of its completions, "
+    "every tool seed in at most 0.01":
+        min(a["self_answer_rate"] for a in after["leak"]) > 0.9 and max(a["self_answer_rate"] for a in after["tool"]) <= 0.01,
+    "in seed 0, McNemar's test separates the tool run from the leak greedy over the problems; over seeds they are "
+    "not separated": within_seed[0]["p_value"] < 0.05 and not tool_verdicts["leak", "greedy_accuracy"].separated,
     "every leak seed ends below every tool seed in sampled accuracy":
         max(a["sample_accuracy"] for a in after["leak"]) < min(a["sample_accuracy"] for a in after["tool"]),
     "the leak's median KL is more than 10 times every tool seed's":
@@ -515,7 +549,7 @@ print(f"an episode's rollout costs x{ratio:.2f} a single-turn completion's")
 #    <details><summary>Answer</summary>
 #
 #    The calculator still answers its calls. But the leak has learned to predict the answer
-#    (log-prob from -8.889 to about -3), writes numbers of its own where the answer would
+#    (log-prob from -8.889 to about -3), writes results of its own where the answer would
 #    stand when the calculator is taken away, and its KL runs away.
 #
 #    </details>

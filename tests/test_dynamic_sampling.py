@@ -153,7 +153,7 @@ import dynamic_sampling as benchmark  # noqa: E402
 def test_the_results_file_holds_every_variant_and_seed():
     for run_ in grid_checks.every_variant_and_seed(RESULTS, benchmark, eval_every=10):
         rounds = run_["steps"]["dynamic_sampling/rounds"]
-        if run_["variant"] == "refill":
+        if run_["variant"].startswith("refill"):
             assert all(1 <= r <= 5 for r in rounds) and max(rounds) > 1
             # a full batch has no all-equal group; at the limit, the share left is what stays all-equal
             assert all(abs(z - s) < 1e-9 for z, s in zip(run_["steps"]["zero_std_groups"],
@@ -161,6 +161,42 @@ def test_the_results_file_holds_every_variant_and_seed():
         else:
             assert set(rounds) == {None}
     assert grid_checks.results(RESULTS)["settings"]["task"] == "countdown"
+
+
+def test_the_committed_trained_policy_scores_what_its_card_says():
+    """grpo_edu/assets/tiny-arithmetic-trained, evaluated again on the default run's 256 held-out
+    problems as the trainer evaluates: the greedy accuracy its model card states."""
+    from grpo_edu.policy.models import TRAINED_POLICY, load_policy
+    from grpo_edu.training.evaluation import greedy_scores
+    from grpo_edu.environment import tasks
+    from grpo_edu.training.config import DEFAULT_CONFIG
+    config = TrainConfig.from_toml(DEFAULT_CONFIG)
+    model, tokenizer = load_policy(TRAINED_POLICY)
+    held_out = tasks.task_pools(config, tokenizer)[1]
+    scores = greedy_scores(model, tokenizer, held_out, max_new_tokens=config.max_completion_length)
+    accuracy = sum(a for a, _ in scores) / len(scores)
+    card = (TRAINED_POLICY / "README.md").read_text()
+    assert len(held_out) == 256 and f"{accuracy:.4f} after" in card and accuracy > 0.99
+    assert "/tmp" not in card
+
+
+def test_the_solved_regime_starts_where_many_groups_are_all_right():
+    """The -solved variants train `make train`'s committed policy on arithmetic: more than a third
+    of refill-solved's first rollouts' groups are all-equal (all right, nearly always), refill fills
+    every slot, and sampled accuracy (pass@1) is measured at every evaluation (greedy has almost
+    no room left)."""
+    from grpo_edu.policy.models import TRAINED_POLICY, policy_source
+    assert policy_source("trained") == TRAINED_POLICY and (TRAINED_POLICY / "model.safetensors").is_file()
+    runs = [r for r in grid_checks.results(RESULTS)["runs"] if r["variant"].endswith("-solved")]
+    assert len(runs) == 9 and all(r["start_accuracy"] > 0.9 for r in runs)
+    for run_ in runs:
+        assert sum(s is not None for s in run_["steps"]["eval/pass_at_1"]) == len(run_["eval"])
+    first = [x for r in runs if r["variant"] == "refill-solved" for x in r["steps"]["dynamic_sampling/first_zero_std"]]
+    assert sum(first) / len(first) > 1 / 3
+    assert all(z == 0 for r in runs if r["variant"] == "refill-solved" for z in r["steps"]["zero_std_groups"])
+    import tomllib
+    package_data = tomllib.loads((grid_checks.ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["package-data"]
+    assert "assets/tiny-arithmetic-trained/*" in package_data["grpo_edu"]
 
 
 @grid_checks.PINNED
@@ -181,11 +217,13 @@ def test_the_training_doc_quotes_the_results_file():
     stored = grid_checks.results(RESULTS)
     readme = " ".join(grid_checks.TRAINING_DOC.read_text().split())
     B = benchmark.config_for("keep", 0, 1, "unused").prompts_per_step
-    for variant in ("drop", "refill"):
+    for variant in ("drop", "refill", "keep-solved", "drop-solved", "refill-solved"):
         groups = [benchmark.differing_groups_per_step(r, B) for r in stored["runs"] if r["variant"] == variant]
         figure = f"{sum(groups) / len(groups):.1f} ({min(groups):.1f}-{max(groups):.1f})"
         assert figure in readme, (variant, figure)
-    rounds = [sum(r["steps"]["dynamic_sampling/rounds"]) / stored["steps"] for r in stored["runs"]
-              if r["variant"] == "refill"]
-    assert f"{sum(rounds) / len(rounds):.1f} rollouts per step" in readme
-    assert all(r["final_accuracy"] == 0.0 for r in stored["runs"]) and "held-out accuracy stays 0" in readme
+    for variant in ("refill", "refill-solved"):
+        rounds = [sum(r["steps"]["dynamic_sampling/rounds"]) / stored["steps"] for r in stored["runs"]
+                  if r["variant"] == variant]
+        assert f"{sum(rounds) / len(rounds):.1f} rollouts per step" in readme, variant
+    assert all(r["final_accuracy"] == 0.0 for r in stored["runs"] if r["variant"] in benchmark.HOW)
+    assert "held-out accuracy stays 0" in readme

@@ -49,3 +49,21 @@ def test_evaluate_reports_consistent_sampling_figures(starting_policy):
     assert metrics["problems"] == 40
     assert 0 <= metrics["mixed_groups"] <= metrics["pass_at_4"] <= 1
     assert metrics["sample_accuracy"] <= metrics["pass_at_4"]
+
+
+def test_per_problem_outcomes_are_the_figures_they_average(starting_policy):
+    """per_problem=True: each problem's greedy outcome (0/1) and its count of right samples, in the
+    problems' order, whose means are the greedy and sampled accuracies; without it, neither key."""
+    model, tokenizer = starting_policy
+    problems = tasks.make_dataset("arithmetic", 40, "test", seed=3)
+    plain = evaluate(model, tokenizer, problems, pass_k=4)
+    metrics = evaluate(model, tokenizer, problems, pass_k=4, per_problem=True)
+    assert "greedy_correct" not in plain and "sample_correct" not in plain
+    assert {k: v for k, v in metrics.items() if k not in ("greedy_correct", "sample_correct")} == plain
+    assert len(metrics["greedy_correct"]) == len(metrics["sample_correct"]) == 40
+    assert set(metrics["greedy_correct"]) <= {0, 1} and set(metrics["sample_correct"]) <= set(range(5))
+    assert sum(metrics["greedy_correct"]) / 40 == metrics["greedy_accuracy"]
+    assert sum(metrics["sample_correct"]) / 160 == metrics["sample_accuracy"]
+    greedy = [int(a) for a, _ in greedy_scores(model, tokenizer, problems)]
+    assert metrics["greedy_correct"] == greedy
+    assert sum(metrics["sample_correct"]) > 0 and sum(greedy) < 40   # the policy at the start: mixed outcomes

@@ -93,6 +93,36 @@ def test_the_doctor_reads_the_uncorrected_lag_and_nothing_else_in_the_grid():
     assert broken["final_accuracy"] - broken["start_accuracy"] < 0.05   # 150 updates, nothing learned
 
 
+HELD_OUT = ROOT / "benchmarks" / "results" / "lag_held_out.json"
+
+
+def test_held_out_seeds_test_the_stale_threshold_it_was_not_tuned_on():
+    """lag_held_out.json: seeds 3-5, uncorrected, k = 1 and 2 (lag.py --seeds 3 4 5 --lags 1 2
+    --corrections none), none of them in the grid the threshold was read off. stale_rollouts
+    flags every k = 2 run and no k = 1 run, and nothing else fires."""
+    from grpo_edu.training.diagnose import diagnose
+    held_out = json.loads(HELD_OUT.read_text())
+    grid_seeds = json.loads(RESULTS.read_text())["seeds"]
+    assert {(r["correction"], r["lag"], r["seed"]) for r in held_out["runs"]} == {
+        ("none", k, s) for k in (1, 2) for s in (3, 4, 5)}
+    assert not set(held_out["seeds"]) & set(grid_seeds) and held_out["corrections"] == lag.CORRECTIONS
+    assert held_out["steps"] == json.loads(RESULTS.read_text())["steps"]
+    for run in held_out["runs"]:
+        history = [{"step": i + 1, **{k: v[i] for k, v in run["steps"].items() if v[i] is not None}}
+                   for i in range(held_out["steps"])]
+        config = lag.config_for(run["correction"], run["lag"], run["seed"], held_out["steps"], "unused").to_dict()
+        assert [f.detector for f in diagnose(history, config)] == (["stale_rollouts"] if run["lag"] == 2 else [])
+    doc = " ".join((ROOT / "docs" / "training.md").read_text().split())
+    assert "`benchmarks/results/lag_held_out.json`) fall on the same sides of it: no K = 1 run flagged, every K = 2 run flagged" in doc
+
+
+@needs_pin
+def test_a_held_out_run_is_what_the_trainer_computes():
+    done = check(HELD_OUT, run="none:2:3", steps=4)
+    assert done.returncode == 0, done.stdout + done.stderr[-3000:]
+    assert "none:2:3 first 4 steps: equal to the file" in done.stdout
+
+
 def test_the_training_doc_table_is_the_file_s_means():
     results = json.loads(RESULTS.read_text())
     readme = (ROOT / "docs" / "training.md").read_text()

@@ -262,6 +262,32 @@ def test_the_tool_beats_no_tool_and_the_doctor_names_the_leak_alone():
     assert all(r["findings"] == ["zero_std_groups"] for r in by["no_tool"])
 
 
+def test_the_results_file_keeps_each_problems_outcomes_and_its_verdicts():
+    """Every measurement keeps its 816 problems' outcomes, whose means are its accuracies; the
+    file's verdicts are what tools.verdicts computes from its runs (chapter 11 prints them)."""
+    results = json.loads(RESULTS.read_text())
+    for after in [r["after"] for r in results["runs"]] + list(results["before"].values()):
+        assert len(after["greedy_correct"]) == len(after["sample_correct"]) == results["held_out"]
+        assert sum(after["greedy_correct"]) / results["held_out"] == after["greedy_accuracy"]
+        assert sum(after["sample_correct"]) / (results["samples"] * results["held_out"]) == after["sample_accuracy"]
+    assert results["verdicts"] == json.loads(json.dumps(tools.verdicts(results)))
+    assert len([k for k in results["verdicts"] if "McNemar" in results["verdicts"][k]["method"]]) == 3
+
+
+def test_a_result_written_after_the_call_is_a_product_sized_number():
+    """self_answer_rate counts a number of three or more digits between the call's `]` and
+    `</think>`; a stray digit among repeated brackets (what the tool policy writes when nobody
+    answers) is not a result. Completions without a call count in the denominator only."""
+    samples = [{"answer": "4896"}, {"answer": "208"}, {"answer": "2790"}, {"answer": "300"}, {"answer": "12"}]
+    texts = ["<think>[51*96]]]]]]5</think>\\boxed{995}",   # a stray digit: no result
+             "<think>[13*16]]400</think>\\boxed{400}",      # a wrong result
+             "<think>[31*90]]2790</think>\\boxed{2790}",    # the product
+             "<think>[30*10]]7]300</think>\\boxed{300}",    # a digit, then the product
+             "<think>12</think>\\boxed{12}"]                 # no call
+    assert tools.self_answers(texts, samples) == {"self_answer_rate": 3 / 5, "self_answers_right": 2 / 3}
+    assert tools.self_answers(texts[:1], samples[:1]) == {"self_answer_rate": 0.0, "self_answers_right": 0.0}
+
+
 def test_bad_runs_are_named():
     with pytest.raises(SystemExit, match="--runs: expected variant:seed"):
         tools.parse_runs(["tool"], None, None)
@@ -310,8 +336,9 @@ def readme_figures(results: dict) -> list[str]:
             f"without it {span('no_tool', 'greedy_accuracy')}",
             f"log-prob per answer token {before['tool']['answer_logp']:.2f} -> {max(logp['leak']):.2f} to "
             f"{min(logp['leak']):.2f} (the tool runs: {max(logp['tool']):.2f} to {min(logp['tool']):.2f})",
-            f"a number of its own where the answer would stand in {span('leak', 'self_answer_rate')} of its "
-            f"held-out completions",
+            f"a result of its own (three or more digits) where the answer would stand in "
+            f"{span('leak', 'self_answer_rate')} of its held-out completions",
+            f"(the tool runs, in at most {max(r['after']['self_answer_rate'] for r in results['runs'] if r['variant'] == 'tool'):.3f})",
             f"median KL {min(kl['leak']):.2f}-{max(kl['leak']):.2f} against {min(kl['tool']):.3f}-{max(kl['tool']):.3f}",
             f"sampled accuracy {span('leak', 'sample_accuracy')}"]
 

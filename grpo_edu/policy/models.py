@@ -52,7 +52,11 @@ ASSETS = Path(__file__).resolve().parent.parent / "assets"
 STARTING_POLICY = ASSETS / "tiny-arithmetic-start"
 TOOL_POLICY = ASSETS / "tiny-multiply-start"
 CHAIN_POLICY = ASSETS / "tiny-chain-start"   # sums three numbers step by step (grpo_edu.environment.process)
-COMMITTED_POLICIES = {"start": STARTING_POLICY, "multiply-start": TOOL_POLICY, "chain-start": CHAIN_POLICY}
+# `make train`'s policy (configs/cpu-tiny.toml, seed 0): where most groups are all right
+# (benchmarks/dynamic_sampling.py --trained-policy makes it; chapter 4 trains from it)
+TRAINED_POLICY = ASSETS / "tiny-arithmetic-trained"
+COMMITTED_POLICIES = {"start": STARTING_POLICY, "multiply-start": TOOL_POLICY, "chain-start": CHAIN_POLICY,
+                      "trained": TRAINED_POLICY}
 
 
 def policy_source(model: str) -> str | Path:

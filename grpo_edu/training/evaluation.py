@@ -171,7 +171,8 @@ def samples_table(model, tokenizer, samples: list[dict], config) -> str:
 
 
 def evaluate(model, tokenizer, samples: list[dict], *, pass_k: int = 0, max_new_tokens: int = 16,
-             seed: int = SAMPLE_SEED, environment: str = "", max_turns: int = 4) -> dict[str, float]:
+             seed: int = SAMPLE_SEED, environment: str = "", max_turns: int = 4,
+             per_problem: bool = False) -> dict:
     """Held-out metrics of a policy on `samples`.
 
     greedy_accuracy, greedy_format: share of problems whose greedy completion is
@@ -184,6 +185,9 @@ def evaluate(model, tokenizer, samples: list[dict], *, pass_k: int = 0, max_new_
     of at most max_turns policy turns, scored on its whole text, and also:
     tool_call_rate, mean_turns: share of greedy episodes the environment answered in, and
         their mean policy turns; sample_tool_call_rate: the same share of the samples.
+    With per_problem, also each problem's outcomes, in order, for paired comparisons over the
+    same problems (grpo_edu.algorithm.statistics): greedy_correct (1 right, 0 wrong) and, with
+    pass_k > 0, sample_correct (how many of its pass_k samples are right).
     """
     prompts = [s["prompt"] for s in samples]
     columns = {key: [s.get(key) for s in samples] for key in ("answer", "task", "numbers")}
@@ -211,13 +215,17 @@ def evaluate(model, tokenizer, samples: list[dict], *, pass_k: int = 0, max_new_
             flat = [c for group in groups for c in group]
         repeated = {key: [v for v in values for _ in range(pass_k)] for key, values in columns.items()}
         correct = rewards.accuracy_reward(flat, **repeated)
-        per_problem = [correct[i * pass_k:(i + 1) * pass_k] for i in range(len(samples))]
+        groups = [correct[i * pass_k:(i + 1) * pass_k] for i in range(len(samples))]
         metrics.update({
             "sample_accuracy": _mean(correct),
             "sample_format": _mean(rewards.format_reward(flat)),
-            f"pass_at_{pass_k}": _mean([float(any(group)) for group in per_problem]),
-            "mixed_groups": _mean([float(0 < sum(group) < pass_k) for group in per_problem]),
+            f"pass_at_{pass_k}": _mean([float(any(group)) for group in groups]),
+            "mixed_groups": _mean([float(0 < sum(group) < pass_k) for group in groups]),
         })
+        if per_problem:
+            metrics["sample_correct"] = [int(sum(group)) for group in groups]
+    if per_problem:
+        metrics["greedy_correct"] = [int(accuracy) for accuracy, _ in scores]
     return metrics
 
 
