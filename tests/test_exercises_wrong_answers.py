@@ -18,7 +18,7 @@ import torch
 from checker_support import all_values, assert_rejected_without_answer, expected_values
 from grpo_edu.algorithm.advantages import group_advantages
 from grpo_edu.training.episodes import Reply
-from grpo_edu.exercises import ch00, ch01, ch02, ch03, ch04, ch05, ch06, ch07, ch08, ch09, ch10, ch11
+from grpo_edu.exercises import ch00, ch01, ch02, ch03, ch04, ch05, ch06, ch07, ch08, ch09, ch10, ch11, ch12
 from grpo_edu.algorithm.loss import grpo_loss
 
 COVERED: set[str] = set()
@@ -564,6 +564,46 @@ def test_loss_masks_with_the_first_span_only():
     report = rejected(ch11.check_loss_masks, first_span)
     assert "two calls: the calculator writes two spans: env_mask: wrong at" in report
     assert "one call" not in report
+
+
+# --------------------------------------------------------------------------- chapter 12
+
+@covers("12.1")
+def test_run_disk_with_every_checkpoint_of_a_run_whole():
+    """A checkpoint counted as the whole training state (9.1's 16 bytes and the reference), and
+    KEEP of them whatever the run writes."""
+    from grpo_edu.training.checkpoint import KEEP
+
+    def whole_state(model, config):
+        P = sum(p.numel() for p in model.parameters())
+        return {"sampler_init": 4 * P if config.engine == "vllm" else 0, "checkpoints": KEEP * 20 * P,
+                "model": 4 * P}
+    with expected_values() as seen:
+        result = ch12.check_run_disk(whole_state)
+    report = assert_rejected_without_answer(result, all_values(seen))
+    assert result.passed == 0 and "checkpoints: is too large" in report
+    assert "config.model is a folder on disk" in report and "a vLLM server loads its model itself" in report
+    for value in all_values(seen):   # the right byte counts, however printed
+        for text in (f"{value:,.0f}", f"{value:.0f}", f"{value / 1e9:.1f} GB", f"{value / 1e9:.2f}"):
+            assert value == 0 or text not in report
+
+
+@covers("12.2")
+def test_rollout_numbers_with_the_whole_mini_batch_on_every_gpu():
+    def whole_mini_batch(config, gpus):
+        prompts = config.prompts_per_step // gpus
+        completions = prompts * config.num_generations
+        return {"prompts_per_engine": prompts, "completions_per_engine": completions,
+                "completion_tokens_per_engine": completions * config.max_completion_length,
+                "optimizer_steps_per_rollout": config.num_iterations * config.num_mini_batches,
+                "micro_batches_per_optimizer_step": -(-config.prompts_per_step * config.num_generations
+                                                      // config.num_mini_batches // config.micro_batch_size)}
+    with expected_values() as seen:
+        result = ch12.check_rollout_numbers(whole_mini_batch)
+    report = assert_rejected_without_answer(result, all_values(seen))
+    assert report.count("each GPU holds its share of the mini-batch") == 4
+    for value in all_values(seen):
+        assert f"micro_batches_per_optimizer_step: {value:.0f}" not in report
 
 
 # --------------------------------------------------------------------------- the list is complete

@@ -80,7 +80,7 @@ def test_a_new_chapter_in_the_manifest_gets_its_page(tmp_path):
         shutil.copyfile(first.with_suffix(suffix), root / "chapters" / f"{encore}{suffix}")
     manifest = (ROOT / "book.toml").read_text() + (
         f'\n[[chapters]]\npath = "chapters/{encore}.ipynb"\ntitle = "Encore"\n'
-        'summary = "chapter 1 once more"\npart = "Agents"\nneeds = [1]\ntier = "cpu"\nbudget_seconds = 60\n')
+        f'summary = "chapter 1 once more"\npart = "{last.part}"\nneeds = [1]\ntier = "cpu"\nbudget_seconds = 60\n')
     (root / "book.toml").write_text(manifest)
     pages = site.build_site(bookmod.load_book(root), tmp_path / "out")
     assert pages[-1].path == f"{encore}.html"

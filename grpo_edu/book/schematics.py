@@ -16,6 +16,7 @@ never typed in.
     one_gpu            chapter 9: the trainer and the sampler on one GPU, the weight sync
     rollouts_in_flight chapter 10: the sampler k rollouts ahead of the trainer
     episode_writers    chapter 11: who wrote each token of an episode, and the loss mask
+    runbook_path       chapter 12: from an empty GPU machine to a trained model, step by step
 """
 
 from __future__ import annotations
@@ -347,3 +348,26 @@ def episode_writers(segments=(("prompt", "47*85=", PROMPT), ("policy", "<think>[
     axes.text(-0.15, 1.1, "tokens", ha="right", va="center", fontsize=9)
     axes.text(-0.15, 0.33, "in the loss", ha="right", va="center", fontsize=9)
     return _done(figure, axes, (-1.6, x + 0.1), (0, 1.8))
+
+
+# ----------------------------------------------------------------------------- chapter 12
+
+def runbook_path(steps=(("install", "torch (CUDA build),\npip install '.[gpu]'", PROMPT),
+                        ("check", "grpo-edu doctor --gpu", GOOD),
+                        ("train", "grpo-edu train\n--config ...toml", POLICY),
+                        ("the run directory", "sampler_init/,\ncheckpoints/, model/", ENV),
+                        ("use", "grpo-edu eval RUN_DIR,\ngrpo-edu sample", GOOD))):
+    """A GPU run from start to end: the install, the machine's check, the run, what it leaves on
+    disk, and the commands that use the trained model."""
+    figure, axes = _figure(10.5, 1.9)
+    width, gap = 1.85, 0.28
+    for i, (title, command, color) in enumerate(steps):
+        x = i * (width + gap)
+        _box(axes, x, 0.15, width, 0.95, "", color=color)
+        axes.text(x + width / 2, 0.85, title, ha="center", va="center", fontsize=9, weight="bold")
+        axes.text(x + width / 2, 0.45, command, ha="center", va="center", fontsize=7.5, family="monospace")
+        if i:
+            _arrow(axes, (x - gap + 0.02, 0.62), (x - 0.02, 0.62))
+    right = len(steps) * (width + gap) - gap
+    axes.text(right / 2, 1.35, "from an empty GPU machine to a trained model", ha="center", fontsize=9)
+    return _done(figure, axes, (-0.1, right + 0.1), (0, 1.6))
