@@ -409,6 +409,10 @@ for claim, holds in claims.items():
 #
 # ## Check yourself
 #
+# Where an answer is a number, check yours before you open it:
+# `quiz.check(0, 1, variance=...)` (`from grpo_edu.exercises import quiz`;
+# `quiz.ask(0)` lists what each question takes).
+#
 # 1. On the chapter's bandit with G = 4, REINFORCE's variance is 0.0405. Add 10 to every
 #    reward. What happens to the estimate's mean, and to its variance?
 #

@@ -689,6 +689,10 @@ print(f"sum of exp(printed row) = {np.exp(printed_row).sum():.4f}; "
 #
 # ## Check yourself
 #
+# Where an answer is a number, check yours before you open it:
+# `quiz.check(1, 1, population=..., sample=...)` (`from grpo_edu.exercises import quiz`;
+# `quiz.ask(1)` lists what each question takes).
+#
 # 1. With the example's rewards and the population std, what is $A_3$? What is it with the
 #    sample std?
 #

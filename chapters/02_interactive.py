@@ -322,6 +322,10 @@ for loss_type in ("grpo", "dr_grpo", "dapo"):
 #
 # ## Check yourself
 #
+# Where an answer is a number, check yours before you open it:
+# `quiz.check(2, 1, group=..., none=..., batch=...)` (`from grpo_edu.exercises import quiz`;
+# `quiz.ask(2)` lists what each question takes).
+#
 # 1. Prompt 2's rewards are [1.0, 0.9, 1.0, 0.9]. What are its advantages under group
 #    scaling, and under no scaling?
 #

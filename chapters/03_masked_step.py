@@ -628,6 +628,10 @@ print(inspect.getsource(token_logprobs).split('    if not isinstance')[0].rstrip
 #
 # ## Check yourself
 #
+# Where an answer is a number, check yours before you open it:
+# `quiz.check(3, 3, gradient=...)` (`from grpo_edu.exercises import quiz`;
+# `quiz.ask(3)` lists what each question takes).
+#
 # 1. The prompt `3*4=` has 4 tokens and P = 5. In which column is its completion's first
 #    token, and the logits of which column score it?
 #

@@ -629,6 +629,10 @@ for claim, holds in claims.items():
 #
 # ## Check yourself
 #
+# Where an answer is a number, check yours before you open it:
+# `quiz.check(5, 1, advantages=...)` (`from grpo_edu.exercises import quiz`;
+# `quiz.ask(5)` lists what each question takes).
+#
 # 1. A group's rewards (accuracy + format) are 0 1 2 1 1 1 1 1. What are the advantages of
 #    its first three samples?
 #

@@ -460,6 +460,10 @@ print(f"the same final weights, bit for bit: {same_weights}")
 #
 # ## Check yourself
 #
+# Where an answer is a number, check yours before you open it:
+# `quiz.check(6, 3, groups=...)` (`from grpo_edu.exercises import quiz`;
+# `quiz.ask(6)` lists what each question takes).
+#
 # 1. In the printed loop, which call samples the completions, and which one changes the
 #    weights?
 #

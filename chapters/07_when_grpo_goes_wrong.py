@@ -607,6 +607,10 @@ for claim, holds in claims.items():
 #
 # ## Check yourself
 #
+# Where an answer is a number, check yours before you open it:
+# `quiz.check(7, 2, advantage=...)` (`from grpo_edu.exercises import quiz`;
+# `quiz.ask(7)` lists what each question takes).
+#
 # 1. A run with beta = 0.04 logs `kl` = 0 at every step. Name two causes, and the metric that
 #    tells them apart.
 #

@@ -501,6 +501,10 @@ for P in (1.5e9, 7e9):
 #
 # ## Check yourself
 #
+# Where an answer is a number, check yours before you open it:
+# `quiz.check(8, 2, times=...)` (`from grpo_edu.exercises import quiz`;
+# `quiz.ask(8)` lists what each question takes).
+#
 # 1. A config sets B = 15 prompts and runs on 2 ranks. What does the trainer do, and why?
 #
 #    <details><summary>Answer</summary>
