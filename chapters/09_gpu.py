@@ -19,7 +19,7 @@
 # >
 # > **You need first**: chapter 6 (training the tiny reasoner).
 # >
-# > **Reading time**: about 35 minutes. **Compute**: at most 60 s on a 2-core CPU. [Glossary](../docs/glossary.md) · [Notation](../docs/notation.md)
+# > **Reading time**: about 34 minutes. **Compute**: at most 60 s on a 2-core CPU. [Glossary](../docs/glossary.md) · [Notation](../docs/notation.md)
 #
 # Everything so far ran on a laptop CPU. This chapter moves the same GRPO (Group Relative
 # Policy Optimization) trainer to GPUs, and it runs on a CPU too: what a CPU can compute is
@@ -323,14 +323,11 @@ show_claims({
 
 # %%
 from grpo_edu.exercises.ch09 import QWEN_ARCHITECTURES as ARCHITECTURES   # Qwen2.5's published dimensions
+from grpo_edu.exercises.ch09 import qwen_sizes
 
-sizes = {}
+sizes = qwen_sizes()   # each shape built on the meta device: parameters, KV-cache bytes per token
 for name, dims in ARCHITECTURES.items():
-    with torch.device("meta"):
-        model = Qwen2ForCausalLM(Qwen2Config(**dims))
     head_dim = dims["hidden_size"] // dims["num_attention_heads"]
-    sizes[name] = dict(parameters=sum(p.numel() for p in model.parameters()),   # a tied embedding counts once
-                       kv_bytes_per_token=2 * dims["num_hidden_layers"] * dims["num_key_value_heads"] * head_dim * 2)
     print(f"{name:<13}{sizes[name]['parameters']:>14,} parameters ({sizes[name]['parameters'] / 1e9:.2f} billion); "
           f"KV cache 2 (K, V) x {dims['num_hidden_layers']} layers x {dims['num_key_value_heads']} KV heads x "
           f"{head_dim} x 2 bytes = {sizes[name]['kv_bytes_per_token']:,} bytes per token")

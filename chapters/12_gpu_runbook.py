@@ -41,7 +41,6 @@ import textwrap
 from pathlib import Path
 
 import torch
-from transformers import Qwen2Config, Qwen2ForCausalLM
 
 from grpo_edu.book import home, schematics
 from grpo_edu.training import trainer, user_functions
@@ -119,16 +118,10 @@ print("grpo-edu doctor --gpu                      # CUDA, versions, vLLM's weigh
 # with beta > 0, so every checkpoint holds a reference:
 
 # %%
-from grpo_edu.exercises.ch09 import QWEN_ARCHITECTURES as ARCHITECTURES   # Qwen2.5's published dimensions
+from grpo_edu.exercises.ch09 import qwen_sizes
 from grpo_edu.training.checkpoint import KEEP
 
-sizes = {}
-for name, dims in ARCHITECTURES.items():
-    with torch.device("meta"):
-        model = Qwen2ForCausalLM(Qwen2Config(**dims))
-    head_dim = dims["hidden_size"] // dims["num_attention_heads"]
-    sizes[name] = dict(parameters=sum(p.numel() for p in model.parameters()),   # a tied embedding counts once
-                       kv_bytes_per_token=2 * dims["num_hidden_layers"] * dims["num_key_value_heads"] * head_dim * 2)
+sizes = qwen_sizes()   # chapter 9's Qwen2.5 shapes on the meta device: parameters, KV-cache bytes per token
 
 print(f"{'GB on disk':<14}{'download':>10}{'sampler_init':>14}{f'{KEEP} checkpoints':>15}{'model/':>8}"
       f"{'run in all':>12}")

@@ -49,6 +49,17 @@ def base_model(name: str) -> torch.nn.Module:
         return (LlamaForCausalLM if name == TINY else Qwen2ForCausalLM)(config)
 
 
+def qwen_sizes() -> dict[str, dict[str, int]]:
+    """Each Qwen2.5 shape of QWEN_ARCHITECTURES, built on the meta device: its parameters (a tied
+    embedding once) and its KV cache's bytes per token (K and V, every layer and KV head, bf16)."""
+    sizes = {}
+    for name, dims in QWEN_ARCHITECTURES.items():
+        head_dim = dims["hidden_size"] // dims["num_attention_heads"]
+        sizes[name] = dict(parameters=_parameters(base_model(name)),
+                           kv_bytes_per_token=2 * dims["num_hidden_layers"] * dims["num_key_value_heads"] * head_dim * 2)
+    return sizes
+
+
 def _parameters(model: torch.nn.Module) -> int:
     return sum(p.numel() for p in model.parameters())   # a tied embedding counts once
 
