@@ -24,7 +24,7 @@ held-out greedy accuracy at every evaluation (128 countdown problems, every 10 s
 step, the share of all-equal groups in the batch trained on and in the first rollout, the
 rollouts sampled, the share of slots left at the limit, the accuracy and format rewards, the KL,
 the gradient norm and the seconds spent sampling. Run it under the book's pinned kernels
-(grpo_edu.runtime.numerics): chapter 4 reads the file. --check re-trains the named runs for their first
+(grpo_edu.runtime.numerics): chapter 8 reads the file. --check re-trains the named runs for their first
 --steps steps and compares every kept number with FILE's, exactly (tests/test_dynamic_sampling.py).
 """
 
@@ -87,7 +87,7 @@ The committed starting policy (`start`, grpo_edu/assets/tiny-arithmetic-start) a
 default GRPO run: configs/cpu-tiny.toml as it is, seed {config.seed}, {config.steps:,} steps of
 {config.prompts_per_step} prompts x {config.num_generations} completions, loss '{config.loss_type}',
 beta {config.beta}, learning rate {config.learning_rate} ({config.lr_schedule}). In a run's config:
-`model = "trained"`. Chapter 4 trains from it where many groups are all right
+`model = "trained"`. Chapter 8 trains from it where many groups are all right
 (benchmarks/dynamic_sampling.py, the `-solved` variants).
 
 ## How it was made

@@ -14,7 +14,7 @@ Writes FILE (default benchmarks/results/entropy.json) after every run: per run i
 greedy accuracy at every evaluation (256 problems, every 25 steps) and, per step, the policy's
 exact entropy (the mean over completions of their mean token entropy), the threshold, the share
 of tokens that trained, the training accuracy, the KL and the gradient norm. Run it under the
-book's pinned kernels (grpo_edu.runtime.numerics): chapter 4 reads the file. --check re-trains the
+book's pinned kernels (grpo_edu.runtime.numerics): chapter 8 reads the file. --check re-trains the
 named runs (variant:seed) for their first --steps steps and compares every kept number with
 FILE's, exactly (tests/test_entropy_mask.py runs it, pinned, for top20:0).
 """

@@ -1,4 +1,4 @@
-"""Chapter 10's measurement: rollouts that lag by k updates (config key rollout_lag), with each
+"""Chapter 11's measurement: rollouts that lag by k updates (config key rollout_lag), with each
 correction for the staleness, on the default task, 3 seeds; everything else the default config.
 
     .venv/bin/python benchmarks/lag.py [--lags 0 1 2 4 8 16] [--corrections none clip ...]
@@ -19,7 +19,7 @@ sampler's rounding (the CPU tier's sampler gap, ~1e-7), so the grid trains k = 0
 The first form writes FILE (default benchmarks/results/lag.json): the settings, and per run
 its held-out greedy accuracy at every evaluation (256 problems, every 25 steps) and the metrics
 that show the staleness at every step. Run it under the book's pinned kernels
-(grpo_edu.runtime.numerics), as `grpo-edu book run` runs chapters: chapter 10 reads the file.
+(grpo_edu.runtime.numerics), as `grpo-edu book run` runs chapters: chapter 11 reads the file.
 
 The second re-trains the named runs (correction:lag:seed; all when not given) for the first
 --steps steps and compares every kept number with FILE's, exactly (tests/test_lag_benchmark.py
@@ -49,7 +49,7 @@ CORRECTIONS = {
     "token_mask": {"old_logprobs": "proximal", "is_mask": "token", "is_mask_band": [0.5, 2.0]},
     "sequence_mask": {"old_logprobs": "proximal", "is_mask": "sequence", "is_mask_band": [0.8, 1.25]},
 }
-# Beyond the grid, seed 0 only: k pushed until training breaks (chapter 10, section 4), written with
+# Beyond the grid, seed 0 only: k pushed until training breaks (chapter 11, section 4), written with
 #   benchmarks/lag.py --runs none:32:0 none:64:0 clip:32:0 clip:64:0 tis:64:0
 PUSHED = ["none:32:0", "none:64:0", "clip:32:0", "clip:64:0", "tis:64:0"]
 # What the file keeps of each step (absent from a step: None).

@@ -22,7 +22,7 @@ Writes FILE (default benchmarks/results/overlong.json) after every run: per run 
 greedy accuracy at every evaluation (256 problems, every 25 steps, at the same 9-token limit)
 and, per step, the share of truncated completions, the training accuracy, the mean completion
 length, the overlong term, the KL and the gradient norm. Run it under the book's pinned kernels
-(grpo_edu.runtime.numerics): chapter 4 reads the file. --check re-trains the named runs for their first
+(grpo_edu.runtime.numerics): chapter 8 reads the file. --check re-trains the named runs for their first
 --steps steps and compares every kept number with FILE's, exactly (tests/test_overlong.py).
 """
 

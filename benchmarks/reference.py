@@ -12,7 +12,7 @@
 Writes FILE (default benchmarks/results/reference.json) after every run: per run its held-out
 greedy accuracy at every evaluation (256 problems, every 25 steps) and, per step, the KL, the
 training accuracy and the gradient norm. Run it under the book's pinned kernels
-(grpo_edu.runtime.numerics): chapter 4 reads the file. --check re-trains the named runs (variant:seed)
+(grpo_edu.runtime.numerics): chapter 8 reads the file. --check re-trains the named runs (variant:seed)
 for their first --steps steps and compares every kept number with FILE's, exactly
 (tests/test_reference_sync.py runs it, pinned, for ema:0, which averages at every step).
 """

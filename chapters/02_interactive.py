@@ -112,7 +112,7 @@ print("\nthe explorer's numbers are grpo_edu's:",
 # - Make all of a group's rewards equal, and its advantages become exactly zero: that group
 #   teaches nothing, whatever its reward. The zero-std filter (`filter_zero_std_groups`)
 #   drops such groups before the update. DAPO's dynamic sampling samples replacements for
-#   them instead (chapter 4).
+#   them instead (chapter 8).
 # - Shift every reward by the same amount, and nothing changes: only differences within a
 #   group matter.
 #

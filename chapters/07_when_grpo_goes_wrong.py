@@ -18,7 +18,7 @@
 # >
 # > **You need first**: chapter 6 (the training loop and its metrics).
 # >
-# > **Reading time**: about 28 minutes. **Compute**: at most 300 s on a 2-core CPU. [Glossary](../docs/glossary.md) · [Notation](../docs/notation.md)
+# > **Reading time**: about 29 minutes. **Compute**: at most 300 s on a 2-core CPU. [Glossary](../docs/glossary.md) · [Notation](../docs/notation.md)
 #
 # Every team that trains with GRPO meets the same failures. Groups whose rewards are all
 # equal. A group split across GPUs. Completions that grow for no reason. A Kullback-Leibler
@@ -173,6 +173,8 @@ figure = plot_compare({n: results[n] for n in ONE},
 # signal is absent. The fix for all-wrong groups is prompts the policy can sometimes solve (a
 # curriculum). The doctor says so when, over the last 10 steps, half the groups or more are
 # all-equal *and* most samples are wrong. All-right groups are a solved task, not a failure.
+# Chapter 8 measures a third fix, dynamic sampling (from DAPO, Decoupled Clip and Dynamic
+# Sampling Policy Optimization), on this task and on one the policy mostly solves.
 #
 # The doctor also reports a second symptom on the countdown run and the filtered one. Their
 # median KL to the reference over the last 10 steps is 1.207 and 1.328 nats per token, past
@@ -186,7 +188,7 @@ figure = plot_compare({n: results[n] for n in ONE},
 # **Cause.** Under N processes, each rank normalises the rewards it holds. Say a sampler puts
 # 4 of a prompt's 8 completions on one rank and 4 on another. Then each half gets its own mean
 # and std, and the advantages no longer compare a completion with its whole group.
-# `grpo_edu` shards whole prompts (chapter 8), so the lab simulates the careless sampler:
+# `grpo_edu` shards whole prompts (chapter 9), so the lab simulates the careless sampler:
 # `Faults(split_groups=2)` computes each group's advantages in two halves.
 #
 # First, exactly what a split does to one group. Take 3 of 8 completions right (reward 1.5),

@@ -11,7 +11,7 @@ import numpy as np
 
 from grpo_edu.exercises import checking
 
-CHAPTERS = [f"grpo_edu.exercises.ch{n:02d}" for n in range(13)]
+CHAPTERS = [f"grpo_edu.exercises.ch{n:02d}" for n in range(14)]
 
 
 @contextlib.contextmanager

@@ -1,132 +1,41 @@
-"""The chapter-8 checkers accept the worked solutions and name what a wrong answer got wrong."""
+"""Chapter 8's checkers: their right values are hand-computable, and the chapter's first
+attempts fail them the way the chapter says."""
 
-from grpo_edu.runtime.distributed import World
+import torch
+
 from grpo_edu.exercises import ch08
-from grpo_edu.algorithm.loss import grpo_loss
-
-# ----------------------------------------------------------------- 8.1
+from grpo_edu.training.scoring import soft_overlong_punishment
 
 
-def rank_rows(B, G, world_size, rank):
-    """The worked solution: whole prompts, rank r's contiguous B / N of them, all G rows of each."""
-    if B % world_size:
-        raise ValueError(f"{B} prompts do not split into whole prompts over {world_size} ranks")
-    per_rank = B // world_size
-    return list(range(rank * per_rank * G, (rank + 1) * per_rank * G))
+def test_the_punishment_the_checker_holds_is_the_hand_computed_one():
+    # L = 9, c = 2: free up to 7 tokens, -0.5 at 8, -1 at the limit
+    assert soft_overlong_punishment(torch.tensor([5, 6, 7, 8, 9]), 9, 2).tolist() == [0.0, 0.0, 0.0, -0.5, -1.0]
+    # past the limit it stays -1
+    assert soft_overlong_punishment(torch.tensor([10, 12, 14]), 12, 4).tolist() == [-0.5, -1.0, -1.0]
 
 
-def test_rank_rows_solution_passes_and_is_the_trainers_share():
-    result = ch08.check_rank_rows(rank_rows)
-    assert result and result.passed == len(ch08.RANK_ROW_CASES) + len(ch08.INDIVISIBLE_CASES)
-    share = World(rank=1, size=2).shard(16)
-    assert rank_rows(16, 8, 2, 1) == list(range(share.start * 8, share.stop * 8))
+def test_the_chapters_first_attempt_fails_only_past_the_limit():
+    def first_attempt(lengths, L, c):
+        return (-(lengths.to(torch.float64) - (L - c)) / c).clamp(max=0.0)
+    result = ch08.check_overlong_punishment(first_attempt)
+    assert not result and result.passed == len(ch08.OVERLONG_CASES) - 1
+    assert "past the limit" in result.failures[0]
 
 
-def test_an_even_split_of_the_rows_is_caught_where_it_cuts_a_group():
-    def even_rows(B, G, world_size, rank):
-        n = B * G // world_size
-        return list(range(rank * n, (rank + 1) * n))
-    result = ch08.check_rank_rows(even_rows)
-    assert result.passed == len(ch08.RANK_ROW_CASES)
-    assert len(result.failures) == 2
-    assert result.failures[1] == (
-        "B=3, G=4, 2 ranks: 3 prompts do not split into whole prompts over 2 ranks, so the trainer refuses "
-        "(a ValueError); yours split prompt 1's 4 completions across ranks [0, 1]")
+def test_the_entropy_threshold_is_a_quantile_of_the_real_tokens_only():
+    entropies = torch.tensor([[0.1, 0.2, 0.3, 9.0], [0.4, 0.5, 9.0, 9.0]])
+    mask = torch.tensor([[1, 1, 1, 0], [1, 1, 0, 0]], dtype=torch.bool)
+
+    def right(h, m, q):
+        tau = torch.quantile(h[m], 1 - q).item()
+        return tau, (h >= tau) & m
+    tau, keep = right(entropies, mask, 0.5)
+    assert abs(tau - 0.3) < 1e-7                                   # the median of 0.1 ... 0.5
+    assert keep.tolist() == [[False, False, True, False], [True, True, False, False]]
+    result = ch08.check_entropy_mask(right)
+    assert result and result.passed == 2 * len(ch08.entropy_cases())
 
 
-def test_other_wrong_rows_are_named():
-    def interleaved(B, G, world_size, rank):   # whole prompts, but not the trainer's share
-        if B % world_size:
-            raise ValueError("indivisible")
-        return [i * G + j for i in range(rank, B, world_size) for j in range(G)]
-    result = ch08.check_rank_rows(interleaved)
-    assert result.failures[0].startswith("B=16, G=8, 2 ranks: rank 0 (and 1 other rank) owns whole prompts, "
-                                         "but not consecutive ones")
-    assert "rows 0..63" not in str(result)       # the trainer's share is the answer: never printed
-
-    def reversed_blocks(B, G, world_size, rank):   # contiguous blocks, in the wrong order
-        return rank_rows(B, G, world_size, world_size - 1 - rank)
-    result = ch08.check_rank_rows(reversed_blocks)
-    assert "rank 0 (and 1 other rank) owns a contiguous block of whole prompts (rows 64..127), but not the " \
-           "trainer's" in result.failures[0]
-
-    def prompt_indices(B, G, world_size, rank):  # prompts, not rows
-        if B % world_size:
-            raise ValueError("indivisible")
-        return rank_rows(B, 1, world_size, rank)
-    result = ch08.check_rank_rows(prompt_indices)
-    assert any("no rank owns" in failure for failure in result.failures)
-    assert any("completions across ranks" in failure for failure in result.failures)
-
-    raises = ch08.check_rank_rows(lambda *args: 1 / 0)
-    assert "rank 0 raised ZeroDivisionError" in raises.failures[0]
-    assert raises.failures[-1] == ("B=3, G=4, 2 ranks: raised ZeroDivisionError: division by zero; 3 prompts do "
-                                   "not split into whole prompts over 2 ranks, so the trainer refuses (a ValueError)")
-
-
-# ----------------------------------------------------------------- 8.2
-
-def rank_loss(logp, old_logp, advantages, completion_mask, token_counts, completion_counts, loss_type,
-              max_completion_length):
-    """The worked solution: the whole batch's counts, times N (DDP averages the gradients)."""
-    out = grpo_loss(logp, old_logp, advantages, completion_mask, loss_type=loss_type,
-                    max_completion_length=max_completion_length,
-                    num_items=sum(token_counts), num_completions=sum(completion_counts))
-    return out.loss * len(token_counts)
-
-
-def test_rank_loss_solution_passes():
-    result = ch08.check_rank_loss(rank_loss)
-    assert result and result.passed == 2 * 4
-
-
-def test_the_per_rank_mean_is_named():
-    def own_counts(logp, old_logp, advantages, mask, token_counts, completion_counts, loss_type, L):
-        return grpo_loss(logp, old_logp, advantages, mask, loss_type=loss_type, max_completion_length=L).loss
-    result = ch08.check_rank_loss(own_counts)
-    # grpo and dr_grpo with equal completions per rank hide the mistake; token counts or
-    # uneven completions reveal it.
-    assert result.passed == 2 and len(result.failures) == 6
-    assert result.failures[0] == ("bnpo, 2 ranks of 2 prompts, rank 1's completions longer: each rank divided "
-                                  "by its own counts (grpo_loss's defaults), not the whole batch's")
-    assert all("each rank divided by its own counts" in f for f in result.failures)
-
-
-def test_a_missing_world_size_factor_is_named():
-    def without_factor(*args):
-        return rank_loss(*args) / len(args[4])
-    result = ch08.check_rank_loss(without_factor)
-    assert len(result.failures) == 8
-    assert result.failures[0].endswith("the whole batch's counts, but DDP averages the ranks' gradients: 1/2 of "
-                                       "the 1-process gradient")
-    assert "1/3 of the 1-process gradient" in result.failures[-1]
-
-
-def test_rank_loss_reports_wrong_types():
-    constant = ch08.check_rank_loss(lambda *args: args[0].detach().sum())
-    assert "does not depend on logp" in constant.failures[0]
-    number = ch08.check_rank_loss(lambda *args: 0.5)
-    assert "expected a scalar tensor" in number.failures[0]
-
-
-# ----------------------------------------------------------------- 8.3
-
-def test_scale_answers():
-    answers = ch08.scale_answers()
-    assert answers == {"prompts_per_rank": 32, "completions_per_rank": 512, "completions_per_step": 4096,
-                       "max_tokens_per_step": 4_194_304, "optimizer_steps_per_rollout": 4,
-                       "fsdp2_bytes_per_rank": 3_000_000_000}
-    assert set(answers) == set(ch08.QUANTITIES)
-    assert ch08.check_scale_answers(ch08.scale_answers)
-
-    def ddp_bytes(quiz):                            # DDP's bytes: a whole replica on every rank
-        return dict(ch08.scale_answers(quiz), fsdp2_bytes_per_rank=quiz["parameters"] * 16)
-    result = ch08.check_scale_answers(ddp_bytes, seed=0)
-    assert result.failures == [
-        "SCALE_QUIZ: fsdp2_bytes_per_rank is wrong: a whole copy on every rank (DDP's), not FSDP2's 1/N shard",
-        "ch08.random_quiz(1): the same as SCALE_QUIZ", "ch08.random_quiz(2): the same as SCALE_QUIZ"]
-    report = str(ch08.check_scale_answers(lambda quiz: {}, seed=0))
-    assert "no number for prompts_per_rank, completions_per_rank" in report
-    assert "unknown keys ['tokens']" in str(ch08.check_scale_answers(lambda quiz: dict(ch08.scale_answers(quiz),
-                                                                                         tokens=1)))
-    assert "returned list, not a dict" in str(ch08.check_scale_answers(lambda quiz: []))
+def test_the_entropy_checker_needs_a_pair():
+    result = ch08.check_entropy_mask(lambda h, m, q: (h >= 0.5) & m)
+    assert not result and all("expected a pair (tau, keep)" in failure for failure in result.failures)

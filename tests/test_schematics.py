@@ -24,7 +24,7 @@ def _texts(figure):
 def test_the_docstring_lists_every_schematic():
     public = {n for n, f in vars(schematics).items()
               if callable(f) and not n.startswith("_") and getattr(f, "__module__", "") == schematics.__name__}
-    assert set(NAMES) == public and len(NAMES) == 13
+    assert set(NAMES) == public and len(NAMES) == 14
 
 
 @pytest.mark.parametrize("name", NAMES)
@@ -56,4 +56,14 @@ def test_bgs_tensor_masks_exactly_the_completion_tokens():
     figure = schematics.bgs_tensor((3, 5), lengths)
     ones = sum(t == "1" for t in _texts(figure))
     assert ones == sum(map(sum, lengths))
+    plt.close(figure)
+
+
+def test_dapo_toolbox_names_real_config_keys_at_their_stage():
+    from grpo_edu.training.config import TrainConfig
+    fields = set(TrainConfig.__dataclass_fields__)
+    keys = [key for _, _, knobs in schematics.TOOLBOX for key, _ in knobs]
+    assert len(keys) == 5 and set(keys) <= fields, set(keys) - fields
+    figure = schematics.dapo_toolbox()
+    assert set(keys) <= set(_texts(figure))
     plt.close(figure)

@@ -12,11 +12,12 @@ never typed in.
     reward_paths       chapter 5: one completion, an outcome reward and a reward per step
     grpo_loop          chapter 6: the training loop, one rollout per step
     failure_lab        chapter 7: one knob changed, the run, the doctor's reading
-    groups_to_ranks    chapter 8: whole groups dealt out to ranks
-    one_gpu            chapter 9: the trainer and the sampler on one GPU, the weight sync
-    rollouts_in_flight chapter 10: the sampler k rollouts ahead of the trainer
-    episode_writers    chapter 11: who wrote each token of an episode, and the loss mask
-    runbook_path       chapter 12: from an empty GPU machine to a trained model, step by step
+    dapo_toolbox       chapter 8: where each of DAPO's settings, and two others, acts in a step
+    groups_to_ranks    chapter 9: whole groups dealt out to ranks
+    one_gpu            chapter 10: the trainer and the sampler on one GPU, the weight sync
+    rollouts_in_flight chapter 11: the sampler k rollouts ahead of the trainer
+    episode_writers    chapter 12: who wrote each token of an episode, and the loss mask
+    runbook_path       chapter 13: from an empty GPU machine to a trained model, step by step
 """
 
 from __future__ import annotations
@@ -269,6 +270,42 @@ def failure_lab():
 
 # ----------------------------------------------------------------------------- chapter 8
 
+# (stage, what it makes, [(config key, what it does there)]) for dapo_toolbox; a test holds each
+# key to grpo_edu.training.config.TrainConfig.
+TOOLBOX = [
+    ("roll out", "G completions\nper prompt", [("dynamic_sampling_rounds", "refill groups whose\nrewards are all equal")]),
+    ("score", "rewards $r_i$", [("overlong_cache", "a penalty for the last\nc tokens before the limit")]),
+    ("advantages", "$A_i$ within\neach group", []),
+    ("loss", "over the\ncompletion tokens", [("mask_truncated_completions", "leave cut completions\nout of the loss"),
+                                               ("top_entropy_quantile", "train only the\nuncertain tokens"),
+                                               ("ref_sync_steps", "move the reference\nthe KL pulls toward")]),
+]
+
+
+def dapo_toolbox(stages=TOOLBOX):
+    """One GRPO step as four stages in a row, and under each the settings of chapter 8 that act
+    there, by their config key: where in the step each assumption enters."""
+    figure, axes = _figure(10, 3.9)
+    width = 2.2
+    for i, (title, made, knobs) in enumerate(stages):
+        x = i * 2.6
+        _box(axes, x, 2.9, width, 0.9, "", fill=0.12)
+        axes.text(x + width / 2, 3.52, title, ha="center", fontsize=10, weight="bold")
+        axes.text(x + width / 2, 3.12, made, ha="center", va="center", fontsize=8)
+        if i:
+            _arrow(axes, (x - 0.38, 3.35), (x - 0.02, 3.35))
+        for k, (key, does) in enumerate(knobs):
+            y = 1.85 - k * 0.92
+            _box(axes, x, y, width, 0.78, "", color=ENV, fill=0.12)
+            axes.text(x + width / 2, y + 0.58, key, ha="center", fontsize=7.5, family="monospace")
+            axes.text(x + width / 2, y + 0.25, does, ha="center", va="center", fontsize=7.5)
+            if k == 0:
+                _arrow(axes, (x + width / 2, y + 0.8), (x + width / 2, 2.88), color=ENV)
+    return _done(figure, axes, (-0.1, 2.6 * (len(stages) - 1) + width + 0.1), (-0.1, 3.9))
+
+
+# ----------------------------------------------------------------------------- chapter 9
+
 def groups_to_ranks(groups=4, G=4, ranks=2):
     """Whole groups dealt out to ranks: every rank holds complete groups, so each group's mean
     and std are computed where its rewards are."""
@@ -293,7 +330,7 @@ def groups_to_ranks(groups=4, G=4, ranks=2):
     return _done(figure, axes, (-1.4, 5.5 + ranks * 2.4), (-groups * 0.55 + 0.1, 0.9))
 
 
-# ----------------------------------------------------------------------------- chapter 9
+# ----------------------------------------------------------------------------- chapter 10
 
 def one_gpu():
     """One GPU shared by the trainer and the sampler (vLLM): memory for each, the weight sync
@@ -309,7 +346,7 @@ def one_gpu():
     return _done(figure, axes, (-0.1, 9.1), (-0.1, 2.5))
 
 
-# ----------------------------------------------------------------------------- chapter 10
+# ----------------------------------------------------------------------------- chapter 11
 
 def rollouts_in_flight(k=2, steps=6):
     """The sampler runs k rollouts ahead: update n trains on the rollout sampled with the
@@ -327,7 +364,7 @@ def rollouts_in_flight(k=2, steps=6):
     return _done(figure, axes, (-1.5, steps * 1.5), (0, 2.1))
 
 
-# ----------------------------------------------------------------------------- chapter 11
+# ----------------------------------------------------------------------------- chapter 12
 
 def episode_writers(segments=(("prompt", "47*85=", PROMPT), ("policy", "<think>[47*85]", POLICY),
                               ("calculator", "=3995", ENV), ("policy", "</think>\\boxed{3995}", POLICY))):
@@ -350,7 +387,7 @@ def episode_writers(segments=(("prompt", "47*85=", PROMPT), ("policy", "<think>[
     return _done(figure, axes, (-1.6, x + 0.1), (0, 1.8))
 
 
-# ----------------------------------------------------------------------------- chapter 12
+# ----------------------------------------------------------------------------- chapter 13
 
 def runbook_path(steps=(("install", "torch (CUDA build),\npip install '.[gpu]'", PROMPT),
                         ("check", "grpo-edu doctor --gpu", GOOD),

@@ -29,7 +29,7 @@ collective at all.
 
 What it buys depends on free cores: on a GPU the sampler and the trainer are different
 engines' work; on a 2-core CPU both compete for the same two cores (benchmarks/overlap.py
-measures it; chapter 10 shows the figures).
+measures it; chapter 11 shows the figures).
 """
 
 from __future__ import annotations
