@@ -44,6 +44,10 @@ KEPT = ("zero_std_groups", "dynamic_sampling/first_zero_std", "dynamic_sampling/
 TIMED = ("time/rollout",)   # kept in the file, not compared by --check (seconds differ run to run)
 GRID = variant_grid.DefaultRunGrid(
     __doc__, OUT, VARIANTS, KEPT + TIMED, SETTINGS, example="refill:0", compared=KEPT,
+    pairs=(("refill", "keep"), ("drop", "keep"), ("refill-solved", "keep-solved"), ("drop-solved", "keep-solved"),
+           ("refill-solved", "keep-solved", "pass_at_1"), ("refill-solved", "drop-solved", "pass_at_1"),
+           ("drop-solved", "keep-solved", "pass_at_1")),
+    values={"pass_at_1": lambda run: [x for x in run["steps"]["eval/pass_at_1"] if x is not None][-1]},
     describe=lambda run: (f"accuracy {run['start_accuracy']:.3f} -> {run['final_accuracy']:.3f}, all-equal groups "
                           f"in the batch {sum(run['steps']['zero_std_groups']) / len(run['steps']['zero_std_groups']):.3f} "
                           f"in {run['seconds']:.0f} s"))

@@ -37,6 +37,7 @@ VARIANTS = {
 KEPT = ("entropy/mean", "entropy/threshold", "entropy/kept", "reward/accuracy", "kl", "grad_norm")
 GRID = variant_grid.DefaultRunGrid(
     __doc__, OUT, VARIANTS, KEPT, SETTINGS, example="top20:0",
+    pairs=(("top20", "all"), ("top50", "all"), ("top20-beta0", "all-beta0"), ("all-beta0", "all")),
     describe=lambda run: (f"accuracy {run['start_accuracy']:.3f} -> {run['final_accuracy']:.3f}, "
                           f"last entropy {run['steps']['entropy/mean'][-1]:.4f} in {run['seconds']:.0f} s"))
 config_for, run, parse_runs, differences = GRID.config_for, GRID.run, GRID.parse_runs, GRID.differences

@@ -33,6 +33,7 @@ VARIANTS = {
 KEPT = ("reward/accuracy", "kl", "grad_norm")
 GRID = variant_grid.DefaultRunGrid(
     __doc__, OUT, VARIANTS, KEPT, SETTINGS, example="lora:0",
+    pairs=(("full", "lora"), ("full", "lora-3e-4"), ("lora", "lora-3e-4")),
     describe=lambda run: (f"accuracy {run['start_accuracy']:.3f} -> {run['final_accuracy']:.3f}, "
                           f"last KL {run['steps']['kl'][-1]:.4f} in {run['seconds']:.0f} s"))
 config_for, run, parse_runs, differences = GRID.config_for, GRID.run, GRID.parse_runs, GRID.differences

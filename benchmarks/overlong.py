@@ -45,6 +45,7 @@ VARIANTS = {
 KEPT = ("truncated", "reward/accuracy", "completion_length/mean", "reward/overlong", "kl", "grad_norm")
 GRID = variant_grid.DefaultRunGrid(
     __doc__, OUT, VARIANTS, KEPT, SETTINGS, example="filter:0",
+    pairs=(("filter", "plain"), ("soft", "plain"), ("filter-13", "plain-13"), ("soft-13", "plain-13")),
     describe=lambda run: (f"accuracy {run['start_accuracy']:.3f} -> {run['final_accuracy']:.3f}, "
                           f"last truncated {run['steps']['truncated'][-1]:.3f} in {run['seconds']:.0f} s"))
 config_for, run, parse_runs, differences = GRID.config_for, GRID.run, GRID.parse_runs, GRID.differences

@@ -33,7 +33,7 @@ SETTINGS = {"eval_every": 25, "eval_size": 256, "checkpoint_every": 0, "progress
 VARIANTS = {"outcome": {"supervision": "outcome"}, "process": {"supervision": "process"}}
 KEPT = ("reward/accuracy", "process/step_accuracy", "kl", "grad_norm")
 GRID = variant_grid.DefaultRunGrid(
-    __doc__, OUT, VARIANTS, KEPT, SETTINGS, example="process:0", base=ROOT / "configs" / "cpu-chain.toml",
+    __doc__, OUT, VARIANTS, KEPT, SETTINGS, example="process:0", pairs=(("process", "outcome"),), base=ROOT / "configs" / "cpu-chain.toml",
     describe=lambda run: (f"accuracy {run['start_accuracy']:.3f} -> {run['final_accuracy']:.3f}, step accuracy "
                           f"{run['steps']['process/step_accuracy'][0]:.3f} -> "
                           f"{run['steps']['process/step_accuracy'][-1]:.3f} in {run['seconds']:.0f} s"))

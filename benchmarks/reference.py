@@ -34,6 +34,7 @@ VARIANTS = {
 KEPT = ("kl", "reward/accuracy", "grad_norm", "entropy")
 GRID = variant_grid.DefaultRunGrid(
     __doc__, OUT, VARIANTS, KEPT, SETTINGS, example="ema:0",
+    pairs=(("copy", "frozen"), ("polyak", "frozen"), ("ema", "frozen")),
     describe=lambda run: (f"accuracy {run['start_accuracy']:.3f} -> {run['final_accuracy']:.3f}, "
                           f"last KL {run['steps']['kl'][-1]:.4f} in {run['seconds']:.0f} s"))
 config_for, run, parse_runs, differences = GRID.config_for, GRID.run, GRID.parse_runs, GRID.differences

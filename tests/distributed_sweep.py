@@ -11,6 +11,7 @@ gradients: the mistake tests/test_distributed.py shows breaking the equality.
 """
 
 import json
+import os
 import sys
 
 import torch
@@ -48,3 +49,11 @@ def main() -> None:
 
 if __name__ == "__main__":
     main()
+    # Every run is written and the process group is gone: leave without the interpreter's teardown.
+    # Under CPU contention a rank of this driver has aborted now and then with "terminate called
+    # without an active exception" (SIGABRT), the signature of a C++ thread destroyed unjoined, as at
+    # exit; the same tests pass alone. Whether it was the exit is not proven: if a rank aborts
+    # mid-run, this line does not hide it.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)

@@ -7,7 +7,8 @@ import pytest
 from scipy import stats
 
 from grpo_edu.algorithm import statistics
-from grpo_edu.algorithm.statistics import Verdict, mcnemar, paired_problems, paired_seeds, t_cdf, t_quantile
+from grpo_edu.algorithm.statistics import (Verdict, compare_variants, mcnemar, paired_problems, paired_seeds, t_cdf,
+                                          t_quantile)
 
 
 @pytest.mark.parametrize("df", [1, 2, 3, 4, 7, 10, 29, 100, 10_000])
@@ -127,3 +128,31 @@ def test_by_seed_takes_one_number_per_seed_in_seed_order():
         statistics.by_seed(runs, variant="c")
     with pytest.raises(ValueError, match=r"got seeds \[0, 0, 1, 2\]"):
         statistics.by_seed(runs)
+
+
+# --------------------------------------------------------------------------- compare_variants
+
+def test_compare_variants_pairs_by_seed_and_within_each_seed_by_problem():
+    runs = [{"variant": "a", "seed": s, "final_accuracy": acc, "greedy_correct": out}
+            for s, acc, out in ((0, 0.75, [1, 1, 1, 0]), (1, 0.5, [1, 0, 1, 0]), (2, 1.0, [1, 1, 1, 1]))]
+    runs += [{"variant": "b", "seed": s, "final_accuracy": acc, "greedy_correct": out}
+             for s, acc, out in ((0, 0.5, [1, 0, 0, 1]), (1, 0.5, [0, 1, 1, 0]))]
+    runs.append({"variant": "b", "seed": 2, "final_accuracy": 0.25})          # outcomes not kept
+    [(key, entry)] = compare_variants(runs, [("a", "b")]).items()
+    assert key == "a - b" and entry["seeds"] == [0, 1, 2]
+    by_hand = paired_seeds([0.75, 0.5, 1.0], [0.5, 0.5, 0.25])
+    assert (entry["difference"], entry["low"], entry["high"]) == (by_hand.difference, by_hand.low, by_hand.high)
+    assert entry["words"] == by_hand.words("a", "b")
+    assert set(entry["per_seed"]) == {"0", "1"}                              # seed 2's b kept no outcomes
+    # seed 0: a right alone on problems 1 and 2, b alone on 3
+    assert entry["per_seed"]["0"]["a_only"] == 2 and entry["per_seed"]["0"]["b_only"] == 1
+    assert entry["per_seed"]["0"]["p_value"] == mcnemar([1, 1, 1, 0], [1, 0, 0, 1])["p_value"] == 1.0
+    assert entry["per_seed"]["0"]["difference"] == 0.25
+
+
+def test_compare_variants_on_another_value_and_bad_names():
+    runs = [{"variant": v, "seed": s, "final_accuracy": 0.0, "x": s + (v == "a")} for v in "ab" for s in range(3)]
+    entry = compare_variants(runs, [("a", "b")], value=lambda run: run["x"])["a - b"]
+    assert entry["difference"] == 1.0 and entry["low"] == entry["high"] == 1.0 and "per_seed" not in entry
+    with pytest.raises(ValueError, match="pairs: no run has variant = 'c'"):
+        compare_variants(runs, [("a", "c")])

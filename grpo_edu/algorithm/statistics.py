@@ -14,6 +14,8 @@ of the difference excludes zero; otherwise "not separated at this size", with th
                      a paired bootstrap over problems (Efron and Tibshirani, 1993), and
                      McNemar's exact test (McNemar, 1947) on the discordant problems
     Verdict          the difference, its interval, which test, and the words the book may use
+    compare_variants a results file's verdicts: for each pair of variants, paired over seeds,
+                     and within each seed over the same problems where the runs kept them
     t_quantile       Student's t quantile (no SciPy needed; tests hold it to scipy.stats.t)
 
 Every function takes plain numbers or 0/1 outcomes and returns plain floats.
@@ -115,6 +117,46 @@ def mcnemar(a: Sequence[int], b: Sequence[int]) -> dict[str, float]:
     discordant = a_only + b_only
     tail = sum(math.comb(discordant, k) for k in range(min(a_only, b_only) + 1)) / 2 ** discordant
     return {"a_only": float(a_only), "b_only": float(b_only), "p_value": min(1.0, 2 * tail)}
+
+
+# --------------------------------------------------------------------------- a results file
+
+def compare_variants(runs: Sequence[dict], pairs: Sequence[tuple[str, str]], key: str = "variant",
+                     value="final_accuracy", outcomes: str = "greedy_correct") -> dict[str, dict]:
+    """The verdicts a benchmark stores beside its runs (each a dict with `key`, "seed", `value`
+    and, where kept, `outcomes`: 0/1 per held-out problem, in the file's problem order).
+
+    For each pair (a, b), under "a - b": the seeds both have, the paired-over-seeds verdict on
+    `value` (difference, low, high, method, and the words the book may use), and, where both
+    runs of a seed kept their outcomes, that seed's comparison over the same problems: McNemar's
+    exact test (a_only, b_only, p_value) and the paired bootstrap interval of the difference in
+    accuracy."""
+    out = {}
+    for a, b in pairs:
+        runs_of = {name: {run["seed"]: run for run in runs if run.get(key) == name} for name in (a, b)}
+        for name, found in runs_of.items():
+            if not found:
+                raise ValueError(f"pairs: no run has {key} = {name!r}")
+        seeds = sorted(set(runs_of[a]) & set(runs_of[b]))
+        verdict = paired_seeds([_value(runs_of[a][s], value) for s in seeds],
+                               [_value(runs_of[b][s], value) for s in seeds])
+        entry = {"seeds": seeds, "difference": verdict.difference, "low": verdict.low, "high": verdict.high,
+                 "method": verdict.method, "words": verdict.words(a, b)}
+        per_seed = {}
+        for s in seeds:
+            x, y = runs_of[a][s].get(outcomes), runs_of[b][s].get(outcomes)
+            if x is not None and y is not None:
+                problems = paired_problems(x, y)
+                per_seed[str(s)] = {**mcnemar(x, y), "difference": problems.difference, "low": problems.low,
+                                    "high": problems.high, "method": f"McNemar's exact test; {problems.method}"}
+        if per_seed:
+            entry["per_seed"] = per_seed
+        out[f"{a} - {b}"] = entry
+    return out
+
+
+def _value(run: dict, value) -> float:
+    return value(run) if callable(value) else run[value]
 
 
 # --------------------------------------------------------------------------- Student's t
