@@ -5,8 +5,11 @@ with the real trainer on the arithmetic task for 3 seeds, everything else the de
     .venv/bin/python benchmarks/estimators.py --check FILE [--steps 20] [--runs rloo:0 ...]
 
 The first form writes FILE (default benchmarks/results/estimators.json): the settings, and per
-run its held-out greedy accuracy at every evaluation (256 problems, every 20 steps) and its
-reward and loss metrics at every step. Run it under the book's pinned kernels
+run its held-out greedy accuracy at every evaluation (256 problems, every 20 steps), its final
+policy's greedy outcome on each problem (greedy_correct) and its reward and loss metrics at every
+step; and the verdicts of the comparisons chapter 0 makes (PAIRS: each estimator against REINFORCE
+and against GRPO's, paired over seeds and within each seed over the same problems; --verdicts FILE
+recomputes them from FILE's runs). Run it under the book's pinned kernels
 (grpo_edu.runtime.numerics), as `grpo-edu book run` runs chapters: chapter 0 reads the file.
 
 The second re-trains the named runs (estimator:seed; all of them when not given) for the first
@@ -23,6 +26,7 @@ import tempfile
 import time
 from pathlib import Path
 
+import variant_grid
 from grpo_edu.algorithm import baselines
 from grpo_edu.training.config import DEFAULT_CONFIG, TrainConfig
 from grpo_edu.training.trainer import train
@@ -31,6 +35,22 @@ OUT = Path(__file__).parent / "results" / "estimators.json"
 SETTINGS = {"eval_every": 20, "eval_size": 256, "checkpoint_every": 0, "progress": False}
 # What the file keeps of each step (and each evaluation's accuracy, at the steps that have one).
 KEPT = ("reward/mean", "reward/accuracy", "zero_std_groups", "advantage/std", "loss", "grad_norm", "kl")
+
+
+# The comparisons chapter 0 makes, a - b: every estimator with a baseline against REINFORCE, and
+# against GRPO's group mean and std.
+PAIRS = ([(name, "reinforce") for name in baselines.ESTIMATORS if name != "reinforce"]
+         + [(name, "grpo") for name in baselines.ESTIMATORS if name not in ("reinforce", "grpo")])
+
+
+def verdicts(runs: list[dict]) -> dict:
+    """PAIRS' verdicts from `runs` (grpo_edu.algorithm.statistics.compare_variants)."""
+    from grpo_edu.algorithm.statistics import compare_variants
+    seeds = {}
+    for r in runs:
+        seeds.setdefault(r["estimator"], set()).add(r["seed"])
+    pairs = [(a, b) for a, b in PAIRS if len(seeds.get(a, set()) & seeds.get(b, set())) >= 2]
+    return compare_variants(runs, pairs, key="estimator")
 
 
 def config_for(name: str, seed: int, steps: int, output_dir: str) -> TrainConfig:
@@ -46,12 +66,14 @@ def run(name: str, seed: int, steps: int, stop_after: int | None = None) -> dict
         result = train(config, log=lambda line: None, stop_after=stop_after)
         seconds = time.perf_counter() - started
     history = result.history
+    outcomes = {} if stop_after is not None else {"greedy_correct": variant_grid.greedy_outcomes(result, config)}
     return {
         "estimator": name, "seed": seed, "seconds": round(seconds, 1),
         "start_accuracy": result.summary["start_accuracy"],
         "final_accuracy": result.summary.get("final_accuracy"),
         "eval": [[m["step"], m["eval/greedy_accuracy"]] for m in history if "eval/greedy_accuracy" in m],
         "steps": {key: [m.get(key) for m in history] for key in KEPT},
+        **outcomes,
     }
 
 
@@ -78,7 +100,7 @@ def write(args) -> None:
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     payload = {"steps": args.steps, "seeds": args.seeds, "settings": SETTINGS, "config": str(DEFAULT_CONFIG.name),
-               "machine": platform.machine(), "runs": runs}
+               "machine": platform.machine(), "runs": runs, "verdicts": verdicts(runs)}
     out.write_text(json.dumps(payload, separators=(",", ":")) + "\n")
     print(f"wrote {out}")
 
@@ -111,8 +133,15 @@ def main() -> None:
     parser.add_argument("--runs", nargs="+", help="estimator:seed, e.g. rloo:0 (default: every estimator and seed)")
     parser.add_argument("--out", default=str(OUT))
     parser.add_argument("--check", metavar="FILE", help="re-train and compare with FILE instead of writing")
+    parser.add_argument("--verdicts", metavar="FILE", help="recompute FILE's verdicts from its runs (no training)")
     args = parser.parse_args()
-    if args.check:
+    if args.verdicts:
+        path = Path(args.verdicts)
+        payload = json.loads(path.read_text())
+        payload["verdicts"] = verdicts(payload["runs"])
+        path.write_text(json.dumps(payload, separators=(",", ":")) + "\n")
+        print(f"wrote {len(payload['verdicts'])} verdicts to {path}")
+    elif args.check:
         args.steps = args.steps or 20
         check(args)
     else:

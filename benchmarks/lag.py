@@ -17,8 +17,10 @@ sampler's rounding (the CPU tier's sampler gap, ~1e-7), so the grid trains k = 0
 "clip" (--runs adds any other run).
 
 The first form writes FILE (default benchmarks/results/lag.json): the settings, and per run
-its held-out greedy accuracy at every evaluation (256 problems, every 25 steps) and the metrics
-that show the staleness at every step. Run it under the book's pinned kernels
+its held-out greedy accuracy at every evaluation (256 problems, every 25 steps), its final
+policy's greedy outcome on each problem (greedy_correct) and the metrics that show the staleness
+at every step; and the verdicts of the comparisons chapter 11 makes (PAIRS: paired over seeds,
+and within each seed over the same problems; --verdicts FILE recomputes them from FILE's runs). Run it under the book's pinned kernels
 (grpo_edu.runtime.numerics), as `grpo-edu book run` runs chapters: chapter 11 reads the file.
 
 The second re-trains the named runs (correction:lag:seed; all when not given) for the first
@@ -36,6 +38,7 @@ import tempfile
 import time
 from pathlib import Path
 
+import variant_grid
 from grpo_edu.training.config import DEFAULT_CONFIG, TrainConfig
 from grpo_edu.training.trainer import train
 
@@ -58,6 +61,25 @@ KEPT = ("reward/accuracy", "kl", "grad_norm", "entropy", "staleness", "ratio/min
         "tis/truncated", "is/masked", "zero_std_groups", "completion_length/mean", "truncated")
 
 
+# The comparisons chapter 11 makes, a - b, each run named correction:lag: no correction against the
+# synchronous run, each correction against none at the same lag, and TIS against the clip at k = 16.
+PAIRS = ([(f"none:{k}", "clip:0") for k in LAGS[1:]]
+         + [(f"{c}:{k}", f"none:{k}") for k in LAGS[1:] for c in CORRECTIONS if c != "none"]
+         + [("tis:16", "clip:16")])
+
+
+def verdicts(runs: list[dict]) -> dict:
+    """PAIRS' verdicts from `runs` (grpo_edu.algorithm.statistics.compare_variants), of the pairs
+    both of whose runs are there for 2 seeds or more."""
+    from grpo_edu.algorithm.statistics import compare_variants
+    named = [{**r, "variant": f"{r['correction']}:{r['lag']}"} for r in runs]
+    seeds = {}
+    for r in named:
+        seeds.setdefault(r["variant"], set()).add(r["seed"])
+    pairs = [(a, b) for a, b in PAIRS if len(seeds.get(a, set()) & seeds.get(b, set())) >= 2]
+    return compare_variants(named, pairs)
+
+
 def config_for(correction: str, lag: int, seed: int, steps: int, output_dir: str) -> TrainConfig:
     base = TrainConfig.from_toml(DEFAULT_CONFIG).to_dict()
     return TrainConfig.from_dict({**base, **SETTINGS, "steps": steps, "seed": seed, "output_dir": output_dir,
@@ -71,6 +93,7 @@ def run(correction: str, lag: int, seed: int, steps: int, stop_after: int | None
         result = train(config, log=lambda line: None, stop_after=stop_after)
         seconds = time.perf_counter() - started
     history = result.history
+    outcomes = {} if stop_after is not None else {"greedy_correct": variant_grid.greedy_outcomes(result, config)}
     return {
         "correction": correction, "lag": lag, "seed": seed, "seconds": round(seconds, 1),
         "start_accuracy": result.summary["start_accuracy"],
@@ -81,6 +104,7 @@ def run(correction: str, lag: int, seed: int, steps: int, stop_after: int | None
                        for phase in ("rollout", "scoring", "update")},
         "eval": [[m["step"], m["eval/greedy_accuracy"]] for m in history if "eval/greedy_accuracy" in m],
         "steps": {key: [m.get(key) for m in history] for key in KEPT},
+        **outcomes,
     }
 
 
@@ -117,7 +141,7 @@ def write(args) -> None:
               f"{last['final_accuracy']:.3f} in {last['seconds']:.0f} s", flush=True)
         payload = {"steps": args.steps, "seeds": args.seeds, "lags": args.lags, "corrections": CORRECTIONS,
                    "settings": SETTINGS, "config": str(DEFAULT_CONFIG.name), "machine": platform.machine(),
-                   "runs": runs}
+                   "runs": runs, "verdicts": verdicts(runs)}
         out.parent.mkdir(parents=True, exist_ok=True)
         out.write_text(json.dumps(payload, separators=(",", ":")) + "\n")   # after every run: a stop loses one
     print(f"wrote {out}")
@@ -154,8 +178,15 @@ def main() -> None:
     parser.add_argument("--runs", nargs="+", help="correction:lag:seed, e.g. clip:4:0 (default: the whole grid)")
     parser.add_argument("--out", default=str(OUT))
     parser.add_argument("--check", metavar="FILE", help="re-train and compare with FILE instead of writing")
+    parser.add_argument("--verdicts", metavar="FILE", help="recompute FILE's verdicts from its runs (no training)")
     args = parser.parse_args()
-    if args.check:
+    if args.verdicts:
+        path = Path(args.verdicts)
+        payload = json.loads(path.read_text())
+        payload["verdicts"] = verdicts(payload["runs"])
+        path.write_text(json.dumps(payload, separators=(",", ":")) + "\n")
+        print(f"wrote {len(payload['verdicts'])} verdicts to {path}")
+    elif args.check:
         args.steps = args.steps or 10
         check(args)
     else:

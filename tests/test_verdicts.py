@@ -67,3 +67,20 @@ def test_a_grid_run_keeps_its_outcomes_and_the_file_its_verdicts(tmp_path, monke
     monkeypatch.setattr(sys, "argv", ["grid", "--verdicts", str(out)])
     grid.main()
     assert json.loads(out.read_text())["verdicts"]["b - a"] == entry
+
+
+@pytest.mark.parametrize("name, results", [("lag", "lag.json"), ("estimators", "estimators.json")])
+def test_the_lag_and_estimator_files_keep_their_chapters_verdicts(name, results):
+    benchmark = importlib.import_module(name)
+    stored = json.loads((grid_checks.ROOT / "benchmarks" / "results" / results).read_text())
+    assert stored["verdicts"] == benchmark.verdicts(stored["runs"])
+    assert set(stored["verdicts"]) == {f"{a} - {b}" for a, b in benchmark.PAIRS}
+    for run in stored["runs"]:
+        if "greedy_correct" in run:
+            assert sum(run["greedy_correct"]) / len(run["greedy_correct"]) == run["final_accuracy"]
+
+
+def test_the_held_out_lag_file_has_no_pair_to_compare():
+    import lag
+    stored = json.loads((grid_checks.ROOT / "benchmarks" / "results" / "lag_held_out.json").read_text())
+    assert stored["verdicts"] == lag.verdicts(stored["runs"]) == {}
