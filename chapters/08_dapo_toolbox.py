@@ -20,9 +20,10 @@
 # >
 # > **Reading time**: about 28 minutes. **Compute**: at most 60 s on a 2-core CPU. [Glossary](../docs/glossary.md) · [Notation](../docs/notation.md)
 #
-# Chapter 4 changed the loss. DAPO (Decoupled Clip and Dynamic Sampling Policy Optimization,
-# Yu et al. 2025) changes more than its loss. It drops the KL term (`beta = 0` in grpo_edu). It leaves truncated completions out of the loss (overlong
-# filtering). It lowers the reward of completions that run close to the length limit (a soft
+# Chapter 4 changed the loss of GRPO (Group Relative Policy Optimization). DAPO (Decoupled
+# Clip and Dynamic Sampling Policy Optimization, Yu et al. 2025) changes more than its loss.
+# It drops the KL term (`beta = 0` in grpo_edu). It leaves truncated completions out of the
+# loss (overlong filtering). It lowers the reward of completions that run close to the length limit (a soft
 # overlong punishment). It replaces groups whose rewards are all equal by sampling more
 # (dynamic sampling).
 #
@@ -61,13 +62,21 @@ schematics.dapo_toolbox()
 #
 # The KL term pulls the policy toward a reference, and which reference is a choice of its
 # own. DeepSeekMath and R1 **replace** it by the current policy from time to time. R1 does so
-# every 400 optimizer steps. open-instruct and TRL (Transformer Reinforcement Learning,
-# Hugging Face's library) can also move it **part of the way**, by Polyak averaging:
-# ref = alpha x policy + (1 - alpha) x ref at every sync (TRL's `ref_model_mixup_alpha`,
-# default 0.6, with `ref_model_sync_steps`). In grpo_edu the keys are
-# `ref_sync_steps` (every K rollouts; 0 = frozen) and `ref_mixup_alpha` (1 = the hard copy).
-# After n syncs the reference is a mixture of the policies it was synced with: the one of
-# sync k weighs alpha (1 - alpha)^(n - k), and the starting policy (1 - alpha)^n. On one
+# every 400 optimizer steps.
+#
+# A reference can also move **part of the way**. TR-DPO proposed it for preference training
+# (Gorbatovski et al. 2024, "Learn Your Reference Model for Real Good Alignment"): at every
+# sync, ref = alpha x policy + (1 - alpha) x ref, a Polyak average of the weights. The
+# open-instruct library and TRL (Transformer Reinforcement Learning, Hugging Face's library)
+# offer it for GRPO. TRL's keys are `ref_model_mixup_alpha` (default 0.6) and `ref_model_sync_steps`,
+# counted in optimizer steps. TRL also needs `sync_ref_model=True`, which it refuses with
+# `beta = 0` (its default) or with a PEFT model.
+#
+# In grpo_edu the keys are `ref_sync_steps` (every K rollouts, not optimizer steps; 0 = frozen)
+# and `ref_mixup_alpha` (1 = the hard copy). After n syncs each weight of the reference is a
+# weighted average of that weight in the policies it was synced with. The one of sync k weighs
+# alpha (1 - alpha)^(n - k), and the starting policy (1 - alpha)^n. That averages parameters.
+# The model it gives is not a mixture of the policies' distributions. On one
 # parameter, the policy's value at each of five syncs:
 
 # %%
