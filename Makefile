@@ -4,6 +4,7 @@
 #   make book   set up .venv and open the book in JupyterLab
 #   make html   build the book as a static website in build/html (open build/html/index.html)
 #   make test-vllm  the real-vLLM tier: the vLLM engine against vLLM's CPU build, in .venv-vllm (CI runs it too)
+#   make test-sglang  the SGLang tier: the SGLang engine against SGLang 0.5.23's own source (CI runs it too)
 #   make test-kernels  the kernels tier: training and the book under other CPU kernels than the pin (CI runs it too)
 #   make test-anywhere the run-anywhere tier: every chapter outside the repository, from the built wheel (CI runs it too)
 PYTHON ?= python3
@@ -13,7 +14,7 @@ BIN    := $(VENV)/bin
 # pin from the package index is the CUDA build (see docs/training.md, "Which PyTorch").
 TORCH  ?= torch==2.13.0
 
-.PHONY: book html train test test-vllm test-kernels test-anywhere setup setup-test gpu-resolves browser check clean
+.PHONY: book html train test test-vllm test-sglang test-kernels test-anywhere setup setup-test gpu-resolves browser check clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -97,6 +98,26 @@ $(VLLM_VENV)/.installed: pyproject.toml
 test-vllm: $(VLLM_VENV)/.installed
 	GRPO_EDU_REAL_VLLM=1 $(VLLM_VENV)/bin/python -m pytest tests/real_vllm
 
+# The SGLang tier (tests/test_sglang_engine.py with the pinned source at hand): sglang==0.5.23's
+# released wheel, downloaded without its dependencies (222 MB; they pin torch 2.14.1 and CUDA
+# kernels, and SGLang does not run on this CPU: docs/gpu.md, "SGLang"), and msgspec, the one
+# module its generated JSON contract (sglang/api/v1/api_types.py) imports, in .sglang-source. The
+# API file frozen from the wheel is derived again and must not have changed, and SGLang's own
+# contract decodes the engine's /generate requests and the stand-in server's answers.
+SGLANG_SOURCE ?= .sglang-source
+SGLANG        ?= sglang==0.5.23
+MSGSPEC       ?= msgspec==0.22.0
+
+$(SGLANG_SOURCE)/.downloaded: | $(BIN)/python
+	rm -rf $(SGLANG_SOURCE)
+	$(BIN)/python -m pip download -q --no-deps -d $(SGLANG_SOURCE) "$(SGLANG)"
+	$(BIN)/python -m pip install -q --no-deps --target $(SGLANG_SOURCE)/msgspec "$(MSGSPEC)"
+	touch $@
+
+test-sglang: setup-test $(SGLANG_SOURCE)/.downloaded
+	GRPO_EDU_SGLANG_SOURCE="$$(ls $(SGLANG_SOURCE)/sglang-*.whl)" PYTHONPATH=$(SGLANG_SOURCE)/msgspec \
+		OMP_WAIT_POLICY=PASSIVE $(BIN)/python -m pytest tests/test_sglang_engine.py
+
 # The kernels tier (tests/test_numerics.py, marked kernels): a short GRPO run under the pin gives the same
 # bits whatever kernels the machine offers, each pinned variable changes them, and the book passes under
 # PyTorch's scalar kernels (the chapters drawn for this commit, and chapter 7 every time). CI runs it
@@ -113,4 +134,4 @@ check: setup-test
 	$(BIN)/grpo-edu book check
 
 clean:
-	rm -rf $(VENV) $(VLLM_VENV)
+	rm -rf $(VENV) $(VLLM_VENV) $(SGLANG_SOURCE)

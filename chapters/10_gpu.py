@@ -349,9 +349,9 @@ print(f"\na copy of the float32 policy holds {reference_dtype}: {torch.finfo(ref
 # %% [markdown]
 # So the reference is a float32 copy: 4 bytes per parameter, sharded 1/N under FSDP2 like the
 # policy. With one process the policy itself is whole, and evaluation reads it. Under FSDP2
-# with vLLM sampling, the whole float32 copy is `lazy`. It lives on the meta device, without
-# memory, and `Models.whole()` gathers it from the shards only while the trainer evaluates,
-# when vLLM sleeps. (With `engine = "hf"` it is kept all the time: transformers' `generate`
+# with vLLM (or an SGLang server) sampling, the whole float32 copy is `lazy`. It lives on the
+# meta device, without memory, and `Models.whole()` gathers it from the shards only while the
+# trainer evaluates, when vLLM sleeps. (With `engine = "hf"` it is kept all the time: transformers' `generate`
 # samples from it.)
 #
 # vLLM, while awake, takes `vllm_gpu_memory_utilization` of the GPU: its bf16 weights (2 bytes

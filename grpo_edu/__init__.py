@@ -9,7 +9,7 @@ modules, one line each; a subpackage imports only those above it in this list):
                   variants, off-policy corrections, the NumPy reference (the test oracle)
     policy/       the tiny model, its tokenizer and completion format; LoRA adapters
     environment/  tasks with checkable answers, rule-based rewards, process supervision
-    sampling/     rollout engines: transformers' generate, the fused CPU engine, vLLM
+    sampling/     rollout engines: transformers' generate, the fused CPU engine, vLLM, an SGLang server
     training/     the config, the loop and its stages (rollouts, scoring, update, metrics,
                   evaluation), placement, episodes, lagged and overlapped rollouts, the doctor,
                   checkpoints

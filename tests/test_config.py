@@ -9,7 +9,7 @@ import pytest
 from grpo_edu.algorithm import advantages, aggregation, kl, offpolicy, surrogates
 from grpo_edu.environment import process, tasks
 from grpo_edu.runtime import distributed, precision
-from grpo_edu.sampling import rollout, vllm_engine
+from grpo_edu.sampling import rollout, sglang_engine, vllm_engine
 from grpo_edu.training import config as config_module
 from grpo_edu.training import schedules
 from grpo_edu.training.config import TrainConfig
@@ -30,7 +30,8 @@ def test_allowed_values_come_from_the_module_that_implements_them():
                    "lr_schedule": schedules.LR_SCHEDULES, "old_logprobs": offpolicy.PI_OLD_SOURCES,
                    "is_mask": offpolicy.IS_MASKS, "loss_type": aggregation.AGGREGATIONS, "kl_estimator": kl.KL_ESTIMATES,
                    "importance_sampling_level": surrogates.RATIO_LEVELS, "supervision": process.SUPERVISIONS,
-                   "advantage_scale": advantages.SCALES, "advantage_std": advantages.STD_KINDS}
+                   "advantage_scale": advantages.SCALES, "advantage_std": advantages.STD_KINDS,
+                   "sglang_weight_sync": sglang_engine.WEIGHT_SYNCS}
     with_choices = {name for name, spec in FIELDS.items() if spec.metadata.get("choices") is not None}
     assert with_choices == set(implemented)
     for key, values in implemented.items():
@@ -80,6 +81,11 @@ BREAKS = {
     ("rollout_lag", "num_iterations", "num_mini_batches"): {"rollout_lag": 1, "num_iterations": 2},
     ("rollout_overlap", "rollout_lag"): {"rollout_overlap": True},
     ("rollout_overlap", "vllm_sleep_mode"): {"rollout_overlap": True, "rollout_lag": 1, "engine": "vllm"},
+    ("rollout_overlap", "sglang_sleep"): {"rollout_overlap": True, "rollout_lag": 1, "engine": "sglang",
+                                          "sglang_sleep": True},
+    ("sglang_sleep", "environment"): {"engine": "sglang", "sglang_sleep": True,
+                                      "environment": "grpo_edu.training.episodes:Calculator"},
+    ("sglang_weight_sync", "sglang_url"): {"sglang_weight_sync": "tensor", "sglang_url": "http://10.1.2.3:30000"},
     ("tis_cap", "is_mask"): {"tis_cap": 2.0, "is_mask": "token"},
     ("tis_cap", "old_logprobs"): {"tis_cap": 2.0, "old_logprobs": "sampler"},
     ("is_mask", "old_logprobs"): {"is_mask": "token", "old_logprobs": "sampler"},

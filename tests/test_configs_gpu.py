@@ -24,7 +24,8 @@ ROOT = Path(__file__).resolve().parents[1]
 GPU_TIER = {"gpu-1x.toml": 1, "gpu-1x-async.toml": 1, "h100-8x.toml": 8, "h100-8x-async.toml": 8}
 RECIPES = {f"qwen2.5-0.5b-{task}-{n}x.toml": n for task in ("gsm8k", "countdown") for n in (1, 8)}
 FROM_SCRATCH = {"gpu-countdown-from-scratch.toml": 1}   # the download-free recipe
-WORLD_SIZE = {**GPU_TIER, **RECIPES, **FROM_SCRATCH}
+SGLANG = {"gpu-1x-sglang.toml": 1}   # the GPU tier's run with an SGLang server as the sampler
+WORLD_SIZE = {**GPU_TIER, **RECIPES, **FROM_SCRATCH, **SGLANG}
 
 
 def load(name: str) -> tuple[TrainConfig, str]:
@@ -86,6 +87,29 @@ def test_gpu_settings(name):
               f"torchrun --standalone --nproc-per-node {N} -m grpo_edu train --config configs/{name}")
     assert launch in text
     assert 'model = "/path/to/local/model"' in text
+
+
+def test_sglang_settings():
+    """The SGLang config: gpu-1x.toml's run (every key but the engine's, tis_cap's comment and the
+    output folder the same), an SGLang server started on the trainer's GPU that sleeps while the
+    trainer updates, weights synced as CUDA IPC handles; each sglang_* key commented; said to be
+    not measured."""
+    config, text = load("gpu-1x-sglang.toml")
+    reference, _ = load("gpu-1x.toml")
+    assert (config.device, config.engine, config.precision, config.parallelism) == ("cuda", "sglang", "bf16", "ddp")
+    assert (config.sglang_url, config.sglang_device, config.sglang_sleep, config.sglang_weight_sync) == \
+        ("", "cuda", True, "tensor")
+    assert config.sglang_deterministic and 0 < config.sglang_mem_fraction_static < 0.5
+    differ = {f.name for f in dataclasses.fields(TrainConfig) if getattr(config, f.name) != getattr(reference, f.name)}
+    assert differ == {"engine", "sglang_weight_sync", "sglang_sleep", "output_dir"}
+    assert config.output_dir == "runs/gpu-1x-sglang"
+    assert "grpo-edu train --config configs/gpu-1x-sglang.toml" in text and "Not measured here" in text
+    assert 'model = "/path/to/local/model"' in text
+    for line in text.splitlines():
+        if line.startswith("sglang_"):
+            assert "#" in line and len(line.split("#", 1)[1].strip()) > 10, f"no explanation: {line}"
+    # the memory split the header states is the file's own value
+    assert f"sglang_mem_fraction_static = {config.sglang_mem_fraction_static} of the GPU" in text
 
 
 @pytest.mark.parametrize("name", sorted(RECIPES))

@@ -1,7 +1,8 @@
 """The rollout engine contract (grpo_edu.sampling.rollout.RolloutEngine), checked for every engine the
-trainer can run: fused, hf, and vllm (here the fake vllm of tests/fake_vllm, which samples
+trainer can run: fused, hf, vllm (here the fake vllm of tests/fake_vllm, which samples
 with the same weights; tests/real_vllm runs these same tests against vLLM's CPU build, and
-the GPU check is `grpo-edu doctor --gpu`).
+the GPU check is `grpo-edu doctor --gpu`) and sglang (a client of the stand-in SGLang server
+of tests/sglang_standin.py, which checks every request against SGLang 0.5.23's own fields).
 
 Token ids in, token ids out (no re-tokenising); prompt-major rows; the same Rollout fields
 and shapes; masks up to and including EOS; finished flags; sampler log-probs of
@@ -9,20 +10,22 @@ softmax(logits / T) at the sampled ids, equal to the trainer's recomputation; an
 sync_weights makes the engine sample from the trainer's current weights.
 """
 
+import tempfile
 from contextlib import ExitStack
 
 import pytest
 import torch
 
 from grpo_edu.environment import tasks
-from grpo_edu.sampling import fused_llama, vllm_engine
+from grpo_edu.sampling import fused_llama, sglang_engine, vllm_engine
 from grpo_edu.runtime.distributed import World
 from grpo_edu.algorithm.logprobs import completion_logprobs
 from grpo_edu.policy.models import STARTING_POLICY, load_policy
 from grpo_edu.sampling.rollout import HFEngine, SamplingParams
+from sglang_standin import StandIn
 from vllm_fake import fake_vllm
 
-ENGINES = ("fused", "hf", "vllm")
+ENGINES = ("fused", "hf", "vllm", "sglang")
 B, G, L, T = 3, 4, 12, 0.7
 # The vllm the "vllm" engine is built on: a context in which `import vllm` gives it. Here the
 # stand-in; tests/real_vllm sets contextlib.nullcontext (the installed vLLM) and runs these tests.
@@ -47,6 +50,13 @@ def build(name: str, stack: ExitStack):
         return policy, tokenizer, fused_llama.FusedEngine(policy, tokenizer)
     if name == "hf":
         return policy, tokenizer, HFEngine(policy, tokenizer)
+    if name == "sglang":   # a server of its own, stopped with the stack
+        server = StandIn()
+        stack.callback(server.close)
+        folder = stack.enter_context(tempfile.TemporaryDirectory())
+        engine = sglang_engine.SGLangEngine(str(STARTING_POLICY), policy, tokenizer, World(),
+                                            sglang_engine.Settings(url=server.url, output_dir=folder))
+        return policy, tokenizer, engine
     stack.enter_context(VLLM())
     engine = vllm_engine.VLLMEngine(str(STARTING_POLICY), policy, tokenizer, World(), seed=0,
                                     gpu_memory_utilization=0.3, sleep_mode=True, dtype="float32")
@@ -58,6 +68,8 @@ def sample(engine, prompt_ids, prompt_mask, sampling, seed=0):
     engine.sync_weights()
     if isinstance(engine, vllm_engine.VLLMEngine):
         return engine.generate(prompt_ids, prompt_mask, sampling, seeds=[seed + b * G for b in range(len(prompt_ids))])
+    if isinstance(engine, sglang_engine.SGLangEngine):   # a seed per completion
+        return engine.generate(prompt_ids, prompt_mask, sampling, seeds=[seed * 1000 + r for r in range(len(prompt_ids) * G)])
     return engine.generate(prompt_ids, prompt_mask, sampling)
 
 

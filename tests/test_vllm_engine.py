@@ -541,7 +541,7 @@ def test_the_old_fused_llama_key_is_an_error_naming_engine(tmp_path):
 
 
 def test_engine_choice_is_checked():
-    with pytest.raises(ValueError, match="config key 'engine' must be one of \\('fused', 'hf', 'vllm'\\), got 'vlm'"):
+    with pytest.raises(ValueError, match="config key 'engine' must be one of \\('fused', 'hf', 'vllm', 'sglang'\\), got 'vlm'"):
         TrainConfig(engine="vlm")
     with pytest.raises(ValueError, match="vllm_gpu_memory_utilization' must be in \\(0, 1\\), got 1.5"):
         TrainConfig(vllm_gpu_memory_utilization=1.5)

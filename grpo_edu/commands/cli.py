@@ -14,7 +14,9 @@
 
 A bad argument or input file is one line on stderr that names the argument, what
 was expected and what was given, and exit code 2; --debug adds the traceback.
-Anything else that goes wrong is a bug and shows its traceback.
+An SGLang server that is absent, dies or answers badly (engine = "sglang") is one line
+saying what happened, and exit code 1. Anything else that goes wrong is a bug and shows
+its traceback.
 """
 
 from __future__ import annotations
@@ -171,6 +173,12 @@ def _train(args) -> int:
         if not isinstance(error, VLLMNotInstalled):
             raise
         raise UsageError(f"engine: {error}") from error
+    except RuntimeError as error:
+        from grpo_edu.sampling.sglang_engine import SGLangServerError
+        if not isinstance(error, SGLangServerError):
+            raise
+        _say(f"grpo-edu train: {error}")   # the server failed, not the reader's input: exit 1
+        return 1
     except OSError as error:
         if not _cannot_write(error, config.output_dir):
             raise

@@ -48,7 +48,11 @@ NOT_CARRIED = {
     "eval_every": "grpo_edu's held-out greedy accuracy; TRL evaluates an eval_dataset (eval_strategy)",
     "eval_size": "as eval_every",
     "eval_samples": "as eval_every (pass@k and maj@k on the held-out problems)",
-    "engine": "'fused' and 'hf' become TRL's transformers generate; 'vllm' becomes use_vllm",
+    "engine": "'fused', 'hf' and 'sglang' become TRL's transformers generate (TRL 1.16 has no SGLang backend); "
+              "'vllm' becomes use_vllm",
+    **{key: "engine = 'sglang' only: TRL 1.16 has no SGLang backend (the bridge samples with transformers' generate)"
+       for key in ("sglang_url", "sglang_device", "sglang_mem_fraction_static", "sglang_weight_sync", "sglang_sleep",
+                   "sglang_deterministic", "sglang_timeout", "sglang_start_timeout")},
     "parallelism": "ddp is accelerate's default; fsdp2 is an accelerate config (refused here, see REFUSED)",
     "model": "loaded by grpo_trainer (load_policy), passed to GRPOTrainer",
     "task": "grpo_trainer builds the dataset from it",

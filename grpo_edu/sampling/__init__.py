@@ -5,6 +5,8 @@
                     group-packed log-probs)
     vllm_engine.py  the GPU tier's engine: vLLM 0.31.0, colocated or a server (every line that
                     calls vLLM)
+    sglang_engine.py  an SGLang 0.5.23 server over its HTTP API, started here or running (every
+                    line that talks to SGLang)
 
 Imports grpo_edu.runtime, grpo_edu.algorithm and grpo_edu.policy.
 """

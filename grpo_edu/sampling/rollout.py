@@ -6,7 +6,8 @@ groups. Every engine returns the same `Rollout`; the trainer never needs to
 know which engine sampled. `HFEngine` uses transformers' `generate` and runs
 any causal LM; `grpo_edu.sampling.fused_llama.FusedEngine` is the CPU tier's fast
 sampler for Llama-family models (a decoding loop over a shared KV cache);
-`grpo_edu.sampling.vllm_engine.VLLMEngine` samples with vLLM (the GPU tier).
+`grpo_edu.sampling.vllm_engine.VLLMEngine` samples with vLLM (the GPU tier);
+`grpo_edu.sampling.sglang_engine.SGLangEngine` asks an SGLang server over HTTP.
 
 Shapes: N = B * G completions, P prompt columns (left-padded), S completion
 columns (right-padded, S <= max_new_tokens).
@@ -22,7 +23,10 @@ import torch
 from grpo_edu.runtime.distributed import World
 
 
-ENGINES = ("fused", "hf", "vllm")   # config key engine: FusedEngine, HFEngine, vllm_engine's (placement.make_engine)
+ENGINES = ("fused", "hf", "vllm", "sglang")   # config key engine: FusedEngine, HFEngine, vllm_engine's, SGLangEngine
+# The engines that sample from weights of their own, loaded from the policy before every rollout
+# (the others sample with the policy module itself).
+OWN_WEIGHTS = ("vllm", "sglang")
 TURN_STRIDE = 1_000_003   # an episode's turn t of rank r seeds seed + r + t x this (ranks never collide)
 
 

@@ -32,7 +32,7 @@ from pathlib import Path
 from grpo_edu.algorithm import advantages, aggregation, entropy_mask, kl, loss_checks, offpolicy, surrogates
 from grpo_edu.environment import process, tasks
 from grpo_edu.runtime import distributed, precision
-from grpo_edu.sampling import rollout, vllm_engine
+from grpo_edu.sampling import rollout, sglang_engine, vllm_engine
 from grpo_edu.training import schedules
 from grpo_edu.training.config_rules import (RULES, check_key, fraction_half_open, fraction_open, import_path,
                                              layer_names, pair, some_reward)
@@ -99,8 +99,9 @@ class TrainConfig:
                           "keeps 8 bits of mantissa: an update smaller than 1/256 of it would round away)", "auto", choices=precision.PRECISIONS)
     engine: str = _doc("rollout engine: 'fused' (the CPU tier's fast sampler and forward for Llama/Qwen2 "
                        "policies, transformers' maths tested to 1e-5; CPU, float32), 'hf' (transformers' generate "
-                       "and forward: any causal LM, any device) or 'vllm' (vLLM 0.31.0 samples, transformers' "
-                       "forward trains; see vllm_mode)", "fused", choices=rollout.ENGINES)
+                       "and forward: any causal LM, any device), 'vllm' (vLLM 0.31.0 samples, transformers' "
+                       "forward trains; see vllm_mode) or 'sglang' (an SGLang 0.5.23 server samples, over its "
+                       "HTTP API; see sglang_url)", "fused", choices=rollout.ENGINES)
     vllm_mode: str = _doc("engine = 'vllm': 'colocate' (an engine inside every training process, sharing its GPU, "
                           "asleep between rollouts) or 'server' (a separate `grpo-edu vllm-serve` process at "
                           "vllm_server_url, for models that do not fit beside the trainer)", "colocate", choices=vllm_engine.VLLM_MODES)
@@ -109,6 +110,34 @@ class TrainConfig:
     vllm_sleep_mode: bool = _doc("colocated vLLM: release the engine's weights and KV cache between rollouts "
                                  "(sleep level 2), so the update has the GPU to itself", True)
     vllm_server_url: str = _doc("vllm_mode = 'server': the server's address", "http://127.0.0.1:8000")
+    sglang_url: str = _doc("engine = 'sglang': the address of a running SGLang server (python -m "
+                           "sglang.launch_server ...); '' = grpo-edu starts one on sglang_device and stops it when the "
+                           "run ends", "", check=sglang_engine.check_url)
+    sglang_device: str = _doc("engine = 'sglang', sglang_url = '': the started server's device: 'cuda' (the trainer's "
+                              "GPU, shared: see sglang_sleep), 'cuda:N' (GPU N, its own) or 'cpu' (SGLang's CPU "
+                              "backend, built from source)", "cuda", check=sglang_engine.check_device)
+    sglang_mem_fraction_static: float = _doc("engine = 'sglang', sglang_url = '': SGLang's --mem-fraction-static, the "
+                                             "share of the device's memory the server takes for its weights and KV "
+                                             "cache (beside the trainer, leave it the rest)", 0.3, check=fraction_open)
+    sglang_weight_sync: str = _doc("engine = 'sglang': how the trainer's weights reach the server before every "
+                                   "rollout: 'disk' (safetensors files in output_dir, then /update_weights_from_disk: "
+                                   "a server that reads this file system) or 'tensor' (/update_weights_from_tensor: "
+                                   "CUDA IPC handles or shared memory, a server on this machine)", "disk",
+                                   choices=sglang_engine.WEIGHT_SYNCS)
+    sglang_sleep: bool = _doc("engine = 'sglang': the server releases its weights, KV cache and CUDA graphs while the "
+                              "trainer updates, and takes them back for the next rollout (SGLang's "
+                              "release/resume_memory_occupation; needs --enable-memory-saver, which a started server "
+                              "gets): for a server that shares the trainer's GPU", False)
+    sglang_deterministic: bool = _doc("engine = 'sglang': a seed per completion (sampling_seed) and SGLang's "
+                                      "batch-invariant kernels (--enable-deterministic-inference): a rollout is "
+                                      "reproducible and independent of how the prompts split over processes; a running "
+                                      "server must have been started with the flag. false: no seeds are sent, the "
+                                      "server samples from its own random state", True)
+    sglang_timeout: float = _doc("engine = 'sglang': seconds any one request to the server may take (a rollout's "
+                                 "/generate, a weight update); past it the run stops with one line", 600.0, above=0)
+    sglang_start_timeout: float = _doc("engine = 'sglang', sglang_url = '': seconds to wait for the started server to "
+                                       "answer /health_generate (it loads the model, captures CUDA graphs)", 900.0,
+                                       above=0)
     # --- [rollout]
     prompts_per_step: int = _doc("B: prompts sampled per rollout", 16, at_least=1)
     num_generations: int = _doc("G: completions sampled per prompt", 8, at_least=(2, "a group needs two completions"))

@@ -10,6 +10,7 @@ from typing import Callable
 
 from grpo_edu.algorithm import offpolicy
 from grpo_edu.environment import process
+from grpo_edu.sampling import sglang_engine
 
 
 def named(key: str) -> str:
@@ -120,6 +121,20 @@ RULES = (
          lambda c: c.rollout_overlap and c.engine == "vllm" and c.vllm_mode == "colocate" and c.vllm_sleep_mode,
          lambda c: "config key 'rollout_overlap' is true with vllm_sleep_mode = true: a colocated vLLM that samples "
                    "while the trainer updates must stay awake; set vllm_sleep_mode = false"),
+    Rule(("rollout_overlap", "sglang_sleep"),
+         lambda c: c.rollout_overlap and c.engine == "sglang" and c.sglang_sleep,
+         lambda c: "config key 'rollout_overlap' is true with sglang_sleep = true: an SGLang server that samples while "
+                   "the trainer updates must keep its memory; set sglang_sleep = false"),
+    # the SGLang server (grpo_edu.sampling.sglang_engine)
+    Rule(("sglang_sleep", "environment"), lambda c: c.engine == "sglang" and c.sglang_sleep and bool(c.environment),
+         lambda c: f"config keys 'sglang_sleep' (true) and 'environment' ({c.environment!r}) do not combine: the server "
+                   f"releases its memory after each request, and an episode asks once per turn; set sglang_sleep = "
+                   f"false"),
+    Rule(("sglang_weight_sync", "sglang_url"),
+         lambda c: c.sglang_weight_sync == "tensor" and not sglang_engine.on_this_machine(c.sglang_url),
+         lambda c: f"config key 'sglang_weight_sync' is 'tensor' but sglang_url ({c.sglang_url!r}) is not on this "
+                   f"machine: tensors travel as CUDA IPC handles or shared memory, which reach only a server here "
+                   f"(127.0.0.1); set sglang_weight_sync = 'disk'"),
     # the sampler's corrections (grpo_edu.algorithm.offpolicy)
     Rule(("tis_cap", "is_mask"), lambda c: bool(c.tis_cap) and c.is_mask != "none",
          lambda c: offpolicy.two_corrections(c.tis_cap, c.is_mask, named)),

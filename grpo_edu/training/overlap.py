@@ -10,13 +10,13 @@ samples it while the main thread runs update t:
 
 The sampler has weights of its own, synced from the policy between rollouts (in the main
 thread, before the thread starts, while nothing writes them) and never during one: with the
-fused and hf engines a copy of the policy that it samples from; with vLLM the engine's own
-weights (its sync_weights runs then, and the thread's rollout does not sync again), and a
-copy only to compute pi_old with (old_logprobs = "recomputed"; "proximal" and "sampler" need
-none). It draws the same random numbers in the same order (the update
+fused and hf engines a copy of the policy that it samples from; with vLLM (or an SGLang
+server) the engine's own weights (its sync_weights runs then, and the thread's rollout does
+not sync again), and a copy only to compute pi_old with (old_logprobs = "recomputed";
+"proximal" and "sampler" need none). It draws the same random numbers in the same order (the update
 draws none), so a run with overlap is the run without it, bit for bit (tests/test_overlap.py);
-only the time/* metrics differ. A colocated vLLM must not sleep (it samples while the
-trainer holds its memory).
+only the time/* metrics differ. A colocated vLLM, or an SGLang server, must not sleep (it samples
+while the trainer holds its memory).
 
 Under torchrun (DDP or FSDP2) every rank runs its own sampler thread; its copy holds whole
 weights (under FSDP2 gathered from the shards at the sync, in the main thread, where every
@@ -43,6 +43,7 @@ import torch
 from grpo_edu.training.config import TrainConfig
 from grpo_edu.runtime.distributed import World, side_world
 from grpo_edu.training.lagging import InFlight
+from grpo_edu.sampling.rollout import OWN_WEIGHTS
 from grpo_edu.training.placement import Models, build_models, make_engine, make_reference
 
 ALIGNMENT = 64   # bytes: the CPU kernels' widest vector load (AVX-512), and torch's allocator's alignment
@@ -57,7 +58,7 @@ class BackgroundSampler:
         are the sampler's); the fused and hf engines get one of their own over the copy. Under
         torchrun every rank builds one here, at the same point of set_up (the side group)."""
         self.world = side_world(world)   # the thread's collectives: a group of their own
-        self._vllm = engine if config.engine == "vllm" else None
+        self._vllm = engine if config.engine in OWN_WEIGHTS else None   # vLLM or an SGLang server
         # A copy of the weights, for the engine to sample from (fused, hf) or for pi_old, the
         # sampling policy's forward (old_logprobs = "recomputed"). vLLM with pi_old taken at
         # the update or from vLLM needs none: under FSDP2 it would be whole weights per rank.

@@ -4,7 +4,7 @@
                         for sampling and evaluation, and the log-prob modules the loss calls
     build_models        place them on the world's device, wrapped for DDP or FSDP2
     make_reference      a frozen copy of the policy (check_not_aliased: never the policy itself)
-    make_engine         the rollout engine config.engine names: fused, hf or vllm
+    make_engine         the rollout engine config.engine names: fused, hf, vllm or sglang
     sequence_logprobs   the completion tokens' log-probs, by the engine's forward
 """
 
@@ -23,7 +23,7 @@ from grpo_edu.training.config import TrainConfig
 from grpo_edu.runtime.distributed import World
 from grpo_edu.runtime.precision import autocast, compute_dtype
 from grpo_edu.algorithm.logprobs import completion_logprobs
-from grpo_edu.sampling.rollout import HFEngine
+from grpo_edu.sampling.rollout import OWN_WEIGHTS, HFEngine
 
 
 def make_reference(policy: torch.nn.Module) -> torch.nn.Module:
@@ -162,7 +162,7 @@ def build_models(config: TrainConfig, world: World, policy: torch.nn.Module,
         reference.to(world.device)
     policy.train()
     sharded = world.distributed and config.parallelism == "fsdp2"
-    lazy = sharded and config.engine == "vllm"   # vLLM samples from its own copy: this one only evaluates
+    lazy = sharded and config.engine in OWN_WEIGHTS   # the sampler has its own copy: this one only evaluates
     if lazy:
         with torch.device("meta"):
             full_policy = type(policy)(policy.config)
@@ -186,12 +186,14 @@ def build_models(config: TrainConfig, world: World, policy: torch.nn.Module,
 
 def make_engine(config: TrainConfig, models: Models, tokenizer, world: World = World()):
     """The rollout engine config.engine names. fused and hf sample with the trainer's whole-weight
-    policy itself; vllm holds its own copy, loaded from the trained (maybe sharded) policy
-    before every rollout (grpo_edu.sampling.vllm_engine)."""
+    policy itself; vllm and sglang hold their own copy, loaded from the trained (maybe sharded)
+    policy before every rollout (grpo_edu.sampling.vllm_engine, grpo_edu.sampling.sglang_engine)."""
     if config.engine == "fused":
         return fused_llama.FusedEngine(models.full_policy, tokenizer)
     if config.engine == "hf":
         return HFEngine(models.full_policy, tokenizer)
+    if config.engine == "sglang":
+        return make_sglang_engine(config, models, tokenizer, world)
     from grpo_edu.sampling import vllm_engine
     if config.vllm_mode == "server":
         return vllm_engine.VLLMServerEngine(config.vllm_server_url, models.policy, tokenizer, world)
@@ -201,3 +203,18 @@ def make_engine(config: TrainConfig, models: Models, tokenizer, world: World = W
     return vllm_engine.VLLMEngine(path, models.policy, tokenizer, world, seed=config.seed, dtype=dtype,
                                   gpu_memory_utilization=config.vllm_gpu_memory_utilization,
                                   sleep_mode=config.vllm_sleep_mode)
+
+
+def make_sglang_engine(config: TrainConfig, models: Models, tokenizer, world: World):
+    """engine = "sglang": the config's sglang_* keys, and a folder holding the policy's model (the
+    one it was loaded from, else saved once into the run directory) for a server to start on."""
+    from grpo_edu.sampling import sglang_engine, vllm_engine
+    with models.whole() as whole:
+        path = vllm_engine.sampler_model_path(whole, tokenizer, config.output_dir, world)
+    settings = sglang_engine.Settings(
+        url=config.sglang_url, device=config.sglang_device, mem_fraction_static=config.sglang_mem_fraction_static,
+        weight_sync=config.sglang_weight_sync, sleep=config.sglang_sleep, deterministic=config.sglang_deterministic,
+        timeout=config.sglang_timeout, start_timeout=config.sglang_start_timeout, seed=config.seed,
+        dtype="bfloat16" if compute_dtype(config, world.device) == torch.bfloat16 else "float32",
+        output_dir=config.output_dir)
+    return sglang_engine.SGLangEngine(path, models.policy, tokenizer, world, settings)
