@@ -12,14 +12,14 @@
 #
 # > **You will learn**
 # > - what changes from the CPU tier to one GPU and to eight, key by key
-# > - how vLLM shares a GPU with the trainer: sleep mode and weight sync
+# > - how vLLM shares a GPU with the trainer (sleep mode and weight sync), and which of five engines to choose
 # > - why the master weights stay float32 when the forward passes run in bf16
 # > - how truncated importance sampling corrects a sampler that differs from the trainer
 # > - what a GPU must hold for a 0.5B, 1.5B and 7B policy, what a step's activations add, and what LoRA (Low-Rank Adaptation) saves
 # >
 # > **You need first**: chapter 6 (training the tiny reasoner).
 # >
-# > **Reading time**: about 34 minutes. **Compute**: at most 60 s on a 2-core CPU. [Glossary](../docs/glossary.md) · [Notation](../docs/notation.md)
+# > **Reading time**: about 35 minutes. **Compute**: at most 60 s on a 2-core CPU. [Glossary](../docs/glossary.md) · [Notation](../docs/notation.md)
 #
 # Everything so far ran on a laptop CPU. This chapter moves the same GRPO (Group Relative
 # Policy Optimization) trainer to GPUs, and it runs on a CPU too: what a CPU can compute is
@@ -188,6 +188,35 @@ print(inspect.getsource(vllm_engine.seeded_by_numbers))
 # has the seed seed + i on 1 GPU or on 8. The rollout does not depend on how the prompts are
 # split over GPUs: chapter 9's promise, kept on the GPU path up to vLLM's kernels (which are
 # not bitwise the same for every batch shape).
+#
+# ## Which engine
+#
+# Five engines can sample the rollouts (config key `engine`, and `vllm_mode` for vLLM). They
+# differ in where the sampler's weights live, and so in what must be synchronised.
+#
+# | engine | the sampler's weights | the weight sync | choose it when | what has run where |
+# |---|---|---|---|---|
+# | `fused` | the policy module itself | none | a Llama-family model on a CPU | everywhere: the CPU tier and every chapter |
+# | `hf` | the policy module itself | none | another model, or a GPU without vLLM | everywhere, in the test suite |
+# | `vllm`, colocate | a bf16 copy in each training process, on its GPU | every parameter before each rollout; the engine sleeps during the update | one GPU, or N GPUs that each train and sample | vLLM's CPU build here (its own test tier); not yet on a GPU |
+# | `vllm`, server | a separate vLLM server on GPUs of its own | streamed to the server before each rollout | GPUs to spare for sampling | against a stand-in of TRL's client only |
+# | `sglang` | a separate SGLang server, started by grpo-edu or already running | safetensors from disk, or tensors to a server on the same machine; the cache flushed after | you run SGLang already, or want its server beside the trainer | against a stand-in that checks SGLang 0.5.23's own request fields; the real server did not start on this CPU |
+#
+# The two servers cost a second process and a hop over the network per rollout. They buy a
+# sampler that lives on its own GPUs, in an environment of its own: SGLang 0.5.23 pins
+# torch 2.14.1, and vLLM 0.31.0 pins torch 2.13.0. A colocated engine shares the trainer's GPU
+# and takes turns with it. The fused and `hf` engines need no copy at all, and are the slowest
+# on a GPU.
+#
+# <details><summary>How we know</summary>
+#
+# Each engine is `grpo_edu/sampling/` (`fused_llama.py`, `rollout.py`, `vllm_engine.py`,
+# `sglang_engine.py`), and `tests/test_engines.py` runs the same contract on each: seeds,
+# log-probs against the trainer's, weights reaching the sampler, episodes. SGLang's routes,
+# fields and pins are read from sglang 0.5.23's released source (`tests/freeze_sglang_api.py`),
+# and where its server stopped on this CPU is in [docs/gpu.md](../docs/gpu.md), "SGLang".
+#
+# </details>
 #
 # ## bf16: why the master weights stay float32
 #
