@@ -181,11 +181,7 @@ def main() -> None:
     parser.add_argument("--verdicts", metavar="FILE", help="recompute FILE's verdicts from its runs (no training)")
     args = parser.parse_args()
     if args.verdicts:
-        path = Path(args.verdicts)
-        payload = json.loads(path.read_text())
-        payload["verdicts"] = verdicts(payload["runs"])
-        path.write_text(json.dumps(payload, separators=(",", ":")) + "\n")
-        print(f"wrote {len(payload['verdicts'])} verdicts to {path}")
+        variant_grid.rewrite_verdicts(Path(args.verdicts), verdicts)
     elif args.check:
         args.steps = args.steps or 10
         check(args)

@@ -150,13 +150,17 @@ class DefaultRunGrid:
         if args.check:
             check(args, self.variants, self.compared, self.run)
         elif args.verdicts:
-            path = Path(args.verdicts)
-            payload = json.loads(path.read_text())
-            payload["verdicts"] = self.verdicts(payload["runs"])
-            path.write_text(json.dumps(payload, separators=(",", ":")) + "\n")
-            print(f"wrote {len(payload['verdicts'])} verdicts to {path}")
+            rewrite_verdicts(Path(args.verdicts), self.verdicts)
         else:
             self.write(args)
+
+
+def rewrite_verdicts(path: Path, verdicts: Callable[[list[dict]], dict]) -> None:
+    """--verdicts FILE: FILE's verdicts recomputed from its runs by `verdicts`, nothing re-trained."""
+    payload = json.loads(path.read_text())
+    payload["verdicts"] = verdicts(payload["runs"])
+    path.write_text(json.dumps(payload, separators=(",", ":")) + "\n")
+    print(f"wrote {len(payload['verdicts'])} verdicts to {path}")
 
 
 def greedy_outcomes(result, config) -> list[int]:

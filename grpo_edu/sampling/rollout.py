@@ -181,3 +181,29 @@ class HFEngine:
         sampler_logp = sampler_logp.masked_fill(~completion_mask, 0.0)
         completion_ids = completion_ids.masked_fill(~completion_mask, self.tokenizer.pad_token_id)
         return Rollout(ids, mask, completion_ids, completion_mask, sampler_logp, finished, G)
+
+
+def rollout_from_tokens(prompt_ids: torch.Tensor, prompt_mask: torch.Tensor,
+                        completions: list[tuple[list[int], list[float]]], sampling: SamplingParams,
+                        tokenizer) -> Rollout:
+    """A server engine's answer -> the Rollout every engine returns: per completion, prompt-major
+    (G per prompt), its token ids and each sampled token's log-prob (vLLM's and SGLang's)."""
+    G, pad = sampling.num_generations, tokenizer.pad_token_id
+    S = max(1, max(len(tokens) for tokens, _ in completions))
+    ids = torch.full((len(completions), S), pad, dtype=torch.long)
+    logp = torch.zeros(len(completions), S, dtype=torch.float32)
+    for i, (tokens, logprobs) in enumerate(completions):
+        ids[i, :len(tokens)] = torch.tensor(tokens, dtype=torch.long)
+        logp[i, :len(tokens)] = torch.tensor(logprobs, dtype=torch.float32)
+    mask, _ = completion_mask_from_ids(ids, tokenizer.eos_token_id, sampling.stop_token_ids)
+    # A pad id that equals EOS would make padding look like an ending: only real tokens count.
+    lengths = torch.tensor([len(tokens) for tokens, _ in completions])
+    mask &= torch.arange(S)[None, :] < lengths[:, None]
+    ends = ids == tokenizer.eos_token_id
+    for stop in sampling.stop_token_ids:
+        ends |= ids == stop
+    finished = ends.logical_and(mask).any(dim=1)
+    device = prompt_ids.device
+    return Rollout(prompt_ids.repeat_interleave(G, dim=0), prompt_mask.repeat_interleave(G, dim=0),
+                   ids.masked_fill(~mask, pad).to(device), mask.to(device),
+                   logp.masked_fill(~mask, 0.0).to(device), finished.to(device), G)

@@ -73,7 +73,7 @@ import torch
 
 from grpo_edu.policy import lora
 from grpo_edu.runtime import distributed
-from grpo_edu.sampling.rollout import Rollout, SamplingParams, Seeded, completion_mask_from_ids
+from grpo_edu.sampling.rollout import Rollout, SamplingParams, Seeded, rollout_from_tokens
 
 SGLANG_VERSION = "0.5.23"
 WEIGHT_SYNCS = ("disk", "tensor")   # config key sglang_weight_sync
@@ -538,7 +538,7 @@ class SGLangEngine:
             if self.world.is_main:
                 self._release(self.client)
             self.released = True
-        return _to_rollout(prompt_ids, prompt_mask, completions, sampling, self.tokenizer)
+        return rollout_from_tokens(prompt_ids, prompt_mask, completions, sampling, self.tokenizer)
 
     def _completions(self, answer, rids: list[str]) -> list[tuple[list[int], list[float]]]:
         where = f"SGLang server at {self.client.url}: POST /generate"
@@ -571,27 +571,3 @@ class SGLangEngine:
                                         f"text] for each of the {len(tokens)} output_ids, got {str(entries)[:80]}")
             out.append(([int(t) for t in tokens], [float(e[0]) for e in entries]))
         return out
-
-
-def _to_rollout(prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, completions: list[tuple[list[int], list[float]]],
-                sampling: SamplingParams, tokenizer) -> Rollout:
-    """Per completion (token ids, the sampled tokens' log-probs), prompt-major -> the Rollout every engine returns."""
-    G, pad = sampling.num_generations, tokenizer.pad_token_id
-    S = max(1, max(len(tokens) for tokens, _ in completions))
-    ids = torch.full((len(completions), S), pad, dtype=torch.long)
-    logp = torch.zeros(len(completions), S, dtype=torch.float32)
-    for i, (tokens, logprobs) in enumerate(completions):
-        ids[i, :len(tokens)] = torch.tensor(tokens, dtype=torch.long)
-        logp[i, :len(tokens)] = torch.tensor(logprobs, dtype=torch.float32)
-    mask, _ = completion_mask_from_ids(ids, tokenizer.eos_token_id, sampling.stop_token_ids)
-    # A pad id that equals EOS would make padding look like an ending: only real tokens count.
-    lengths = torch.tensor([len(tokens) for tokens, _ in completions])
-    mask &= torch.arange(S)[None, :] < lengths[:, None]
-    ends = ids == tokenizer.eos_token_id
-    for stop in sampling.stop_token_ids:
-        ends |= ids == stop
-    finished = ends.logical_and(mask).any(dim=1)
-    device = prompt_ids.device
-    return Rollout(prompt_ids.repeat_interleave(G, dim=0), prompt_mask.repeat_interleave(G, dim=0),
-                   ids.masked_fill(~mask, pad).to(device), mask.to(device),
-                   logp.masked_fill(~mask, 0.0).to(device), finished.to(device), G)

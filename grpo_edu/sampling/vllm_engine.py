@@ -78,7 +78,7 @@ import torch
 
 from grpo_edu.policy import lora
 from grpo_edu.runtime import distributed
-from grpo_edu.sampling.rollout import Rollout, SamplingParams, Seeded, completion_mask_from_ids
+from grpo_edu.sampling.rollout import Rollout, SamplingParams, Seeded, rollout_from_tokens
 
 VLLM_VERSION = "0.31.0"
 VLLM_MODES = ("colocate", "server")   # config key vllm_mode: VLLMEngine, VLLMServerEngine
@@ -347,28 +347,13 @@ def _to_rollout(prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, completions
     rows = [c for per_prompt in completions for c in per_prompt]
     if any(len(per_prompt) != G for per_prompt in completions):
         raise RuntimeError(f"vLLM returned {[len(p) for p in completions]} completions per prompt, expected {G}")
-    S = max(1, max(len(c.token_ids) for c in rows))
-    pad = tokenizer.pad_token_id
-    ids = torch.full((len(rows), S), pad, dtype=torch.long)
-    logp = torch.zeros(len(rows), S, dtype=torch.float32)
-    for i, c in enumerate(rows):
+    pairs = []
+    for c in rows:
         tokens = list(c.token_ids)
         if c.logprobs is None or len(c.logprobs) != len(tokens):
             raise RuntimeError("vLLM returned no log-prob for some sampled token (logprobs=0 asks for one each)")
-        ids[i, :len(tokens)] = torch.tensor(tokens, dtype=torch.long)
-        logp[i, :len(tokens)] = torch.tensor([position[token].logprob for position, token in zip(c.logprobs, tokens)])
-    mask, finished = completion_mask_from_ids(ids, tokenizer.eos_token_id, sampling.stop_token_ids)
-    # A pad id that equals EOS would make padding look like an ending: only real tokens count.
-    lengths = torch.tensor([len(c.token_ids) for c in rows])
-    mask &= torch.arange(S)[None, :] < lengths[:, None]
-    ends = ids == tokenizer.eos_token_id
-    for stop in sampling.stop_token_ids:
-        ends |= ids == stop
-    finished = ends.logical_and(mask).any(dim=1)
-    device = prompt_ids.device
-    return Rollout(prompt_ids.repeat_interleave(G, dim=0), prompt_mask.repeat_interleave(G, dim=0),
-                   ids.masked_fill(~mask, pad).to(device), mask.to(device),
-                   logp.masked_fill(~mask, 0.0).to(device), finished.to(device), G)
+        pairs.append((tokens, [position[token].logprob for position, token in zip(c.logprobs, tokens)]))
+    return rollout_from_tokens(prompt_ids, prompt_mask, pairs, sampling, tokenizer)
 
 
 class VLLMServerEngine:
