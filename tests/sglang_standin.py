@@ -112,12 +112,14 @@ class StandIn:
 
     def __init__(self, model_dir=None, *, deterministic: bool = True, memory_saver: bool = True,
                  random_seed: int = 0, tp_size: int = 1, port: int = 0, starting_seconds: float = 0.0,
+                 ignore_seeds: bool = False,
                  call_log: str | None = None, serve: bool = True):
         from grpo_edu.policy.models import STARTING_POLICY, load_policy
         self.model_dir = str(model_dir or STARTING_POLICY)
         self.model, self.tokenizer = load_policy(self.model_dir)
         self.deterministic, self.memory_saver, self.tp_size = deterministic, memory_saver, tp_size
         self.random_seed = random_seed
+        self.ignore_seeds = ignore_seeds   # a fault: says it is deterministic, samples from its own random state
         self.rng = torch.Generator().manual_seed(random_seed)
         self.weight_version = "default"
         self.offloaded: set[str] = set()
@@ -299,7 +301,7 @@ class StandIn:
             raise _error(400, f"the stand-in samples n = 1 rows from the whole softmax only, got {params}")
         T = params.get("temperature", 1.0)
         stops = self.eos | set(params.get("stop_token_ids") or [])
-        if self.deterministic:
+        if self.deterministic and not self.ignore_seeds:
             seed = params.get("sampling_seed")
             generator = torch.Generator().manual_seed((42 if seed is None else seed) % (1 << 63))
         else:

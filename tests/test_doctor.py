@@ -1,13 +1,16 @@
 """`grpo-edu doctor --gpu` and `grpo-edu vllm-serve`.
 
-No GPU here: the command lists its checks and says so; the checks themselves run on the CPU
-against the stand-in vllm (tests/fake_vllm), pass, and fail when they should (a wrong vLLM
-version, a weight sync that does not load, raw instead of processed log-probs).
+No GPU here: the command runs what needs none (which engines are installed), lists the rest as
+not run, and says so; the checks themselves run on the CPU against the stand-in vllm
+(tests/fake_vllm) and the stand-in SGLang server (tests/fake_sglang), pass, and fail when they
+should (a wrong version, a weight sync that does not load, raw instead of processed log-probs,
+a server that does not sample by seed, an engine asked for that is not installed).
 """
 
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -22,26 +25,50 @@ def cli(*arguments):
     return subprocess.run([sys.executable, "-m", "grpo_edu", *arguments], capture_output=True, text=True, timeout=HANG_SECONDS)
 
 
+ROOT = Path(__file__).resolve().parents[1]
+FAKE_SGLANG = ROOT / "tests" / "fake_sglang"
+
+
 def test_without_a_gpu_it_lists_the_checks_and_exits_0():
     done = cli("doctor", "--gpu")
     assert done.returncode == 0, done.stderr
     lines = done.stdout.splitlines()
-    assert lines[-1].startswith("no GPU found")
-    for name, _ in doctor.CHECKS:
-        assert any(line.strip().startswith(name) for line in lines), name
+    needs_gpu = [name for name, _ in doctor.CHECKS if name not in doctor.NO_GPU_NEEDED]
+    assert lines[-1] == (f"no GPU found (torch.cuda.is_available() is False): {len(needs_gpu)} checks need one and "
+                         f"did not run ({', '.join(needs_gpu)})")
+    rows = {line[:15].strip(): line[15:].split(None, 1) for line in lines[1:-1]}
+    assert list(rows) == [name for name, _ in doctor.CHECKS]
+    for name in needs_gpu:
+        assert rows[name][0] == "SKIP" and rows[name][1].startswith("needs a GPU, not run here: "), name
+    # what needs no GPU ran: neither engine is installed in the test environment
+    assert rows["vLLM"] == ["SKIP", "vllm is not installed; pip install -e '.[gpu]' (vllm==0.31.0); --engine vllm "
+                                    "to require it"]
+    assert rows["SGLang"][0] == "SKIP" and "sglang is not installed" in rows["SGLang"][1]
+
+
+def test_without_a_gpu_one_engine_lists_its_own_checks():
+    done = cli("doctor", "--gpu", "--engine", "sglang")
+    assert done.returncode == 0, done.stderr
+    names = [line[:15].strip() for line in done.stdout.splitlines()[1:-1]]
+    assert names == doctor.ENGINES["sglang"]
+    assert done.stdout.splitlines()[2].startswith("SGLang          FAIL   sglang is not installed in ")
 
 
 def test_doctor_needs_a_run_or_gpu():
     done = cli("doctor")
     assert done.returncode == 2
     assert done.stderr.strip() == ("grpo-edu doctor: expected RUN_DIR (diagnose a run from its metrics) or --gpu "
-                                   "(the GPU machine's check of the vLLM engine), got neither")
+                                   "(the GPU machine's check of the vLLM and SGLang engines), got neither")
+    done = cli("doctor", "--engine", "vllm")
+    assert done.returncode == 2
+    assert done.stderr.strip() == "grpo-edu doctor: --engine: expected with --gpu, got --engine vllm without it"
 
 
-def run(engine_dtype="float32"):
+def run(engine_dtype="float32", engine="vllm", required=()):
     """The checks on the CPU; the stand-in samples bf16 slowly here, so float32 where bf16 is not the point."""
     printed = []
-    rows = doctor.run_checks(torch.device("cpu"), output=printed.append, engine_dtype=engine_dtype)
+    rows = doctor.run_checks(torch.device("cpu"), output=printed.append, engine_dtype=engine_dtype,
+                             engines=(engine,), required=required)
     return {r.name: r for r in rows}, "\n".join(printed)
 
 
@@ -50,14 +77,16 @@ def test_every_check_passes_on_the_cpu_against_the_stand_in(tmp_path, monkeypatc
     monkeypatch.setenv("PYTHONPATH", environment_with_fake()["PYTHONPATH"])   # the training check's subprocess
     with fake_vllm():
         rows, printed = run("bfloat16")   # as on a GPU: bf16 vLLM against the float32 trainer
-    assert [r.status for r in rows.values()] == ["PASS"] * len(doctor.CHECKS), printed
+    assert list(rows) == doctor.ENGINES["vllm"]
+    assert [r.status for r in rows.values()] == ["PASS"] * len(doctor.ENGINES["vllm"]), printed
     detail = rows["weight sync"].detail   # bf16 vLLM vs the float32 trainer: a gap, small; the old policy: far
     assert "gap mean" in detail and "to the new policy" in detail and "to the old" in detail, detail
     assert rows["engine"].detail.startswith("built in") and "bfloat16" in rows["engine"].detail
     assert "losses" in rows["training"].detail
     # the stand-in samples in a thread what it samples in turn: the same rewards, step by step
     assert "rewards the same step by step" in rows["background"].detail, rows["background"].detail
-    assert printed.splitlines()[-1] == f"{len(doctor.CHECKS)} of {len(doctor.CHECKS)} checks passed"
+    assert printed.splitlines()[-1] == f"{len(rows)} of {len(rows)} checks passed"
+    assert doctor.engines_checked(list(rows.values())) == ["vllm"]
 
 
 def test_a_wrong_vllm_version_fails_naming_both(monkeypatch):
@@ -152,3 +181,79 @@ def test_vllm_serve_needs_a_model_folder(tmp_path):
     assert done.returncode == 2
     assert done.stderr.strip() == (f"grpo-edu vllm-serve: MODEL: expected a saved model folder (holding config.json) "
                                    f"or a hub id, got {str(tmp_path / 'missing')!r} (no such folder)")
+
+
+# --------------------------------------------------------------------------- SGLang
+
+@pytest.fixture
+def fake_sglang(monkeypatch):
+    """`import sglang` and `python -m sglang.launch_server` find the stand-in (here and in child processes)."""
+    monkeypatch.syspath_prepend(str(FAKE_SGLANG))
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(FAKE_SGLANG), str(ROOT / "tests"), str(ROOT)]))
+
+
+def test_every_sglang_check_passes_on_the_cpu_against_the_stand_in(fake_sglang, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    rows, printed = run(engine="sglang")
+    assert [r.status for r in rows.values()] == ["PASS"] * len(doctor.ENGINES["sglang"]), printed
+    assert list(rows) == doctor.ENGINES["sglang"]
+    assert rows["SGLang"].detail == "sglang 0.5.23"
+    assert "started in" in rows["SGLang server"].detail and "deterministic inference True" in rows["SGLang server"].detail
+    sync = rows["SGLang sync"].detail   # three syncs: disk, tensor, disk; each change of weights seen
+    assert sync.count("disk") == 2 and sync.count("tensor") == 1 and sync.count("old weights") == 2, sync
+    assert "the same alone as in the batch" in rows["SGLang seeds"].detail
+    assert rows["SGLang sleep"].detail.startswith("free memory not measured on cpu")
+    assert "losses" in rows["SGLang training"].detail and "gap mean" in rows["SGLang training"].detail
+    assert doctor.engines_checked(list(rows.values())) == ["sglang"]
+
+
+def test_an_sglang_sync_that_does_not_take_fails(fake_sglang, tmp_path, monkeypatch):
+    """The server loads the weights once and then no more: it keeps sampling the old policy."""
+    from grpo_edu.sampling.sglang_engine import SGLangEngine
+    syncs, sync = [], SGLangEngine.sync_weights
+
+    def first_only(self):
+        syncs.append(1)
+        if len(syncs) == 1:
+            return sync(self)
+        if self.settings.sleep:   # awake again, the old weights kept
+            self.client.call("POST", "/resume_memory_occupation", {"tags": ["weights"]})
+            self.client.call("POST", "/resume_memory_occupation", {"tags": ["kv_cache", "cuda_graph"]})
+        self.released = False
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(SGLangEngine, "sync_weights", first_only)
+    rows, printed = run(engine="sglang")
+    assert rows["SGLang sync"].status == "FAIL", printed
+    assert "after a sync from tensor" in rows["SGLang sync"].detail and "the sync did not take" in rows["SGLang sync"].detail
+    assert [rows[n].status for n in ("SGLang seeds", "SGLang sleep", "SGLang training")] == ["SKIP"] * 3
+
+
+def test_a_server_that_ignores_seeds_fails_the_seed_check(fake_sglang, tmp_path, monkeypatch):
+    """Each request samples from the server's own random state (as SGLang without deterministic
+    inference does), though the engine sent seeds."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("FAKE_SGLANG_IGNORE_SEEDS", "1")
+    rows, printed = run(engine="sglang")
+    assert rows["SGLang sync"].status == "PASS", printed
+    assert rows["SGLang seeds"].status == "FAIL", printed
+    assert "the same seeds gave other tokens" in rows["SGLang seeds"].detail
+
+
+def test_a_wrong_sglang_version_fails_naming_both(tmp_path, monkeypatch):
+    package = tmp_path / "old" / "sglang"
+    package.mkdir(parents=True)
+    (package / "__init__.py").write_text('__version__ = "0.5.22"\n')
+    monkeypatch.syspath_prepend(str(tmp_path / "old"))
+    monkeypatch.setenv("PYTHONPATH", str(tmp_path / "old"))
+    rows, _ = run(engine="sglang")
+    assert rows["SGLang"].status == "FAIL"
+    assert rows["SGLang"].detail == "RuntimeError: found sglang 0.5.22, the engine is written for 0.5.23 (pip install -e '.[sglang]')"
+    assert all(rows[name].status == "SKIP" for name in doctor.ENGINES["sglang"][2:])
+
+
+def test_an_engine_asked_for_but_not_installed_fails(monkeypatch):
+    rows, _ = run(engine="sglang", required=("sglang",))
+    assert rows["SGLang"].status == "FAIL" and rows["SGLang"].detail.startswith("sglang is not installed in ")
+    rows, _ = run(engine="sglang")
+    assert rows["SGLang"].status == "SKIP" and rows["SGLang"].detail.endswith("; --engine sglang to require it")
+    assert doctor.engines_checked(list(rows.values())) == []

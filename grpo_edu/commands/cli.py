@@ -9,7 +9,7 @@
     grpo-edu book map [OUT]            draw the map of the book (docs/images/map.svg)
     grpo-edu book prose [CHAPTER ...]  write changed prose into the notebooks, where no code changed
     grpo-edu doctor RUN_DIR            diagnose a run: each failure symptom in its metrics, with evidence
-    grpo-edu doctor --gpu              check a GPU machine for the vLLM engine (pass/fail table)
+    grpo-edu doctor --gpu              check a GPU machine for the vLLM and SGLang engines (pass/fail table)
     grpo-edu vllm-serve MODEL          start the vLLM server of vllm_mode = "server" (127.0.0.1)
 
 A bad argument or input file is one line on stderr that names the argument, what
@@ -263,6 +263,8 @@ def _sample(args) -> int:
 
 
 def _doctor(args) -> int:
+    if args.engine is not None and not args.gpu:
+        raise UsageError(f"--engine: expected with --gpu, got --engine {args.engine} without it")
     if args.run_dir is not None and args.gpu:
         raise UsageError(f"expected RUN_DIR or --gpu, got both ({args.run_dir!r} and --gpu)")
     if args.run_dir is not None:
@@ -276,9 +278,11 @@ def _doctor(args) -> int:
         return 1 if findings else 0
     if not args.gpu:
         raise UsageError("expected RUN_DIR (diagnose a run from its metrics) or --gpu (the GPU machine's check "
-                         "of the vLLM engine), got neither")
+                         "of the vLLM and SGLang engines), got neither")
     from grpo_edu.commands import doctor
-    return doctor.gpu()
+    if args.engine is None:
+        return doctor.gpu()
+    return doctor.gpu(engines=(args.engine,), required=(args.engine,))
 
 
 def _vllm_serve(args) -> int:
@@ -388,8 +392,11 @@ def build_parser() -> argparse.ArgumentParser:
     _debug_flag(doctor)
     doctor.add_argument("run_dir", nargs="?", metavar="RUN_DIR", help="a run directory: report each failure "
                         "symptom in its metrics.jsonl, with the evidence and advice (exit status 1 if any)")
-    doctor.add_argument("--gpu", action="store_true", help="CUDA, vLLM, the engine's weight sync and log-probs, "
-                        "two training steps: a pass/fail table (without a GPU: what it would check)")
+    doctor.add_argument("--gpu", action="store_true", help="CUDA, vLLM and SGLang: each engine's weight sync and "
+                        "log-probs, two training steps: a pass/fail table (an engine not installed is skipped; "
+                        "without a GPU: what it would check)")
+    doctor.add_argument("--engine", choices=("vllm", "sglang"), default=None, help="with --gpu: check this engine "
+                        "only, and fail if it is not installed")
     doctor.set_defaults(func=_doctor)
 
     serve = commands.add_parser("vllm-serve", help="start a vLLM server for vllm_mode = 'server'")

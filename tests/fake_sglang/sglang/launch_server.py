@@ -5,7 +5,8 @@ flag exits 2, as SGLang's argparse does), then the stand-in serves on --port in 
 FAKE_SGLANG_LOG: a file that gets one JSON line, the argv and the GPU the server was given
 (CUDA_VISIBLE_DEVICES), and the stand-in's requests after it. FAKE_SGLANG_STARTING: seconds of
 503 from /health_generate before it is ready. FAKE_SGLANG_EXIT: exit with this code at once,
-after one line on stderr (a server that fails to start).
+after one line on stderr (a server that fails to start). FAKE_SGLANG_IGNORE_SEEDS: say it runs
+deterministic inference, but sample from its own random state.
 """
 
 import argparse
@@ -42,7 +43,8 @@ def main() -> None:
         sys.exit(int(os.environ["FAKE_SGLANG_EXIT"]))
     standin = StandIn(args.model_path, port=args.port, deterministic=args.enable_deterministic_inference,
                       memory_saver=args.enable_memory_saver, random_seed=args.random_seed or 0,
-                      starting_seconds=float(os.environ.get("FAKE_SGLANG_STARTING", "0")), call_log=log, serve=False)
+                      starting_seconds=float(os.environ.get("FAKE_SGLANG_STARTING", "0")), call_log=log, serve=False,
+                      ignore_seeds=bool(os.environ.get("FAKE_SGLANG_IGNORE_SEEDS")))
     print(f"The server is fired up and ready to roll! ({standin.url})", flush=True)
     standin.server.serve_forever()
 
