@@ -171,8 +171,8 @@ def _qkv(layer: _Layer, weights: FusedWeights, x: torch.Tensor, rotation: torch.
     D, Hq, Hkv = weights.head_dim, weights.heads, weights.kv_heads
     out = _project(_normalise(x, weights.eps), layer.qkv, layer.qkv_bias)
     if layout is not None:                       # one scatter for q, k and v together
-        rows, columns, B, L = layout
-        out = out.new_zeros(B, L, out.shape[-1]).index_put((rows, columns), out)
+        flat, B, L = layout[2:]
+        out = out.new_zeros(B * L, out.shape[-1]).index_copy(0, flat, out).view(B, L, -1)
     # split, not slicing: its backward concatenates instead of zero-filling copies.
     qk, v = out.split([(Hq + Hkv) * D, Hkv * D], dim=-1)
     pairs = torch.view_as_complex(qk.unflatten(-1, (Hq + Hkv, D // 2, 2)))
@@ -188,14 +188,16 @@ def _mlp_block(layer: _Layer, weights: FusedWeights, x: torch.Tensor) -> torch.T
 
 def _attend(q, k, v, mask, weights: FusedWeights, layout=None):
     """Causal self-attention: q (N, T, Hq, D), k, v (N, T, Hkv, D), mask (N, 1, T, T),
-    True = may attend -> (N, T, Hq * D). With a flat layout = (rows, columns, B, L),
+    True = may attend -> (N, T, Hq * D). With a flat layout = (rows, columns, flat, B, L),
     the inputs are on the (B, L) grid and the output is gathered back to the flat
-    tokens (tokens, Hq * D): token i sits at (rows[i], columns[i]) of the grid, the
-    only place padding exists."""
+    tokens (tokens, Hq * D): token i sits at (rows[i], columns[i]) of the grid, entry
+    flat[i] = rows[i] * L + columns[i] of its rows, the only place padding exists."""
     out = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
                                          attn_mask=mask, enable_gqa=weights.kv_heads != weights.heads)
     out = out.transpose(1, 2).flatten(2)          # (N, T, Hq * D)
-    return out if layout is None else out[layout[0], layout[1]]
+    # A gather of whole rows: index_select, whose backward adds each row's gradient into zeros
+    # (the same bits as advanced indexing's accumulating index_put, without its sort).
+    return out if layout is None else out.reshape(-1, out.shape[-1]).index_select(0, layout[2])
 
 
 def _forward(weights: FusedWeights, input_ids: torch.Tensor, positions: torch.Tensor,
@@ -273,7 +275,8 @@ def group_logprobs(model, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, c
     rows, entries = keep.nonzero(as_tuple=True)                           # row-major: the flat order
     column = keep.long().cumsum(-1) - 1                                   # grid column of each kept entry
     L = int(column[:, -1].max()) + 1
-    layout = (rows, column[rows, entries], B, L)
+    columns = column[rows, entries]
+    layout = (rows, columns, rows * L + columns, B, L)
     grid_block = block.new_full((B, L), -2).index_put(layout[:2], block[rows, entries])   # -2: padding
     grid_positions = positions.new_zeros(B, L).index_put(layout[:2], positions[rows, entries])
     real = grid_block != -2
@@ -290,7 +293,9 @@ def group_logprobs(model, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, c
     predictor = P + torch.arange(G, device=device)[:, None] * S + torch.arange(S, device=device) - 1
     predictor[:, 0] = P - 1
     flat_index = (keep.reshape(-1).long().cumsum(0) - 1).view(B, -1)     # flat position of each entry
-    picked = hidden[flat_index[:, predictor.reshape(-1)].clamp(min=0)]   # (B, G * S, H)
+    # index_select: its backward adds rows into zeros without sorting (padding's rows get zero gradients)
+    picked = hidden.index_select(0, flat_index[:, predictor.reshape(-1)].clamp(min=0).reshape(-1))
+    picked = picked.view(B, G * S, -1)                                     # (B, G * S, H)
     logits = _project(picked, weights.head).view(B, G, S, -1)
     logp = (token_entropies(logits, temperature=temperature) if entropy
             else token_logprobs(logits, completion_ids, temperature=temperature))
