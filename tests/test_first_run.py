@@ -1,0 +1,91 @@
+"""benchmarks/first_run.py: the training clock leaves the evaluations out, the first crossing of
+0.90 is found, the settings rotate, and a short run writes every figure its summary prints."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+import first_run  # noqa: E402
+
+
+def test_every_setting_is_a_valid_config():
+    from grpo_edu.training.config import DEFAULT_CONFIG, TrainConfig
+    base = TrainConfig.from_toml(DEFAULT_CONFIG)
+    assert first_run.SETTINGS["today"] == []
+    for name, overrides in first_run.SETTINGS.items():
+        config = TrainConfig.from_toml(DEFAULT_CONFIG, overrides)
+        assert (config == base) == (name == "today"), name   # each other setting changes the run
+
+
+def test_a_short_run_writes_every_figure(tmp_path, monkeypatch, capsys):
+    monkeypatch.setitem(first_run.SETTINGS, "fast", ["learning_rate=1e-3"])
+    monkeypatch.setattr(first_run, "TARGET", 0.0)   # every evaluation crosses it: the first is found
+    out = tmp_path / "first.json"
+    assert first_run.main(["--settings", "today", "fast", "--seeds", "0", "1", "--steps", "4", "--eval-every", "2",
+                           "--threads", "1", "--out", str(out)]) == 0
+    payload = json.loads(out.read_text())
+    runs = payload["runs"]
+    assert [(r["seed"], r["setting"]) for r in runs] == [(0, "today"), (0, "fast"), (1, "fast"), (1, "today")]
+    for run in runs:
+        assert [e[0] for e in run["evaluations"]] == [2, 4]
+        seconds = [e[1] for e in run["evaluations"]]
+        assert 0 < seconds[0] < seconds[1] <= run["training_seconds"]
+        assert run["evaluations"][-1][2] == run["final_accuracy"]
+        assert run["steps_to_90"] == 2 and run["seconds_to_90"] == seconds[0]
+        assert len(run["greedy_correct"]) == 256
+        assert sum(run["greedy_correct"]) / 256 == run["final_accuracy"]
+        assert run["eval_seconds"] > 0
+    assert set(payload["verdicts"]) == {f"{name}: fast - today" for name, _ in first_run.VALUES}
+    assert "per_seed" in payload["verdicts"]["final accuracy: fast - today"]
+    printed = capsys.readouterr().out
+    assert "seconds to 0.90 per seed" in printed and f"wrote {out}" in printed
+
+
+def test_the_clock_leaves_evaluations_out(monkeypatch, tmp_path):
+    """An evaluation made 0.5 s slower does not reach the training seconds."""
+    import time
+    from grpo_edu.training import trainer
+    evaluate = trainer.evaluate_held_out
+
+    def slow(run, samples=0):
+        time.sleep(0.5)
+        return evaluate(run, samples)
+    monkeypatch.setattr(trainer, "evaluate_held_out", slow)
+
+    class Args:
+        steps, eval_every, threads = 2, 1, 1
+    run = first_run.run_one("today", 0, Args)
+    assert run["training_seconds"] < 0.5 and run["eval_seconds"] >= 0.5
+
+
+def test_bad_arguments_are_one_line(capsys):
+    with pytest.raises(SystemExit):
+        first_run.main(["--settings", "lr5e-4"])
+    assert "--settings: expected 'today' among them" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        first_run.main(["--steps", "0"])
+
+
+def test_sooner_is_better_in_the_verdicts():
+    """A setting that reaches 0.90 in fewer steps and seconds on every seed beats today; one that
+    never does counts its whole run."""
+    def run(setting, seed, steps, seconds):
+        return {"setting": setting, "seed": seed, "final_accuracy": 0.99, "steps_to_90": steps,
+                "seconds_to_90": seconds, "training_seconds": 80.0 + seed, "evaluations": [[1500, 80.0, 0.99]]}
+    runs = [run("today", s, 600 + 10 * s, 33.0 + s) for s in range(3)]
+    runs += [run("quick", s, 400 + 20 * s, 20.0 + 2 * s) for s in range(3)]
+    runs += [run("never", s, None, None) for s in range(3)]
+    verdicts = first_run.verdicts(runs, ["today", "quick", "never"])
+    quick = verdicts["sooner to 0.90 (minus steps): quick - today"]
+    assert quick["words"].startswith("quick beats today") and quick["difference"] == pytest.approx(190.0)
+    assert verdicts["sooner to 0.90 (minus training seconds): quick - today"]["words"].startswith("quick beats today")
+    never = verdicts["sooner to 0.90 (minus steps): never - today"]
+    assert never["words"].startswith("today beats never") and never["difference"] == pytest.approx(-890.0)
+    assert verdicts["sooner to 0.90 (minus training seconds): never - today"]["difference"] == pytest.approx(-47.0)
