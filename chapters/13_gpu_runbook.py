@@ -173,7 +173,8 @@ for path in sorted(home.path("tests/real_vllm").glob("test_*.py")):
 # The cells below need a CUDA GPU and vLLM (`pip install -e '.[gpu]'`). Where torch sees no
 # GPU they are not run, and their output says so: in this build they did not run. First comes
 # the machine's check, `grpo-edu doctor --gpu`: CUDA, the versions, vLLM's weight sync and its
-# log-prob gap on this GPU, and two training steps. Then 20 steps of the one-GPU config run in
+# log-prob gap on this GPU, and two training steps (and the same for SGLang where it is
+# installed: `--engine sglang` checks it alone). Then 20 steps of the one-GPU config run in
 # a process of their own (one vLLM engine per process). They print their step rate, the peak
 # memory torch allocated, and the held-out accuracy before and after.
 
