@@ -157,6 +157,18 @@ def test_the_readme_doors_open_with_make_targets():
     assert "torch==2.13.0" in makefile
 
 
+def test_the_readme_states_every_part_of_ci_in_order():
+    """The README's CI table lists .ci/run's make targets, in .ci/run's order, each with a time."""
+    run = re.findall(r"^make ([\w-]+)$", (ROOT / ".ci" / "run").read_text(), re.M)
+    readme = (ROOT / "README.md").read_text()
+    table = readme.split("| part | command | what it runs | time |", 1)[1].split("\n\n", 1)[0]
+    rows = [[cell.strip() for cell in line.strip("|").split("|")] for line in table.strip().splitlines()[1:]]
+    listed = [row[1].strip("`").removeprefix("make ") for row in rows if row[1].startswith("`make ")]
+    assert listed == run
+    assert all(re.fullmatch(r"(\d+ min )?\d+ s", row[3]) for row in rows), rows
+    assert rows[-1][1] == "`.ci/run`"
+
+
 # ----------------------------------------------------------------- committed chapters
 
 @pytest.mark.parametrize("chapter", BOOK.chapters, ids=lambda c: c.name)
