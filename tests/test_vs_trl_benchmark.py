@@ -16,3 +16,27 @@ def test_the_benchmark_against_trl_runs_and_prints_its_table():
     assert result.returncode == 0, result.stderr[-3000:]
     rows = [line.split()[0] for line in result.stdout.splitlines() if line.endswith(")") and "x " in line]
     assert {"grpo_edu", "TRL"} <= set(rows), result.stdout
+
+
+def test_beta_reaches_both_trainers(monkeypatch, capsys):
+    """--beta 0: both trainers train without a KL term (and so without a reference model)."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    import vs_trl
+    import trl
+    from grpo_edu.training import trainer
+    seen = {}
+    train, build = trainer.train, trl.GRPOTrainer.__init__
+
+    def recording_train(config, **kwargs):
+        seen.setdefault("grpo_edu", []).append(config.beta)
+        return train(config, **kwargs)
+
+    def recording_build(self, *args, **kwargs):
+        seen.setdefault("TRL", []).append(kwargs["args"].beta)
+        build(self, *args, **kwargs)
+        seen["TRL reference"] = getattr(self, "ref_model", None)
+    monkeypatch.setattr(trainer, "train", recording_train)
+    monkeypatch.setattr(trl.GRPOTrainer, "__init__", recording_build)
+    assert vs_trl.main(["--steps", "2", "--seeds", "0", "--eval-size", "4", "--threads", "1", "--beta", "0"]) == 0
+    assert seen["grpo_edu"] == [0.0, 0.0] and seen["TRL"] == [0.0] and seen["TRL reference"] is None
+    assert "beta 0.0" in capsys.readouterr().out
