@@ -102,7 +102,7 @@ def run_one(setting: str, seed: int, args) -> dict:
     return {"setting": setting, "seed": seed, "overrides": SETTINGS[setting],
             "start_accuracy": run.start_accuracy, "final_accuracy": result.summary["final_accuracy"],
             "steps_to_90": crossing[0] if crossing else None, "seconds_to_90": crossing[1] if crossing else None,
-            "training_seconds": round(clock["seconds"], 3), "eval_seconds": round(eval_seconds, 4),
+            "training_seconds": round(clock["seconds"], 4), "eval_seconds": round(eval_seconds, 4),
             "evaluations": evaluations, "greedy_correct": outcomes}
 
 
