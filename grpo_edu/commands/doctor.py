@@ -16,11 +16,13 @@ weights after start-up; without the shim the engine check fails saying so).
 
 from __future__ import annotations
 
+import atexit
 import copy
 import dataclasses
 import gc
 import math
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -252,7 +254,7 @@ class Checks:
         if self.device.type == "cuda":
             torch.cuda.empty_cache()
         memory = ("vllm_gpu_memory_utilization=0.2" if engine == "vllm"
-                  else f"sglang_mem_fraction_static=0.2")
+                  else "sglang_mem_fraction_static=0.2")
         settings = [f"engine={engine}", f"device={self.device.type}", f"steps={steps}", "prompts_per_step=4",
                     "num_generations=4", "eval_size=8", "eval_every=1000", "checkpoint_every=0", "progress=false",
                     memory, *extra]
@@ -319,7 +321,8 @@ class Checks:
         if self.device.type == "cuda":
             torch.cuda.empty_cache()
         policy, tokenizer = load_policy(STARTING_POLICY, device=self.device)
-        directory = tempfile.mkdtemp(prefix="grpo-edu-doctor-sglang-")
+        directory = tempfile.mkdtemp(prefix="grpo-edu-doctor-sglang-")   # the server's log and synced weights
+        atexit.register(shutil.rmtree, directory, ignore_errors=True)
         settings = Settings(device=str(self.device), mem_fraction_static=0.2, weight_sync="disk", sleep=True,
                             deterministic=True, timeout=300.0, start_timeout=900.0, dtype=self.engine_dtype,
                             output_dir=directory)
