@@ -10,23 +10,18 @@ a server that does not sample by seed, an engine asked for that is not installed
 import os
 import subprocess
 import sys
-from pathlib import Path
 
-import pytest
 import torch
 
 from grpo_edu.commands import cli as cli_module, doctor
 from grpo_edu.sampling import vllm_engine
 from vllm_fake import environment_with_fake, fake_vllm
+from test_sglang_engine import fake_sglang  # noqa: F401  (the fixture: sglang is the stand-in, here and in children)
 from hang_guard import HANG_SECONDS
 
 
 def cli(*arguments):
     return subprocess.run([sys.executable, "-m", "grpo_edu", *arguments], capture_output=True, text=True, timeout=HANG_SECONDS)
-
-
-ROOT = Path(__file__).resolve().parents[1]
-FAKE_SGLANG = ROOT / "tests" / "fake_sglang"
 
 
 def test_without_a_gpu_it_lists_the_checks_and_exits_0():
@@ -184,13 +179,6 @@ def test_vllm_serve_needs_a_model_folder(tmp_path):
 
 
 # --------------------------------------------------------------------------- SGLang
-
-@pytest.fixture
-def fake_sglang(monkeypatch):
-    """`import sglang` and `python -m sglang.launch_server` find the stand-in (here and in child processes)."""
-    monkeypatch.syspath_prepend(str(FAKE_SGLANG))
-    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(FAKE_SGLANG), str(ROOT / "tests"), str(ROOT)]))
-
 
 def test_every_sglang_check_passes_on_the_cpu_against_the_stand_in(fake_sglang, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)

@@ -347,7 +347,7 @@ class Checks:
         engine, policy = self.state["sglang"], self.state["policy"]
         found = []
         for step, how in enumerate(("disk", "tensor", "disk")):
-            previous = copy.deepcopy(policy)
+            previous = copy.deepcopy(policy) if step else None
             if step:   # a new policy each time after the first, so a sync that does not take shows
                 _perturb(policy, seed=step)
             engine.settings = dataclasses.replace(engine.settings, weight_sync=how)
@@ -486,17 +486,16 @@ def _without_gpu(output: Callable[[str], None], engines: tuple[str, ...], requir
     """No GPU: the checks that need none run (which engines are installed, and their versions);
     every other one is listed, with what it would check, as not run. Exits 0: nothing was checked."""
     checks = Checks(torch.device("cpu"), output, "bfloat16", required)
-    bodies = {name: body for name, _, body in checks.in_order()}
+    described = dict(CHECKS)
     output(f"{'check':<15} {'result':<6} detail")
     skipped = []
-    for name, what in CHECKS:
+    for name, needs, body in checks.in_order():
         if not any(name in ENGINES[engine] for engine in engines):
             continue
-        if name in NO_GPU_NEEDED:
-            needs = ["vLLM"] if name == "transformers" else []
-            checks.check(name, needs, bodies[name])
+        if name in NO_GPU_NEEDED:   # what it needs that needs no GPU either (transformers' range is vLLM's)
+            checks.check(name, [n for n in needs if n in NO_GPU_NEEDED], body)
         else:
-            checks.record(name, "SKIP", f"needs a GPU, not run here: {what}")
+            checks.record(name, "SKIP", f"needs a GPU, not run here: {described[name]}")
             skipped.append(name)
     output(f"no GPU found (torch.cuda.is_available() is False): {len(skipped)} checks need one and did not run "
            f"({', '.join(skipped)})")
