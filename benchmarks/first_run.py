@@ -134,11 +134,13 @@ VALUES = (
 
 
 def verdicts(runs: list[dict], settings: list[str]) -> dict:
-    """Each setting against today, paired over seeds: the final accuracy (with each seed's
-    per-problem comparison), and how much sooner it reached 0.90, in steps and in seconds."""
+    """Each setting against today, paired over the seeds both ran (two or more): the final accuracy
+    (with each seed's per-problem comparison), and how much sooner it reached 0.90, in steps and
+    in seconds."""
     from grpo_edu.algorithm.statistics import compare_variants
 
-    pairs = [(s, "today") for s in settings if s != "today"]
+    seeds = {s: {r["seed"] for r in runs if r["setting"] == s} for s in settings}
+    pairs = [(s, "today") for s in settings if s != "today" and len(seeds[s] & seeds["today"]) >= 2]
     out = {}
     for name, value in VALUES:
         for pair, verdict in compare_variants(runs, pairs, key="setting", value=value).items():
@@ -146,6 +148,21 @@ def verdicts(runs: list[dict], settings: list[str]) -> dict:
                 verdict.pop("per_seed", None)
             out[f"{name}: {pair}"] = verdict
     return out
+
+
+def write(out: Path, payload: dict) -> None:
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(payload, separators=(",", ":")) + "\n")
+
+
+def results(args, runs: list[dict]) -> dict:
+    """The results file's contents, for the runs so far."""
+    return {"written_by": "benchmarks/first_run.py", "steps": args.steps, "eval_every": args.eval_every,
+            "threads": args.threads, "seeds": args.seeds, "target": TARGET, "settings": args.settings,
+            "overrides": {s: SETTINGS[s] for s in args.settings}, "torch": torch.__version__,
+            "cpu_capability": torch.backends.cpu.get_cpu_capability(),
+            "ATEN_CPU_CAPABILITY": os.environ.get("ATEN_CPU_CAPABILITY", ""), "machine": platform.machine(),
+            "runs": runs, "verdicts": verdicts(runs, args.settings)}
 
 
 def main(argv=None) -> int:
@@ -174,6 +191,7 @@ def main(argv=None) -> int:
             parser.error(f"--{name.replace('_', '-')}: expected a positive number, got {getattr(args, name)}")
     runs = list(earlier)
     done = {(r["setting"], r["seed"]) for r in earlier}
+    out = Path(args.out)
     for index, seed in enumerate(args.seeds):
         order = args.settings[index % len(args.settings):] + args.settings[:index % len(args.settings)]
         for setting in order:
@@ -183,15 +201,9 @@ def main(argv=None) -> int:
             runs.append(run)
             print(f"seed {seed} {setting}: 0.90 at step {run['steps_to_90']} after {run['seconds_to_90']} s of "
                   f"training; final {run['final_accuracy']:.4f} ({run['training_seconds']:.1f} s)", flush=True)
-    payload = {"written_by": "benchmarks/first_run.py", "steps": args.steps, "eval_every": args.eval_every,
-               "threads": args.threads, "seeds": args.seeds, "target": TARGET, "settings": args.settings,
-               "overrides": {s: SETTINGS[s] for s in args.settings}, "torch": torch.__version__,
-               "cpu_capability": torch.backends.cpu.get_cpu_capability(),
-               "ATEN_CPU_CAPABILITY": os.environ.get("ATEN_CPU_CAPABILITY", ""), "machine": platform.machine(),
-               "runs": runs, "verdicts": verdicts(runs, args.settings)}
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(payload, indent=1) + "\n")
+            write(out, results(args, runs))   # after every run: a stop loses one
+    payload = results(args, runs)
+    write(out, payload)
     print("\n".join(summary_lines(payload)))
     print(f"wrote {out}")
     return 0

@@ -89,3 +89,22 @@ def test_sooner_is_better_in_the_verdicts():
     never = verdicts["sooner to 0.90 (minus steps): never - today"]
     assert never["words"].startswith("today beats never") and never["difference"] == pytest.approx(-890.0)
     assert verdicts["sooner to 0.90 (minus training seconds): never - today"]["difference"] == pytest.approx(-47.0)
+
+
+def test_merge_keeps_the_earlier_runs_and_runs_only_what_they_lack(tmp_path, monkeypatch, capsys):
+    monkeypatch.setitem(first_run.SETTINGS, "fast", ["learning_rate=1e-3"])
+    common = ["--seeds", "0", "1", "--steps", "2", "--eval-every", "1", "--threads", "1"]
+    earlier, merged = tmp_path / "earlier.json", tmp_path / "merged.json"
+    assert first_run.main(["--settings", "today", *common, "--out", str(earlier)]) == 0
+    trained = []
+    run_one = first_run.run_one
+    monkeypatch.setattr(first_run, "run_one", lambda setting, seed, args: trained.append((setting, seed))
+                        or run_one(setting, seed, args))
+    assert first_run.main(["--settings", "fast", *common, "--merge", str(earlier), "--out", str(merged)]) == 0
+    assert sorted(trained) == [("fast", 0), ("fast", 1)]
+    old, new = (json.loads(path.read_text()) for path in (earlier, merged))
+    assert new["settings"] == ["today", "fast"] and new["runs"][:2] == old["runs"]
+    assert "final accuracy: fast - today" in new["verdicts"]
+    with pytest.raises(SystemExit):
+        first_run.main(["--settings", "fast", "--seeds", "0", "--steps", "3", "--merge", str(earlier)])
+    assert "--merge: expected a file with steps = 3, got 2" in capsys.readouterr().err
