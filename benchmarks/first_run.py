@@ -50,9 +50,12 @@ SETTINGS: dict[str, list[str]] = {
     "lr7e-4": ["learning_rate=7e-4"],
     "B8": ["prompts_per_step=8"],   # half the prompts per step: steps about twice as fast
     "lr2e-4": ["learning_rate=2e-4"],
-    "beta0": ["beta=0.0"],          # no KL term: no reference forward (TRL's default since 0.19, DAPO, Dr. GRPO)
+    "beta0": ["beta=0.0"],          # no KL term: no reference forward (TRL 1.16's default, DAPO): make train's configs/cpu-tiny-no-kl.toml
     "lr2e-4-beta0": ["learning_rate=2e-4", "beta=0.0"],
 }
+# The setting `make train` runs, as its own file (configs/cpu-tiny-no-kl.toml, which states this file's figures).
+MAKE_TRAIN = "beta0"
+MAKE_TRAIN_CONFIG = Path(__file__).resolve().parents[1] / "configs" / "cpu-tiny-no-kl.toml"
 
 
 def run_one(setting: str, seed: int, args) -> dict:

@@ -5,7 +5,7 @@
 Both start from the committed tiny policy and train on the arithmetic task with
 the same reward functions (grpo_edu.environment.rewards, which have TRL's signature), B = 16
 prompts x G = 8 completions per optimizer step, lr 3e-4 with cosine decay to 0
-over the run, beta 0.04 (--beta; 0 is TRL's default since 0.19, and then neither trainer has
+over the run, beta 0.04 (--beta; 0 is TRL 1.16's default and make train's, and then neither trainer has
 a reference model) (k3, without TRL's bias-corrected KL, so both minimise the
 same loss), epsilon 0.2, loss_type "grpo", temperature 1, sample-std advantages
 (TRL's convention), on the CPU with the same thread count. Three trainers:

@@ -108,3 +108,33 @@ def test_merge_keeps_the_earlier_runs_and_runs_only_what_they_lack(tmp_path, mon
     with pytest.raises(SystemExit):
         first_run.main(["--settings", "fast", "--seeds", "0", "--steps", "3", "--merge", str(earlier)])
     assert "--merge: expected a file with steps = 3, got 2" in capsys.readouterr().err
+
+
+def test_make_train_runs_the_setting_the_results_chose():
+    """configs/cpu-tiny-no-kl.toml is cpu-tiny.toml with first_run's MAKE_TRAIN overrides (only the keys
+    it marks differ), `make train` runs it, and the results file bears out what its comment states:
+    every seed within 30 s, sooner than today by the stated interval, final accuracy not separated."""
+    import re
+    from grpo_edu.training.config import DEFAULT_CONFIG, TrainConfig
+    path = first_run.MAKE_TRAIN_CONFIG
+    chosen = TrainConfig.from_toml(path)
+    assert chosen == TrainConfig.from_toml(DEFAULT_CONFIG, first_run.SETTINGS[first_run.MAKE_TRAIN])
+    tiny = TrainConfig().to_dict()
+    differ = {key for key, value in chosen.to_dict().items() if tiny[key] != value}
+    text = path.read_text()
+    marked = {line.split("=")[0].strip() for line in text.splitlines() if "# first run:" in line and not line.startswith("#")}
+    assert differ == marked == {"beta"}
+    makefile = (ROOT / "Makefile").read_text()
+    assert f"train: setup\n\t$(BIN)/grpo-edu train configs/{path.name}\n" in makefile
+
+    stored = json.loads(first_run.OUT.read_text())
+    runs = [r for r in stored["runs"] if r["setting"] == first_run.MAKE_TRAIN]
+    assert len(runs) >= 5 and all(r["seconds_to_90"] is not None and r["seconds_to_90"] <= 30 for r in runs)
+    comment = " ".join(line.lstrip("# ") for line in text.splitlines() if line.startswith("#"))
+    sooner = stored["verdicts"][f"sooner to 0.90 (minus training seconds): {first_run.MAKE_TRAIN} - today"]
+    final = stored["verdicts"][f"final accuracy: {first_run.MAKE_TRAIN} - today"]
+    assert sooner["low"] > 0 and final["low"] < 0 < final["high"]
+    assert f"{sooner['difference']:.1f} s sooner" in comment
+    assert f"[{sooner['low']:.1f}, {sooner['high']:.1f}] s" in comment
+    assert re.search(re.escape(f"{final['difference']:+.3f} [{final['low']:+.3f}, {final['high']:+.3f}]")
+                     .replace(r"\ ", r"\s+"), comment)
