@@ -48,9 +48,9 @@ book: setup
 html: setup
 	$(BIN)/grpo-edu book html build/html
 
-# The reader's first run: the CPU tier without the KL term (configs/cpu-tiny-no-kl.toml says why).
+# The reader's first run: the CPU tier without the KL term, at lr 2.5e-4 (configs/cpu-first-run.toml says why).
 train: setup
-	$(BIN)/grpo-edu train configs/cpu-tiny-no-kl.toml
+	$(BIN)/grpo-edu train --config configs/cpu-first-run.toml
 
 # The suite on TEST_WORKERS processes (pytest-xdist, a file or chapter whole on one; conftest.py). Each
 # chapter uses 2 torch threads, so two workers on 2 cores ask for 4: OpenMP's threads must

@@ -19,7 +19,8 @@ above 0.90 (None if the run never got there); `steps_to_90` that step.
 The runs of a setting go one after the other, and the settings rotate from seed to seed
 (seed index 0: A B C, 1: B C A, ...), so that a drift of a shared machine favours none.
 
-Writes FILE (default benchmarks/results/first_run.json): every run's evaluations (step, training
+Writes FILE (default benchmarks/results/first_run.json, the runs that chose make train's setting,
+MAKE_TRAIN; first_run_sweep.json is the wider sweep before them, --out): every run's evaluations (step, training
 seconds, accuracy), its seconds and steps to 0.90, its final accuracy and per-problem greedy
 outcomes, and the verdicts (grpo_edu.algorithm.statistics.compare_variants) of each setting
 against "today" on the final accuracy, and on how much sooner it reached 0.90 in steps and in
@@ -50,12 +51,14 @@ SETTINGS: dict[str, list[str]] = {
     "lr7e-4": ["learning_rate=7e-4"],
     "B8": ["prompts_per_step=8"],   # half the prompts per step: steps about twice as fast
     "lr2e-4": ["learning_rate=2e-4"],
-    "beta0": ["beta=0.0"],          # no KL term: no reference forward (TRL 1.16's default, DAPO): make train's configs/cpu-tiny-no-kl.toml
+    "beta0": ["beta=0.0"],          # no KL term: no reference forward (TRL 1.16's default, DAPO): make train's configs/cpu-first-run.toml with lr2.5e-4
     "lr2e-4-beta0": ["learning_rate=2e-4", "beta=0.0"],
+    "beta0-warmup100": ["beta=0.0", "warmup_steps=100"],
+    "lr2.5e-4-beta0": ["learning_rate=2.5e-4", "beta=0.0"],
 }
-# The setting `make train` runs, as its own file (configs/cpu-tiny-no-kl.toml, which states this file's figures).
-MAKE_TRAIN = "beta0"
-MAKE_TRAIN_CONFIG = Path(__file__).resolve().parents[1] / "configs" / "cpu-tiny-no-kl.toml"
+# The setting `make train` runs, as its own file (configs/cpu-first-run.toml, which states this file's figures).
+MAKE_TRAIN = "lr2.5e-4-beta0"
+MAKE_TRAIN_CONFIG = Path(__file__).resolve().parents[1] / "configs" / "cpu-first-run.toml"
 
 
 def run_one(setting: str, seed: int, args) -> dict:

@@ -532,8 +532,8 @@ for claim, holds in claims.items():
 
 # %% [markdown]
 # Now the regime DAPO made refill for: a policy that solves most of its problems. The
-# committed policy `trained` is what `make train` trains (1,500 steps of the default run,
-# seed 0). It answers 0.992 of these held-out arithmetic problems greedy. Sampled at
+# committed policy `trained` is what the default run trains (configs/cpu-tiny.toml, 1,500
+# steps, seed 0). It answers 0.992 of these held-out arithmetic problems greedy. Sampled at
 # temperature 1 it is right less often (pass@1, below), so some groups hold a wrong answer
 # and many are all right. The same three runs continue training it
 # for 40 steps, at a tenth of the first run's learning rate, as a second stage would.

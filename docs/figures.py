@@ -39,7 +39,7 @@ def caption(results: dict | None = None) -> str:
     seeds = ", ".join(str(r["seed"]) for r in runs[:-1]) + f" and {runs[-1]['seed']}"
     seconds = sorted(r["seconds"] for r in runs)
     return (f"Held-out greedy accuracy on {results['settings']['eval_size']} problems, "
-            f"`make train`'s config cut to {results['steps']} steps, seeds {seeds}. "
+            f"the book's default config (`configs/cpu-tiny.toml`) cut to {results['steps']} steps, seeds {seeds}. "
             f"Before training {starts.pop()}; after, {finals}; "
             f"{seconds[0]:.1f} to {seconds[-1]:.1f} s per run on a CPU, evaluations included "
             f"(`benchmarks/results/lag.json`, drawn by `docs/figures.py`).")

@@ -111,7 +111,7 @@ def test_merge_keeps_the_earlier_runs_and_runs_only_what_they_lack(tmp_path, mon
 
 
 def test_make_train_runs_the_setting_the_results_chose():
-    """configs/cpu-tiny-no-kl.toml is cpu-tiny.toml with first_run's MAKE_TRAIN overrides (only the keys
+    """configs/cpu-first-run.toml is cpu-tiny.toml with first_run's MAKE_TRAIN overrides (only the keys
     it marks differ), `make train` runs it, and the results file bears out what its comment states:
     every seed within 30 s, sooner than today by the stated interval, final accuracy not separated."""
     import re
@@ -123,9 +123,9 @@ def test_make_train_runs_the_setting_the_results_chose():
     differ = {key for key, value in chosen.to_dict().items() if tiny[key] != value}
     text = path.read_text()
     marked = {line.split("=")[0].strip() for line in text.splitlines() if "# first run:" in line and not line.startswith("#")}
-    assert differ == marked == {"beta"}
+    assert differ == marked == {"beta", "learning_rate"}
     makefile = (ROOT / "Makefile").read_text()
-    assert f"train: setup\n\t$(BIN)/grpo-edu train configs/{path.name}\n" in makefile
+    assert f"train: setup\n\t$(BIN)/grpo-edu train --config configs/{path.name}\n" in makefile
 
     stored = json.loads(first_run.OUT.read_text())
     runs = [r for r in stored["runs"] if r["setting"] == first_run.MAKE_TRAIN]

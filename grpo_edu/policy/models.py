@@ -52,7 +52,7 @@ ASSETS = Path(__file__).resolve().parent.parent / "assets"
 STARTING_POLICY = ASSETS / "tiny-arithmetic-start"
 TOOL_POLICY = ASSETS / "tiny-multiply-start"
 CHAIN_POLICY = ASSETS / "tiny-chain-start"   # sums three numbers step by step (grpo_edu.environment.process)
-# `make train`'s policy (configs/cpu-tiny.toml, seed 0): where most groups are all right
+# the default run's policy (configs/cpu-tiny.toml, seed 0): where most groups are all right
 # (benchmarks/dynamic_sampling.py --trained-policy makes it; chapter 8 trains from it)
 TRAINED_POLICY = ASSETS / "tiny-arithmetic-trained"
 COMMITTED_POLICIES = {"start": STARTING_POLICY, "multiply-start": TOOL_POLICY, "chain-start": CHAIN_POLICY,

@@ -67,7 +67,7 @@ class TrainConfig:
     # --- [task] and [rewards]: what to train
     model: str = _doc("starting policy: a local model directory or a hub id ('start' = the committed tiny policy, "
                      "'multiply-start' = the committed one that calls a calculator, 'chain-start' = the one that "
-                     "sums chains step by step, 'trained' = what `make train` trains from 'start')", "start")
+                     "sums chains step by step, 'trained' = what configs/cpu-tiny.toml trains from 'start')", "start")
     task: str = _doc("task: 'arithmetic', 'multiply' (needs a tool: environment = 'grpo_edu.training.episodes:Calculator'), "
                      "'countdown' or 'chain' (three numbers summed step by step: process supervision) (generated), "
                      "or 'gsm8k' (read from `dataset`)", "arithmetic", choices=tasks.TASKS)
