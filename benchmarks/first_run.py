@@ -127,6 +127,20 @@ def summary_lines(payload: dict) -> list[str]:
     return lines
 
 
+def markdown_rows(payload: dict) -> list[str]:
+    """docs/training.md's table of the file: per setting, each seed's training seconds and steps to 0.90,
+    and its final accuracies (a test keeps the doc's rows equal to these)."""
+    rows = []
+    for setting in payload["settings"]:
+        runs = sorted((r for r in payload["runs"] if r["setting"] == setting), key=lambda r: r["seed"])
+        seconds = " / ".join("never" if r["seconds_to_90"] is None else f"{r['seconds_to_90']:.1f}" for r in runs)
+        steps = " / ".join(str(r["steps_to_90"]) for r in runs)
+        finals = [r["final_accuracy"] for r in runs]
+        rows.append(f"| `{setting}` | {' '.join(payload['overrides'][setting]) or '(cpu-tiny.toml)'} | {seconds} | "
+                    f"{steps} | {' / '.join(f'{a:.3f}' for a in finals)} ({statistics.mean(finals):.3f}) |")
+    return rows
+
+
 # The verdicts' values: (name in the file, what it reads of a run). Time to 0.90 is compared as its
 # negative, so that "A beats B" means A got there sooner; a run that never got there counts as
 # its last evaluated step and its whole training seconds (a lower bound of its cost).

@@ -319,7 +319,7 @@ for claim, holds in claims.items():
 # policy is right greedily well before most of its samples are. Greedy accuracy on 256
 # problems is also a coarse view, which can step back between evaluations, as it did at step
 # 50. The full `grpo-edu train` run, 1,500 steps of this same config, goes past 90% on each of
-# the three seeds we ran ([docs/training.md](../docs/training.md#the-default-run-measured) has the table).
+# the five seeds we ran ([docs/training.md](../docs/training.md#the-first-run-measured) has the table).
 #
 # ## How sure is that number?
 #

@@ -178,12 +178,17 @@ def test_the_sampler_gap_detectors_ignore_the_staleness_of_a_proximal_lag():
 
 # ----------------------------------------------------------------- real runs
 
+@pytest.mark.parametrize("folder", ["healthy_runs", "healthy_runs_first_run"])
 @pytest.mark.parametrize("seed", [0, 1, 2])
-def test_no_false_alarm_on_whole_healthy_runs(seed):
-    """benchmarks/healthy_runs.py: `grpo-edu train` for 1,500 steps, the keys the doctor reads."""
-    with gzip.open(HEALTHY / f"seed{seed}.jsonl.gz", "rt") as f:
+def test_no_false_alarm_on_whole_healthy_runs(seed, folder):
+    """benchmarks/healthy_runs.py: `grpo-edu train` for 1,500 steps, the keys the doctor reads; the default
+    config's runs and `make train`'s (configs/cpu-first-run.toml: no KL term, so no "kl" to read)."""
+    healthy = HEALTHY.parent / folder
+    with gzip.open(healthy / f"seed{seed}.jsonl.gz", "rt") as f:
         history = [json.loads(line) for line in f]
-    config = json.loads((HEALTHY / "config.json").read_text())
+    config = json.loads((healthy / "config.json").read_text())
+    assert (config["beta"] == 0.0) == (folder == "healthy_runs_first_run")
+    assert all(("kl" in m) == (config["beta"] > 0) for m in history)
     assert len(history) == 1500 and config["steps"] == 1500
     assert all(key in m for m in history for key in ("truncated", "completion_length/mean"))   # read, not absent
     assert dx.diagnose(history, config) == []

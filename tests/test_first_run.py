@@ -138,3 +138,11 @@ def test_make_train_runs_the_setting_the_results_chose():
     assert f"[{sooner['low']:.1f}, {sooner['high']:.1f}] s" in comment
     assert re.search(re.escape(f"{final['difference']:+.3f} [{final['low']:+.3f}, {final['high']:+.3f}]")
                      .replace(r"\ ", r"\s+"), comment)
+
+
+def test_the_training_doc_carries_both_files_tables():
+    """docs/training.md's tables of time to 0.90 are the committed files' (first_run.markdown_rows)."""
+    doc = (ROOT / "docs" / "training.md").read_text()
+    for name in ("first_run.json", "first_run_sweep.json"):
+        rows = first_run.markdown_rows(json.loads((ROOT / "benchmarks" / "results" / name).read_text()))
+        assert "\n".join(rows) in doc, name
