@@ -4,7 +4,7 @@
 
 Both start from the committed tiny policy and train on the arithmetic task with
 the same reward functions (grpo_edu.environment.rewards, which have TRL's signature), B = 16
-prompts x G = 8 completions per optimizer step, lr 3e-4 with cosine decay to 0
+prompts x G = 8 completions per optimizer step, lr 3e-4 (--learning-rate) with cosine decay to 0
 over the run, beta 0.04 (--beta; 0 is TRL 1.16's default and make train's, and then neither trainer has
 a reference model) (k3, without TRL's bias-corrected KL, so both minimise the
 same loss), epsilon 0.2, loss_type "grpo", temperature 1, sample-std advantages
@@ -103,7 +103,8 @@ def run_grpo_edu(seed: int, args, held_out, engine: str = "fused") -> Run:
     with tempfile.TemporaryDirectory() as directory, stamped(rollouts, "sample_prompts", starts):
         config = TrainConfig(steps=args.steps, seed=seed, threads=args.threads, advantage_std="sample",
                              eval_every=args.steps, eval_size=len(held_out), checkpoint_every=0,
-                             progress=False, output_dir=directory, engine=engine, beta=args.beta)
+                             progress=False, output_dir=directory, engine=engine, beta=args.beta,
+                             learning_rate=args.learning_rate)
         result = trainer.train(config, log=lambda _: None)
     step_seconds = intervals(starts, args.steps, "grpo_edu.training.trainer.train (rollouts.sample_prompts)")
     phases = [sum(m[f"time/{key}"] for key in metrics.TIME_SPLIT) for m in result.history]
@@ -141,7 +142,7 @@ def run_trl(seed: int, args, held_out) -> Run:
         config = GRPOConfig(
             output_dir=directory, max_steps=args.steps, seed=seed, use_cpu=True, bf16=False,
             per_device_train_batch_size=16 * 8, num_generations=8, max_completion_length=16,
-            learning_rate=3e-4, lr_scheduler_type="cosine", warmup_steps=0, weight_decay=0.0,
+            learning_rate=args.learning_rate, lr_scheduler_type="cosine", warmup_steps=0, weight_decay=0.0,
             adam_beta1=0.9, adam_beta2=0.99, max_grad_norm=1.0, beta=args.beta, epsilon=0.2,
             loss_type="grpo", scale_rewards="group", temperature=1.0, top_k=0, top_p=1.0,
             use_bias_correction_kl=False,    # TRL 1.16's default True weights the KL by the ratio: not R1's loss
@@ -181,7 +182,11 @@ def main(argv=None) -> int:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--eval-size", type=int, default=256)
     parser.add_argument("--beta", type=float, default=0.04, help="the KL coefficient of both trainers")
+    parser.add_argument("--learning-rate", type=float, default=3e-4, help="both trainers' peak learning rate "
+                        "(make train's configs/cpu-first-run.toml: --beta 0 --learning-rate 2.5e-4)")
     args = parser.parse_args(argv)
+    if not args.learning_rate > 0:
+        parser.error(f"--learning-rate: expected a rate > 0, got {args.learning_rate}")
     if args.beta < 0:
         parser.error(f"--beta: expected a coefficient >= 0, got {args.beta}")
     if args.steps < 2:
@@ -197,7 +202,8 @@ def main(argv=None) -> int:
     policy, tokenizer = load_policy()
     start = evaluate(policy, tokenizer, held_out)["greedy_accuracy"]
     names = list(TRAINERS)
-    print(f"{args.steps} steps, seeds {args.seeds}, {args.threads} threads, beta {args.beta}; held-out greedy "
+    print(f"{args.steps} steps, seeds {args.seeds}, {args.threads} threads, beta {args.beta}, "
+          f"lr {args.learning_rate:g}; held-out greedy "
           f"accuracy at start "
           f"{start:.4f} ({len(held_out)} problems)")
     print("order rotates from seed to seed: " + "; ".join(
