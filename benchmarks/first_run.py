@@ -20,8 +20,8 @@ The runs of a setting go one after the other, and the settings rotate from seed 
 (seed index 0: A B C, 1: B C A, ...), so that a drift of a shared machine favours none.
 
 Writes FILE (default benchmarks/results/first_run.json, the runs that chose make train's setting,
-MAKE_TRAIN; first_run_sweep.json is the wider sweep before them, --out): every run's evaluations (step, training
-seconds, accuracy), its seconds and steps to 0.90, its final accuracy and per-problem greedy
+MAKE_TRAIN; first_run_sweep.json is the wider sweep before them, written with --out): every run's
+evaluations (step, training seconds, accuracy), its seconds and steps to 0.90, its final accuracy and per-problem greedy
 outcomes, and the verdicts (grpo_edu.algorithm.statistics.compare_variants) of each setting
 against "today" on the final accuracy, and on how much sooner it reached 0.90 in steps and in
 seconds (VALUES).
@@ -51,10 +51,9 @@ SETTINGS: dict[str, list[str]] = {
     "lr7e-4": ["learning_rate=7e-4"],
     "B8": ["prompts_per_step=8"],   # half the prompts per step: steps about twice as fast
     "lr2e-4": ["learning_rate=2e-4"],
-    "beta0": ["beta=0.0"],          # no KL term: no reference forward (TRL 1.16's default, DAPO): make train's configs/cpu-first-run.toml with lr2.5e-4
+    "beta0": ["beta=0.0"],          # no KL term, no reference forward (TRL 1.16's default, DAPO)
     "lr2e-4-beta0": ["learning_rate=2e-4", "beta=0.0"],
-    "beta0-warmup100": ["beta=0.0", "warmup_steps=100"],
-    "lr2.5e-4-beta0": ["learning_rate=2.5e-4", "beta=0.0"],
+    "lr2.5e-4-beta0": ["learning_rate=2.5e-4", "beta=0.0"],   # make train's (MAKE_TRAIN)
 }
 # The setting `make train` runs, as its own file (configs/cpu-first-run.toml, which states this file's figures).
 MAKE_TRAIN = "lr2.5e-4-beta0"

@@ -7,10 +7,12 @@ their metrics kept for the tests.
 Prints, per seed, the run's final accuracy, what the doctor finds (nothing, for a healthy run)
 and what the live doctor warned during training, then a row of docs/training.md's table of the
 run: the first evaluated step at or above 0.90, the final accuracy with its 95% Wilson interval,
-the minutes, the median steps per second and the median milliseconds of each part of a step. Writes OUT/seed{N}.jsonl.gz (every step's
-metrics, the keys the doctor reads, floats as logged) and OUT/config.json:
-tests/test_diagnose.py runs the doctor on them. Takes about 6 minutes a seed on a 2-core CPU
-(the committed runs: the book's pinned kernels, `env $(python -m grpo_edu.runtime.numerics) ...`).
+the minutes, the median steps per second and the median milliseconds of each part of a step.
+Writes OUT/seed{N}.jsonl.gz (every step's metrics, the keys the doctor reads, floats as logged)
+and OUT/config.json: tests/test_diagnose.py runs the doctor on them. The committed runs:
+tests/data/healthy_runs under the book's pinned kernels (`env $(python -m grpo_edu.runtime.numerics)
+...`, about 6 minutes a seed on a 2-core CPU); tests/data/healthy_runs_first_run (--config
+configs/cpu-first-run.toml) under the machine's own, as `make train` runs (1.3 to 1.5 minutes a seed).
 """
 
 from __future__ import annotations
