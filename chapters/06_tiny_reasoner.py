@@ -29,14 +29,6 @@
 # The loop is `grpo_edu.training.trainer.train`. The command `grpo-edu train` runs exactly this
 # function, with the config in `configs/cpu-tiny.toml`. This chapter runs a shorter version of
 # the same run, so that it fits in the chapter's time budget.
-#
-# `make train`, the README's first run, is this run without the KL term (`beta = 0`) and at a
-# slightly lower learning rate, in `configs/cpu-first-run.toml`. Without the KL term there is
-# no reference model, and no forward of it: about a fifth of each step. On this book's CPU
-# that run passed 90% held-out accuracy within 30 seconds of training on each of 5 seeds. It
-# got there sooner than this config and ended as accurate (`benchmarks/first_run.py`). TRL's
-# default is also `beta = 0`. This chapter keeps `beta = 0.04`, DeepSeekMath's value, so that
-# you can watch the KL term it explains.
 
 # %%
 import inspect
@@ -246,6 +238,14 @@ print(f"token positions per forward: transformers {padded} (128 rows x {ids.shap
 # learning rate is 3e-4, decaying to 0 along a cosine over the run. The loss is `grpo`, with
 # $\beta$ = 0.04 and $\varepsilon$ = 0.2, and advantages scaled by the population std. The
 # reward is accuracy + 0.5 format.
+#
+# `make train`, the README's first run, is this run without the KL term (`beta = 0`) and at a
+# slightly lower learning rate, in `configs/cpu-first-run.toml`. Without the KL term there is
+# no reference model, and no forward of it: about a fifth of each step. On this book's CPU
+# that run passed 90% held-out accuracy within 30 seconds of training on each of 5 seeds. It
+# got there sooner than this config and ended as accurate (`benchmarks/first_run.py`). TRL's
+# default is also `beta = 0`. This chapter keeps $\beta$ = 0.04, DeepSeekMath's value, so that
+# you can watch the KL term it explains.
 
 # %% tags=["platform-numerics"]
 config = TrainConfig.from_toml(home.path("configs/cpu-tiny.toml"),
