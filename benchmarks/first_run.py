@@ -111,15 +111,22 @@ def run_one(setting: str, seed: int, args) -> dict:
             "evaluations": evaluations, "greedy_correct": outcomes}
 
 
-def summary_lines(payload: dict) -> list[str]:
-    lines = [f"{'setting':<16} {'seconds to 0.90 per seed':<44} {'steps to 0.90':<32} final accuracy (mean)"]
+def per_setting(payload: dict, joiner: str, digits: int):
+    """Each setting of the file with its seeds' seconds to 0.90, steps to 0.90 and final accuracies, each
+    joined by `joiner`, and the mean final accuracy (to `digits`)."""
     for setting in payload["settings"]:
         runs = sorted((r for r in payload["runs"] if r["setting"] == setting), key=lambda r: r["seed"])
-        seconds = " ".join("never" if r["seconds_to_90"] is None else f"{r['seconds_to_90']:.1f}" for r in runs)
-        steps = " ".join(str(r["steps_to_90"]) for r in runs)
         finals = [r["final_accuracy"] for r in runs]
-        lines.append(f"{setting:<16} {seconds:<44} {steps:<32} "
-                     f"{' '.join(f'{a:.4f}' for a in finals)} ({statistics.mean(finals):.4f})")
+        yield (setting,
+               joiner.join("never" if r["seconds_to_90"] is None else f"{r['seconds_to_90']:.1f}" for r in runs),
+               joiner.join(str(r["steps_to_90"]) for r in runs),
+               f"{joiner.join(f'{a:.{digits}f}' for a in finals)} ({statistics.mean(finals):.{digits}f})")
+
+
+def summary_lines(payload: dict) -> list[str]:
+    lines = [f"{'setting':<16} {'seconds to 0.90 per seed':<44} {'steps to 0.90':<32} final accuracy (mean)"]
+    for setting, seconds, steps, finals in per_setting(payload, " ", 4):
+        lines.append(f"{setting:<16} {seconds:<44} {steps:<32} {finals}")
     lines.append("")
     for name, verdict in payload["verdicts"].items():
         lines.append(f"{name}: {verdict['words']}")
@@ -129,15 +136,8 @@ def summary_lines(payload: dict) -> list[str]:
 def markdown_rows(payload: dict) -> list[str]:
     """docs/training.md's table of the file: per setting, each seed's training seconds and steps to 0.90,
     and its final accuracies (a test keeps the doc's rows equal to these)."""
-    rows = []
-    for setting in payload["settings"]:
-        runs = sorted((r for r in payload["runs"] if r["setting"] == setting), key=lambda r: r["seed"])
-        seconds = " / ".join("never" if r["seconds_to_90"] is None else f"{r['seconds_to_90']:.1f}" for r in runs)
-        steps = " / ".join(str(r["steps_to_90"]) for r in runs)
-        finals = [r["final_accuracy"] for r in runs]
-        rows.append(f"| `{setting}` | {' '.join(payload['overrides'][setting]) or '(cpu-tiny.toml)'} | {seconds} | "
-                    f"{steps} | {' / '.join(f'{a:.3f}' for a in finals)} ({statistics.mean(finals):.3f}) |")
-    return rows
+    return [f"| `{setting}` | {' '.join(payload['overrides'][setting]) or '(cpu-tiny.toml)'} | {seconds} | {steps} | "
+            f"{finals} |" for setting, seconds, steps, finals in per_setting(payload, " / ", 3)]
 
 
 # The verdicts' values: (name in the file, what it reads of a run). Time to 0.90 is compared as its
