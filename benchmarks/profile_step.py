@@ -1,11 +1,13 @@
 """One step of the default run, profiled: where its time goes, and how far it is from what its
 arithmetic needs.
 
-    python benchmarks/profile_step.py [--warmup 30] [--steps 30] [--threads 2] [--out FILE]
+    python benchmarks/profile_step.py [--config FILE] [--warmup 30] [--steps 30] [--threads 2] [--out FILE]
     ATEN_CPU_CAPABILITY=avx2 python benchmarks/profile_step.py --out benchmarks/results/profile_step_avx2.json
+    python benchmarks/profile_step.py --config configs/cpu-first-run.toml --out benchmarks/results/profile_step_first_run.json
 
-The run is configs/cpu-tiny.toml's (B = 16 prompts x G = 8 completions, the fused engine), with
-no evaluation inside the measured steps. After --warmup steps it measures --steps steps twice:
+The run is configs/cpu-tiny.toml's (B = 16 prompts x G = 8 completions, the fused engine), or
+--config's (make train's: no reference model, so no scoring forward), with no evaluation inside
+the measured steps. After --warmup steps it measures --steps steps twice:
 
 1. Unprofiled: each phase's milliseconds per step, the trainer's own time/rollout, time/scoring
    and time/update (median over the steps), and the whole step.
@@ -143,17 +145,19 @@ class Counts:
                            "prompt_context": prompt_context, "completion_context": completion_context})
 
 
-def floor_ms(shapes: dict, step: dict, rate: float) -> dict:
-    """The step's FLOPs by phase and their milliseconds at `rate` FLOP/s."""
+def floor_ms(shapes: dict, step: dict, rate: float, reference: bool = True) -> dict:
+    """The step's FLOPs by phase and their milliseconds at `rate` FLOP/s; reference: whether scoring runs
+    the reference's forward (beta > 0), else scoring needs no matrix products."""
     prefill = forward_flops(shapes, step["prompt_tokens"], step["prompt_context"])
     decode = forward_flops(shapes, step["completion_tokens"], step["completion_context"])
     packed = prefill + decode   # each prompt once, each completion token once
-    flops = {"rollout": packed, "scoring": packed, "update": 3 * packed}
+    flops = {"rollout": packed, "scoring": packed if reference else 0.0, "update": 3 * packed}
     return {"flops": flops, "ms": {phase: 1e3 * f / rate for phase, f in flops.items()}}
 
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--config", default=None, help="TOML config (default: configs/cpu-tiny.toml)")
     parser.add_argument("--warmup", type=int, default=30)
     parser.add_argument("--steps", type=int, default=30)
     parser.add_argument("--threads", type=int, default=2)
@@ -171,7 +175,7 @@ def main(argv=None) -> int:
     counts = Counts()
     total = args.warmup + 2 * args.steps
     with tempfile.TemporaryDirectory() as directory:
-        base = TrainConfig.from_toml(DEFAULT_CONFIG).to_dict()
+        base = TrainConfig.from_toml(args.config or DEFAULT_CONFIG).to_dict()
         config = TrainConfig.from_dict({**base, "steps": total + 1, "threads": args.threads, "eval_every": 10 ** 9,
                                         "eval_size": 16, "checkpoint_every": 0, "progress": False,
                                         "output_dir": directory})
@@ -232,14 +236,15 @@ def main(argv=None) -> int:
     per_step = counts.steps[args.warmup:args.warmup + args.steps]
     mean_step = {key: statistics.mean(s[key] for s in per_step) for key in per_step[0]}
     rate = matmul_rate(args.threads)
-    floor = floor_ms(shapes, mean_step, rate)
+    floor = floor_ms(shapes, mean_step, rate, reference=config.beta > 0)
     decodes = statistics.mean(decode_steps[args.warmup:args.warmup + args.steps])
     capability = torch.backends.cpu.get_cpu_capability()
     cpu_model = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
                       if line.startswith("model name")), platform.processor()) if Path("/proc/cpuinfo").exists() \
         else platform.processor()
     payload = {
-        "written_by": "benchmarks/profile_step.py", "warmup": args.warmup, "steps": args.steps,
+        "written_by": "benchmarks/profile_step.py", "config": Path(args.config or DEFAULT_CONFIG).name,
+        "warmup": args.warmup, "steps": args.steps,
         "threads": args.threads, "torch": torch.__version__, "cpu_capability": capability,
         "ATEN_CPU_CAPABILITY": os.environ.get("ATEN_CPU_CAPABILITY", ""), "cpu": cpu_model,
         "machine": platform.machine(), "shapes": shapes, "tokens_per_step": mean_step,

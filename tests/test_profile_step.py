@@ -37,6 +37,9 @@ def test_the_floor_by_hand():
     floor = profile_step.floor_ms(shapes, step, rate=1e9)
     assert floor["flops"] == {"rollout": forward, "scoring": forward, "update": 3 * forward}
     assert floor["ms"]["update"] == pytest.approx(3e3 * forward / 1e9)
+    # beta = 0 (make train's config): no reference, so scoring's floor is 0, the others unchanged
+    alone = profile_step.floor_ms(shapes, step, rate=1e9, reference=False)
+    assert alone["flops"] == {"rollout": forward, "scoring": 0.0, "update": 3 * forward}
 
 
 def test_a_short_profile_writes_every_figure(tmp_path, capsys):
