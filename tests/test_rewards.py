@@ -47,6 +47,17 @@ def test_parse_number_rejects(text):
     assert parse_number(text) is None
 
 
+def test_parse_number_remembers_short_answers_only():
+    """A repeated answer is parsed once (the cache), to the same value; an over-long text is refused
+    before the cache, so it never holds one."""
+    from grpo_edu.environment import rewards
+    rewards._parse_number.cache_clear()
+    assert parse_number("\\text{1,234}") == parse_number("\\text{1,234}") == 1234
+    assert rewards._parse_number.cache_info().hits == 1 and rewards._parse_number.cache_info().currsize == 1
+    assert parse_number("1" * (2 * rewards.MAX_ANSWER_CHARS + 1)) is None
+    assert rewards._parse_number.cache_info().currsize == 1
+
+
 def test_accuracy_normalises_numbers_and_rejects_wrong_answers():
     completions = ["<think>x</think>\\boxed{132}", "<think>x</think>\\boxed{0132}",
                    "<think>x</think>\\boxed{132.0}", "<think>x</think>\\boxed{133}",
