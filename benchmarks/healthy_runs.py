@@ -12,7 +12,7 @@ Writes OUT/seed{N}.jsonl.gz (every step's metrics, the keys the doctor reads, fl
 and OUT/config.json: tests/test_diagnose.py runs the doctor on them. The committed runs:
 tests/data/healthy_runs under the book's pinned kernels (`env $(python -m grpo_edu.runtime.numerics)
 ...`, about 6 minutes a seed on a 2-core CPU); tests/data/healthy_runs_first_run (--config
-configs/cpu-first-run.toml) under the machine's own, as `make train` runs (1.3 to 1.5 minutes a seed).
+configs/cpu-first-run.toml) under the machine's own, as `make train` runs (about 1.2 minutes a seed).
 """
 
 from __future__ import annotations
