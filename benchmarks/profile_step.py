@@ -174,8 +174,9 @@ def main(argv=None) -> int:
 
     counts = Counts()
     total = args.warmup + 2 * args.steps
+    config_path = Path(args.config or DEFAULT_CONFIG)
     with tempfile.TemporaryDirectory() as directory:
-        base = TrainConfig.from_toml(args.config or DEFAULT_CONFIG).to_dict()
+        base = TrainConfig.from_toml(config_path).to_dict()
         config = TrainConfig.from_dict({**base, "steps": total + 1, "threads": args.threads, "eval_every": 10 ** 9,
                                         "eval_size": 16, "checkpoint_every": 0, "progress": False,
                                         "output_dir": directory})
@@ -212,6 +213,7 @@ def main(argv=None) -> int:
         finally:
             trainer.add_logprobs = score
         shapes = policy_shapes(run.models.full_policy)
+        reference = run.models.reference_logprobs is not None   # beta > 0: scoring runs the reference's forward
 
     measured = {phase: 1e3 * statistics.median(m[f"time/{phase}"] for m in unprofiled) for phase in PHASES}
     step_ms = 1e3 * unprofiled_seconds / args.steps
@@ -236,14 +238,14 @@ def main(argv=None) -> int:
     per_step = counts.steps[args.warmup:args.warmup + args.steps]
     mean_step = {key: statistics.mean(s[key] for s in per_step) for key in per_step[0]}
     rate = matmul_rate(args.threads)
-    floor = floor_ms(shapes, mean_step, rate, reference=config.beta > 0)
+    floor = floor_ms(shapes, mean_step, rate, reference=reference)
     decodes = statistics.mean(decode_steps[args.warmup:args.warmup + args.steps])
     capability = torch.backends.cpu.get_cpu_capability()
     cpu_model = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
                       if line.startswith("model name")), platform.processor()) if Path("/proc/cpuinfo").exists() \
         else platform.processor()
     payload = {
-        "written_by": "benchmarks/profile_step.py", "config": Path(args.config or DEFAULT_CONFIG).name,
+        "written_by": "benchmarks/profile_step.py", "config": config_path.name,
         "warmup": args.warmup, "steps": args.steps,
         "threads": args.threads, "torch": torch.__version__, "cpu_capability": capability,
         "ATEN_CPU_CAPABILITY": os.environ.get("ATEN_CPU_CAPABILITY", ""), "cpu": cpu_model,

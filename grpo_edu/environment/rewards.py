@@ -184,8 +184,8 @@ def parse_number(text: str) -> Fraction | None:
 
 # Answers repeat, within a step (G completions of one prompt, its reference answer for each) and across
 # steps. Remembered, a step of make train's run scores in 1.5 ms instead of 2.7 (the same numbers to the
-# bit; measured on this project's 2-core CPU, medians of 200 steps, two runs each). A Fraction is immutable, so sharing one is safe; keys are at most
-# 2 x MAX_ANSWER_CHARS characters, so the cache holds at most a few MB.
+# bit; this project's 2-core CPU, medians of 200 steps, two runs each). A Fraction is immutable, so
+# sharing one is safe; keys are at most 2 x MAX_ANSWER_CHARS characters: the cache holds a few MB at most.
 @functools.lru_cache(maxsize=1 << 14)
 def _parse_number(text: str) -> Fraction | None:
     text = normalise_answer(text)
