@@ -155,6 +155,34 @@ def floor_ms(shapes: dict, step: dict, rate: float, reference: bool = True) -> d
     return {"flops": flops, "ms": {phase: 1e3 * f / rate for phase, f in flops.items()}}
 
 
+def check_positive(parser: argparse.ArgumentParser, args: argparse.Namespace, names) -> None:
+    """A one-line error for the first of `names` that is not a positive number."""
+    for name in names:
+        if getattr(args, name) < 1:
+            parser.error(f"--{name}: expected a positive number, got {getattr(args, name)}")
+
+
+def quiet_run(config_path: Path, steps: int, threads: int, directory: str):
+    """trainer.set_up for `steps` steps of the config at config_path, on `threads` threads, writing
+    into `directory`: no evaluation inside them, no checkpoint, no progress line, no log."""
+    from grpo_edu.training import trainer
+    from grpo_edu.training.config import TrainConfig
+
+    base = TrainConfig.from_toml(config_path).to_dict()
+    config = TrainConfig.from_dict({**base, "steps": steps, "threads": threads, "eval_every": 10 ** 9,
+                                    "eval_size": 16, "checkpoint_every": 0, "progress": False,
+                                    "output_dir": directory})
+    return trainer.set_up(config, log=lambda _: None)
+
+
+def write_results(out: Path, payload: dict, table: str) -> None:
+    """The results file (JSON), then its table and where it went on standard output."""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(payload, indent=1) + "\n")
+    print(table)
+    print(f"wrote {out}")
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--config", default=None, help="TOML config (default: configs/cpu-tiny.toml)")
@@ -163,24 +191,18 @@ def main(argv=None) -> int:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--out", default=str(OUT))
     args = parser.parse_args(argv)
-    for name in ("warmup", "steps", "threads"):
-        if getattr(args, name) < 1:
-            parser.error(f"--{name}: expected a positive number, got {getattr(args, name)}")
+    check_positive(parser, args, ("warmup", "steps", "threads"))
 
     from torch.profiler import ProfilerActivity, profile, record_function
 
     from grpo_edu.training import trainer
-    from grpo_edu.training.config import DEFAULT_CONFIG, TrainConfig
+    from grpo_edu.training.config import DEFAULT_CONFIG
 
     counts = Counts()
     total = args.warmup + 2 * args.steps
     config_path = Path(args.config or DEFAULT_CONFIG)
     with tempfile.TemporaryDirectory() as directory:
-        base = TrainConfig.from_toml(config_path).to_dict()
-        config = TrainConfig.from_dict({**base, "steps": total + 1, "threads": args.threads, "eval_every": 10 ** 9,
-                                        "eval_size": 16, "checkpoint_every": 0, "progress": False,
-                                        "output_dir": directory})
-        run = trainer.set_up(config, log=lambda _: None)
+        run = quiet_run(config_path, total + 1, args.threads, directory)
         rollout_next, score, optimise = run.rollouts.next, trainer.add_logprobs, run.optimise
         decode_steps: list[int] = []
 
@@ -259,11 +281,7 @@ def main(argv=None) -> int:
         "fraction_of_floor": {**{p: round(floor["ms"][p] / measured[p], 4) for p in PHASES},
                               "step": round(sum(floor["ms"].values()) / step_ms, 4)},
     }
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(payload, indent=1) + "\n")
-    print(report(payload))
-    print(f"wrote {out}")
+    write_results(Path(args.out), payload, report(payload))
     return 0
 
 

@@ -1,0 +1,113 @@
+"""benchmarks/speed_probes.py: its per-completion masks by hand, its attentions equal to each other
+where they compute the same thing, and a short run that writes every figure the docs quote."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+import speed_probes  # noqa: E402
+
+
+def test_per_completion_masks_by_hand():
+    # One prompt [pad, a, b] with G = 2 completions: [c, d] and [e, pad].
+    prompt_mask = torch.tensor([[0, 1, 1]])
+    completion_mask = torch.tensor([[[1, 1], [1, 0]]])
+    prompts, completions = speed_probes.per_completion_masks(prompt_mask, completion_mask)
+    assert prompts.shape == (1, 1, 3, 3) and completions.shape == (2, 1, 2, 5)
+    assert prompts[0, 0].int().tolist() == [[1, 0, 0],     # the padding query sees itself only
+                                            [0, 1, 0],
+                                            [0, 1, 1]]
+    assert completions[0, 0].int().tolist() == [[0, 1, 1, 1, 0],   # c: the prompt's a, b and itself
+                                                [0, 1, 1, 1, 1]]   # d: a, b, c and itself
+    assert completions[1, 0].int().tolist() == [[0, 1, 1, 1, 0],   # e
+                                                [0, 1, 1, 1, 1]]   # the padding after e: a, b, e, itself (never scored)
+
+
+def test_the_eager_attention_is_the_fused_one():
+    generator = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(2, 4, 7, 8, generator=generator, dtype=torch.float64) for _ in range(3))
+    mask = (torch.rand(2, 1, 7, 7, generator=generator) < 0.5) | torch.eye(7, dtype=torch.bool)
+    torch.testing.assert_close(speed_probes.packed_eager(q, k, v, mask), speed_probes.packed_sdpa(q, k, v, mask),
+                               rtol=1e-12, atol=1e-12)
+
+
+def test_the_per_completion_attention_is_the_packed_one():
+    """What the probe times per completion is the function the packed grid computes, for the
+    completions' queries: the same outputs (float64), so the two timings compare like with like."""
+    generator = torch.Generator().manual_seed(1)
+    P, S, G, D = 3, 2, 2, 4
+    prompt_mask = torch.tensor([[0, 1, 1]])
+    completion_mask = torch.tensor([[[1, 1], [1, 0]]])
+    pk, pv = (torch.randn(1, 1, P, D, generator=generator, dtype=torch.float64) for _ in range(2))
+    cq, ck, cv = (torch.randn(G, 1, S, D, generator=generator, dtype=torch.float64) for _ in range(3))
+    _, completions = speed_probes.per_completion_masks(prompt_mask, completion_mask)
+    alone = F.scaled_dot_product_attention(cq, torch.cat([pk.expand(G, -1, -1, -1), ck], 2),
+                                           torch.cat([pv.expand(G, -1, -1, -1), cv], 2), attn_mask=completions)
+    # The packed grid: [prompt | completion 1 | completion 2], completion g sees the prompt and itself.
+    grid_k = torch.cat([pk, ck[0:1], ck[1:2]], 2)
+    grid_v = torch.cat([pv, cv[0:1], cv[1:2]], 2)
+    grid_q = torch.cat([torch.zeros(1, 1, P, D, dtype=torch.float64), cq[0:1], cq[1:2]], 2)
+    block = torch.tensor([-1] * P + [0] * S + [1] * S)
+    real = torch.cat([prompt_mask[0], completion_mask[0].reshape(-1)]).bool()
+    L = P + G * S
+    visible = (block[None, :] == -1) | (block[None, :] == block[:, None])
+    mask = (torch.ones(L, L, dtype=torch.bool).tril() & visible & real[None, :]) | torch.eye(L, dtype=torch.bool)
+    packed = speed_probes.packed_sdpa(grid_q, grid_k, grid_v, mask)[0, 0, P:].view(G, S, D)
+    scored = completion_mask[0].bool()
+    torch.testing.assert_close(alone[:, 0][scored], packed[scored], rtol=1e-12, atol=1e-12)
+
+
+def test_a_short_run_writes_every_figure(tmp_path, capsys, monkeypatch):
+    # torch.compile itself takes ~10 s; here it is the identity, which still runs the probe's path.
+    monkeypatch.setattr(torch, "compile", lambda function, **options: function)
+    out = tmp_path / "probes.json"
+    assert speed_probes.main(["--warmup", "2", "--repeats", "1", "--threads", "1", "--out", str(out)]) == 0
+    payload = json.loads(out.read_text())
+    assert set(payload["attention"]["ms"]) == {"packed", "per completion", "packed, eager"}
+    assert all(ms > 0 for ms in payload["attention"]["ms"].values())
+    B, heads, L, D = payload["attention"]["shapes"]["packed"]
+    assert (B, heads, D) == (16, 4, 32) and payload["attention"]["shapes"]["completions"][0] == 128
+    assert set(payload["compile"]["ms"]) == {"eager", "compiled"} and payload["compile"]["compile_seconds"] >= 0
+    assert set(payload["sampler_threads"]["ms"]) == {"1 thread"}
+    assert payload["threads"] == 1 and payload["cpu_capability"]
+    assert "attention of one layer" in capsys.readouterr().out
+    assert torch.get_num_threads() == 1
+
+
+def test_bad_arguments_are_one_line():
+    with pytest.raises(SystemExit):
+        speed_probes.main(["--repeats", "0"])
+
+
+def test_the_docs_quote_the_results():
+    """docs/training.md's "Why not 3x": the probes' table is the committed files', and the bound
+    without Python is computed from the profile of make train's step and the vs_trl table above it."""
+    doc = (ROOT / "docs" / "training.md").read_text()
+    results = ROOT / "benchmarks" / "results"
+    native, avx2 = (json.loads((results / name).read_text()) for name in ("speed_probes.json", "speed_probes_avx2.json"))
+    assert native["cpu_capability"] == "AVX512" and avx2["ATEN_CPU_CAPABILITY"] == "avx2"
+    for row in speed_probes.markdown_rows(native, avx2):
+        assert row in doc, row
+    compile_seconds = (native["compile"]["compile_seconds"], avx2["compile"]["compile_seconds"])
+    assert f"({compile_seconds[0]} s with the compiler's cache warm, {compile_seconds[1]} s" in doc
+    section = " ".join(doc.split("### Why not 3x")[1].split("## Speed")[0].split())
+    profiled = json.loads((results / "profile_step_first_run.json").read_text())["profiled_ms"]
+    total = sum(phase["total"] for phase in profiled.values())
+    python = sum(phase["Python and dispatch"] for phase in profiled.values())
+    arithmetic = sum(phase["matrix products"] + phase["attention"] for phase in profiled.values())
+    ours, trl = 0.051, 0.124   # the AVX-512 rows of the table at make train's setting
+    assert f"| AVX-512 | grpo_edu | {ours} |" in doc and f"| AVX-512 | TRL 1.16 GRPOTrainer | {trl} |" in doc
+    without = ours * (1 - python / total)
+    assert (f"{arithmetic:.1f} of its {total:.1f} profiled ms" in section
+            and f"{python:.1f} ms ({python / total:.0%})" in section
+            and f"about {without:.3f} s: {trl / without:.2f}x" in section
+            and f"means {trl / 3:.3f} s a step, not {ours:.3f}" in section)
