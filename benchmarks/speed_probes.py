@@ -1,12 +1,13 @@
-"""Ways to a faster `make train` step that were tried and did not help, each timed against what
-the step does now, on the shapes of a real step.
+"""Other ways of computing a `make train` step, each timed against what the step does now, on the
+shapes of a real step: what was tried on the way to 3x TRL's speed (docs/training.md, "Why not 3x").
 
     python benchmarks/speed_probes.py [--warmup 40] [--repeats 30] [--threads 2] [--out FILE]
     ATEN_CPU_CAPABILITY=avx2 python benchmarks/speed_probes.py --out benchmarks/results/speed_probes_avx2.json
 
 The run is configs/cpu-first-run.toml's (make train's). After --warmup training steps the script
-keeps the last step's rollout and times each probe (the median of --repeats; compared things
-alternate, so that the machine's drift falls on both):
+keeps the last step's rollout and times each probe. The ways compared alternate call by call, so
+that the machine's drift falls on all of them; each gets its median ms and, against the first (what
+the step does now), the median of the paired differences with its 95% interval (`timed`):
 
 1. attention: the update's causal attention of one layer, forward and backward, on the q, k, v
    and mask the fused forward built for that rollout (grpo_edu.sampling.fused_llama), three ways:
@@ -16,12 +17,15 @@ alternate, so that the machine's drift falls on both):
      prompt's keys computed once and repeated, as a KV cache shares them), the same fused
      attention, plus the prompts' own causal attention: smaller problems, no wasted entries;
    - packed, eager: q k^T, the mask as -inf, softmax, times v (transformers' "eager" attention).
+   --repeats calls each.
 2. compile: the fused forward and backward of the whole update batch, eager and with the layers
-   under torch.compile (one fixed shape, so it compiles once: a best case), and the compile's own
-   seconds. Without a C++ compiler it fails; the results file then says why. What the compiler
-   warned is kept (inductor generates no code for complex numbers, which the fused forward's
-   rotary embedding uses: that multiplication stays eager).
-3. sampler threads: one rollout of the same prompts with --threads threads and with one.
+   under torch.compile (one fixed shape, so it compiles once: a best case), 3 x --repeats calls
+   each (the difference is small), and the compile's own seconds from an empty compiler cache.
+   Without a C++ compiler it fails; the results file then says why. What the compiler warned is
+   kept (inductor generates no code for complex numbers, which the fused forward's rotary
+   embedding uses: that multiplication stays eager).
+3. sampler threads: one rollout of the same prompts with --threads threads and with one,
+   --repeats / 3 calls each (at least 5).
 
 Writes FILE (default benchmarks/results/speed_probes.json) and prints a table.
 """
@@ -47,8 +51,13 @@ OUT = Path(__file__).parent / "results" / "speed_probes.json"
 CONFIG = Path(__file__).resolve().parents[1] / "configs" / "cpu-first-run.toml"
 
 
-def timed(functions: dict, repeats: int, warmup: int = 3) -> dict[str, float]:
-    """Median milliseconds of each of `functions` (name -> callable), the calls alternating."""
+def timed(functions: dict, repeats: int, warmup: int = 3) -> dict:
+    """Each of `functions` (name -> callable) called `repeats` times, the calls alternating.
+
+    Returns {"ms": each one's median milliseconds, "minus_first": for each but the first, the median
+    of its paired differences from the first (call i of it minus call i of the first, in ms) and that
+    median's 95% interval (`median_interval`)}.
+    """
     for function in functions.values():
         for _ in range(warmup):
             function()
@@ -58,7 +67,27 @@ def timed(functions: dict, repeats: int, warmup: int = 3) -> dict[str, float]:
             start = time.perf_counter()
             function()
             seconds[name].append(time.perf_counter() - start)
-    return {name: round(1e3 * statistics.median(values), 3) for name, values in seconds.items()}
+    first, *others = seconds
+    differences = {name: [1e3 * (a - b) for a, b in zip(seconds[name], seconds[first])] for name in others}
+    return {"ms": {name: round(1e3 * statistics.median(values), 3) for name, values in seconds.items()},
+            "minus_first": {name: {"median": round(statistics.median(d), 3),
+                                   "interval": [round(x, 3) for x in median_interval(d)]}
+                            for name, d in differences.items()}}
+
+
+def median_interval(values: list[float], level: float = 0.95) -> tuple[float, float]:
+    """A distribution-free interval for the median of `values` (the sign test's): the order statistics
+    k and n + 1 - k, k the largest with P(Binomial(n, 1/2) < k) <= (1 - level) / 2; with too few values
+    for one, (-inf, inf)."""
+    n, tail = len(values), (1 - level) / 2
+    k, below = 0, 0.0
+    while below + math.comb(n, k) / 2 ** n <= tail:
+        below += math.comb(n, k) / 2 ** n
+        k += 1
+    if k == 0:
+        return -math.inf, math.inf
+    ordered = sorted(values)
+    return ordered[k - 1], ordered[n - k]
 
 
 def forward_backward(attend, *tensors) -> None:
@@ -108,44 +137,53 @@ def attention_probe(batch, packed: tuple, heads: int, head_dim: int, repeats: in
         out = F.scaled_dot_product_attention(cq, keys, values, attn_mask=completion_masks)
         return prompt_out.sum() + out.sum()
 
-    ms = timed({"packed": lambda: forward_backward(packed_sdpa, q, k, v, mask),
-                "per completion": lambda: forward_backward(per_completion, pq, pk, pv, cq, ck, cv),
-                "packed, eager": lambda: forward_backward(packed_eager, q, k, v, mask)}, repeats)
     return {"shapes": {"packed": list(q.shape), "prompts": [B, heads, P, head_dim],
                        "completions": [B * G, heads, S, head_dim], "keys per completion": P + S},
-            "ms": ms}
+            **timed({"packed": lambda: forward_backward(packed_sdpa, q, k, v, mask),
+                     "per completion": lambda: forward_backward(per_completion, pq, pk, pv, cq, ck, cv),
+                     "packed, eager": lambda: forward_backward(packed_eager, q, k, v, mask)}, repeats)}
 
 
 def compile_probe(model, flat, group_size: int, repeats: int) -> dict:
     """The update batch's fused forward and backward, eager and with the layers compiled (2)."""
     from grpo_edu.sampling import fused_llama
 
-    def update():
+    layers = fused_llama._forward
+
+    def update(forward):
+        fused_llama._forward = forward
         logp = fused_llama.completion_logprobs(model, flat["input_ids"], flat["attention_mask"],
                                                flat["completion_mask"], group_size=group_size)
         logp.sum().backward()
         model.zero_grad(set_to_none=True)
 
-    eager = timed({"eager": update}, repeats)["eager"]
-    layers = fused_llama._forward
+    # A cache of its own, empty: the compile's seconds are a first compile's, as on a reader's machine.
+    cache, given = tempfile.TemporaryDirectory(), os.environ.get("TORCHINDUCTOR_CACHE_DIR")
+    os.environ["TORCHINDUCTOR_CACHE_DIR"] = cache.name
     try:
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
-            fused_llama._forward = torch.compile(layers, dynamic=False)
+            compiled = torch.compile(layers, dynamic=False)
             start = time.perf_counter()
-            update()
+            update(compiled)
             compile_seconds = time.perf_counter() - start
-        compiled = timed({"compiled": update}, repeats)["compiled"]
+        times = timed({"eager": lambda: update(layers), "compiled": lambda: update(compiled)}, repeats)
     except Exception as error:   # no compiler, or an operator inductor cannot lower
-        return {"ms": {"eager": eager}, "failed": f"{type(error).__name__}: {str(error).splitlines()[0][:300]}"}
+        return {**timed({"eager": lambda: update(layers)}, repeats),
+                "failed": f"{type(error).__name__}: {str(error).splitlines()[0][:300]}"}
     finally:
         fused_llama._forward = layers
         torch._dynamo.reset()
-    # What the compiler said while compiling (inductor does not generate code for the rotary
-    # embedding's complex multiplication, for one), each message once.
-    said = sorted({str(w.message).splitlines()[0][:200] for w in caught if "compile" in w.filename
-                   or "_inductor" in w.filename or "_dynamo" in w.filename})
-    return {"ms": {"eager": eager, "compiled": compiled}, "compile_seconds": round(compile_seconds, 1),
+        if given is None:
+            os.environ.pop("TORCHINDUCTOR_CACHE_DIR")
+        else:
+            os.environ["TORCHINDUCTOR_CACHE_DIR"] = given
+        cache.cleanup()
+    # What the compiler warned while compiling (that it generates no code for the rotary
+    # embedding's complex multiplication, for one), each message once; not deprecation notices.
+    said = sorted({str(w.message).splitlines()[0][:200] for w in caught
+                   if not issubclass(w.category, (DeprecationWarning, FutureWarning))})
+    return {**times, "compile_seconds": round(compile_seconds, 1),
             "compiler_warnings": said}
 
 
@@ -196,7 +234,7 @@ def main(argv=None) -> int:
             fused_llama._attend = attend
         weights = fused_llama.fuse(model)
         attention = attention_probe(batch, seen[0], weights.heads, weights.head_dim, args.repeats)
-        compiled = compile_probe(model, flat, batch.group_size, args.repeats)
+        compiled = compile_probe(model, flat, batch.group_size, 3 * args.repeats)   # a small difference: more calls
 
         rollout_args, rollout_options = kept["rollout"]
         sample = {}
@@ -213,7 +251,7 @@ def main(argv=None) -> int:
         "repeats": args.repeats, "threads": args.threads, "torch": torch.__version__,
         "cpu_capability": torch.backends.cpu.get_cpu_capability(),
         "ATEN_CPU_CAPABILITY": os.environ.get("ATEN_CPU_CAPABILITY", ""), "machine": platform.machine(),
-        "attention": attention, "compile": compiled, "sampler_threads": {"ms": threads},
+        "attention": attention, "compile": compiled, "sampler_threads": threads,
     }
     write_results(Path(args.out), payload, report(payload))
     return 0
@@ -228,33 +266,47 @@ ROWS = (  # (what is timed, now, tried instead, the results' section, now's key,
 )
 
 
+def difference(results: dict, key: str, digits: int) -> str:
+    """'+1.34 [+1.20, +1.51]': the tried way's paired difference from now's, ms, with its 95% interval."""
+    d = results["minus_first"][key]
+    low, high = d["interval"]
+    return f"{d['median']:+.{digits}f} [{low:+.{digits}f}, {high:+.{digits}f}]"
+
+
 def markdown_rows(native: dict, avx2: dict) -> list[str]:
-    """docs/training.md's table rows: each probe's now and tried ms, on the machine's own kernels and on AVX2."""
-    rows = []
-    for what, now, tried, section, now_key, tried_key in ROWS:
-        figures = [f"{results[section]['ms'][key]:.{2 if section == 'attention' else 1}f}"
-                   for results in (native, avx2) for key in (now_key, tried_key)]
-        rows.append(f"| {what} | {now} | {tried} | " + " | ".join(figures) + " |")
-    threads = [f"{ms:.1f}" for results in (native, avx2) for ms in results["sampler_threads"]["ms"].values()]
+    """docs/training.md's table rows: each probe's now and tried ms and their paired difference, on
+    the machine's own kernels, then on AVX2."""
+    probes = [(what, now, tried, section, now_key, tried_key) for what, now, tried, section, now_key, tried_key in ROWS]
     first = next(iter(native["sampler_threads"]["ms"]))
-    rows.append(f"| one rollout | {first} | 1 thread | " + " | ".join(threads) + " |")
+    probes.append(("one rollout", first, "1 thread", "sampler_threads", first, "1 thread"))
+    rows = []
+    for what, now, tried, section, now_key, tried_key in probes:
+        digits = 2 if section == "attention" else 1
+        cells = []
+        for results in (native, avx2):
+            ms = results[section]["ms"]
+            cells += [f"{ms[now_key]:.{digits}f} / {ms[tried_key]:.{digits}f}", difference(results[section], tried_key, digits)]
+        rows.append(f"| {what} | {now} | {tried} | " + " | ".join(cells) + " |")
     return rows
 
 
 def report(payload: dict) -> str:
+    def line(title: str, results: dict) -> str:
+        figures = ", ".join(f"{name} {ms:.2f}" for name, ms in results["ms"].items())
+        against = "; ".join(f"{name} - {next(iter(results['ms']))}: {difference(results, name, 2)}"
+                            for name in results["minus_first"])
+        return f"  {title}: {figures}" + (f" (paired, 95%: {against})" if against else "")
+
     lines = [f"speed probes, {payload['config']}, {payload['threads']} threads, "
-             f"{payload['cpu_capability']} kernels (median ms)"]
-    attention = payload["attention"]["ms"]
-    lines.append("  attention of one layer, forward + backward: "
-                 + ", ".join(f"{name} {ms:.2f}" for name, ms in attention.items()))
+             f"{payload['cpu_capability']} kernels (median ms)",
+             line("attention of one layer, forward + backward", payload["attention"]),
+             line("the update's fused forward + backward", payload["compile"])]
     compiled = payload["compile"]
-    line = "  the update's fused forward + backward: " + ", ".join(f"{n} {ms:.1f}" for n, ms in compiled["ms"].items())
     if "compile_seconds" in compiled:
-        line += f" (compiling took {compiled['compile_seconds']} s)"
+        lines.append(f"    compiling took {compiled['compile_seconds']} s")
     if "failed" in compiled:
-        line += f"; torch.compile failed: {compiled['failed']}"
-    lines.append(line)
-    lines.append("  one rollout: " + ", ".join(f"{n} {ms:.1f}" for n, ms in payload["sampler_threads"]["ms"].items()))
+        lines.append(f"    torch.compile failed: {compiled['failed']}")
+    lines.append(line("one rollout", payload["sampler_threads"]))
     return "\n".join(lines)
 
 

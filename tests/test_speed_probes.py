@@ -4,6 +4,7 @@ where they compute the same thing, and a short run that writes every figure the 
 from __future__ import annotations
 
 import json
+import math
 import sys
 from pathlib import Path
 
@@ -30,6 +31,30 @@ def test_per_completion_masks_by_hand():
                                                 [0, 1, 1, 1, 1]]   # d: a, b, c and itself
     assert completions[1, 0].int().tolist() == [[0, 1, 1, 1, 0],   # e
                                                 [0, 1, 1, 1, 1]]   # the padding after e: a, b, e, itself (never scored)
+
+
+def test_the_median_interval_by_hand():
+    # n = 6: P(Binomial(6, 1/2) = 0) = 1/64 <= 0.025 < 7/64, so k = 1: the smallest and the largest
+    # (coverage 1 - 2/64); n = 60: ranks 22 and 39 (P(X <= 21) = 0.0137, P(X <= 22) = 0.0259).
+    assert speed_probes.median_interval([5.0, 1.0, 4.0, 2.0, 6.0, 3.0]) == (1.0, 6.0)
+    assert speed_probes.median_interval([float(i) for i in range(60)]) == (21.0, 38.0)
+    assert speed_probes.median_interval([1.0, 2.0, 3.0]) == (-math.inf, math.inf)   # too few for 95%
+
+
+def test_timed_pairs_each_call_with_the_first_ones(monkeypatch):
+    now = {"seconds": 0.0}    # a clock that moves only when a timed function runs
+    monkeypatch.setattr(speed_probes.time, "perf_counter", lambda: now["seconds"])
+
+    def taking(seconds):
+        def function():
+            now["seconds"] += seconds
+        return function
+
+    result = speed_probes.timed({"now": taking(0.001), "tried": taking(0.003)}, repeats=10, warmup=1)
+    assert result["ms"] == {"now": 1.0, "tried": 3.0}
+    assert set(result["minus_first"]) == {"tried"}
+    assert result["minus_first"]["tried"]["median"] == pytest.approx(2.0)
+    assert result["minus_first"]["tried"]["interval"] == pytest.approx([2.0, 2.0])
 
 
 def test_the_eager_attention_is_the_fused_one():
@@ -77,6 +102,8 @@ def test_a_short_run_writes_every_figure(tmp_path, capsys, monkeypatch):
     B, heads, L, D = payload["attention"]["shapes"]["packed"]
     assert (B, heads, D) == (16, 4, 32) and payload["attention"]["shapes"]["completions"][0] == 128
     assert set(payload["compile"]["ms"]) == {"eager", "compiled"} and payload["compile"]["compile_seconds"] >= 0
+    assert set(payload["compile"]["minus_first"]) == {"compiled"}
+    assert set(payload["attention"]["minus_first"]) == {"per completion", "packed, eager"}
     assert set(payload["sampler_threads"]["ms"]) == {"1 thread"}
     assert payload["threads"] == 1 and payload["cpu_capability"]
     assert "attention of one layer" in capsys.readouterr().out
@@ -97,9 +124,17 @@ def test_the_docs_quote_the_results():
     assert native["cpu_capability"] == "AVX512" and avx2["ATEN_CPU_CAPABILITY"] == "avx2"
     for row in speed_probes.markdown_rows(native, avx2):
         assert row in doc, row
-    compile_seconds = (native["compile"]["compile_seconds"], avx2["compile"]["compile_seconds"])
-    assert f"({compile_seconds[0]} s with the compiler's cache warm, {compile_seconds[1]} s" in doc
     section = " ".join(doc.split("### Why not 3x")[1].split("## Speed")[0].split())
+    saved = [-results["compile"]["minus_first"]["compiled"]["median"] for results in (native, avx2)]
+    seconds = [results["compile"]["compile_seconds"] for results in (native, avx2)]
+    # "wins" and "loses" only where the paired interval excludes zero, on both kernel settings
+    assert all(results["compile"]["minus_first"]["compiled"]["interval"][1] < 0 for results in (native, avx2))
+    assert all(d["interval"][0] > 0 for results in (native, avx2)
+               for d in [*results["attention"]["minus_first"].values(), results["sampler_threads"]["minus_first"]["1 thread"]])
+    assert (f"{saved[0]:.1f} ms shorter on AVX-512 and {saved[1]:.1f} ms on AVX2, about "
+            f"{saved[0] / native['compile']['ms']['eager']:.0%} of it" in section)
+    assert f"Compiling took {seconds[0]} s and {seconds[1]} s from an empty cache" in section
+    assert f"Compiling would spend {seconds[0]:.0f} of the first run's 30 seconds, to save about {saved[0]:.1f} ms" in section
     profiled = json.loads((results / "profile_step_first_run.json").read_text())["profiled_ms"]
     total = sum(phase["total"] for phase in profiled.values())
     python = sum(phase["Python and dispatch"] for phase in profiled.values())
