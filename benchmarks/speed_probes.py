@@ -25,7 +25,7 @@ the step does now), the median of the paired differences with its 95% interval (
    kept (inductor generates no code for complex numbers, which the fused forward's rotary
    embedding uses: that multiplication stays eager).
 3. sampler threads: one rollout of the same prompts with --threads threads and with one,
-   --repeats / 3 calls each (at least 5).
+   --repeats / 3 calls each (at least 6).
 
 Writes FILE (default benchmarks/results/speed_probes.json) and prints a table.
 """
@@ -41,10 +41,12 @@ import tempfile
 import time
 import warnings
 from pathlib import Path
+from unittest import mock
 
 import torch
 import torch.nn.functional as F
 
+from grpo_edu.algorithm.statistics import paired_medians
 from profile_step import check_positive, quiet_run, write_results
 
 OUT = Path(__file__).parent / "results" / "speed_probes.json"
@@ -56,7 +58,8 @@ def timed(functions: dict, repeats: int, warmup: int = 3) -> dict:
 
     Returns {"ms": each one's median milliseconds, "minus_first": for each but the first, the median
     of its paired differences from the first (call i of it minus call i of the first, in ms) and that
-    median's 95% interval (`median_interval`)}.
+    median's 95% interval (grpo_edu.algorithm.statistics.paired_medians: the sign test's; at least 6
+    calls each)}.
     """
     for function in functions.values():
         for _ in range(warmup):
@@ -67,27 +70,12 @@ def timed(functions: dict, repeats: int, warmup: int = 3) -> dict:
             start = time.perf_counter()
             function()
             seconds[name].append(time.perf_counter() - start)
-    first, *others = seconds
-    differences = {name: [1e3 * (a - b) for a, b in zip(seconds[name], seconds[first])] for name in others}
-    return {"ms": {name: round(1e3 * statistics.median(values), 3) for name, values in seconds.items()},
-            "minus_first": {name: {"median": round(statistics.median(d), 3),
-                                   "interval": [round(x, 3) for x in median_interval(d)]}
-                            for name, d in differences.items()}}
-
-
-def median_interval(values: list[float], level: float = 0.95) -> tuple[float, float]:
-    """A distribution-free interval for the median of `values` (the sign test's): the order statistics
-    k and n + 1 - k, k the largest with P(Binomial(n, 1/2) < k) <= (1 - level) / 2; with too few values
-    for one, (-inf, inf)."""
-    n, tail = len(values), (1 - level) / 2
-    k, below = 0, 0.0
-    while below + math.comb(n, k) / 2 ** n <= tail:
-        below += math.comb(n, k) / 2 ** n
-        k += 1
-    if k == 0:
-        return -math.inf, math.inf
-    ordered = sorted(values)
-    return ordered[k - 1], ordered[n - k]
+    ms = {name: [1e3 * s for s in values] for name, values in seconds.items()}
+    first, *others = ms
+    verdicts = {name: paired_medians(ms[name], ms[first]) for name in others}
+    return {"ms": {name: round(statistics.median(values), 3) for name, values in ms.items()},
+            "minus_first": {name: {"median": round(v.difference, 3), "interval": [round(v.low, 3), round(v.high, 3)]}
+                            for name, v in verdicts.items()}}
 
 
 def forward_backward(attend, *tensors) -> None:
@@ -158,33 +146,26 @@ def compile_probe(model, flat, group_size: int, repeats: int) -> dict:
         model.zero_grad(set_to_none=True)
 
     # A cache of its own, empty: the compile's seconds are a first compile's, as on a reader's machine.
-    cache, given = tempfile.TemporaryDirectory(), os.environ.get("TORCHINDUCTOR_CACHE_DIR")
-    os.environ["TORCHINDUCTOR_CACHE_DIR"] = cache.name
-    try:
-        with warnings.catch_warnings(record=True) as caught:
-            warnings.simplefilter("always")
+    with (tempfile.TemporaryDirectory() as cache, mock.patch.dict(os.environ, {"TORCHINDUCTOR_CACHE_DIR": cache}),
+          warnings.catch_warnings(record=True) as caught):
+        warnings.simplefilter("always")
+        try:
             compiled = torch.compile(layers, dynamic=False)
             start = time.perf_counter()
             update(compiled)
             compile_seconds = time.perf_counter() - start
-        times = timed({"eager": lambda: update(layers), "compiled": lambda: update(compiled)}, repeats)
-    except Exception as error:   # no compiler, or an operator inductor cannot lower
-        return {**timed({"eager": lambda: update(layers)}, repeats),
-                "failed": f"{type(error).__name__}: {str(error).splitlines()[0][:300]}"}
-    finally:
-        fused_llama._forward = layers
-        torch._dynamo.reset()
-        if given is None:
-            os.environ.pop("TORCHINDUCTOR_CACHE_DIR")
-        else:
-            os.environ["TORCHINDUCTOR_CACHE_DIR"] = given
-        cache.cleanup()
-    # What the compiler warned while compiling (that it generates no code for the rotary
-    # embedding's complex multiplication, for one), each message once; not deprecation notices.
+            times = timed({"eager": lambda: update(layers), "compiled": lambda: update(compiled)}, repeats)
+        except Exception as error:   # no compiler, or an operator inductor cannot lower
+            return {**timed({"eager": lambda: update(layers)}, repeats),
+                    "failed": f"{type(error).__name__}: {str(error).splitlines()[0][:300]}"}
+        finally:
+            fused_llama._forward = layers
+            torch._dynamo.reset()
+    # What the compiler warned (that it generates no code for the rotary embedding's complex
+    # multiplication, for one), each message once; not deprecation notices.
     said = sorted({str(w.message).splitlines()[0][:200] for w in caught
                    if not issubclass(w.category, (DeprecationWarning, FutureWarning))})
-    return {**times, "compile_seconds": round(compile_seconds, 1),
-            "compiler_warnings": said}
+    return {**times, "compile_seconds": round(compile_seconds, 1), "compiler_warnings": said}
 
 
 def main(argv=None) -> int:
@@ -195,6 +176,8 @@ def main(argv=None) -> int:
     parser.add_argument("--out", default=str(OUT))
     args = parser.parse_args(argv)
     check_positive(parser, args, ("warmup", "repeats", "threads"))
+    if args.repeats < 6:
+        parser.error(f"--repeats: expected at least 6 (for a 95% interval of paired differences), got {args.repeats}")
 
     from grpo_edu.sampling import fused_llama
     from grpo_edu.training import trainer
@@ -243,7 +226,7 @@ def main(argv=None) -> int:
                 torch.set_num_threads(threads)
                 rollout_next(*rollout_args, **rollout_options)
             sample[f"{threads} thread{'s' * (threads > 1)}"] = one_rollout
-        threads = timed(sample, max(5, args.repeats // 3))
+        threads = timed(sample, max(6, args.repeats // 3))
         torch.set_num_threads(args.threads)
 
     payload = {
@@ -276,7 +259,7 @@ def difference(results: dict, key: str, digits: int) -> str:
 def markdown_rows(native: dict, avx2: dict) -> list[str]:
     """docs/training.md's table rows: each probe's now and tried ms and their paired difference, on
     the machine's own kernels, then on AVX2."""
-    probes = [(what, now, tried, section, now_key, tried_key) for what, now, tried, section, now_key, tried_key in ROWS]
+    probes = list(ROWS)
     first = next(iter(native["sampler_threads"]["ms"]))
     probes.append(("one rollout", first, "1 thread", "sampler_threads", first, "1 thread"))
     rows = []

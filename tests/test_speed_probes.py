@@ -4,7 +4,6 @@ where they compute the same thing, and a short run that writes every figure the 
 from __future__ import annotations
 
 import json
-import math
 import sys
 from pathlib import Path
 
@@ -31,14 +30,6 @@ def test_per_completion_masks_by_hand():
                                                 [0, 1, 1, 1, 1]]   # d: a, b, c and itself
     assert completions[1, 0].int().tolist() == [[0, 1, 1, 1, 0],   # e
                                                 [0, 1, 1, 1, 1]]   # the padding after e: a, b, e, itself (never scored)
-
-
-def test_the_median_interval_by_hand():
-    # n = 6: P(Binomial(6, 1/2) = 0) = 1/64 <= 0.025 < 7/64, so k = 1: the smallest and the largest
-    # (coverage 1 - 2/64); n = 60: ranks 22 and 39 (P(X <= 21) = 0.0137, P(X <= 22) = 0.0259).
-    assert speed_probes.median_interval([5.0, 1.0, 4.0, 2.0, 6.0, 3.0]) == (1.0, 6.0)
-    assert speed_probes.median_interval([float(i) for i in range(60)]) == (21.0, 38.0)
-    assert speed_probes.median_interval([1.0, 2.0, 3.0]) == (-math.inf, math.inf)   # too few for 95%
 
 
 def test_timed_pairs_each_call_with_the_first_ones(monkeypatch):
@@ -95,7 +86,7 @@ def test_a_short_run_writes_every_figure(tmp_path, capsys, monkeypatch):
     # torch.compile itself takes ~10 s; here it is the identity, which still runs the probe's path.
     monkeypatch.setattr(torch, "compile", lambda function, **options: function)
     out = tmp_path / "probes.json"
-    assert speed_probes.main(["--warmup", "2", "--repeats", "1", "--threads", "1", "--out", str(out)]) == 0
+    assert speed_probes.main(["--warmup", "2", "--repeats", "6", "--threads", "1", "--out", str(out)]) == 0
     payload = json.loads(out.read_text())
     assert set(payload["attention"]["ms"]) == {"packed", "per completion", "packed, eager"}
     assert all(ms > 0 for ms in payload["attention"]["ms"].values())
@@ -110,9 +101,12 @@ def test_a_short_run_writes_every_figure(tmp_path, capsys, monkeypatch):
     assert torch.get_num_threads() == 1
 
 
-def test_bad_arguments_are_one_line():
+def test_bad_arguments_are_one_line(capsys):
     with pytest.raises(SystemExit):
         speed_probes.main(["--repeats", "0"])
+    with pytest.raises(SystemExit):
+        speed_probes.main(["--repeats", "5"])   # a 95% sign-test interval needs 6 pairs
+    assert "--repeats: expected at least 6 (for a 95% interval of paired differences), got 5" in capsys.readouterr().err
 
 
 def test_the_docs_quote_the_results():

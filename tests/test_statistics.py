@@ -7,8 +7,8 @@ import pytest
 from scipy import stats
 
 from grpo_edu.algorithm import statistics
-from grpo_edu.algorithm.statistics import (Verdict, compare_variants, mcnemar, paired_problems, paired_seeds, t_cdf,
-                                          t_quantile)
+from grpo_edu.algorithm.statistics import (Verdict, compare_variants, mcnemar, paired_medians, paired_problems,
+                                          paired_seeds, t_cdf, t_quantile)
 
 
 @pytest.mark.parametrize("df", [1, 2, 3, 4, 7, 10, 29, 100, 10_000])
@@ -98,6 +98,35 @@ def test_paired_problems_bootstrap():
     same = paired_problems(a, a, resamples=200)
     assert (same.difference, same.low, same.high, same.separated) == (0.0, 0.0, 0.0, False)
     assert verdict.method == "paired bootstrap over 256 problems (4000 resamples, percentile)"
+
+
+def test_paired_medians_by_hand():
+    # n = 6: P(Binomial(6, 1/2) = 0) = 1/64 <= 0.025 < 7/64, so k = 1: the smallest and the largest
+    # difference (coverage 1 - 2/64); n = 60: ranks 22 and 39 (P(X <= 21) = 0.0137, P(X <= 22) = 0.0259).
+    verdict = paired_medians([5.0, 1.0, 4.0, 2.0, 6.0, 3.0], [0.0] * 6)
+    assert (verdict.difference, verdict.low, verdict.high, verdict.n) == (3.5, 1.0, 6.0, 6)
+    assert verdict.method == "sign-test interval of the median over 6 pairs (order statistics 1 and 6)"
+    sixty = paired_medians([float(i) + 10 for i in range(60)], [10.0] * 60)
+    assert (sixty.low, sixty.high, sixty.difference) == (21.0, 38.0, 29.5)
+    assert sixty.separated and not paired_medians([-1.0, 1.0] * 30, [0.0] * 60).separated
+    with pytest.raises(ValueError, match="a, b: a 95% sign-test interval needs more pairs, got 5"):
+        paired_medians([1.0] * 5, [0.0] * 5)   # 2 / 32 > 0.05: even the extremes cover less than 95%
+
+
+def test_paired_medians_order_statistics_are_scipys_binomial_quantiles():
+    """k - 1 is the largest count whose lower tail is within (1 - confidence) / 2: Binomial(n, 1/2)'s
+    quantile, by SciPy, for many n and levels; and the interval holds the median."""
+    rng = np.random.default_rng(0)
+    for n in (6, 7, 10, 25, 60, 101):
+        for confidence in (0.8, 0.9, 0.95, 0.99):
+            if stats.binom.cdf(0, n, 0.5) > (1 - confidence) / 2:
+                continue
+            k = int(stats.binom.ppf((1 - confidence) / 2, n, 0.5))
+            k += stats.binom.cdf(k, n, 0.5) <= (1 - confidence) / 2   # ppf is the smallest with cdf >= tail
+            values = sorted(rng.standard_normal(n).tolist())
+            verdict = paired_medians(values, [0.0] * n, confidence)
+            assert (verdict.low, verdict.high) == (values[k - 1], values[n - k]), (n, confidence)
+            assert verdict.low <= verdict.difference <= verdict.high
 
 
 def test_mcnemar_by_hand_and_as_scipys_exact_binomial():

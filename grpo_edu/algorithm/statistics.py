@@ -10,6 +10,8 @@ of the difference excludes zero; otherwise "not separated at this size", with th
     by_seed          one number per seed, in seed order, from a results file's runs
     paired_seeds     the mean over seeds of (A - B), a seed's number each (its final accuracy,
                      say), with Student's t interval on n - 1 degrees of freedom
+    paired_medians   paired measurements (the times of two ways of computing one thing, called
+                     in turns): the median of the differences, with the sign test's interval
     paired_problems  per-problem outcomes of one pair of runs: the difference in accuracy with
                      a paired bootstrap over problems (Efron and Tibshirani, 1993), and
                      McNemar's exact test (McNemar, 1947) on the discordant problems
@@ -84,6 +86,27 @@ def paired_seeds(a: Sequence[float], b: Sequence[float], confidence: float = 0.9
     half = t_quantile(0.5 + confidence / 2, n - 1) * sd / math.sqrt(n)
     return Verdict(mean, mean - half, mean + half, confidence,
                    f"paired t interval over {n} seeds ({n - 1} degrees of freedom)", n)
+
+
+def paired_medians(a: Sequence[float], b: Sequence[float], confidence: float = 0.95) -> Verdict:
+    """a[i], b[i]: paired measurements, such as the times of two ways of computing one thing,
+    called in turns. The median of the differences d_i = a_i - b_i and the sign test's interval
+    for it, which assumes nothing of their distribution (times on a shared machine have a long
+    tail, which a t interval's mean would follow): the order statistics k and n + 1 - k of the
+    sorted differences, k the largest with P(Binomial(n, 1/2) < k) <= (1 - confidence) / 2
+    (Conover, Practical Nonparametric Statistics, 3.2). Its coverage is at least `confidence`."""
+    differences = sorted(_paired(a, b, "a", "b"))
+    _check_confidence(confidence)
+    n, tail = len(differences), (1 - confidence) / 2
+    k, below = 0, 0.0
+    while k < n and below + math.comb(n, k) / 2 ** n <= tail:
+        below += math.comb(n, k) / 2 ** n
+        k += 1
+    if k == 0:
+        raise ValueError(f"a, b: a {confidence:.0%} sign-test interval needs more pairs, got {n}")
+    median = differences[n // 2] if n % 2 else (differences[n // 2 - 1] + differences[n // 2]) / 2
+    return Verdict(median, differences[k - 1], differences[n - k], confidence,
+                   f"sign-test interval of the median over {n} pairs (order statistics {k} and {n + 1 - k})", n)
 
 
 # --------------------------------------------------------------------------- over problems
