@@ -13,8 +13,8 @@ new variant is one registered function beside its siblings, and its test.
     surrogates.py    the ratio levels (token, sequence: GSPO) and surrogates (clip, capped), registered
     kl.py            the KL estimators k1, k2, k3, registered
     offpolicy.py     corrections for a sampler that is not pi_old, registered: TIS, token and sequence masks
-    loss_checks.py   grpo_loss's argument checks: one line per bad input
     entropy_mask.py  the tokens whose entropy is in the top share (DAPO-style entropy masking)
+    schedules.py     the learning-rate schedules, registered: constant, linear, cosine
     estimators.py    per-token pieces of the objective as functions of numbers (the explorers')
     reference.py     one GRPO update in pure NumPy, a loop per response: the test oracle
     statistics.py    paired comparisons (over seeds: t; over problems: bootstrap, McNemar):

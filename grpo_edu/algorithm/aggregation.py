@@ -18,7 +18,9 @@ n and num_items default to the batch passed in. A batch split into parts (micro-
 the shares of several processes) passes the whole batch's Counts to each part: the parts'
 losses then add up to the whole batch's loss exactly.
 
-    AGGREGATIONS         name -> divisors(mask (N, S) float, Counts) -> (row (N, 1) or None, batch)
+    AGGREGATIONS         name -> Aggregation(divisors, num_items): divisors(mask (N, S) float, Counts)
+                         -> (row (N, 1) or None, batch), and the token count num_items a
+                         mini-batch's loss divides by (grpo_edu.training.plan passes it)
     aggregation(name)    registers one (a new loss type is one function and its test)
     aggregate            per-token losses (N, S) -> the scalar loss
     aggregation_weights  each token's weight: d loss / d per_token_loss
@@ -44,9 +46,44 @@ class Counts:
 
 
 Divisors = Callable[[torch.Tensor, Counts], tuple]
-AGGREGATIONS: dict[str, Divisors] = {}
+# lengths (B, G) real tokens, the mini-batch's prompts, every mini-batch's prompts -> num_items
+TokenCount = Callable[[torch.Tensor, torch.Tensor, list], float]
 
-aggregation = registrar(AGGREGATIONS)   # @aggregation("name") registers `divisors`, loss type `name` (config key loss_type)
+
+def mini_batch_tokens(lengths: torch.Tensor, chosen: torch.Tensor, mini_batches: list) -> float:
+    """The mini-batch's own token count (bnpo's num_items; unused by grpo and dr_grpo)."""
+    return float(lengths[chosen].sum())
+
+
+def step_share_of_rollout_tokens(lengths: torch.Tensor, chosen: torch.Tensor, mini_batches: list) -> float:
+    """dapo, as TRL 1.16: every token of the rollout weighs the same in every optimizer step,
+    1 / (rollout tokens / num_mini_batches), whichever mini-batch holds it. TRL divides by
+    num_items_in_batch (the generation batch's tokens) x gradient_accumulation_steps /
+    steps_per_generation, i.e. by the tokens per optimizer step; not by the mini-batch's own
+    count, which would weigh the tokens of a short mini-batch more. Filtered groups do not
+    count: they are not trained on."""
+    trained = torch.cat(mini_batches)
+    return int(lengths[trained].sum()) / len(mini_batches)
+
+
+@dataclass(frozen=True)
+class Aggregation:
+    """A registered loss type: its divisors and the token count its num_items is."""
+
+    divisors: Divisors
+    num_items: TokenCount = mini_batch_tokens
+
+
+AGGREGATIONS: dict[str, Aggregation] = {}
+
+
+def aggregation(name: str, *, num_items: TokenCount = mini_batch_tokens):
+    """@aggregation("name") registers `divisors` as loss type `name` (config key loss_type), with
+    the token count a mini-batch's loss divides by (default: its own tokens)."""
+    def register(divisors: Divisors) -> Divisors:
+        AGGREGATIONS[name] = Aggregation(divisors, num_items)
+        return divisors
+    return register
 
 
 @aggregation("grpo")
@@ -68,7 +105,7 @@ def constant_length(mask: torch.Tensor, counts: Counts):
     return None, completions(counts, mask) * length
 
 
-@aggregation("dapo")
+@aggregation("dapo", num_items=step_share_of_rollout_tokens)
 def step_token_mean(mask: torch.Tensor, counts: Counts):
     """DAPO's token-level mean: 1 / num_items, the tokens of an optimizer step's share of the
     generation batch (grpo_edu.training.scoring passes it)."""
@@ -78,15 +115,15 @@ def step_token_mean(mask: torch.Tensor, counts: Counts):
 LOSS_TYPES = tuple(AGGREGATIONS)
 
 
-def check_loss_type(loss_type: str) -> None:
+def check_loss_type(loss_type: str, name: str = "loss_type") -> None:
     if loss_type not in AGGREGATIONS:
-        raise ValueError(f"loss_type must be one of {tuple(AGGREGATIONS)}, got {loss_type!r}")
+        raise ValueError(f"{name} must be one of {tuple(AGGREGATIONS)}, got {loss_type!r}")
 
 
 def divisors(mask: torch.Tensor, loss_type: str, counts: Counts):
     """The registered loss type's (row, batch) for mask (N, S) float."""
     check_loss_type(loss_type)
-    return AGGREGATIONS[loss_type](mask, counts)
+    return AGGREGATIONS[loss_type].divisors(mask, counts)
 
 
 def aggregation_weights(completion_mask: torch.Tensor, loss_type: str = "grpo", *,

@@ -83,3 +83,10 @@ def entropy_metrics(entropies: list[torch.Tensor], masks: list[torch.Tensor], ke
         counts = world.reduce(torch.tensor([kept_tokens, tokens], dtype=torch.float64))
         metrics.update({"entropy/threshold": tau, "entropy/kept": float(counts[0] / counts[1])})
     return metrics
+
+
+def check_entropy_mask(entropy_mask: torch.Tensor, shape) -> torch.Tensor:
+    if entropy_mask.shape != shape or entropy_mask.dtype != torch.bool:
+        raise ValueError(f"entropy_mask must be a bool tensor of logp's shape {tuple(shape)}, got "
+                         f"{entropy_mask.dtype} of shape {tuple(entropy_mask.shape)}")
+    return entropy_mask

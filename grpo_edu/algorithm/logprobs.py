@@ -25,6 +25,7 @@ the backward pass.
 from __future__ import annotations
 
 import math
+from typing import Callable
 
 import torch
 from torch.autograd.function import once_differentiable
@@ -298,3 +299,26 @@ def lm_head_logprobs(hidden: torch.Tensor, head, token_ids: torch.Tensor, *, tem
         else:
             pieces.append(chunk_logprobs(h, t))
     return torch.cat(pieces).reshape(token_ids.shape)
+
+
+# --------------------------------------------------------------------------- values, checked
+
+def check_logprob_values(name: str, value: torch.Tensor, mask: torch.Tensor,
+                         where: Callable[[torch.Tensor], str] | None = None) -> None:
+    """Log-probabilities on the tokens of `mask` must be finite and <= 0 (a little slack for
+    rounding near p = 1); a clearly positive one means probabilities or logits were passed.
+    `where` names the first offending element (default: its index)."""
+    where = where or first_bad
+    bad = mask & ~torch.isfinite(value)
+    if bad.any():
+        raise ValueError(f"{name} must be finite on completion tokens, got "
+                         f"{value[tuple(bad.nonzero()[0])].item()} at {where(bad)}")
+    positive = mask & (value > 1e-4)
+    if positive.any():
+        raise ValueError(f"{name} must hold log-probabilities (<= 0), got "
+                         f"{value[tuple(positive.nonzero()[0])].item():.4g} at {where(positive)}: "
+                         f"were probabilities or logits passed?")
+
+
+def first_bad(bad: torch.Tensor) -> str:
+    return "position " + str(tuple(int(i) for i in bad.nonzero()[0]))

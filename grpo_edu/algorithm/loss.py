@@ -10,7 +10,7 @@ One token's loss, each part a registered function named by a LossSettings field:
     rho      the ratio to pi_old, per token or per response     surrogates.RATIO_LEVELS
              (importance_sampling_level: token | sequence)
     policy_t the surrogate of rho and A                          surrogates.SURROGATES
-             (clip, with clip-higher's epsilon_high; capped when ratio_cap > 0)
+             (surrogate: clip, with clip-higher's epsilon_high; capped)
     w_t      a constant weight for a sampler that is not pi_old  offpolicy.CORRECTIONS
              (tis_cap, is_mask), and the entropy mask's 0 or 1   (entropy_mask)
     kl_t     an estimate of KL(pi || pi_ref)                     kl.KL_ESTIMATES (k1 | k2 | k3)
@@ -41,31 +41,35 @@ from dataclasses import dataclass, field, fields
 
 import torch
 
-from grpo_edu.algorithm.aggregation import Counts, aggregate, aggregation_weights
-from grpo_edu.algorithm.kl import kl_estimate
-from grpo_edu.algorithm.loss_checks import (check_entropy_mask, check_excluded, check_inputs, check_options,
-                                            check_ratio_cap, check_sampler)
-from grpo_edu.algorithm.offpolicy import Correction, correction_weights
-from grpo_edu.algorithm.surrogates import RATIO_LEVELS, SURROGATES
+from grpo_edu.algorithm.aggregation import Counts, aggregate, aggregation_weights, check_loss_type
+from grpo_edu.algorithm.entropy_mask import check_entropy_mask
+from grpo_edu.algorithm.kl import check_kl_estimator, kl_estimate
+from grpo_edu.algorithm.logprobs import check_logprob_values, first_bad
+from grpo_edu.algorithm.offpolicy import Correction, check_sampler, correction_weights
+from grpo_edu.algorithm.surrogates import (RATIO_LEVELS, SURROGATES, check_ratio_cap, check_ratio_level,
+                                           check_surrogate)
 
 
 @dataclass(frozen=True)
 class LossSettings:
     """What the loss is, besides its tensors: the config keys of the same names (each documented
-    in grpo_edu.training.config), checked on construction.
+    in grpo_edu.config), checked on construction.
 
-    beta: the KL penalty's weight; epsilon / epsilon_high: the clip range [1 - epsilon,
-    1 + epsilon_high], epsilon_high defaulting to epsilon (DAPO's clip-higher sets it larger);
-    loss_type: the aggregation; max_completion_length: dr_grpo's L (the generation limit, not S:
-    padding must not change the loss); importance_sampling_level: "token" or "sequence" (GSPO);
-    kl_estimator: "k1" | "k2" | "k3"; tis_cap, is_mask, is_mask_band: the sampler correction
-    (grpo_edu.algorithm.offpolicy); ratio_cap: 0 (the clip) or c > 1 (the capped surrogate,
-    epsilon and epsilon_high then unused; TRL 1.16's loss_type "cispo" with epsilon_high = c).
+    beta: the KL penalty's weight; surrogate: the policy term (surrogates.SURROGATES: "clip" or
+    "capped"); epsilon / epsilon_high: the clip range [1 - epsilon, 1 + epsilon_high],
+    epsilon_high defaulting to epsilon (DAPO's clip-higher sets it larger); ratio_cap: the capped
+    surrogate's largest weight c > 1 (0 with the clip; TRL 1.16's loss_type "cispo" with
+    epsilon_high = c); loss_type: the aggregation; max_completion_length: dr_grpo's L (the
+    generation limit, not S: padding must not change the loss); importance_sampling_level:
+    "token" or "sequence" (GSPO); kl_estimator: "k1" | "k2" | "k3"; tis_cap, is_mask,
+    is_mask_band: the sampler correction (grpo_edu.algorithm.offpolicy).
     """
 
     beta: float = 0.0
+    surrogate: str = "clip"
     epsilon: float = 0.2
     epsilon_high: float | None = None
+    ratio_cap: float = 0.0
     loss_type: str = "grpo"
     max_completion_length: int | None = None
     importance_sampling_level: str = "token"
@@ -73,19 +77,30 @@ class LossSettings:
     tis_cap: float = 0.0
     is_mask: str = "none"
     is_mask_band: tuple[float, float] = (0.5, 2.0)
-    ratio_cap: float = 0.0
 
     def __post_init__(self):
-        check_options(self.loss_type, self.importance_sampling_level, self.kl_estimator, self.epsilon,
-                      self.epsilon_high, self.beta)
+        check_loss_type(self.loss_type)
+        check_ratio_level(self.importance_sampling_level)
+        check_kl_estimator(self.kl_estimator)
+        check_epsilon(self.epsilon)
+        check_epsilon_high(self.epsilon_high)
+        check_beta(self.beta)
+        check_surrogate(self.surrogate)
+        check_ratio_cap(self.ratio_cap)
+        SURROGATES[self.surrogate].check(self)
         object.__setattr__(self, "is_mask_band", tuple(self.is_mask_band))
         Correction(self.tis_cap, self.is_mask, self.is_mask_band)   # checks tis_cap, is_mask and is_mask_band
-        check_ratio_cap(self.ratio_cap)
 
     @classmethod
     def of(cls, config) -> "LossSettings":
-        """The settings a training config holds (the keys of the same names)."""
-        return cls(**{f.name: getattr(config, f.name) for f in fields(cls)})
+        """The settings a training config holds: its loss section, with max_completion_length
+        from its rollout and the correction from its off_policy section."""
+        loss, rollout, off_policy = config.loss, config.rollout, config.off_policy
+        return cls(beta=loss.beta, surrogate=loss.surrogate, epsilon=loss.epsilon, epsilon_high=loss.epsilon_high,
+                   ratio_cap=loss.ratio_cap, loss_type=loss.loss_type,
+                   max_completion_length=rollout.max_completion_length,
+                   importance_sampling_level=loss.importance_sampling_level, kl_estimator=loss.kl_estimator,
+                   tis_cap=off_policy.tis_cap, is_mask=off_policy.is_mask, is_mask_band=off_policy.is_mask_band)
 
     @classmethod
     def given(cls, settings: "LossSettings | None", options: dict) -> "LossSettings":
@@ -104,11 +119,6 @@ class LossSettings:
     def high(self) -> float:
         """The clip range's upper offset: epsilon_high, defaulting to epsilon."""
         return self.epsilon if self.epsilon_high is None else self.epsilon_high
-
-    @property
-    def surrogate(self) -> str:
-        """The registered surrogate (surrogates.SURROGATES) these settings name."""
-        return "capped" if self.ratio_cap else "clip"
 
     @property
     def correction(self) -> Correction:
@@ -173,7 +183,7 @@ def grpo_loss(logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Tens
       zero_std_groups         fraction of prompts whose G advantages are all equal (per-token
                               (B, G, S) advantages: all 0) ((B, G) or (B, G, S) advantages only)
       completion_length/mean  real tokens per completion
-      ratio/capped            (ratio_cap > 0, instead of the clip_ratio metrics) the share
+      ratio/capped            (surrogate = "capped", instead of the clip_ratio metrics) the share
                               of ratios above the cap
       is_ratio/..., tis/...,  (a correction on) r's mean, min and max; the mean of w and the
       is/masked               share of tokens truncated (tis_cap) or masked (is_mask)
@@ -206,7 +216,7 @@ def grpo_loss(logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Tens
 
     log_ratio = logp - old_logp                                                     # (N, S)
     ratio = torch.exp(RATIO_LEVELS[settings.importance_sampling_level](log_ratio, weights_mask, lengths))
-    policy = SURROGATES[settings.surrogate](ratio, A, logp, settings) * weights_mask   # (N, S)
+    policy = SURROGATES[settings.surrogate].loss(ratio, A, logp, settings) * weights_mask   # (N, S)
     correction_metrics = {}
     if correction.active:   # the sampler's tokens weighed back toward pi_old's
         w, correction_metrics = correction_weights(old_logp, sampler_logp.reshape(-1, S).to(dtype), mask, correction)
@@ -236,8 +246,7 @@ def grpo_loss(logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Tens
 
 def _metrics(loss, policy, kl, ratio, log_ratio, A, mask, lengths, settings: LossSettings, options: dict,
              advantages, per_token: bool) -> dict[str, float]:
-    epsilon, epsilon_high, loss_type = settings.epsilon, settings.high, settings.loss_type
-    sequence_level, ratio_cap = settings.importance_sampling_level == "sequence", settings.ratio_cap
+    loss_type, sequence_level = settings.loss_type, settings.importance_sampling_level == "sequence"
 
     def token_mean(x):
         return ((x * mask).sum() / mask.sum()).item()
@@ -247,25 +256,19 @@ def _metrics(loss, policy, kl, ratio, log_ratio, A, mask, lengths, settings: Los
 
     if sequence_level:  # one ratio per completion
         def unit_mean(x):
-            return x.mean().item()
+            return x.to(mask.dtype).mean().item()
         real_ratios = ratio.reshape(-1)
     else:
-        unit_mean = token_mean
+        def unit_mean(x):
+            return token_mean(x.to(mask.dtype))
         real_ratios = ratio[mask.bool()]
-    low = (ratio < 1.0 - epsilon) & (A < 0)
-    high = (ratio > 1.0 + epsilon_high) & (A > 0)
     token_ratio = torch.exp(log_ratio)
     metrics = {
         "loss": loss.item(),
         "policy_loss": aggregate(policy, mask, loss_type, **options).item(),
         "approx_kl": token_mean(token_ratio - 1.0 - log_ratio),
+        **SURROGATES[settings.surrogate].metrics(ratio, A, unit_mean, settings),   # the clip's, or the cap's
     }
-    if ratio_cap:   # no clip: the clip_ratio metrics would describe a trust region that is not there
-        metrics["ratio/capped"] = unit_mean((ratio > ratio_cap).to(mask.dtype))
-    else:
-        metrics.update({"clip_ratio/low": unit_mean(low.to(mask.dtype)),
-                        "clip_ratio/high": unit_mean(high.to(mask.dtype)),
-                        "clip_ratio/region": unit_mean((low | high).to(mask.dtype))})
     metrics.update({
         "ratio/mean": real_ratios.mean().item(),
         "ratio/min": real_ratios.min().item(),
@@ -285,3 +288,94 @@ def _metrics(loss, policy, kl, ratio, log_ratio, A, mask, lengths, settings: Los
         flat = (advantages == advantages[:, :1]).all(dim=1)
         metrics["zero_std_groups"] = flat.float().mean().item()
     return metrics
+
+
+# --------------------------------------------------------------------------- the arguments, checked
+
+# Each check of a setting names it `name`: the argument, or the config key ("config key 'beta'");
+# grpo_edu.config attaches the same functions to its keys.
+
+def check_beta(beta, name: str = "beta") -> None:
+    if isinstance(beta, bool) or not isinstance(beta, (int, float)) or not beta >= 0:
+        raise ValueError(f"{name} must be a number >= 0 (the KL term's weight), got {beta!r}")
+
+
+def check_epsilon(epsilon, name: str = "epsilon") -> None:
+    if isinstance(epsilon, bool) or not isinstance(epsilon, (int, float)) or not 0 <= epsilon < 1:
+        raise ValueError(f"{name} must be a number in [0, 1) (the clip range below: ratio >= 1 - epsilon), "
+                         f"got {epsilon!r}")
+
+
+def check_epsilon_high(epsilon_high, name: str = "epsilon_high") -> None:
+    if epsilon_high is not None and (isinstance(epsilon_high, bool) or not isinstance(epsilon_high, (int, float))
+                                     or not epsilon_high >= 0):
+        raise ValueError(f"{name} must be a number >= 0 (the clip range above: ratio <= 1 + epsilon_high), or "
+                         f"None (= epsilon), got {epsilon_high!r}")
+
+
+def check_excluded(excluded: torch.Tensor, shape) -> torch.Tensor:
+    if not isinstance(excluded, torch.Tensor) or excluded.shape != shape or excluded.dtype != torch.bool:
+        got = f"{excluded.dtype} of shape {tuple(excluded.shape)}" if isinstance(excluded, torch.Tensor) else \
+            type(excluded).__name__
+        raise ValueError(f"excluded must be a bool tensor of the advantages' shape {tuple(shape)}, got {got}")
+    return excluded
+
+
+def check_inputs(logp, old_logp, advantages, completion_mask, ref_logp, beta) -> torch.Tensor:
+    """Validate everything; return the completion mask as bool."""
+    tensors = {"logp": logp, "old_logp": old_logp, "advantages": advantages,
+               "completion_mask": completion_mask}
+    if ref_logp is not None:
+        tensors["ref_logp"] = ref_logp
+    for name, value in tensors.items():
+        if not isinstance(value, torch.Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor, got {type(value).__name__}")
+    if logp.ndim not in (2, 3):
+        raise ValueError(f"logp must have shape (B, G, S) or (N, S), got shape {tuple(logp.shape)}")
+    if logp.shape[-1] < 1:
+        raise ValueError(f"logp needs at least one completion column, got shape {tuple(logp.shape)}")
+    for name in ("old_logp", "completion_mask", "ref_logp"):
+        if name in tensors and tensors[name].shape != logp.shape:
+            raise ValueError(f"{name} must have the shape of logp {tuple(logp.shape)}, "
+                             f"got {tuple(tensors[name].shape)}")
+    if advantages.shape not in (logp.shape[:-1], logp.shape):
+        layout = "(B, G)" if logp.ndim == 3 else "(N,)"
+        raise ValueError(f"advantages must have shape {layout} = {tuple(logp.shape[:-1])} (one per completion) "
+                         f"or logp's shape {tuple(logp.shape)} (one per token: process supervision), got "
+                         f"{tuple(advantages.shape)}")
+    if logp.ndim == 3 and logp.shape[1] < 2:
+        raise ValueError(f"logp of shape (B, G, S) needs G >= 2 completions per prompt, got G = {logp.shape[1]}")
+    for name in ("logp", "old_logp", "advantages", "ref_logp"):
+        if name in tensors and not tensors[name].is_floating_point():
+            raise TypeError(f"{name} must be a floating-point tensor, got dtype {tensors[name].dtype}")
+    for name in ("old_logp", "ref_logp", "advantages"):
+        if name in tensors and tensors[name].requires_grad:
+            raise ValueError(f"{name} requires grad, but it is a constant of the loss: pass "
+                             f"{name}.detach() (with old_logp = logp undetached, the ratio is 1 "
+                             f"for every theta and the policy gradient vanishes)")
+    if beta != 0.0 and ref_logp is None:
+        raise ValueError(f"beta = {beta} needs ref_logp (the reference policy's log-probs); "
+                         f"pass ref_logp or set beta = 0")
+
+    if completion_mask.dtype == torch.bool:
+        mask = completion_mask
+    elif completion_mask.is_complex() or not ((completion_mask == 0) | (completion_mask == 1)).all():
+        raise ValueError("completion_mask must be bool or hold only 0 and 1, got values "
+                         f"{torch.unique(completion_mask)[:5].tolist()}")
+    else:
+        mask = completion_mask != 0
+    lengths = mask.sum(-1)
+    if (lengths == 0).any():
+        raise ValueError(f"every completion needs at least one token in completion_mask; completion at "
+                         f"{first_bad(lengths == 0)} (of shape {tuple(lengths.shape)}) has none")
+
+    with torch.no_grad():
+        for name in ("logp", "old_logp", "ref_logp"):
+            if name not in tensors:
+                continue
+            check_logprob_values(name, tensors[name].detach(), mask)
+        bad = ~torch.isfinite(advantages)
+        if bad.any():
+            raise ValueError(f"advantages must be finite, got {advantages[tuple(bad.nonzero()[0])].item()} "
+                             f"at {first_bad(bad)}")
+    return mask

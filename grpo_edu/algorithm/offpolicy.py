@@ -147,3 +147,11 @@ def sequence_mask(r: torch.Tensor, log_r: torch.Tensor, mask: torch.Tensor, sett
     low, high = settings.is_mask_band
     g = torch.exp(log_r.sum(-1, keepdim=True) / mask.sum(-1, keepdim=True).clamp(min=1))   # (N, 1)
     return ((g >= low) & (g <= high)).to(r.dtype).expand_as(r)
+
+
+def check_sampler(correction: Correction, sampler_logp, logp) -> None:
+    if correction.active and sampler_logp is None:
+        what = "tis_cap > 0" if correction.tis_cap else f"is_mask = {correction.is_mask!r}"
+        raise ValueError(f"{what} needs sampler_logp (the sampler's log-probs of the sampled tokens), got None")
+    if sampler_logp is not None and sampler_logp.shape != logp.shape:
+        raise ValueError(f"sampler_logp must have logp's shape {tuple(logp.shape)}, got {tuple(sampler_logp.shape)}")

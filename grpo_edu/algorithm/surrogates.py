@@ -6,36 +6,41 @@ importance_sampling_level):
     token     rho_t = exp(logp_t - old_logp_t)                  PPO's, GRPO's (one per token)
     sequence  rho_i = exp(mean_t (logp_t - old_logp_t))         GSPO's: one per response, its
                                                                   length-normalised log-ratio
-                                                                  (Zheng et al., 2025)
+                                                                  (Zheng et al., 2025, "Group
+                                                                  Sequence Policy Optimization")
 
-The surrogate turns the ratio and the advantage A into the per-token policy loss:
+The surrogate turns the ratio and the advantage A into the per-token policy loss (config key
+surrogate):
 
     clip      -min(rho A, clip(rho, 1 - epsilon, 1 + epsilon_high) A)   PPO's clip (Schulman et
               al., 2017); epsilon_high > epsilon is DAPO's clip-higher
-    capped    -sg(min(rho, c)) A log pi_t, c = ratio_cap, sg a constant: no clip (CISPO,
-              MiniMax-M1, 2025; prime-rl's loss family). Its gradient is -min(rho, c) A
-              grad log pi: at rho = 1 the clipped surrogate's, and a token far off-policy
-              keeps a capped gradient where the clip would give it none
+    capped    -sg(min(rho, c)) A log pi_t, c = ratio_cap, sg a constant: no clip (CISPO, the
+              MiniMax-M1 report, 2025). Its gradient is -min(rho, c) A grad log pi: at rho = 1
+              the clipped surrogate's, and a token far off-policy keeps a capped gradient where
+              the clip would give it none
+
+A surrogate is registered whole: its per-token loss, the metrics that describe it (the clip's
+clip_ratio/*, the cap's ratio/capped), the check of its settings, and the name TRL 1.16 gives
+it (grpo_edu.commands.trl_bridge). A new one is one decorated function and its test; the
+config key surrogate names it.
 
     RATIO_LEVELS   name -> log_ratio(log_ratio (N, S), mask (N, S), lengths (N, 1)) -> (N, S) or (N, 1)
-    SURROGATES     name -> policy(ratio, A, logp, settings) -> per-token policy loss, before the mask
+    SURROGATES     name -> Surrogate(loss, metrics, check, trl_loss_type)
 """
 
 from __future__ import annotations
 
+import math
+from dataclasses import dataclass
 from typing import Callable
 
 import torch
 from grpo_edu.runtime.registry import registrar
 
 LogRatio = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
-Surrogate = Callable[..., torch.Tensor]
 RATIO_LEVELS: dict[str, LogRatio] = {}
-SURROGATES: dict[str, Surrogate] = {}
 
 ratio_level = registrar(RATIO_LEVELS)   # @ratio_level("name") registers a ratio level (config key importance_sampling_level)
-
-surrogate = registrar(SURROGATES)   # @surrogate("name") registers a surrogate (LossSettings.surrogate names the one a run uses)
 
 
 @ratio_level("token")
@@ -53,7 +58,63 @@ def sequence_log_ratio(log_ratio: torch.Tensor, mask: torch.Tensor, lengths: tor
 IMPORTANCE_SAMPLING_LEVELS = tuple(RATIO_LEVELS)
 
 
-@surrogate("clip")
+def check_ratio_level(level, name: str = "importance_sampling_level") -> None:
+    if level not in RATIO_LEVELS:
+        raise ValueError(f"{name} must be one of {tuple(RATIO_LEVELS)}, got {level!r}")
+
+
+# --------------------------------------------------------------------------- surrogates
+
+@dataclass(frozen=True)
+class Surrogate:
+    """A registered surrogate, whole.
+
+    loss(ratio, A, logp, settings) -> the per-token policy loss (N, S), before the mask
+    metrics(ratio, A, unit_mean, settings) -> its own metrics (unit_mean: the mean over tokens,
+        or over completions at the sequence level)
+    check(settings) -> None, or one line naming the setting that does not fit it
+    trl_loss_type: TRL 1.16's loss_type for it when TRL names the surrogate that way ("cispo",
+        which also fixes the aggregation), else None (TRL's loss_type names the aggregation)
+    """
+
+    loss: Callable[..., torch.Tensor]
+    metrics: Callable[..., dict[str, float]]
+    check: Callable[..., None]
+    trl_loss_type: str | None = None
+
+
+SURROGATES: dict[str, Surrogate] = {}
+
+
+def surrogate(name: str, *, metrics: Callable, check: Callable, trl_loss_type: str | None = None):
+    """@surrogate("name", metrics=..., check=...) registers a surrogate's loss with the rest of it."""
+    def register(loss: Callable) -> Callable:
+        SURROGATES[name] = Surrogate(loss, metrics, check, trl_loss_type)
+        return loss
+    return register
+
+
+def check_surrogate(name, key: str = "surrogate") -> None:
+    if name not in SURROGATES:
+        raise ValueError(f"{key} must be one of {tuple(SURROGATES)}, got {name!r}")
+
+
+def clip_metrics(ratio, A, unit_mean, settings) -> dict[str, float]:
+    """clip_ratio/low: rho < 1 - epsilon with A < 0; /high: rho > 1 + epsilon_high with A > 0;
+    /region: either (the tokens that get no policy gradient)."""
+    low = (ratio < 1.0 - settings.epsilon) & (A < 0)
+    high = (ratio > 1.0 + settings.high) & (A > 0)
+    return {"clip_ratio/low": unit_mean(low), "clip_ratio/high": unit_mean(high),
+            "clip_ratio/region": unit_mean(low | high)}
+
+
+def check_clip(settings) -> None:
+    if settings.ratio_cap:
+        raise ValueError(f"ratio_cap = {settings.ratio_cap} is the capped surrogate's largest weight, but surrogate "
+                         f"= 'clip' has no cap: set surrogate = 'capped', or ratio_cap = 0")
+
+
+@surrogate("clip", metrics=clip_metrics, check=check_clip)
 def clipped(ratio: torch.Tensor, A: torch.Tensor, logp: torch.Tensor, settings) -> torch.Tensor:
     """-min(rho A, clip(rho, 1 - epsilon, 1 + epsilon_high) A). Where the clipped term is
     smaller it wins the min, and it is constant in theta: those tokens get no policy gradient
@@ -62,7 +123,26 @@ def clipped(ratio: torch.Tensor, A: torch.Tensor, logp: torch.Tensor, settings) 
     return -torch.minimum(ratio * A, clipped_ratio * A)
 
 
-@surrogate("capped")
+def capped_metrics(ratio, A, unit_mean, settings) -> dict[str, float]:
+    """ratio/capped: the share of ratios above the cap (no clip: the clip_ratio metrics would
+    describe a trust region that is not there)."""
+    return {"ratio/capped": unit_mean(ratio > settings.ratio_cap)}
+
+
+def check_ratio_cap(ratio_cap, name: str = "ratio_cap") -> None:
+    """The capped surrogate's largest weight: a finite number > 1 (0 where it is not used)."""
+    if isinstance(ratio_cap, bool) or not isinstance(ratio_cap, (int, float)) or not (
+            ratio_cap == 0 or (ratio_cap > 1 and math.isfinite(ratio_cap))):
+        raise ValueError(f"{name} must be 0 (unused: the clipped surrogate) or a finite number > 1 (the capped "
+                         f"surrogate's largest weight), got {ratio_cap!r}")
+
+
+def check_capped(settings) -> None:
+    if not settings.ratio_cap:
+        raise ValueError("surrogate = 'capped' needs ratio_cap, its largest weight: a finite number > 1, got 0")
+
+
+@surrogate("capped", metrics=capped_metrics, check=check_capped, trl_loss_type="cispo")
 def capped(ratio: torch.Tensor, A: torch.Tensor, logp: torch.Tensor, settings) -> torch.Tensor:
     """-sg(min(rho, ratio_cap)) A log pi: the weight is a constant, the gradient flows through
     log pi only."""

@@ -271,7 +271,7 @@ def failure_lab():
 # ----------------------------------------------------------------------------- chapter 8
 
 # (stage, what it makes, [(config key, what it does there)]) for dapo_toolbox; a test holds each
-# key to grpo_edu.training.config.TrainConfig.
+# key to grpo_edu.config.TrainConfig.
 TOOLBOX = [
     ("roll out", "G completions\nper prompt", [("dynamic_sampling_rounds", "refill groups whose\nrewards are all equal")]),
     ("score", "rewards $r_i$", [("overlong_cache", "a penalty for the last\nc tokens before the limit")]),

@@ -52,7 +52,8 @@ def _say(message: str) -> None:
 
 def _train_config(args):
     """The run's TrainConfig and where it came from; a bad file or --set is a UsageError."""
-    from grpo_edu.training.config import DEFAULT_CONFIG, TrainConfig, tomllib
+    from grpo_edu.config import DEFAULT_CONFIG, TrainConfig
+    from grpo_edu.config.files import tomllib
 
     if args.resume:
         # Continue the same run: its own config (written when it started), --set on top.
@@ -111,20 +112,20 @@ def _check_writable(output_dir: str, argument: str) -> None:
 def _check_model_and_device(config) -> None:
     import torch
 
-    path = Path(config.model).expanduser()
-    looks_local = path.exists() or config.model.startswith((".", "/", "~"))  # as models.load_policy decides
+    path = Path(config.run.model).expanduser()
+    looks_local = path.exists() or config.run.model.startswith((".", "/", "~"))  # as models.load_policy decides
     from grpo_edu.policy.models import COMMITTED_POLICIES
     names = [repr(name) for name in COMMITTED_POLICIES]
     committed = f"{', '.join(names[:-1])} or {names[-1]}"
-    if config.model not in COMMITTED_POLICIES and looks_local and not path.exists():
+    if config.run.model not in COMMITTED_POLICIES and looks_local and not path.exists():
         raise UsageError(f"model: expected {committed}, a saved model folder (holding config.json) or a hub id, "
-                         f"got {config.model!r}: no such folder. If an earlier step writes it (a pretraining "
-                         f"run, python -m grpo_edu.commands.pretrain --output-dir {config.model}), run that step first: "
+                         f"got {config.run.model!r}: no such folder. If an earlier step writes it (a pretraining "
+                         f"run, python -m grpo_edu.commands.pretrain --output-dir {config.run.model}), run that step first: "
                          f"it writes the folder only once it reaches its --target-accuracy")
-    if config.model not in COMMITTED_POLICIES and looks_local and not (path / "config.json").is_file():
+    if config.run.model not in COMMITTED_POLICIES and looks_local and not (path / "config.json").is_file():
         raise UsageError(f"model: expected {committed}, a saved model folder (holding config.json) or a hub id, "
-                         f"got {config.model!r}, which holds no config.json")
-    if config.device == "cuda" and not torch.cuda.is_available():
+                         f"got {config.run.model!r}, which holds no config.json")
+    if config.run.device == "cuda" and not torch.cuda.is_available():
         raise UsageError("device: expected a device this machine has, got 'cuda' (torch sees no CUDA GPU)")
 
 
@@ -139,9 +140,9 @@ def _check_world(config) -> tuple[int, bool]:
     """The number of processes torchrun started (1 without it) and whether this is rank 0;
     prompts_per_step must split into whole prompts per process."""
     processes = int(os.environ.get("WORLD_SIZE", "1"))
-    if config.prompts_per_step % processes:
+    if config.rollout.prompts_per_step % processes:
         raise UsageError(f"prompts_per_step: expected a multiple of the number of processes ({processes}; each "
-                         f"owns whole prompts, all G completions of each), got {config.prompts_per_step}")
+                         f"owns whole prompts, all G completions of each), got {config.rollout.prompts_per_step}")
     return processes, int(os.environ.get("RANK", "0")) == 0
 
 
@@ -149,7 +150,7 @@ def _train(args) -> int:
     config, source = _train_config(args)
     argument = f"--resume {args.resume}" if args.resume else "output_dir"
     processes, main_rank = _check_world(config)
-    _check_writable(config.output_dir, argument)
+    _check_writable(config.logging.output_dir, argument)
     # torch and transformers: seconds, after the quick checks
     from grpo_edu.runtime import distributed
     from grpo_edu.training import checkpoint, trainer, user_functions
@@ -161,8 +162,8 @@ def _train(args) -> int:
         raise UsageError(str(error)) from error
 
     if main_rank:
-        world = f"; {processes} processes ({config.parallelism})" if processes > 1 else ""
-        print(f"config: {source}; output: {config.output_dir}{world}")
+        world = f"; {processes} processes ({config.run.parallelism})" if processes > 1 else ""
+        print(f"config: {source}; output: {config.logging.output_dir}{world}")
     try:
         # The log (start accuracy, what resume repaired) goes to stderr with the progress bar.
         result = trainer.train(config, resume=args.resume, log=_say)
@@ -180,13 +181,13 @@ def _train(args) -> int:
         _say(f"grpo-edu train: {error}")   # the server failed, not the reader's input: exit 1
         return 1
     except OSError as error:
-        if not _cannot_write(error, config.output_dir):
+        if not _cannot_write(error, config.logging.output_dir):
             raise
-        raise UsageError(f"{argument}: expected a folder that can be written, got {config.output_dir!r} "
+        raise UsageError(f"{argument}: expected a folder that can be written, got {config.logging.output_dir!r} "
                          f"({error.strerror or error}: {error.filename or ''})") from error
     except KeyboardInterrupt:
         _say(f"grpo-edu train: interrupted; continue from the newest checkpoint with "
-             f"grpo-edu train --resume {config.output_dir}")
+             f"grpo-edu train --resume {config.logging.output_dir}")
         return 130
     finally:
         distributed.close_world(distributed.World(size=processes))
@@ -201,7 +202,7 @@ def _train(args) -> int:
     print(f"{label:<28}{spans[0]:>12}{spans[1]:>12}")
     print(f"steps {summary['steps']}, {summary['seconds']:.0f} s, "
           f"median {summary['median_steps_per_second']:.1f} steps/s")
-    run = Path(config.output_dir)
+    run = Path(config.logging.output_dir)
     for name in ("samples_before.txt", "samples_after.txt"):
         if (run / name).is_file():
             print(f"\n{name[:-4].replace('_', ' ')}:\n" + (run / name).read_text())
@@ -356,7 +357,7 @@ def build_parser() -> argparse.ArgumentParser:
     site.add_argument("out_dir", nargs="?", default="build/html", metavar="OUT_DIR",
                       help="where to write it (default build/html; an earlier build there is replaced)")
     site.set_defaults(func=book_commands.book_html)
-    from grpo_edu.training.config import help_text
+    from grpo_edu.config import help_text
     train = commands.add_parser("train", help="train a policy with GRPO",
                                 formatter_class=argparse.RawDescriptionHelpFormatter, epilog=help_text())
     _debug_flag(train)
@@ -402,7 +403,7 @@ def build_parser() -> argparse.ArgumentParser:
     serve = commands.add_parser("vllm-serve", help="start a vLLM server for vllm_mode = 'server'")
     _debug_flag(serve)
     serve.add_argument("model", metavar="MODEL", help="the policy: a saved model folder or a hub id (the "
-                       "trainer's config.model)")
+                       "trainer's config.run.model)")
     serve.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1: the server's "
                        "weight-transfer and cache routes must not face a network; 0.0.0.0 only when meant)")
     serve.add_argument("--port", type=int, default=8000, help="port (default 8000; the trainer's vllm_server_url)")

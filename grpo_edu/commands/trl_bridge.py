@@ -3,7 +3,7 @@
 For readers who want TRL's production features (DeepSpeed, PEFT, its vLLM integration)
 with the run they set up here:
 
-    from grpo_edu.training.config import TrainConfig
+    from grpo_edu.config import TrainConfig
     from grpo_edu.commands.trl_bridge import grpo_trainer
     grpo_trainer(TrainConfig.from_toml("configs/cpu-tiny.toml", ["advantage_std=sample"])).train()
 
@@ -22,7 +22,7 @@ from __future__ import annotations
 import os
 
 from grpo_edu.environment import tasks
-from grpo_edu.training.config import TrainConfig
+from grpo_edu.config import TrainConfig
 
 # Keys carried to a GRPOConfig argument of the same meaning.
 CARRIED = {
@@ -97,45 +97,45 @@ NOT_CARRIED = {
 def _refusals(config: TrainConfig) -> list[str]:
     """Why each setting TRL cannot reproduce cannot be carried over."""
     out = []
-    if config.advantage_fn:
-        out.append(f"advantage_fn = {config.advantage_fn!r}: TRL computes its own advantages")
-    elif config.advantage_std != "sample":
-        out.append(f"advantage_std = {config.advantage_std!r}: TRL divides by the sample std (G - 1); set "
+    if config.advantages.advantage_fn:
+        out.append(f"advantage_fn = {config.advantages.advantage_fn!r}: TRL computes its own advantages")
+    elif config.advantages.advantage_std != "sample":
+        out.append(f"advantage_std = {config.advantages.advantage_std!r}: TRL divides by the sample std (G - 1); set "
                    f"advantage_std = 'sample'")
-    if config.kl_estimator != "k3":
-        out.append(f"kl_estimator = {config.kl_estimator!r}: TRL's KL term is k3")
-    if config.filter_zero_std_groups:
+    if config.loss.kl_estimator != "k3":
+        out.append(f"kl_estimator = {config.loss.kl_estimator!r}: TRL's KL term is k3")
+    if config.advantages.filter_zero_std_groups:
         out.append("filter_zero_std_groups = true: TRL has no zero-std filter")
-    if config.dynamic_sampling_rounds:
-        out.append(f"dynamic_sampling_rounds = {config.dynamic_sampling_rounds}: TRL's GRPOTrainer trains every "
+    if config.advantages.dynamic_sampling_rounds:
+        out.append(f"dynamic_sampling_rounds = {config.advantages.dynamic_sampling_rounds}: TRL's GRPOTrainer trains every "
                    f"group it samples, and samples no replacements")
-    if config.supervision != "outcome":
-        out.append(f"supervision = {config.supervision!r}: TRL 1.16's GRPOTrainer computes one advantage per "
+    if config.advantages.supervision != "outcome":
+        out.append(f"supervision = {config.advantages.supervision!r}: TRL 1.16's GRPOTrainer computes one advantage per "
                    f"completion (its loss takes (B, T) advantages only from a subclass)")
-    if config.old_logprobs == "sampler":
-        out.append(f"old_logprobs = {config.old_logprobs!r}: TRL recomputes pi_old")
-    if config.rollout_lag:
-        out.append(f"rollout_lag = {config.rollout_lag}: TRL's GRPOTrainer samples each rollout with the current "
+    if config.off_policy.old_logprobs == "sampler":
+        out.append(f"old_logprobs = {config.off_policy.old_logprobs!r}: TRL recomputes pi_old")
+    if config.off_policy.rollout_lag:
+        out.append(f"rollout_lag = {config.off_policy.rollout_lag}: TRL's GRPOTrainer samples each rollout with the current "
                    f"policy (its experimental AsyncGRPOTrainer, with max_staleness, is another trainer)")
-    if config.environment:
-        out.append(f"environment = {config.environment!r}: TRL 1.16's tool training calls Python functions through "
+    if config.rollout.environment:
+        out.append(f"environment = {config.rollout.environment!r}: TRL 1.16's tool training calls Python functions through "
                    f"the chat template's tool-call format (tools, max_tool_calling_iterations), not a text "
                    f"environment that answers at a stop token")
-    if config.tis_cap and config.engine != "vllm":
-        out.append(f"tis_cap = {config.tis_cap} with engine = {config.engine!r}: TRL corrects vLLM's samples only")
-    if config.is_mask == "sequence":
+    if config.off_policy.tis_cap and config.run.engine != "vllm":
+        out.append(f"tis_cap = {config.off_policy.tis_cap} with engine = {config.run.engine!r}: TRL corrects vLLM's samples only")
+    if config.off_policy.is_mask == "sequence":
         out.append("is_mask = 'sequence': TRL's sequence_mask takes the product of the ratios, not their geometric "
                    "mean, and weighs each kept response by it")
-    elif config.is_mask != "none" and config.engine != "vllm":
-        out.append(f"is_mask = {config.is_mask!r} with engine = {config.engine!r}: TRL corrects vLLM's samples only")
-    if config.ratio_cap and (config.loss_type != "dapo" or config.importance_sampling_level != "token"):
-        out.append(f"ratio_cap = {config.ratio_cap} with loss_type = {config.loss_type!r}, importance_sampling_level "
-                   f"= {config.importance_sampling_level!r}: TRL's capped loss (cispo) aggregates as dapo, per token")
-    if config.top_entropy_quantile < 1 and _accumulation(config) > 1:
-        out.append(f"top_entropy_quantile = {config.top_entropy_quantile} with {_accumulation(config)} micro-batches "
+    elif config.off_policy.is_mask != "none" and config.run.engine != "vllm":
+        out.append(f"is_mask = {config.off_policy.is_mask!r} with engine = {config.run.engine!r}: TRL corrects vLLM's samples only")
+    if config.loss.ratio_cap and (config.loss.loss_type != "dapo" or config.loss.importance_sampling_level != "token"):
+        out.append(f"ratio_cap = {config.loss.ratio_cap} with loss_type = {config.loss.loss_type!r}, importance_sampling_level "
+                   f"= {config.loss.importance_sampling_level!r}: TRL's capped loss (cispo) aggregates as dapo, per token")
+    if config.loss.top_entropy_quantile < 1 and _accumulation(config) > 1:
+        out.append(f"top_entropy_quantile = {config.loss.top_entropy_quantile} with {_accumulation(config)} micro-batches "
                    f"per optimizer step: TRL takes the entropy quantile per micro-batch, grpo_edu per optimizer step "
                    f"(set micro_batch_size to the completions per process per optimizer step)")
-    if config.parallelism == "fsdp2" and int(os.environ.get("WORLD_SIZE", "1")) > 1:
+    if config.run.parallelism == "fsdp2" and int(os.environ.get("WORLD_SIZE", "1")) > 1:
         out.append("parallelism = 'fsdp2': launch TRL with an accelerate FSDP2 config instead "
                    "(accelerate launch --config_file ...)")
     return out
@@ -152,19 +152,19 @@ def batch_sizes(config: TrainConfig, processes: int = 1) -> dict[str, int]:
     """Our rollout (B x G completions, num_mini_batches optimizer steps per pass, micro-batches of
     micro_batch_size) as TRL's: per-device micro-batch, gradient accumulation, and the micro-steps
     per generation batch."""
-    completions = config.prompts_per_step * config.num_generations
-    per_step = completions // config.num_mini_batches
+    completions = config.rollout.prompts_per_step * config.rollout.num_generations
+    per_step = completions // config.optimisation.num_mini_batches
     if per_step % processes:
         raise ValueError(f"config key 'prompts_per_step': {per_step} completions per optimizer step do not "
                          f"divide among {processes} processes")
     per_process = per_step // processes
-    micro = min(config.micro_batch_size, per_process)
+    micro = min(config.optimisation.micro_batch_size, per_process)
     if per_process % micro:
-        raise ValueError(f"config key 'micro_batch_size' ({config.micro_batch_size}) must divide the completions "
+        raise ValueError(f"config key 'micro_batch_size' ({config.optimisation.micro_batch_size}) must divide the completions "
                          f"per process per optimizer step ({per_process}) for TRL's gradient accumulation")
     accumulation = per_process // micro
     return {"per_device_train_batch_size": micro, "gradient_accumulation_steps": accumulation,
-            "steps_per_generation": config.num_mini_batches * accumulation,
+            "steps_per_generation": config.optimisation.num_mini_batches * accumulation,
             "generation_batch_size": completions}
 
 
@@ -175,38 +175,38 @@ def grpo_config(config: TrainConfig, output_dir: str | None = None, **overrides)
     refused = _refusals(config)
     if refused:
         raise ValueError(f"config key {refused[0].split(' =')[0]!r} cannot be carried over to TRL: {refused[0]}")
-    K = config.num_iterations * config.num_mini_batches
+    K = config.optimisation.num_iterations * config.optimisation.num_mini_batches
     schedule = {"cosine": "cosine", "linear": "linear",
-                "constant": "constant_with_warmup" if config.warmup_steps else "constant"}[config.lr_schedule]
-    bf16 = config.precision == "bf16" or (config.precision == "auto" and config.device == "cuda")
+                "constant": "constant_with_warmup" if config.optimisation.warmup_steps else "constant"}[config.optimisation.lr_schedule]
+    bf16 = config.run.precision == "bf16" or (config.run.precision == "auto" and config.run.device == "cuda")
     arguments = dict(
-        output_dir=output_dir or config.output_dir, seed=config.seed, max_steps=config.steps * K,
-        num_generations=config.num_generations, num_iterations=config.num_iterations,
-        max_completion_length=config.max_completion_length, temperature=config.temperature, top_k=0, top_p=1.0,
-        learning_rate=config.learning_rate, lr_scheduler_type=schedule, warmup_steps=config.warmup_steps * K,
-        weight_decay=config.weight_decay, adam_beta1=config.adam_betas[0], adam_beta2=config.adam_betas[1],
-        max_grad_norm=config.max_grad_norm, loss_type=config.loss_type, beta=config.beta, epsilon=config.epsilon,
-        epsilon_high=config.epsilon_high, importance_sampling_level=config.importance_sampling_level,
-        top_entropy_quantile=config.top_entropy_quantile,
-        scale_rewards=config.advantage_scale, use_bias_correction_kl=False,
-        mask_truncated_completions=config.mask_truncated_completions,
-        sync_ref_model=bool(config.ref_sync_steps), ref_model_sync_steps=max(1, config.ref_sync_steps * K),
-        ref_model_mixup_alpha=config.ref_mixup_alpha, bf16=bf16, use_cpu=config.device == "cpu", disable_tqdm=not config.progress,
-        save_strategy="steps" if config.checkpoint_every else "no",
-        save_steps=max(1, config.checkpoint_every * K), report_to="none", logging_strategy="steps", logging_steps=1,
-        use_vllm=config.engine == "vllm",
+        output_dir=output_dir or config.logging.output_dir, seed=config.run.seed, max_steps=config.optimisation.steps * K,
+        num_generations=config.rollout.num_generations, num_iterations=config.optimisation.num_iterations,
+        max_completion_length=config.rollout.max_completion_length, temperature=config.rollout.temperature, top_k=0, top_p=1.0,
+        learning_rate=config.optimisation.learning_rate, lr_scheduler_type=schedule, warmup_steps=config.optimisation.warmup_steps * K,
+        weight_decay=config.optimisation.weight_decay, adam_beta1=config.optimisation.adam_betas[0], adam_beta2=config.optimisation.adam_betas[1],
+        max_grad_norm=config.optimisation.max_grad_norm, loss_type=config.loss.loss_type, beta=config.loss.beta, epsilon=config.loss.epsilon,
+        epsilon_high=config.loss.epsilon_high, importance_sampling_level=config.loss.importance_sampling_level,
+        top_entropy_quantile=config.loss.top_entropy_quantile,
+        scale_rewards=config.advantages.advantage_scale, use_bias_correction_kl=False,
+        mask_truncated_completions=config.loss.mask_truncated_completions,
+        sync_ref_model=bool(config.loss.ref_sync_steps), ref_model_sync_steps=max(1, config.loss.ref_sync_steps * K),
+        ref_model_mixup_alpha=config.loss.ref_mixup_alpha, bf16=bf16, use_cpu=config.run.device == "cpu", disable_tqdm=not config.logging.progress,
+        save_strategy="steps" if config.logging.checkpoint_every else "no",
+        save_steps=max(1, config.logging.checkpoint_every * K), report_to="none", logging_strategy="steps", logging_steps=1,
+        use_vllm=config.run.engine == "vllm",
         **batch_sizes(config, int(os.environ.get("WORLD_SIZE", "1"))))
-    if config.engine == "vllm":
-        arguments.update(vllm_mode=config.vllm_mode, vllm_gpu_memory_utilization=config.vllm_gpu_memory_utilization,
-                         vllm_enable_sleep_mode=config.vllm_sleep_mode,
-                         vllm_server_base_url=config.vllm_server_url if config.vllm_mode == "server" else None,
-                         vllm_importance_sampling_correction=bool(config.tis_cap) or config.is_mask != "none",
-                         vllm_importance_sampling_mode="token_truncate" if config.tis_cap else "token_mask",
-                         vllm_importance_sampling_clip_min=config.is_mask_band[0] if config.is_mask != "none" else None,
-                         vllm_importance_sampling_clip_max=config.tis_cap or (
-                             config.is_mask_band[1] if config.is_mask != "none" else None))
-    if config.ratio_cap:
-        arguments.update(loss_type="cispo", epsilon_high=config.ratio_cap)
+    if config.run.engine == "vllm":
+        arguments.update(vllm_mode=config.vllm.vllm_mode, vllm_gpu_memory_utilization=config.vllm.vllm_gpu_memory_utilization,
+                         vllm_enable_sleep_mode=config.vllm.vllm_sleep_mode,
+                         vllm_server_base_url=config.vllm.vllm_server_url if config.vllm.vllm_mode == "server" else None,
+                         vllm_importance_sampling_correction=bool(config.off_policy.tis_cap) or config.off_policy.is_mask != "none",
+                         vllm_importance_sampling_mode="token_truncate" if config.off_policy.tis_cap else "token_mask",
+                         vllm_importance_sampling_clip_min=config.off_policy.is_mask_band[0] if config.off_policy.is_mask != "none" else None,
+                         vllm_importance_sampling_clip_max=config.off_policy.tis_cap or (
+                             config.off_policy.is_mask_band[1] if config.off_policy.is_mask != "none" else None))
+    if config.loss.ratio_cap:
+        arguments.update(loss_type="cispo", epsilon_high=config.loss.ratio_cap)
     arguments.pop("generation_batch_size")   # TRL derives it from the three above; passing both is an error
     arguments.update(overrides)
     return GRPOConfig(**arguments)
@@ -215,23 +215,23 @@ def grpo_config(config: TrainConfig, output_dir: str | None = None, **overrides)
 def peft_config(config: TrainConfig):
     """LoRA (lora_rank > 0) as the peft LoraConfig GRPOTrainer takes: the adapters grpo_edu.policy.lora
     injects (rank, alpha, the target layers, no dropout, no bias); None for full fine-tuning."""
-    if not config.lora_rank:
+    if not config.lora.lora_rank:
         return None
     from peft import LoraConfig
-    return LoraConfig(r=config.lora_rank, lora_alpha=config.lora_alpha, lora_dropout=0.0, bias="none",
-                      target_modules=list(config.lora_target_modules), task_type="CAUSAL_LM")
+    return LoraConfig(r=config.lora.lora_rank, lora_alpha=config.lora.lora_alpha, lora_dropout=0.0, bias="none",
+                      target_modules=list(config.lora.lora_target_modules), task_type="CAUSAL_LM")
 
 
 def reward_functions(config: TrainConfig) -> tuple[list, list[float]]:
     """The config's reward functions (built-in by name, the reader's by import path) and weights."""
     from grpo_edu.training.user_functions import reward_functions_from_config
     functions, weights = [], []
-    for name, (function, weight) in reward_functions_from_config(config.rewards, config.unboxed_answers).items():
+    for name, (function, weight) in reward_functions_from_config(config.run.rewards, config.run.unboxed_answers).items():
         functions.append(_named(function, name))
         weights.append(weight)
-    if config.overlong_cache:   # the term grpo_edu.training.scoring adds, weight 1: TRL's own function
+    if config.loss.overlong_cache:   # the term grpo_edu.training.scoring adds, weight 1: TRL's own function
         from trl.rewards import get_soft_overlong_punishment
-        punishment = get_soft_overlong_punishment(config.max_completion_length, config.overlong_cache)
+        punishment = get_soft_overlong_punishment(config.rollout.max_completion_length, config.loss.overlong_cache)
 
         def overlong(completions, completion_ids, **kwargs):
             return punishment(completion_ids)
@@ -250,22 +250,22 @@ def _named(function, name: str):
 
 def train_dataset(config: TrainConfig, size: int = 10_000):
     """The task's training problems as a datasets.Dataset: prompt (text, with the task's instruction
-    when config.task_instruction, as a user message when config.chat_template) and the columns
+    when config.data.task_instruction, as a user message when config.data.chat_template) and the columns
     the rewards read."""
     from datasets import Dataset
-    samples = (tasks.load_gsm8k("train", config.dataset) if config.task == "gsm8k" else
-               tasks.make_dataset(config.task, n=tasks.training_pool_size(config.task, size), split="train", seed=0))
+    samples = (tasks.load_gsm8k("train", config.data.dataset) if config.run.task == "gsm8k" else
+               tasks.make_dataset(config.run.task, n=tasks.training_pool_size(config.run.task, size), split="train", seed=0))
     rows = []
     for sample in samples:
-        row = tasks.with_instruction(sample) if config.task_instruction else dict(sample)
-        if config.chat_template:
+        row = tasks.with_instruction(sample) if config.data.task_instruction else dict(sample)
+        if config.data.chat_template:
             row["prompt"] = [{"role": "user", "content": row["prompt"]}]
         rows.append(row)
     return Dataset.from_list(rows)
 
 
 def grpo_trainer(config: TrainConfig, *, model=None, tokenizer=None, dataset=None, **trainer_kwargs):
-    """TRL's GRPOTrainer for `config`: its policy (config.model; 'start' is the committed tiny
+    """TRL's GRPOTrainer for `config`: its policy (config.run.model; 'start' is the committed tiny
     policy), task and rewards, and with lora_rank > 0 its LoRA adapters (peft_config). trainer_kwargs
     go to GRPOTrainer (callbacks, a peft_config of your own, ...)."""
     from trl import GRPOTrainer
@@ -273,10 +273,10 @@ def grpo_trainer(config: TrainConfig, *, model=None, tokenizer=None, dataset=Non
     from grpo_edu.policy.models import load_policy, policy_source
     args = grpo_config(config)
     if model is None:
-        model, tokenizer = load_policy(policy_source(config.model))
+        model, tokenizer = load_policy(policy_source(config.run.model))
     functions, weights = reward_functions(config)
     args.reward_weights = weights
-    if config.lora_rank and "peft_config" not in trainer_kwargs:
+    if config.lora.lora_rank and "peft_config" not in trainer_kwargs:
         trainer_kwargs["peft_config"] = peft_config(config)
     return GRPOTrainer(model=model, args=args, reward_funcs=functions,
                        train_dataset=dataset if dataset is not None else train_dataset(config),

@@ -1,9 +1,16 @@
 """What the policy is asked and how its answers are scored.
 
-    tasks.py    prompts with answers a program can check (arithmetic, multiply, countdown,
-                chain, GSM8K)
-    rewards.py  one scalar per completion from rules: accuracy, format, language
-    process.py  process supervision: the chain task's step verifier, each step's reward at its token
+    registry.py  the tasks, each registered whole: its problems, instruction, answer check, step
+                 verifier and pretraining card
+    tasks.py     prompts with answers a program can check (arithmetic, multiply, countdown,
+                 GSM8K), each registered where it is written; a run's problems
+    rewards.py   one scalar per completion from rules: accuracy, format, language
+    process.py   process supervision: the chain task (registered there), its step verifier, each
+                 step's reward at its token
+
+Importing the package registers the built-in tasks (tasks.py and process.py).
 
 Imports grpo_edu.runtime, grpo_edu.algorithm and grpo_edu.policy.
 """
+
+from grpo_edu.environment import process, tasks  # noqa: F401  (the built-in tasks register themselves)

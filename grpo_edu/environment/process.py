@@ -38,6 +38,8 @@ from typing import NamedTuple, Sequence
 import torch
 
 from grpo_edu.algorithm.advantages import process_advantages
+from grpo_edu.environment.registry import TASKS, Pretraining, Task, register_task, step_verified_tasks
+from grpo_edu.environment.tasks import make_dataset, numbers_match
 from grpo_edu.policy.models import THINK_CLOSE, THINK_OPEN, completion_text
 
 CHAIN_NUMBERS = 3                 # numbers per problem: two written steps
@@ -88,7 +90,25 @@ def chain_steps(text: str, numbers: Sequence[int]) -> list[tuple[int, float]]:
     return steps
 
 
-STEP_VERIFIERS = {"chain": chain_steps}
+register_task(Task(
+    "chain", "three numbers summed step by step, '12+7+30=': every written step a rule checks (process supervision)",
+    instruction=("Add the numbers left to right, writing each partial sum as a+b=c inside <think> and </think> "
+                 "(separated by commas), then give the total as \\boxed{number}."),
+    check=numbers_match, draw=draw_chain, step_verifier=chain_steps,
+    pretraining=Pretraining(
+        card="""# {name}: a starting policy that sums three numbers step by step
+
+A {layers}-layer, {width}-wide Llama ({parameters:,} parameters, float32)
+with a character-level tokenizer (`grpo_edu.policy.models.char_tokenizer`), trained by
+supervised fine-tuning on chain sums (`grpo_edu.environment.process`, task "chain": `12+7+30=` ->
+`<think>12+7=19,19+30=49</think>\\boxed{{49}}`, every partial sum written) and stopped while
+it is still often wrong: the policy the book's process-supervision runs start from
+(chapter 5; configs/cpu-chain.toml), whose every step a rule can check.""",
+        report=('`grpo_edu.environment.tasks.make_dataset("chain", 1000, "test", seed=0)`', lambda: make_dataset("chain", 1000, "test", seed=0)),
+        use=("from grpo_edu.policy.models import CHAIN_POLICY, load_policy\nmodel, tokenizer = load_policy(CHAIN_POLICY)  "
+             "# this directory; in a run's config: model = \"chain-start\" (configs/cpu-chain.toml)"))))
+
+
 SUPERVISIONS = ("outcome", "process")   # config key supervision: a reward per completion, or per step
 
 
@@ -145,7 +165,7 @@ class Steps(NamedTuple):
 def completion_steps(texts: Sequence[str], columns: dict, tokenizer, completion_ids: torch.Tensor,
                      completion_mask: torch.Tensor, outcome: torch.Tensor) -> Steps:
     """Every completion's steps, for grpo_edu.algorithm.advantages.process_advantages: its written steps
-    (STEP_VERIFIERS of its task, each 1.0 right or 0.0 wrong), then its final answer at its last
+    (its task's registered step_verifier, each 1.0 right or 0.0 wrong), then its final answer at its last
     real token with its outcome reward.
 
     texts: N decoded completions; columns: the dataset columns per completion (`task`,
@@ -155,10 +175,11 @@ def completion_steps(texts: Sequence[str], columns: dict, tokenizer, completion_
     lengths = completion_mask.sum(-1).tolist()
     rows, right, pieces = [], [], {}
     for i in range(N):
-        if tasks[i] not in STEP_VERIFIERS:
+        verifier = TASKS[tasks[i]].step_verifier if tasks[i] in TASKS else None
+        if verifier is None:
             raise ValueError(f"supervision = 'process' needs a task whose steps a rule checks "
-                             f"{tuple(STEP_VERIFIERS)}, got completion {i} of task {tasks[i]!r}")
-        steps = STEP_VERIFIERS[tasks[i]](texts[i], numbers[i])
+                             f"{step_verified_tasks()}, got completion {i} of task {tasks[i]!r}")
+        steps = verifier(texts[i], numbers[i])
         ends = token_ends(tokenizer, completion_ids[i, :lengths[i]].tolist(), [end for end, _ in steps], pieces,
                           texts[i])   # the rewards' text: not decoded again
         rows.append([(end, reward) for end, (_, reward) in zip(ends, steps)]
@@ -181,15 +202,16 @@ def step_rewards(config, texts: Sequence[str], columns: dict, tokenizer, rollout
     whatever the supervision); with supervision = "process" also every token's advantage and, as
     the row "advantage", each completion's first (the sum of its normalised step rewards).
     outcome: (N,) the completions' outcome rewards, their last step's."""
-    if config.task not in STEP_VERIFIERS or config.environment:
+    if TASKS[config.run.task].step_verifier is None or config.rollout.environment:
         return None, {}
     steps = completion_steps(texts, columns, tokenizer, rollout.completion_ids.cpu(), rollout.completion_mask.cpu(),
                              outcome)
     counts = {"steps": steps.written, "steps_right": steps.right}
-    if config.supervision != "process":
+    advantages = config.advantages
+    if advantages.supervision != "process":
         return None, counts
-    G = config.num_generations
+    G = config.rollout.num_generations
     token_advantages = process_advantages(*(t.view(-1, G, t.shape[-1]) for t in steps[:3]),
-                                          rollout.completion_ids.shape[1], scale=config.advantage_scale,
-                                          std=config.advantage_std)
+                                          rollout.completion_ids.shape[1], scale=advantages.advantage_scale,
+                                          std=advantages.advantage_std)
     return token_advantages, {**counts, "advantage": token_advantages[..., 0].reshape(-1)}

@@ -33,8 +33,8 @@ import re
 from fractions import Fraction
 from typing import Any, Callable, Mapping, Sequence
 
+from grpo_edu.environment.registry import TASKS
 from grpo_edu.policy.models import BOXED_OPEN, THINK_CLOSE, THINK_OPEN
-from grpo_edu.environment.tasks import ExpressionError, evaluate_expression, expression_numbers
 
 MAX_ANSWER_CHARS = 200  # a final answer longer than this is not an answer
 
@@ -224,19 +224,6 @@ def answers_match(predicted: str | None, reference: Any) -> bool:
     return " ".join(predicted.split()) == " ".join(reference.split()) != ""
 
 
-def countdown_correct(predicted: str | None, numbers: Sequence[int], target: Any) -> bool:
-    """True when `predicted` is an expression that uses each of `numbers` exactly
-    once and evaluates to `target` (checked by grpo_edu.environment.tasks' parser, not eval)."""
-    if predicted is None or numbers is None or target is None:
-        return False
-    try:
-        value = evaluate_expression(predicted)
-        used = expression_numbers(predicted)
-        return sorted(used) == sorted(int(n) for n in numbers) and value == Fraction(str(target))
-    except (ExpressionError, ValueError, TypeError):
-        return False
-
-
 def accuracy_reward(completions: Sequence, answer: Any = None, task: Any = None,
                     numbers: Any = None, unboxed: bool = False, **kwargs) -> list[float]:
     """1.0 when the completion's final answer (`extract_answer`) is right, else 0.0.
@@ -244,8 +231,9 @@ def accuracy_reward(completions: Sequence, answer: Any = None, task: Any = None,
     answer: the reference answer per completion (a dataset column; a scalar is
         broadcast). For task "countdown" it is the target, and the answer must be
         an expression over `numbers` (each used once) that reaches it.
-    task: per-completion task name (optional; anything but "countdown" compares
-        answers with `answers_match`).
+    task: per-completion task name (optional): its registered answer check
+        (grpo_edu.environment.registry.Task.check) judges; no task, or one not registered,
+        compares answers with `answers_match`.
     unboxed: also read an answer given as a sentence, "The answer is 18." (extract_answer;
         off by default, as R1's rule; config key unboxed_answers).
     """
@@ -259,12 +247,14 @@ def accuracy_reward(completions: Sequence, answer: Any = None, task: Any = None,
     scores = []
     for index, (completion, reference, kind, pool) in enumerate(zip(completions, answers, tasks, numbers_per)):
         predicted = extract_answer(completion_text(completion), unboxed=unboxed)
-        if kind == "countdown":
-            if pool is None:
-                raise ValueError(f"completion {index} is a countdown problem but has no `numbers`")
-            correct = countdown_correct(predicted, pool, reference)
-        else:
+        registered = TASKS.get(kind) if isinstance(kind, str) else None
+        if registered is None:
             correct = answers_match(predicted, reference)
+        else:
+            try:
+                correct = registered.check(predicted, {"answer": reference, "task": kind, "numbers": pool})
+            except ValueError as error:
+                raise ValueError(f"completion {index}: {error}") from error
         scores.append(1.0 if correct else 0.0)
     return scores
 
@@ -418,3 +408,26 @@ class CombinedReward:
 def combined_reward(weights: Mapping[str, float] | None = None) -> CombinedReward:
     """The weighted sum of named rewards; default R1's accuracy + format."""
     return CombinedReward(R1_WEIGHTS if weights is None else weights)
+
+
+# --------------------------------------------------------------------------- length
+
+def check_overlong_cache(cache, max_completion_length: int, name: str = "cache", allow_off: bool = False) -> None:
+    """The soft overlong punishment's stretch: an int in [1, L) (allow_off: [0, L), 0 = off)."""
+    low = 0 if allow_off else 1
+    if isinstance(cache, bool) or not isinstance(cache, int) or not low <= cache < max_completion_length:
+        raise ValueError(f"{name} must be an int in [{low}, max_completion_length = {max_completion_length}) (the "
+                         f"stretch before the limit where the punishment falls from 0 to -1{'; 0 = off' if allow_off else ''}), "
+                         f"got {cache!r}")
+
+
+def soft_overlong_punishment(lengths, max_completion_length: int, cache: int):
+    """DAPO's soft overlong punishment (config key overlong_cache), a reward term from token counts:
+    0 up to L - cache tokens, then falling linearly to -1 at the limit L (= max_completion_length,
+    where a completion is cut): ((L - cache) - |o|) / cache. (N,) tensor -> (N,) float64; TRL 1.16's
+    trl.rewards.get_soft_overlong_punishment(L, cache) to the bit (tests/test_overlong.py)."""
+    import torch
+    check_overlong_cache(cache, max_completion_length)
+    expected = max_completion_length - cache
+    over = lengths.to(torch.float64) - expected
+    return torch.where(over <= 0, 0.0, torch.where(lengths <= max_completion_length, -over / cache, -1.0))

@@ -5,8 +5,9 @@ for TRL) with at least
 
     prompt    the text the policy continues
     answer    the reference final answer, as a string ("132")
-    task      "arithmetic" | "multiply" | "countdown" | "chain" | "gsm8k" (tells the
-              accuracy reward how to check an answer)
+    task      the registered task's name, "arithmetic" | "multiply" | "countdown" | "chain" |
+              "gsm8k" (grpo_edu.environment.registry: tells the accuracy reward how to check
+              an answer)
 
 and, for the generated tasks, `solution`: a correct completion in the format the
 rewards expect, used for supervised pretraining and as an example:
@@ -29,6 +30,9 @@ column (7+5=12 for 47+85: a carry), the boxed answer the result.
 Train and held-out problems never overlap: a problem's split is a hash of its
 text (`split_of`), so the held-out set is the same for every seed, every
 generator and every machine, and a train sampler can never draw a test problem.
+
+Each task here is registered whole where it is written (`register_task`, at the end of its
+section): its problems, its instruction, its answer check and its pretraining card.
 """
 
 from __future__ import annotations
@@ -40,9 +44,10 @@ import re
 import zlib
 from fractions import Fraction
 from pathlib import Path
-from typing import Iterator
+from typing import Any, Iterator, Sequence
 
-from grpo_edu.environment import process
+from grpo_edu.environment.registry import TASKS, Pretraining, Task, generated_tasks, register_task, task_named
+from grpo_edu.environment.rewards import answers_match
 from grpo_edu.policy.models import completion_text
 
 
@@ -95,6 +100,32 @@ def _arithmetic_pool(split: str) -> tuple[dict, ...]:
     return tuple(s for s in samples if split_of(s["prompt"]) == split)
 
 
+def numbers_match(predicted: str | None, row) -> bool:
+    """The answer check of the tasks with a numeric answer: equal to the row's "answer" as
+    numbers (grpo_edu.environment.rewards.answers_match)."""
+    return answers_match(predicted, row.get("answer"))
+
+
+_CHARACTER_LLAMA = """A {layers}-layer, {width}-wide Llama ({parameters:,} parameters, float32)
+with a character-level tokenizer (`grpo_edu.policy.models.char_tokenizer`), trained by"""
+
+register_task(Task(
+    "arithmetic", "two-digit addition and subtraction, '47+85=' (the CPU tier's task)",
+    instruction=("Compute the result. Think step by step inside <think> and </think>, then give the final answer "
+                 "as \\boxed{number}."),
+    check=numbers_match, pool=_arithmetic_pool,
+    pretraining=Pretraining(
+        card="""# tiny-arithmetic-start: grpo-edu's starting policy
+
+""" + _CHARACTER_LLAMA + """
+supervised fine-tuning on two-digit addition and subtraction (`grpo_edu.environment.tasks`,
+e.g. `47+85=` -> `<think>12</think>\\boxed{{132}}`, the reasoning being the units
+column) and stopped on purpose while it is still often wrong: it is the policy
+GRPO starts from in chapters 5 and 6.""",
+        report=('`grpo_edu.environment.tasks.arithmetic_problems("test")`', lambda: arithmetic_problems("test")),
+        use="from grpo_edu.policy.models import load_policy\nmodel, tokenizer = load_policy()  # this directory")))
+
+
 # --------------------------------------------------------------------------- multiply (with a calculator)
 
 MULTIPLY_OPERAND_RANGE = (10, 99)  # two-digit factors: 90 * 90 = 8,100 problems
@@ -123,6 +154,39 @@ def _multiply_pool(split: str) -> tuple[dict, ...]:
     low, high = MULTIPLY_OPERAND_RANGE
     samples = (multiply_sample(a, b) for a in range(low, high + 1) for b in range(low, high + 1))
     return tuple(s for s in samples if split_of(s["prompt"]) == split)
+
+
+def tool_share_stream(config) -> Iterator[dict]:
+    """multiply's pretraining samples: each draw's solution calls the calculator with probability
+    config.tool_share (its own seeded coin), else it is the direct one, so the policy learns both
+    and GRPO has something to choose between."""
+    stream = iterate_samples("multiply", "train", seed=config.seed)
+    coin = random.Random(f"tool-share/{config.seed}")
+    return ({**sample, "solution": sample["solution"] if coin.random() < config.tool_share
+             else sample["direct_solution"]} for sample in stream)
+
+
+register_task(Task(
+    "multiply", "two-digit multiplication, '47*85=', with a calculator to call (needs environment = "
+                "'grpo_edu.training.episodes:Calculator')",
+    instruction=("Compute the product. You may call a calculator: write [expression] and it answers =value. Think "
+                 "step by step inside <think> and </think>, then give the final answer as \\boxed{number}."),
+    check=numbers_match, pool=_multiply_pool,
+    pretraining=Pretraining(
+        card="""# {name}: a starting policy that calls a calculator sometimes
+
+""" + _CHARACTER_LLAMA + """
+supervised fine-tuning on two-digit multiplication (`grpo_edu.environment.tasks`, task "multiply"),
+{tool_percent:.0f}% of its solutions calling the calculator (`47*85=` ->
+`<think>[47*85]=3995</think>\\boxed{{3995}}`, the `=3995` written by
+`grpo_edu.training.episodes.Calculator` and kept out of the loss), the rest answering in the head
+(`<think>35</think>\\boxed{{3995}}`): the policy chapter 12's GRPO runs start from,
+able to call the tool and to skip it.""",
+        report=('`grpo_edu.environment.tasks.make_dataset("multiply", 816, "test", seed=0)`, every held-out one',
+                lambda: make_dataset("multiply", 816, "test", seed=0)),
+        use=("from grpo_edu.policy.models import TOOL_POLICY, load_policy\nmodel, tokenizer = load_policy(TOOL_POLICY)  "
+             "# this directory; in a run's config: model = \"multiply-start\" (configs/cpu-tools.toml)"),
+        environment="grpo_edu.training.episodes:Calculator", stream=tool_share_stream)))
 
 
 # --------------------------------------------------------------------------- countdown
@@ -243,16 +307,53 @@ def expression_numbers(text: str) -> list[int]:
     return [int(token) for token in _tokens(text) if token.isdigit()]
 
 
-# --------------------------------------------------------------------------- datasets
+def countdown_correct(predicted: str | None, numbers: Sequence[int], target: Any) -> bool:
+    """True when `predicted` is an expression that uses each of `numbers` exactly
+    once and evaluates to `target` (checked by this module's parser, not eval)."""
+    if predicted is None or numbers is None or target is None:
+        return False
+    try:
+        value = evaluate_expression(predicted)
+        used = expression_numbers(predicted)
+        return sorted(used) == sorted(int(n) for n in numbers) and value == Fraction(str(target))
+    except (ExpressionError, ValueError, TypeError):
+        return False
 
-GENERATED_TASKS = ("arithmetic", "multiply", "countdown", "chain")
-TASKS = (*GENERATED_TASKS, "gsm8k")   # config key task: the generated ones, and GSM8K read from a file or the hub
-_POOLS = {"arithmetic": _arithmetic_pool, "multiply": _multiply_pool}   # small spaces, listed whole
+
+def countdown_check(predicted: str | None, row) -> bool:
+    """Countdown's answer check: the row's "answer" is the target, and the answer must be an
+    expression over the row's "numbers" (each used once) that reaches it."""
+    if row.get("numbers") is None:
+        raise ValueError("a countdown problem has no `numbers` column")
+    return countdown_correct(predicted, row["numbers"], row.get("answer"))
+
+
+register_task(Task(
+    "countdown", "reach a target from three numbers, 'Use 3 5 7 to make 22:' (generated)",
+    instruction=("Write an expression that uses each of the numbers exactly once, with + - * / and parentheses, and "
+                 "equals the target. Think step by step inside <think> and </think>, then give the expression "
+                 "itself (not its value) as \\boxed{expression}, for example \\boxed{(1+2)*3}, and nothing after "
+                 "it."),
+    check=countdown_check, draw=_draw_countdown,
+    pretraining=Pretraining(
+        card="""# {name}: a Countdown starting policy
+
+""" + _CHARACTER_LLAMA + """
+supervised fine-tuning on Countdown (`grpo_edu.environment.tasks`: reach a target from three numbers,
+e.g. `Use 15 10 9 to make 34:` -> `<think>10+9=19 19+15=34</think>\\boxed{{10+9+15}}`) and
+stopped while it is still often wrong: the starting policy of the GPU tier's download-free
+recipe (configs/gpu-countdown-from-scratch.toml).""",
+        report=('`grpo_edu.environment.tasks.make_dataset("countdown", 1000, "test", seed=0)`',
+                lambda: make_dataset("countdown", 1000, "test", seed=0)))))
+
+
+# --------------------------------------------------------------------------- datasets
 
 
 def _check_task_and_split(task: str, split: str) -> None:
-    if task not in GENERATED_TASKS:
-        raise ValueError(f"task must be one of {GENERATED_TASKS} (gsm8k: use load_gsm8k), got {task!r}")
+    if task not in generated_tasks():
+        raise ValueError(f"task must be one of {generated_tasks()} (a task read from files: use its loader, e.g. "
+                         f"load_gsm8k), got {task!r}")
     if split not in SPLITS:
         raise ValueError(f"split must be one of {SPLITS}, got {split!r}")
 
@@ -262,13 +363,13 @@ def iterate_samples(task: str = "arithmetic", split: str = "train", seed: int = 
     problems (duplicates possible)."""
     _check_task_and_split(task, split)
     rng = random.Random(f"{task}/{split}/{seed}")
-    if task in _POOLS:  # small space: draw from the split's list
-        pool = _POOLS[task](split)
+    registered = TASKS[task]
+    if registered.pool is not None:  # small space: draw from the split's list
+        pool = registered.pool(split)
         while True:
             yield dict(rng.choice(pool))
-    draw = process.draw_chain if task == "chain" else _draw_countdown
-    while True:  # countdown, chain: draw, keep the split's (their spaces are too big to list)
-        sample = draw(rng)
+    while True:  # a space too big to list: draw, keep the split's
+        sample = registered.draw(rng)
         if split_of(sample["prompt"]) == split:
             yield sample
 
@@ -288,9 +389,10 @@ def make_dataset(task: str = "arithmetic", n: int = 1000, split: str = "train", 
     _check_task_and_split(task, split)
     if n < 0:
         raise ValueError(f"n must be >= 0, got {n}")
-    if task in _POOLS and unique and n > len(_POOLS[task](split)):
+    pool = TASKS[task].pool
+    if pool is not None and unique and n > len(pool(split)):
         raise ValueError(f"n = {n} distinct {task} problems requested from split {split!r}, which "
-                         f"holds {len(_POOLS[task](split)):,}; ask for fewer or pass unique=False")
+                         f"holds {len(pool(split)):,}; ask for fewer or pass unique=False")
     samples, seen, misses = [], set(), 0
     stream = iterate_samples(task, split, seed)
     while len(samples) < n:
@@ -354,38 +456,23 @@ def load_gsm8k(split: str = "train", dataset: str = "openai/gsm8k") -> list[dict
     return [gsm8k_sample(row["question"], row["answer"]) for row in rows]
 
 
+register_task(Task(
+    "gsm8k", "grade-school maths word problems (Cobbe et al., 2021), read from `dataset` (the GPU recipes)",
+    instruction=GSM8K_INSTRUCTION, check=numbers_match, load=load_gsm8k))
+
+
 # --------------------------------------------------------------------------- instructions
 
-# What a model that was not trained on the bare prompts must be told: the answer format both
-# rewards score (grpo_edu.environment.rewards: <think>reasoning</think>\\boxed{answer}, nothing after it)
-# and, for Countdown, the rules (each number once; the expression, not its value, is the
-# answer). GSM8K's prompts always carry GSM8K_INSTRUCTION.
-INSTRUCTIONS = {
-    "arithmetic": ("Compute the result. Think step by step inside <think> and </think>, then give the "
-                   "final answer as \\boxed{number}."),
-    "multiply": ("Compute the product. You may call a calculator: write [expression] and it answers "
-                 "=value. Think step by step inside <think> and </think>, then give the final answer as "
-                 "\\boxed{number}."),
-    "countdown": ("Write an expression that uses each of the numbers exactly once, with + - * / and "
-                  "parentheses, and equals the target. Think step by step inside <think> and </think>, "
-                  "then give the expression itself (not its value) as \\boxed{expression}, for example "
-                  "\\boxed{(1+2)*3}, and nothing after it."),
-    "chain": ("Add the numbers left to right, writing each partial sum as a+b=c inside <think> and </think> "
-              "(separated by commas), then give the total as \\boxed{number}."),
-    "gsm8k": GSM8K_INSTRUCTION,
-}
-
-
 def with_instruction(sample: dict) -> dict:
-    """The sample with its task's instruction on a line after the problem (INSTRUCTIONS):
-    "Use 3 5 7 to make 22:" -> "Use 3 5 7 to make 22:\\n" + INSTRUCTIONS["countdown"] + "\\n".
+    """The sample with its task's instruction on a line after the problem (the registered
+    task's instruction: the answer format both rewards score, grpo_edu.environment.rewards'
+    <think>reasoning</think>\\boxed{answer} with nothing after it, and the task's rules):
+    "Use 3 5 7 to make 22:" -> "Use 3 5 7 to make 22:\\n" + its instruction + "\\n".
     A GSM8K sample is returned as it is (its prompt already ends with the instruction)."""
-    task = sample.get("task")
-    if task not in INSTRUCTIONS:
-        raise ValueError(f"sample['task'] must be one of {tuple(INSTRUCTIONS)}, got {task!r}")
-    if task == "gsm8k":
+    task = task_named(sample.get("task"), "sample['task']")
+    if task.name == "gsm8k":
         return dict(sample)
-    return {**sample, "prompt": f"{sample['prompt']}\n{INSTRUCTIONS[task]}\n"}
+    return {**sample, "prompt": f"{sample['prompt']}\n{task.instruction}\n"}
 
 
 # --------------------------------------------------------------------------- a run's problems
@@ -396,24 +483,26 @@ TRAIN_POOL = 10_000  # distinct training problems a run's prompts are drawn from
 def training_pool_size(task: str, size: int = TRAIN_POOL) -> int:
     """How many distinct training problems a run draws from: `size`, or all of a smaller
     task's train split (multiply: 7,284)."""
-    return min(size, len(_POOLS[task]("train"))) if task in _POOLS else size
+    pool = TASKS[task].pool
+    return min(size, len(pool("train"))) if pool is not None else size
 
 
-def task_pools(config, tokenizer) -> tuple[list[dict], list[dict]]:
-    """A training run's problems (config: a grpo_edu.training.config.TrainConfig, of which its
-    task, dataset, eval_size, task_instruction and chat_template are read): the pool prompts are drawn from, and the held-out problems (the first
-    eval_size of the test split), with their prompts as the policy reads them (the task's
-    instruction added when task_instruction, then inside the tokenizer's chat template when
-    chat_template)."""
-    if config.task == "gsm8k":
-        train_pool = load_gsm8k("train", config.dataset)
-        held_out = load_gsm8k("test", config.dataset)[:config.eval_size]
+def task_pools(task: str, data, eval_size: int, tokenizer) -> tuple[list[dict], list[dict]]:
+    """A training run's problems: the registered task `task`'s pool the prompts are drawn from,
+    and its held-out problems (the first eval_size of the test split), with their prompts as the
+    policy reads them (data: the config's data section; the task's instruction added when
+    data.task_instruction, then inside the tokenizer's chat template when data.chat_template).
+    A task read from files reads data.dataset."""
+    registered = task_named(task)
+    if registered.load is not None:
+        train_pool = registered.load("train", data.dataset)
+        held_out = registered.load("test", data.dataset)[:eval_size]
     else:
-        train_pool = make_dataset(config.task, n=training_pool_size(config.task), split="train", seed=0)
-        held_out = make_dataset(config.task, n=config.eval_size, split="test", seed=0)
-    if config.task_instruction:
+        train_pool = make_dataset(task, n=training_pool_size(task), split="train", seed=0)
+        held_out = make_dataset(task, n=eval_size, split="test", seed=0)
+    if data.task_instruction:
         train_pool, held_out = [with_instruction(s) for s in train_pool], [with_instruction(s) for s in held_out]
-    if config.chat_template:
+    if data.chat_template:
         if getattr(tokenizer, "chat_template", None) is None:
             raise ValueError("config key 'chat_template' is true, but the tokenizer has no chat template "
                              "(not an instruct model?); set chat_template = false")

@@ -9,7 +9,7 @@ import torch
 
 from grpo_edu.algorithm import entropy_mask
 from grpo_edu.exercises.checking import CheckResult, run_cases
-from grpo_edu.training.scoring import soft_overlong_punishment
+from grpo_edu.environment.rewards import soft_overlong_punishment
 
 F64 = torch.float64
 

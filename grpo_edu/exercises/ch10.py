@@ -12,7 +12,7 @@ from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCau
 from grpo_edu.exercises.checking import CheckResult, compare
 from grpo_edu.policy import lora
 from grpo_edu.policy.models import STARTING_POLICY, load_policy
-from grpo_edu.training.config import TrainConfig
+from grpo_edu.config import TrainConfig
 
 F64 = torch.float64
 

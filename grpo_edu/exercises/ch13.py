@@ -14,7 +14,7 @@ from grpo_edu.exercises.checking import CheckResult, compare
 from grpo_edu.policy.models import policy_source
 from grpo_edu.runtime.distributed import World
 from grpo_edu.training.checkpoint import KEEP
-from grpo_edu.training.config import TrainConfig
+from grpo_edu.config import TrainConfig
 from grpo_edu.training.scoring import Plan, plan_mini_batches
 from grpo_edu.training.update import optimizer_steps_per_rollout
 
@@ -66,23 +66,23 @@ DISK_CASES = [
 
 
 def starts_from_folder(config: TrainConfig) -> bool:
-    """config.model is a folder on disk: a committed policy's name ('start') or a path. Anything
+    """config.run.model is a folder on disk: a committed policy's name ('start') or a path. Anything
     else is a hub id (grpo_edu.policy.models.load_policy's rule)."""
-    return Path(policy_source(config.model)).expanduser().exists() or str(config.model).startswith((".", "/", "~"))
+    return Path(policy_source(config.run.model)).expanduser().exists() or str(config.run.model).startswith((".", "/", "~"))
 
 
 def writes_sampler_init(config: TrainConfig) -> bool:
-    """vllm_engine.sampler_model_path's rule: a colocated vLLM engine is built from config.model's
+    """vllm_engine.sampler_model_path's rule: a colocated vLLM engine is built from config.run.model's
     folder when that is one; from a hub id it needs the policy saved once into sampler_init/.
     A vLLM server loads its model itself, and the fused and hf engines sample with the policy."""
-    return config.engine == "vllm" and config.vllm_mode == "colocate" and not starts_from_folder(config)
+    return config.run.engine == "vllm" and config.vllm.vllm_mode == "colocate" and not starts_from_folder(config)
 
 
 def checkpoints_written(config: TrainConfig) -> int:
     """The checkpoints a finished run writes (trainer.loop): one every checkpoint_every steps, and
     one at the last step (0 = only there)."""
-    every = config.checkpoint_every
-    return len({config.steps} | (set(range(every, config.steps + 1, every)) if every else set()))
+    every = config.logging.checkpoint_every
+    return len({config.optimisation.steps} | (set(range(every, config.optimisation.steps + 1, every)) if every else set()))
 
 
 def checkpoints_kept(config: TrainConfig) -> int:
@@ -92,15 +92,15 @@ def checkpoints_kept(config: TrainConfig) -> int:
 
 def checkpoint_bytes(model: torch.nn.Module, config: TrainConfig, adapters: int | None = None) -> int:
     """One checkpoint's tensors (checkpoint.save_checkpoint): the policy's trained weights (with
-    LoRA its adapters only: the base is config.model, loaded again), the reference's weights
+    LoRA its adapters only: the base is config.run.model, loaded again), the reference's weights
     (full fine-tuning with beta > 0) and AdamW's two moments of each trained parameter; all
     float32. `adapters`: the adapter parameters, when already counted (ch10.adapter_parameters)."""
     P = sum(p.numel() for p in model.parameters())
-    if config.lora_rank:
+    if config.lora.lora_rank:
         trained = adapter_parameters(model, config) if adapters is None else adapters
         reference = 0
     else:
-        trained, reference = P, (P if config.beta > 0 else 0)
+        trained, reference = P, (P if config.loss.beta > 0 else 0)
     return 4 * trained + 4 * reference + 8 * trained
 
 
@@ -128,19 +128,19 @@ def _disk_mistakes(part: str, model, config: TrainConfig, adapters: int) -> list
                         "once into sampler_init/"),
                     (2 * P, "bf16: sampler_init/ holds the trainer's float32 policy, 4 bytes a parameter"),
                     (4 * (P + tied), tied_twice)]
-        if config.engine != "vllm":
-            why = f"engine = {config.engine!r} samples with the policy itself: only a vLLM engine needs sampler_init/"
-        elif config.vllm_mode != "colocate":
+        if config.run.engine != "vllm":
+            why = f"engine = {config.run.engine!r} samples with the policy itself: only a vLLM engine needs sampler_init/"
+        elif config.vllm.vllm_mode != "colocate":
             why = "a vLLM server loads its model itself: the trainer writes no sampler_init/"
         else:
-            why = "config.model is a folder on disk: vLLM starts from it, and no sampler_init/ is written"
+            why = "config.run.model is a folder on disk: vLLM starts from it, and no sampler_init/ is written"
         return [(value, why) for value in (4 * P, 2 * P, 4 * (P + tied))]
     if part == "model":
         mistakes = [(2 * P, "bf16: model/ holds the float32 policy, 4 bytes a parameter"),
                     (4 * (P + tied), tied_twice),
                     (16 * P, "model/ holds the weights alone, not AdamW's moments"),
                     (20 * P, "model/ holds the weights alone, not a checkpoint's reference and moments")]
-        if config.lora_rank:
+        if config.lora.lora_rank:
             mistakes += [(4 * adapters, "the adapters alone: model/ is the whole model, each adapter merged into "
                                         "its layer"),
                          (4 * (P + adapters), "the adapters beside the base: model/ merges each into its layer's "
@@ -156,18 +156,18 @@ def _disk_mistakes(part: str, model, config: TrainConfig, adapters: int) -> list
                              f"and one at the last step)"))
     if right_count > 1:
         counts.append((1, f"counts one checkpoint; the run keeps the newest {KEEP}"))
-    trained = adapters if config.lora_rank else P
-    reference = P if (config.beta > 0 and not config.lora_rank) else 0
+    trained = adapters if config.lora.lora_rank else P
+    reference = P if (config.loss.beta > 0 and not config.lora.lora_rank) else 0
     right = 12 * trained + 4 * reference
     each = [(right, "")]
-    if config.lora_rank:
+    if config.lora.lora_rank:
         each += [(12 * P, "the whole policy: with LoRA a checkpoint holds the adapters only (the base is "
-                          "config.model, loaded again), and AdamW's moments of the adapters"),
+                          "config.run.model, loaded again), and AdamW's moments of the adapters"),
                  (16 * P, "the whole policy and a reference: with LoRA a checkpoint holds the adapters and their "
                           "AdamW moments only"),
                  (12 * adapters + 4 * P, "a reference: with LoRA the reference is the base with its adapters off, "
                                          "and is not saved"),
-                 (4 * P + 12 * adapters, "the frozen base too: it is config.model, loaded again on resume")]
+                 (4 * P + 12 * adapters, "the frozen base too: it is config.run.model, loaded again on resume")]
         each += [(16 * adapters, "gradients: a checkpoint holds the adapters' weights and AdamW's two moments, no "
                                  "gradients")]
     else:
@@ -191,15 +191,15 @@ def _disk_mistakes(part: str, model, config: TrainConfig, adapters: int) -> list
 
 
 def _describe_run(name: str, config: TrainConfig) -> str:
-    if config.lora_rank:
-        modules = ("all seven projections" if list(config.lora_target_modules) == list(ALL_SEVEN)
-                   else " and ".join(config.lora_target_modules))
-        how = f"LoRA r = {config.lora_rank} on {modules}"
+    if config.lora.lora_rank:
+        modules = ("all seven projections" if list(config.lora.lora_target_modules) == list(ALL_SEVEN)
+                   else " and ".join(config.lora.lora_target_modules))
+        how = f"LoRA r = {config.lora.lora_rank} on {modules}"
     else:
-        how = f"full fine-tuning, beta {config.beta}"
-    engine = f"engine {config.engine!r}" + (f" ({config.vllm_mode})" if config.engine == "vllm" else "")
-    return (f"{name} from {config.model!r}, {how}, {engine}, {config.steps} steps, "
-            f"checkpoint_every {config.checkpoint_every}")
+        how = f"full fine-tuning, beta {config.loss.beta}"
+    engine = f"engine {config.run.engine!r}" + (f" ({config.vllm.vllm_mode})" if config.run.engine == "vllm" else "")
+    return (f"{name} from {config.run.model!r}, {how}, {engine}, {config.optimisation.steps} steps, "
+            f"checkpoint_every {config.logging.checkpoint_every}")
 
 
 def check_run_disk(fn: Callable[[torch.nn.Module, TrainConfig], dict]) -> CheckResult:
@@ -211,7 +211,7 @@ def check_run_disk(fn: Callable[[torch.nn.Module, TrainConfig], dict]) -> CheckR
     for name, keys in DISK_CASES:
         config, model = TrainConfig(**keys), base_model(name)
         case = _describe_run(name, config)
-        adapters = adapter_parameters(model, config) if config.lora_rank else 0
+        adapters = adapter_parameters(model, config) if config.lora.lora_rank else 0
         expected = run_disk_bytes(model, config, adapters)
         try:
             got = fn(copy.deepcopy(model), config)
@@ -270,26 +270,26 @@ def rollout_numbers(config: TrainConfig, gpus: int) -> dict[str, int]:
     prompts (World.shard), K = optimizer_steps_per_rollout, and the micro-batches
     update.micro_batches runs (the mini-batches plan_mini_batches deals out, every group with
     signal; each GPU runs as many as the GPU with the most rows, in the busiest optimizer step)."""
-    B, G = config.prompts_per_step, config.num_generations
+    B, G = config.rollout.prompts_per_step, config.rollout.num_generations
     share = World(rank=0, size=gpus).shard(B)
     prompts = share.stop - share.start
     rewards = torch.arange(G, dtype=torch.float64).repeat(B, 1)   # no all-equal group: every group trains
-    lengths = torch.full((B, G), config.max_completion_length)
+    lengths = torch.full((B, G), config.rollout.max_completion_length)
     plan = Plan(rewards=rewards, components={}, advantages=rewards.float(), lengths=lengths,
                 finished=torch.ones(B, G, dtype=torch.bool), mini_batches=plan_mini_batches(config, rewards),
                 owned=share, group_size=G)
-    most = max(-(-plan.rows_on_rank(k, rank) // config.micro_batch_size)
-               for k in range(config.num_mini_batches) for rank in range(gpus))
+    most = max(-(-plan.rows_on_rank(k, rank) // config.optimisation.micro_batch_size)
+               for k in range(config.optimisation.num_mini_batches) for rank in range(gpus))
     return {"prompts_per_engine": prompts, "completions_per_engine": prompts * G,
-            "completion_tokens_per_engine": prompts * G * config.max_completion_length,
+            "completion_tokens_per_engine": prompts * G * config.rollout.max_completion_length,
             "optimizer_steps_per_rollout": optimizer_steps_per_rollout(config),
             "micro_batches_per_optimizer_step": most}
 
 
 def _rollout_mistake(key: str, got: float, config: TrainConfig, gpus: int) -> str | None:
     """What went wrong, where the reader's number is a known mistake's."""
-    B, G, L, N = config.prompts_per_step, config.num_generations, config.max_completion_length, gpus
-    M, I, size = config.num_mini_batches, config.num_iterations, config.micro_batch_size
+    B, G, L, N = config.rollout.prompts_per_step, config.rollout.num_generations, config.rollout.max_completion_length, gpus
+    M, I, size = config.optimisation.num_mini_batches, config.optimisation.num_iterations, config.optimisation.micro_batch_size
     per_gpu = B // N * G
     candidates = {
         "prompts_per_engine": [(B, "the whole step's prompts: each GPU's engine samples its share")],

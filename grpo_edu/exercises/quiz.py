@@ -42,8 +42,8 @@ from grpo_edu.algorithm.offpolicy import Correction, correction_weights
 from grpo_edu.environment import rewards, tasks
 from grpo_edu.exercises import ch05, ch10
 from grpo_edu.exercises.checking import CheckResult
-from grpo_edu.training.config import TrainConfig
-from grpo_edu.training.scoring import soft_overlong_punishment
+from grpo_edu.config import TrainConfig
+from grpo_edu.environment.rewards import soft_overlong_punishment
 
 F64 = torch.float64
 GB = 1e9

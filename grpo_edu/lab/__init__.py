@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
-from grpo_edu.training.config import DEFAULT_CONFIG, TrainConfig
+from grpo_edu.config import DEFAULT_CONFIG, TrainConfig
 from grpo_edu.training.diagnose import series, window_median
 from grpo_edu.lab.faults import NONE, Faults
 

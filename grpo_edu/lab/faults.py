@@ -16,7 +16,7 @@ in its log and its summary.json.
                           position holds the log-prob of the token after it, so the first
                           token is never trained and EOS's position trains the padding after it
     trainer_temperature   the trainer's log-probs (policy, pi_old, reference) at this
-                          temperature, while the sampler keeps config.temperature
+                          temperature, while the sampler keeps config.rollout.temperature
     alias_reference       the reference is the policy object itself (the start-up check
                           that refuses an aliased reference is bypassed for this run only)
     refresh_old_logprobs  pi_old recomputed at the start of every pass over the rollout
@@ -24,7 +24,7 @@ in its log and its summary.json.
     split_groups          each group's advantages computed in this many separate parts, as
                           when a careless sampler puts a prompt's G completions on several
                           ranks and each normalises its share: the 2-shard simulation
-    env_tokens_in_loss    multi-turn episodes (config.environment) whose environment tokens
+    env_tokens_in_loss    multi-turn episodes (config.rollout.environment) whose environment tokens
                           are scored as if the policy had written them: in the loss, the KL,
                           the ratio and every normaliser (a trainer that masks only padding)
 """
@@ -67,18 +67,18 @@ class Faults:
 
     def check(self, config) -> None:
         """Refuse a fault that the config makes meaningless (it would inject nothing)."""
-        if self.split_groups > 1 and config.num_generations % self.split_groups:
+        if self.split_groups > 1 and config.rollout.num_generations % self.split_groups:
             raise ValueError(f"Faults.split_groups: expected a divisor of num_generations "
-                             f"({config.num_generations}), got {self.split_groups}")
-        if self.alias_reference and config.beta == 0.0:
+                             f"({config.rollout.num_generations}), got {self.split_groups}")
+        if self.alias_reference and config.loss.beta == 0.0:
             raise ValueError("Faults.alias_reference: expected a run with a reference (beta > 0), got beta = 0")
-        if self.alias_reference and config.lora_rank:
+        if self.alias_reference and config.lora.lora_rank:
             raise ValueError(f"Faults.alias_reference: expected a run with a reference copy, got lora_rank = "
-                             f"{config.lora_rank} (the reference is the policy with its adapters off)")
-        if self.env_tokens_in_loss and not config.environment:
+                             f"{config.lora.lora_rank} (the reference is the policy with its adapters off)")
+        if self.env_tokens_in_loss and not config.rollout.environment:
             raise ValueError("Faults.env_tokens_in_loss: expected a multi-turn run (config key 'environment' set), "
                              "got environment = ''")
-        if self.refresh_old_logprobs and config.num_iterations == 1:
+        if self.refresh_old_logprobs and config.optimisation.num_iterations == 1:
             raise ValueError("Faults.refresh_old_logprobs: expected num_iterations > 1 (one pass has nothing "
                              "to refresh), got 1")
 
@@ -166,7 +166,7 @@ def optimise_refreshing_old(config, models: Models, optimizer, scheduler, batch:
     and sampler gap, the optimizer steps of all passes."""
     one_pass = replace(config, num_iterations=1)
     passes = []
-    for _ in range(config.num_iterations):
+    for _ in range(config.optimisation.num_iterations):
         old_logp = policy_logprobs(one_pass, models, batch, plan, world)
         passes.append(optimise(one_pass, models, optimizer, scheduler, replace(batch, old_logp=old_logp),
                                plan, world))

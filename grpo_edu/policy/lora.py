@@ -66,28 +66,28 @@ def _linear_names(model: torch.nn.Module) -> set[str]:
 
 
 def add_adapters(policy: torch.nn.Module, config) -> torch.nn.Module:
-    """Inject LoRA layers (rank config.lora_rank, scale lora_alpha / lora_rank) into every linear
-    layer of the decoder layers named in config.lora_target_modules, in place; freeze everything
-    else. A is initialised as peft does (Kaiming-uniform) from config.seed, without touching
+    """Inject LoRA layers (rank config.lora.lora_rank, scale lora_alpha / lora_rank) into every linear
+    layer of the decoder layers named in config.lora.lora_target_modules, in place; freeze everything
+    else. A is initialised as peft does (Kaiming-uniform) from config.run.seed, without touching
     the global RNG; B is 0. Returns the policy (the same object)."""
     if has_adapters(policy):
-        raise ValueError(f"config key 'lora_rank' ({config.lora_rank}): the policy already has LoRA layers; pass "
+        raise ValueError(f"config key 'lora_rank' ({config.lora.lora_rank}): the policy already has LoRA layers; pass "
                          f"the base model (or merge its adapters first)")
     available = _linear_names(policy)
-    missing = [t for t in config.lora_target_modules if t not in available]
+    missing = [t for t in config.lora.lora_target_modules if t not in available]
     if missing:
         raise ValueError(f"config key 'lora_target_modules': {missing[0]!r} names no linear layer of "
                          f"{type(policy).__name__}'s decoder layers (they have {sorted(available)})")
     try:
         from peft import LoraConfig, inject_adapter_in_model
     except ImportError:
-        raise ValueError(f"config key 'lora_rank' ({config.lora_rank}) trains peft's LoRA adapters, and peft is not "
+        raise ValueError(f"config key 'lora_rank' ({config.lora.lora_rank}) trains peft's LoRA adapters, and peft is not "
                          f"installed: pip install -e '.[lora]' (or pip install peft)") from None
-    lora_config = LoraConfig(r=config.lora_rank, lora_alpha=config.lora_alpha, lora_dropout=0.0, bias="none",
-                             target_modules=list(config.lora_target_modules))
+    lora_config = LoraConfig(r=config.lora.lora_rank, lora_alpha=config.lora.lora_alpha, lora_dropout=0.0, bias="none",
+                             target_modules=list(config.lora.lora_target_modules))
     devices = [torch.device("cuda", torch.cuda.current_device())] if torch.cuda.is_available() else []
     with torch.random.fork_rng(devices=devices):
-        torch.manual_seed(config.seed)
+        torch.manual_seed(config.run.seed)
         inject_adapter_in_model(lora_config, policy, adapter_name=ADAPTER_NAME)
     for name, parameter in policy.named_parameters():
         parameter.requires_grad_(is_adapter(name))

@@ -133,7 +133,7 @@ def side_world(world: World) -> World:
 
 
 def resolve_device(device: str, local_rank: int = 0) -> torch.device:
-    """config.device -> the torch device of a rank: "auto" is CUDA where torch sees a GPU."""
+    """config.run.device -> the torch device of a rank: "auto" is CUDA where torch sees a GPU."""
     if device == "auto":
         device = "cuda" if torch.cuda.is_available() else "cpu"
     if device == "cuda":

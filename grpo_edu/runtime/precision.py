@@ -22,16 +22,18 @@ import torch
 PRECISIONS = ("auto", "fp32", "bf16")
 
 
-def compute_dtype(config, device: torch.device) -> torch.dtype:
-    """The forward passes' precision on `device`: config.precision, "auto" being bf16 on CUDA,
-    float32 on the CPU."""
-    if config.precision == "auto":
+def compute_dtype(precision: str, device: torch.device) -> torch.dtype:
+    """The forward passes' precision on `device`: `precision` (config key precision), "auto"
+    being bf16 on CUDA, float32 on the CPU."""
+    if precision not in PRECISIONS:
+        raise ValueError(f"precision must be one of {PRECISIONS}, got {precision!r}")
+    if precision == "auto":
         return torch.bfloat16 if device.type == "cuda" else torch.float32
-    return torch.bfloat16 if config.precision == "bf16" else torch.float32
+    return torch.bfloat16 if precision == "bf16" else torch.float32
 
 
-def autocast(config, device: torch.device):
+def autocast(precision: str, device: torch.device):
     """bf16 autocast for the forward passes when compute_dtype says so, else nothing."""
-    if compute_dtype(config, device) == torch.float32:
+    if compute_dtype(precision, device) == torch.float32:
         return contextlib.nullcontext()
     return torch.autocast(device.type, dtype=torch.bfloat16)

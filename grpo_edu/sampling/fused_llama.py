@@ -465,3 +465,8 @@ class FusedEngine:
         completion_ids = completion_ids.masked_fill(~completion_mask, pad)
         return Rollout(prompt_ids.repeat_interleave(G, dim=0), prompt_mask.repeat_interleave(G, dim=0),
                        completion_ids, completion_mask, sampler_logp, finished, G)
+
+
+def make_engine(config, models, tokenizer, world) -> FusedEngine:
+    """engine = "fused" (grpo_edu.sampling.engines): samples with the trainer's whole-weight policy."""
+    return FusedEngine(models.full_policy, tokenizer)

@@ -20,13 +20,10 @@ from typing import Callable, Protocol
 
 import torch
 
+from grpo_edu.algorithm.logprobs import completion_logprobs
 from grpo_edu.runtime.distributed import World
 
 
-ENGINES = ("fused", "hf", "vllm", "sglang")   # config key engine: FusedEngine, HFEngine, vllm_engine's, SGLangEngine
-# The engines that sample from weights of their own, loaded from the policy before every rollout
-# (the others sample with the policy module itself).
-OWN_WEIGHTS = ("vllm", "sglang")
 TURN_STRIDE = 1_000_003   # an episode's turn t of rank r seeds seed + r + t x this (ranks never collide)
 
 
@@ -207,3 +204,16 @@ def rollout_from_tokens(prompt_ids: torch.Tensor, prompt_mask: torch.Tensor,
     return Rollout(prompt_ids.repeat_interleave(G, dim=0), prompt_mask.repeat_interleave(G, dim=0),
                    ids.masked_fill(~mask, pad).to(device), mask.to(device),
                    logp.masked_fill(~mask, 0.0).to(device), finished.to(device), G)
+
+
+def make_hf_engine(config, models, tokenizer, world) -> HFEngine:
+    """engine = "hf" (grpo_edu.sampling.engines): samples with the trainer's whole-weight policy."""
+    return HFEngine(models.full_policy, tokenizer)
+
+
+def transformers_logprobs(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, completion_mask: torch.Tensor,
+                          *, temperature: float = 1.0, group_size: int = 1, entropy: bool = False) -> torch.Tensor:
+    """The trainer's forward for every engine but fused: transformers' own, each row alone
+    (grpo_edu.algorithm.logprobs.completion_logprobs; group_size is not used)."""
+    return completion_logprobs(model, input_ids, attention_mask, completion_mask, temperature=temperature,
+                               entropy=entropy)

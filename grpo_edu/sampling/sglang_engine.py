@@ -51,11 +51,9 @@ import copyreg
 import dataclasses
 import http.client
 import io
-import ipaddress
 import json
 import os
 import pickle
-import re
 import shutil
 import signal
 import socket
@@ -63,7 +61,6 @@ import subprocess
 import sys
 import time
 import urllib.error
-import urllib.parse
 import urllib.request
 import uuid
 from multiprocessing.reduction import ForkingPickler
@@ -73,10 +70,11 @@ import torch
 
 from grpo_edu.policy import lora
 from grpo_edu.runtime import distributed
+from grpo_edu.runtime.precision import compute_dtype
 from grpo_edu.sampling.rollout import Rollout, SamplingParams, Seeded, rollout_from_tokens
+from grpo_edu.sampling.vllm_engine import sampler_model_path
 
 SGLANG_VERSION = "0.5.23"
-WEIGHT_SYNCS = ("disk", "tensor")   # config key sglang_weight_sync
 
 # route: (HTTP method, the request class of sglang/srt/managers/io_struct.py its body is, the fields sent)
 ROUTES: dict[str, tuple[str, str | None, tuple[str, ...]]] = {
@@ -130,29 +128,9 @@ class SGLangServerError(RuntimeError):
         self.detail = detail or message
 
 
-def check_url(value: str, name: str) -> None:
-    if value and not re.fullmatch(r"https?://[^/\s?#]+/?", value):
-        raise ValueError(f"{name} must be '' (grpo-edu starts a server) or a server's address such as "
-                         f"'http://127.0.0.1:30000', got {value!r}")
-
-
-def check_device(value: str, name: str) -> None:
-    if not re.fullmatch(r"cpu|cuda(:\d+)?", value):
-        raise ValueError(f"{name} must be 'cuda' (the trainer's GPU), 'cuda:N' (GPU N) or 'cpu', got {value!r}")
-
-
-def on_this_machine(url: str) -> bool:
-    """'' (a server started here) or a loopback address: where shared memory and CUDA IPC reach."""
-    host = urllib.parse.urlsplit(url).hostname if url else "127.0.0.1"
-    try:
-        return host == "localhost" or ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
-
-
 @dataclasses.dataclass(frozen=True)
 class Settings:
-    """The config keys sglang_* (grpo_edu.training.config), and what the trainer knows besides."""
+    """The config keys sglang_* (grpo_edu.sampling.engines.SGLangSettings), and what the trainer knows besides."""
 
     url: str = ""
     device: str = "cuda"
@@ -571,3 +549,19 @@ class SGLangEngine:
                                         f"text] for each of the {len(tokens)} output_ids, got {str(entries)[:80]}")
             out.append(([int(t) for t in tokens], [float(e[0]) for e in entries]))
         return out
+
+
+def make_engine(config, models, tokenizer, world: distributed.World) -> SGLangEngine:
+    """engine = "sglang" (grpo_edu.sampling.engines): the config's [sglang] keys, and a folder holding
+    the policy's model (the one it was loaded from, else saved once into the run directory) for a
+    server to start on."""
+    with models.whole() as whole:
+        path = sampler_model_path(whole, tokenizer, config.logging.output_dir, world)
+    sglang = config.sglang
+    settings = Settings(
+        url=sglang.sglang_url, device=sglang.sglang_device, mem_fraction_static=sglang.sglang_mem_fraction_static,
+        weight_sync=sglang.sglang_weight_sync, sleep=sglang.sglang_sleep, deterministic=sglang.sglang_deterministic,
+        timeout=sglang.sglang_timeout, start_timeout=sglang.sglang_start_timeout, seed=config.run.seed,
+        dtype="bfloat16" if compute_dtype(config.run.precision, world.device) == torch.bfloat16 else "float32",
+        output_dir=config.logging.output_dir)
+    return SGLangEngine(path, models.policy, tokenizer, world, settings)

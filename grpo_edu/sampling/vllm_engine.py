@@ -78,10 +78,10 @@ import torch
 
 from grpo_edu.policy import lora
 from grpo_edu.runtime import distributed
+from grpo_edu.runtime.precision import compute_dtype
 from grpo_edu.sampling.rollout import Rollout, SamplingParams, Seeded, rollout_from_tokens
 
 VLLM_VERSION = "0.31.0"
-VLLM_MODES = ("colocate", "server")   # config key vllm_mode: VLLMEngine, VLLMServerEngine
 
 # Every name of vLLM's this module uses, with the arguments it passes (attributes: none).
 # Checked against vLLM 0.31.0's source and the installed package (tests/test_vllm_engine.py);
@@ -426,3 +426,17 @@ def serve_command(model: str, *, host: str = "127.0.0.1", port: int = 8000,
     from trl.scripts.vllm_serve import ScriptArguments, build_command
     return build_command(ScriptArguments(model=model, host=host, port=port,
                                          gpu_memory_utilization=gpu_memory_utilization), extra_args=extra_args or [])
+
+
+def make_engine(config, models, tokenizer, world: distributed.World):
+    """engine = "vllm" (grpo_edu.sampling.engines): a server's client (vllm_mode = "server"), or a
+    colocated engine started on the policy saved once (sampler_model_path), in the forward passes'
+    dtype."""
+    vllm = config.vllm
+    if vllm.vllm_mode == "server":
+        return VLLMServerEngine(vllm.vllm_server_url, models.policy, tokenizer, world)
+    dtype = "bfloat16" if compute_dtype(config.run.precision, world.device) == torch.bfloat16 else "float32"
+    with models.whole() as whole:
+        path = sampler_model_path(whole, tokenizer, config.logging.output_dir, world)
+    return VLLMEngine(path, models.policy, tokenizer, world, seed=config.run.seed, dtype=dtype,
+                      gpu_memory_utilization=vllm.vllm_gpu_memory_utilization, sleep_mode=vllm.vllm_sleep_mode)

@@ -41,7 +41,7 @@ from dataclasses import dataclass, fields, replace
 import torch
 
 from grpo_edu.algorithm.advantages import check_rewards
-from grpo_edu.algorithm.loss_checks import check_logprob_values
+from grpo_edu.algorithm.logprobs import check_logprob_values
 
 _OPTIONAL = ("old_logp", "ref_logp", "sampler_logp", "env_mask", "truncated")
 _INTEGER_DTYPES = (torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64)

@@ -4,7 +4,7 @@ never unpickle foreign code.
 A checkpoint is a folder run_dir/checkpoints/step-NNNNNN/ holding
 
     policy.safetensors      the policy's weights (with LoRA: its adapters only; the
-                            frozen base is the run's config.model, loaded again)
+                            frozen base is the run's config.run.model, loaded again)
     reference.safetensors   the reference's weights (it can differ from the
                             start when ref_sync_steps re-syncs it)
     trainer_state.pt        optimizer, LR schedule, step, the torch and prompt

@@ -70,7 +70,7 @@ TRUNCATED_SHARE = 0.5
 # nothing). With the clip or a correction the same staleness costs far less (chapter 11), and
 # nothing here reads it: the clipped share stays at or below 0.082 up to k = 64.
 STALE_GAP = 0.06
-# Multi-turn episodes (config.environment) whose environment tokens are scored as the policy's
+# Multi-turn episodes (config key environment) whose environment tokens are scored as the policy's
 # (Faults.env_tokens_in_loss): the sampler never drew those tokens (its log-prob there is 0),
 # so the sampler gap holds -log pi of every environment token, diluted by the policy's tokens.
 # With an environment answering at the digit 1 (tests/episode_envs.py): the committed policy

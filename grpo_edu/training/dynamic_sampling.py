@@ -32,7 +32,7 @@ import torch
 
 from grpo_edu.algorithm.advantages import zero_std_groups
 from grpo_edu.training.batch import RolloutBatch
-from grpo_edu.training.config import TrainConfig
+from grpo_edu.config import TrainConfig
 from grpo_edu.runtime.distributed import World
 from grpo_edu.sampling.rollout import Rollout
 from grpo_edu.training.scoring import Plan
@@ -47,13 +47,13 @@ def refill(config: TrainConfig, samples: list[dict], rollout: Rollout, batch: Ro
            draw: Draw, score: Score, pad_token_id: int, world: World = World()
            ) -> tuple[RolloutBatch, Plan, float]:
     """Round 0 (samples, rollout, and its batch and plan) topped up with the differing groups of up
-    to config.dynamic_sampling_rounds more rounds: the step's batch and plan (module docstring),
+    to config.advantages.dynamic_sampling_rounds more rounds: the step's batch and plan (module docstring),
     and the seconds the extra rollouts took (the trainer counts them as rollout time)."""
     B = len(samples)
     first_flat = zero_std_groups(plan.rewards)
     chosen = [(0, b) for b in (~first_flat).nonzero()[:, 0].tolist()]
     rounds, drawing = [(samples, rollout)], 0.0
-    while len(chosen) < B and len(rounds) <= config.dynamic_sampling_rounds:
+    while len(chosen) < B and len(rounds) <= config.advantages.dynamic_sampling_rounds:
         started = time.perf_counter()
         more, more_rollout = draw()
         drawing += time.perf_counter() - started

@@ -1,11 +1,11 @@
 """Multi-turn episodes: the policy writes, an environment answers, the policy goes on.
 
-With config.environment set, a rollout's completion is an episode. The policy samples until
+With config.rollout.environment set, a rollout's completion is an episode. The policy samples until
 it writes EOS or the environment's hand-over token (`Environment.stop`, one token: the end
 of a tool call, say); at the hand-over the environment reads what the policy wrote in that
 turn and answers with text, a reward contribution and whether the episode is over. Its text
 goes into the context, and the policy samples its next turn from the prompt, everything
-written so far, and that answer. At most config.max_turns policy turns; the episode's
+written so far, and that answer. At most config.rollout.max_turns policy turns; the episode's
 tokens, both writers', count against max_completion_length.
 
     prompt | policy turn 1 ...[12*34] | =408 | policy turn 2 ...\\boxed{408}<eos>

@@ -151,16 +151,16 @@ def held_out_metrics(model, tokenizer, problems: list[dict], world: World = Worl
 
 
 def samples_table(model, tokenizer, samples: list[dict], config) -> str:
-    """One line per problem: its prompt, the greedy completion (with config.environment the
+    """One line per problem: its prompt, the greedy completion (with config.rollout.environment the
     greedy episode, both writers' text) and whether it is right (a run's samples_before.txt
     and samples_after.txt)."""
     model.eval()
-    if config.environment:
-        completions = [[text] for text in played_episodes(model, tokenizer, samples, config.environment,
-                                                          config.max_turns, config.max_completion_length)["texts"]]
+    if config.rollout.environment:
+        completions = [[text] for text in played_episodes(model, tokenizer, samples, config.rollout.environment,
+                                                          config.rollout.max_turns, config.rollout.max_completion_length)["texts"]]
     else:
         completions = generate_completions(model, tokenizer, [s["prompt"] for s in samples],
-                                           max_new_tokens=config.max_completion_length)
+                                           max_new_tokens=config.rollout.max_completion_length)
     model.train()
     lines = []
     for sample, (completion,) in zip(samples, completions):

@@ -1,4 +1,4 @@
-"""Rollouts that lag (config.rollout_lag = k): asynchronous GRPO's data, on the trainer's side.
+"""Rollouts that lag (config.off_policy.rollout_lag = k): asynchronous GRPO's data, on the trainer's side.
 
 A production trainer samples while it trains: the engine rolls out the next prompts with the
 weights it last received while the trainer updates, so the rollout an update trains on was

@@ -177,7 +177,7 @@ def run_summary(config: dict, history: list[dict], start_accuracy: float, second
         "eval_problems": eval_problems,
         "start_accuracy_interval_95": interval(start_accuracy),
         "final_accuracy_interval_95": interval(final_accuracy),
-        # The last evaluation's sampled metrics (config.eval_samples), with their intervals.
+        # The last evaluation's sampled metrics (config.logging.eval_samples), with their intervals.
         "final_sampled": next(({k.removeprefix("eval/"): v for k, v in m.items()
                                 if k.startswith("eval/") and k != "eval/greedy_accuracy"}
                                for m in reversed(history) if "eval/greedy_accuracy" in m), {}),

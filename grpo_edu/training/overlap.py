@@ -1,4 +1,4 @@
-"""Rollouts sampled in the background (config.rollout_overlap): the overlap that rollout_lag
+"""Rollouts sampled in the background (config.off_policy.rollout_overlap): the overlap that rollout_lag
 makes possible.
 
 With rollout_lag = k >= 1 the rollout of update t + k is sampled by the policy of update t
@@ -35,15 +35,14 @@ measures it; chapter 11 shows the figures).
 from __future__ import annotations
 
 import threading
-from dataclasses import replace
 from typing import Callable
 
 import torch
 
-from grpo_edu.training.config import TrainConfig
+from grpo_edu.config import TrainConfig
 from grpo_edu.runtime.distributed import World, side_world
 from grpo_edu.training.lagging import InFlight
-from grpo_edu.sampling.rollout import OWN_WEIGHTS
+from grpo_edu.sampling.engines import ENGINES
 from grpo_edu.training.placement import Models, build_models, make_engine, make_reference
 
 ALIGNMENT = 64   # bytes: the CPU kernels' widest vector load (AVX-512), and torch's allocator's alignment
@@ -58,13 +57,13 @@ class BackgroundSampler:
         are the sampler's); the fused and hf engines get one of their own over the copy. Under
         torchrun every rank builds one here, at the same point of set_up (the side group)."""
         self.world = side_world(world)   # the thread's collectives: a group of their own
-        self._vllm = engine if config.engine in OWN_WEIGHTS else None   # vLLM or an SGLang server
+        self._vllm = engine if ENGINES[config.run.engine].own_weights else None   # vLLM or an SGLang server
         # A copy of the weights, for the engine to sample from (fused, hf) or for pi_old, the
         # sampling policy's forward (old_logprobs = "recomputed"). vLLM with pi_old taken at
         # the update or from vLLM needs none: under FSDP2 it would be whole weights per rank.
         self.policy: torch.nn.Module | None = None
         self.models: Models | None = None
-        if self._vllm is None or config.old_logprobs == "recomputed":
+        if self._vllm is None or config.off_policy.old_logprobs == "recomputed":
             with models.whole() as whole:   # the policy's whole weights (FSDP2: its plain copy)
                 self.policy = _mirrored_copy(whole)   # separate tensors: the update never writes them
             # as the policy's: transformers' attention picks its kernel by whether the weights need a
@@ -72,7 +71,7 @@ class BackgroundSampler:
             self.policy.requires_grad_(any(p.requires_grad for p in models.policy.parameters()))
             # Models over the copy: no reference, and unwrapped (a world of one on this rank's
             # device): its forward runs no collective.
-            self.models = build_models(replace(config, beta=0.0), World(device=world.device), self.policy)
+            self.models = build_models(config.replace(beta=0.0), World(device=world.device), self.policy)
         self.engine = (_Presynced(engine) if self._vllm is not None
                        else make_engine(config, self.models, tokenizer, self.world))
         self._thread: threading.Thread | None = None

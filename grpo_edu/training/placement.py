@@ -4,7 +4,7 @@
                         for sampling and evaluation, and the log-prob modules the loss calls
     build_models        place them on the world's device, wrapped for DDP or FSDP2
     make_reference      a frozen copy of the policy (check_not_aliased: never the policy itself)
-    make_engine         the rollout engine config.engine names: fused, hf, vllm or sglang
+    make_engine         the rollout engine config key engine names (grpo_edu.sampling.engines)
     sequence_logprobs   the completion tokens' log-probs, by the engine's forward
 """
 
@@ -16,14 +16,12 @@ from dataclasses import dataclass
 
 import torch
 
+from grpo_edu.config import TrainConfig
 from grpo_edu.policy import lora
 from grpo_edu.runtime import distributed
-from grpo_edu.sampling import fused_llama
-from grpo_edu.training.config import TrainConfig
 from grpo_edu.runtime.distributed import World
-from grpo_edu.runtime.precision import autocast, compute_dtype
-from grpo_edu.algorithm.logprobs import completion_logprobs
-from grpo_edu.sampling.rollout import OWN_WEIGHTS, HFEngine
+from grpo_edu.runtime.precision import autocast
+from grpo_edu.sampling.engines import ENGINES
 
 
 def make_reference(policy: torch.nn.Module) -> torch.nn.Module:
@@ -47,32 +45,26 @@ def check_not_aliased(policy: torch.nn.Module, reference: torch.nn.Module) -> No
 
 
 def check_engine_settings(config: TrainConfig, device: torch.device) -> None:
-    """The fused path is the CPU tier's float32 fast path: refused by name elsewhere."""
-    if config.engine != "fused":
-        return
-    if device.type != "cpu":
-        raise ValueError(f"config key 'engine' is 'fused', but the fused forward and sampler are the CPU "
-                         f"tier's fast path and run on the CPU only (device is {device}); set "
-                         f"engine = 'hf' (transformers' forward and generate) or 'vllm' on {device.type}")
-    if compute_dtype(config, device) != torch.float32:
-        raise ValueError("config key 'engine' is 'fused' with precision = 'bf16': the fused path computes "
-                         "in float32 only; set engine = 'hf' or 'vllm' for bf16 autocast")
+    """What the engine needs of the machine, now that the device is known (its registered check:
+    the fused path is the CPU tier's float32 fast path, refused by name elsewhere)."""
+    engine = ENGINES[config.run.engine]
+    if engine.check is not None:
+        engine.check(config, device)
 
 
 def sequence_logprobs(config: TrainConfig, model, input_ids, attention_mask, completion_mask, entropy=False):
     """log pi(token) of the completion tokens of prompt-major rows: (n, P + S) -> (n, S); with
-    `entropy`, the entropies of the distributions they were drawn from instead (detached).
+    `entropy`, the entropies of the distributions they were drawn from instead (detached), by the
+    engine's registered forward.
 
-    The fused forward computes each prompt once for its G completions when the rows
-    hold whole groups (every micro-batch does when micro_batch_size is a multiple of G).
+    Rows hold whole groups when micro_batch_size is a multiple of G (every micro-batch then does):
+    a forward that can (the fused one) computes each prompt once for its G completions.
     """
-    if config.engine != "fused":
-        return completion_logprobs(model, input_ids, attention_mask, completion_mask,
-                                   temperature=config.temperature, entropy=entropy)
-    G = config.num_generations
-    group = G if config.micro_batch_size % G == 0 and input_ids.shape[0] % G == 0 else 1
-    return fused_llama.completion_logprobs(model, input_ids, attention_mask, completion_mask,
-                                           temperature=config.temperature, group_size=group, entropy=entropy)
+    G = config.rollout.num_generations
+    group = G if config.optimisation.micro_batch_size % G == 0 and input_ids.shape[0] % G == 0 else 1
+    forward = ENGINES[config.run.engine].logprobs()
+    return forward(model, input_ids, attention_mask, completion_mask, temperature=config.rollout.temperature,
+                   group_size=group, entropy=entropy)
 
 
 @dataclass
@@ -134,10 +126,10 @@ class Models:
 
 def logprob_function(config: TrainConfig, world: World):
     """The log-prob modules' function: (model, input_ids, attention_mask, completion_mask,
-    entropy=False) -> (n, S), by the engine's forward (sequence_logprobs) at config.temperature,
-    under autocast where config.precision says so."""
+    entropy=False) -> (n, S), by the engine's forward (sequence_logprobs) at config.rollout.temperature,
+    under autocast where config.run.precision says so."""
     def logprob_fn(model, input_ids, attention_mask, completion_mask, entropy=False):
-        with autocast(config, world.device):
+        with autocast(config.run.precision, world.device):
             return sequence_logprobs(config, model, input_ids, attention_mask, completion_mask, entropy)
     return logprob_fn
 
@@ -146,14 +138,14 @@ def build_models(config: TrainConfig, world: World, policy: torch.nn.Module,
                  reference: torch.nn.Module | None = None) -> Models:
     """Place the policy and the reference (beta > 0; default a copy of the policy; a policy with
     LoRA adapters: itself with the adapters off, grpo_edu.policy.lora) on the world's device and wrap
-    them for `config.parallelism`. A reference that shares storage with the policy is refused
+    them for `config.run.parallelism`. A reference that shares storage with the policy is refused
     (its KL would stay 0)."""
     policy.to(world.device)
     adapters = lora.has_adapters(policy)   # LoRA: the reference is the policy with its adapters off
     if adapters and reference is not None:
         raise ValueError("reference: the policy has LoRA adapters, so its reference is the base model (the "
                          "adapters switched off); pass none")
-    if config.beta == 0.0 or adapters:
+    if config.loss.beta == 0.0 or adapters:
         reference = None
     elif reference is None:
         reference = make_reference(policy)
@@ -161,8 +153,9 @@ def build_models(config: TrainConfig, world: World, policy: torch.nn.Module,
         check_not_aliased(policy, reference)
         reference.to(world.device)
     policy.train()
-    sharded = world.distributed and config.parallelism == "fsdp2"
-    lazy = sharded and config.engine in OWN_WEIGHTS   # the sampler has its own copy: this one only evaluates
+    sharded = world.distributed and config.run.parallelism == "fsdp2"
+    engine = ENGINES[config.run.engine]
+    lazy = sharded and engine.own_weights   # the sampler has its own copy: this one only evaluates
     if lazy:
         with torch.device("meta"):
             full_policy = type(policy)(policy.config)
@@ -173,48 +166,20 @@ def build_models(config: TrainConfig, world: World, policy: torch.nn.Module,
     else:
         full_policy = make_reference(policy) if sharded else policy   # a plain copy, never trained
     logprob_fn = logprob_function(config, world)
-    per_layer = config.engine != "fused"   # the fused path runs no layer's own forward
-    train_logprobs = distributed.wrap(policy, logprob_fn, world, config.parallelism, trainable=True,
+    per_layer = engine.layer_forward   # the fused path runs no layer's own forward
+    train_logprobs = distributed.wrap(policy, logprob_fn, world, config.run.parallelism, trainable=True,
                                       per_layer=per_layer)
-    if adapters and config.beta:
+    if adapters and config.loss.beta:
         reference_logprobs = lora.ReferenceLogprobs(train_logprobs, policy)
     else:
         reference_logprobs = None if reference is None else distributed.wrap(
-            reference, logprob_fn, world, config.parallelism, trainable=False, per_layer=per_layer)
+            reference, logprob_fn, world, config.run.parallelism, trainable=False, per_layer=per_layer)
     return Models(policy, reference, full_policy, train_logprobs, reference_logprobs, lazy=lazy)
 
 
 def make_engine(config: TrainConfig, models: Models, tokenizer, world: World = World()):
-    """The rollout engine config.engine names. fused and hf sample with the trainer's whole-weight
-    policy itself; vllm and sglang hold their own copy, loaded from the trained (maybe sharded)
-    policy before every rollout (grpo_edu.sampling.vllm_engine, grpo_edu.sampling.sglang_engine)."""
-    if config.engine == "fused":
-        return fused_llama.FusedEngine(models.full_policy, tokenizer)
-    if config.engine == "hf":
-        return HFEngine(models.full_policy, tokenizer)
-    if config.engine == "sglang":
-        return make_sglang_engine(config, models, tokenizer, world)
-    from grpo_edu.sampling import vllm_engine
-    if config.vllm_mode == "server":
-        return vllm_engine.VLLMServerEngine(config.vllm_server_url, models.policy, tokenizer, world)
-    dtype = "bfloat16" if compute_dtype(config, world.device) == torch.bfloat16 else "float32"
-    with models.whole() as whole:
-        path = vllm_engine.sampler_model_path(whole, tokenizer, config.output_dir, world)
-    return vllm_engine.VLLMEngine(path, models.policy, tokenizer, world, seed=config.seed, dtype=dtype,
-                                  gpu_memory_utilization=config.vllm_gpu_memory_utilization,
-                                  sleep_mode=config.vllm_sleep_mode)
-
-
-def make_sglang_engine(config: TrainConfig, models: Models, tokenizer, world: World):
-    """engine = "sglang": the config's sglang_* keys, and a folder holding the policy's model (the
-    one it was loaded from, else saved once into the run directory) for a server to start on."""
-    from grpo_edu.sampling import sglang_engine, vllm_engine
-    with models.whole() as whole:
-        path = vllm_engine.sampler_model_path(whole, tokenizer, config.output_dir, world)
-    settings = sglang_engine.Settings(
-        url=config.sglang_url, device=config.sglang_device, mem_fraction_static=config.sglang_mem_fraction_static,
-        weight_sync=config.sglang_weight_sync, sleep=config.sglang_sleep, deterministic=config.sglang_deterministic,
-        timeout=config.sglang_timeout, start_timeout=config.sglang_start_timeout, seed=config.seed,
-        dtype="bfloat16" if compute_dtype(config, world.device) == torch.bfloat16 else "float32",
-        output_dir=config.output_dir)
-    return sglang_engine.SGLangEngine(path, models.policy, tokenizer, world, settings)
+    """The rollout engine config key engine names, made by its registered factory
+    (grpo_edu.sampling.engines). fused and hf sample with the trainer's whole-weight policy
+    itself; vllm and sglang hold their own copy, loaded from the trained (maybe sharded) policy
+    before every rollout (grpo_edu.sampling.vllm_engine, grpo_edu.sampling.sglang_engine)."""
+    return ENGINES[config.run.engine].make(config, models, tokenizer, world)

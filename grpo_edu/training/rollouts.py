@@ -40,7 +40,7 @@ import torch
 from grpo_edu.runtime.distributed import World
 from grpo_edu.sampling.rollout import Rollout, SamplingParams
 from grpo_edu.training import dynamic_sampling
-from grpo_edu.training.config import TrainConfig
+from grpo_edu.config import TrainConfig
 from grpo_edu.training.episodes import roll_out_episodes
 from grpo_edu.training.lagging import InFlight
 from grpo_edu.training.overlap import BackgroundSampler
@@ -54,7 +54,7 @@ from grpo_edu.training.update import policy_logprobs
 def sample_prompts(config: TrainConfig, state, pool: list[dict]) -> list[dict]:
     """The step's B prompts, drawn with state.prompt_rng: the same list on every rank (each
     takes its World.shard)."""
-    return [pool[state.prompt_rng.randrange(len(pool))] for _ in range(config.prompts_per_step)]
+    return [pool[state.prompt_rng.randrange(len(pool))] for _ in range(config.rollout.prompts_per_step)]
 
 
 @torch.no_grad()
@@ -66,21 +66,21 @@ def roll_out(config: TrainConfig, samples: list[dict], tokenizer, engine, world:
     world.shard). The engine draws the random numbers for all B x G completions on every
     rank alike (`engine.seeded`), so every rank's RNG stays in step.
     """
-    B, G, L = len(samples), config.num_generations, config.max_completion_length
+    B, G, L = len(samples), config.rollout.num_generations, config.rollout.max_completion_length
     share = world.shard(B) if share is None else share
     mine = samples[share]
     prompts = tokenizer([s["prompt"] for s in mine], return_tensors="pt", padding=True,
                         add_special_tokens=False).to(world.device)
-    sampling = SamplingParams(G, L, config.temperature)
+    sampling = SamplingParams(G, L, config.rollout.temperature)
     engine.sync_weights()   # vLLM: the trainer's current weights (fused, hf: the policy itself)
-    seeded = engine.seeded(B * G, L, world, turns=config.max_turns if config.environment else None)
+    seeded = engine.seeded(B * G, L, world, turns=config.rollout.max_turns if config.rollout.environment else None)
 
     def generate(turn: int, prompt_ids, prompt_mask, sampling: SamplingParams, rows) -> Rollout:
-        with autocast(config, world.device):   # rows: this rank's; seeded takes the step's
+        with autocast(config.run.precision, world.device):   # rows: this rank's; seeded takes the step's
             return seeded(turn, prompt_ids, prompt_mask, sampling, torch.as_tensor(rows) + share.start * G)
-    if config.environment:   # multi-turn episodes, one policy turn at a time (grpo_edu.training.episodes)
+    if config.rollout.environment:   # multi-turn episodes, one policy turn at a time (grpo_edu.training.episodes)
         return roll_out_episodes(generate, mine, prompts["input_ids"], prompts["attention_mask"], sampling,
-                                 tokenizer, config.environment, config.max_turns)
+                                 tokenizer, config.rollout.environment, config.rollout.max_turns)
     return generate(0, prompts["input_ids"], prompts["attention_mask"], sampling, torch.arange(len(mine) * G))
 
 
@@ -104,10 +104,10 @@ def sample_rollout(run, engine, models, world: World | None = None) -> InFlight:
                                 advantage_fn=run.advantage_fn, world=world)
     batch, plan = scoring(samples, rollout)
     more = 0.0   # the refill's extra rollouts: counted as rollout time
-    if config.dynamic_sampling_rounds:
+    if config.advantages.dynamic_sampling_rounds:
         batch, plan, more = dynamic_sampling.refill(config, samples, rollout, batch, plan, lambda: draw_rollout(
             run, engine, world), scoring, run.tokenizer.pad_token_id, world)
-    if config.rollout_lag and config.old_logprobs == "recomputed":   # the policy that sampled, now
+    if config.off_policy.rollout_lag and config.off_policy.old_logprobs == "recomputed":   # the policy that sampled, now
         batch = replace(batch, old_logp=policy_logprobs(config, models, batch, plan, world))
     return InFlight(samples, batch, plan, sampled_at=run.state.step,
                     seconds={"rollout": t1 - t0 + more, "scoring": time.perf_counter() - t1 - more})
@@ -149,11 +149,11 @@ class Lagged(Synchronous):
 
     def _sample_ahead(self, run, ahead: int) -> None:
         state = run.state
-        while len(state.in_flight) <= ahead and state.step + len(state.in_flight) < run.config.steps:
+        while len(state.in_flight) <= ahead and state.step + len(state.in_flight) < run.config.optimisation.steps:
             state.in_flight.append(sample_rollout(run, run.engine, run.models))
 
     def next(self, run) -> InFlight:
-        self._sample_ahead(run, run.config.rollout_lag)
+        self._sample_ahead(run, run.config.off_policy.rollout_lag)
         return run.state.in_flight.pop(0)
 
     def metrics(self, run, flight: InFlight, started: float) -> dict[str, float]:
@@ -169,9 +169,9 @@ class Overlapped(Lagged):
 
     def next(self, run) -> InFlight:
         state = run.state
-        self._sample_ahead(run, run.config.rollout_lag - 1)
+        self._sample_ahead(run, run.config.off_policy.rollout_lag - 1)
         flight = state.in_flight.pop(0)
-        if state.step + 1 + len(state.in_flight) < run.config.steps:
+        if state.step + 1 + len(state.in_flight) < run.config.optimisation.steps:
             self.background.start(run.models, lambda engine, models, world: sample_rollout(run, engine, models, world))
         return flight
 
@@ -189,4 +189,4 @@ def source(config: TrainConfig, background: BackgroundSampler | None = None) -> 
     else Lagged for rollout_lag > 0, else Synchronous."""
     if background is not None:
         return Overlapped(background)
-    return Lagged() if config.rollout_lag else Synchronous()
+    return Lagged() if config.off_policy.rollout_lag else Synchronous()

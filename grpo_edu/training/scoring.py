@@ -6,7 +6,6 @@ into group advantages, and plan the update's mini-batches.
     Plan                what every rank knows about the whole rollout (the same on all)
     plan_mini_batches   the prompts of each mini-batch, whole groups, dealt out in turn
     LossTotals          the counts a mini-batch's loss divides by, over all ranks
-    soft_overlong_punishment  DAPO's length penalty near the limit (config key overlong_cache)
 """
 
 from __future__ import annotations
@@ -16,7 +15,7 @@ import torch
 
 from grpo_edu.algorithm.advantages import zero_std_groups
 from grpo_edu.training.batch import RolloutBatch
-from grpo_edu.training.config import TrainConfig
+from grpo_edu.config import TrainConfig
 from grpo_edu.runtime.distributed import World
 from grpo_edu.environment.process import step_rewards
 from grpo_edu.sampling.rollout import Rollout
@@ -107,22 +106,9 @@ def plan_mini_batches(config: TrainConfig, rewards: torch.Tensor) -> list[torch.
     (the update skips them).
     """
     groups = torch.arange(rewards.shape[0])
-    if config.filter_zero_std_groups or config.dynamic_sampling_rounds:   # all-equal groups teach nothing: dropped
+    if config.advantages.filter_zero_std_groups or config.advantages.dynamic_sampling_rounds:   # all-equal groups teach nothing: dropped
         groups = groups[~zero_std_groups(rewards)]
-    return [groups[k::config.num_mini_batches] for k in range(config.num_mini_batches)]
-
-
-def soft_overlong_punishment(lengths: torch.Tensor, max_completion_length: int, cache: int) -> torch.Tensor:
-    """DAPO's soft overlong punishment (config key overlong_cache), a reward term from token counts:
-    0 up to L - cache tokens, then falling linearly to -1 at the limit L (= max_completion_length,
-    where a completion is cut): ((L - cache) - |o|) / cache. (N,) -> (N,) float64; TRL 1.16's
-    trl.rewards.get_soft_overlong_punishment(L, cache) to the bit (tests/test_overlong.py)."""
-    if not (isinstance(cache, int) and 0 < cache < max_completion_length):
-        raise ValueError(f"cache must be an int in [1, max_completion_length = {max_completion_length}), "
-                         f"got {cache!r}")
-    expected = max_completion_length - cache
-    over = lengths.to(torch.float64) - expected
-    return torch.where(over <= 0, 0.0, torch.where(lengths <= max_completion_length, -over / cache, -1.0))
+    return [groups[k::config.optimisation.num_mini_batches] for k in range(config.optimisation.num_mini_batches)]
 
 
 def reward_terms(config: TrainConfig, texts: list[str], columns: dict, rollout: Rollout,
@@ -131,7 +117,7 @@ def reward_terms(config: TrainConfig, texts: list[str], columns: dict, rollout: 
 
     The terms: each reward function (with its weight), then those the config adds with weight 1:
     "overlong", DAPO's soft overlong punishment (overlong_cache), and "environment", what a
-    multi-turn episode's environment awarded (config.environment)."""
+    multi-turn episode's environment awarded (config.rollout.environment)."""
     n = len(texts)
     terms, reward = {}, torch.zeros(n, dtype=torch.float64)
     for name, (function, weight) in reward_functions.items():
@@ -141,9 +127,9 @@ def reward_terms(config: TrainConfig, texts: list[str], columns: dict, rollout: 
         terms[name] = values
         reward += weight * values
     added = {}
-    if config.overlong_cache:
+    if config.loss.overlong_cache:
         added["overlong"] = soft_overlong_punishment(rollout.completion_mask.sum(-1).cpu(),
-                                                     config.max_completion_length, config.overlong_cache)
+                                                     config.rollout.max_completion_length, config.loss.overlong_cache)
     if rollout.episode is not None:
         added["environment"] = rollout.episode["env_reward"]
     for name, values in added.items():
@@ -170,7 +156,7 @@ def score(config: TrainConfig, samples: list[dict], rollout: Rollout, tokenizer,
     """Steps 3 and 4: this rank's rewards, gathered to all B prompts; advantages and the
     mini-batch plan from all of them; this rank's RolloutBatch (without reference or pi_old
     log-probs: add_logprobs). `samples` is the step's whole prompt list."""
-    B, G = len(samples), config.num_generations
+    B, G = len(samples), config.rollout.num_generations
     owned = world.shard(B)
     mine = samples[owned]
     b = len(mine)
@@ -215,7 +201,7 @@ def score(config: TrainConfig, samples: list[dict], rollout: Rollout, tokenizer,
         advantages=(advantages[owned] if token_advantages is None else token_advantages.float()).to(sampled_on),
         sampler_logp=rollout.sampler_logp.view(b, G, S),
         env_mask=None if rollout.env_mask is None else rollout.env_mask.view(b, G, S),
-        truncated=(~rollout.finished).cpu().view(b, G) if config.mask_truncated_completions else None)
+        truncated=(~rollout.finished).cpu().view(b, G) if config.loss.mask_truncated_completions else None)
     # The step's data lives where the policy does (the sampler may be elsewhere: another
     # device, another process); the plan's bookkeeping stays on the CPU.
     return batch.to(world.device), plan

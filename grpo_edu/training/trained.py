@@ -25,7 +25,7 @@ from grpo_edu import __version__
 from grpo_edu.environment import tasks
 from grpo_edu.policy import lora
 from grpo_edu.training import checkpoint
-from grpo_edu.training.config import TrainConfig
+from grpo_edu.config import TrainConfig
 from grpo_edu.runtime.distributed import resolve_device
 from grpo_edu.training.evaluation import greedy_scores, sampled_metrics, sampled_scores, wilson_interval
 from grpo_edu.policy.models import generate_completions, load_policy, policy_source, save_policy
@@ -92,7 +92,7 @@ or `grpo-edu eval {folder.parent}` (held-out accuracy again, `--samples 8` for p
 
 def load_trained(run_dir: str | Path) -> Trained:
     """The run's policy: run_dir/model/ when the run finished, else its newest complete
-    checkpoint's weights in the run's model (config.model)."""
+    checkpoint's weights in the run's model (config.run.model)."""
     run = Path(run_dir)
     if not (run / "config.json").is_file():
         found = "no such folder" if not run.exists() else "not a folder" if not run.is_dir() else "no config.json"
@@ -104,14 +104,14 @@ def load_trained(run_dir: str | Path) -> Trained:
     if not checkpoint.checkpoint_folders(run / "checkpoints"):
         raise TrainedModelError(f"RUN_DIR: {run} has no {MODEL_DIR}/ (the run has not finished) and no checkpoint "
                                 f"to take the policy from")
-    model, tokenizer = load_policy(policy_source(config.model))
-    if config.lora_rank:   # the checkpoint holds the adapters: on the base again, then merged
+    model, tokenizer = load_policy(policy_source(config.run.model))
+    if config.lora.lora_rank:   # the checkpoint holds the adapters: on the base again, then merged
         model = lora.add_adapters(model, config)
     try:
         saved = checkpoint.load_weights(run, model, None)
     except checkpoint.CheckpointError as error:
         raise TrainedModelError(f"RUN_DIR: {error}") from None
-    model = lora.merged_copy(model).eval() if config.lora_rank else model
+    model = lora.merged_copy(model).eval() if config.lora.lora_rank else model
     return Trained(model, tokenizer, config,
                    f"checkpoint step-{saved['step']:06d} (the run has not finished: no {MODEL_DIR}/)")
 
@@ -124,7 +124,7 @@ def evaluate_run(trained: Trained, *, samples: int = 0, problems: int | None = N
     eval_size), as the trainer evaluates: greedy accuracy and format with 95% Wilson intervals,
     and with samples = k > 0, pass@1, pass@k and maj@k from k samples per problem."""
     config = trained.config
-    held_out = tasks.task_pools(config, trained.tokenizer)[1]
+    held_out = tasks.task_pools(config.run.task, config.data, config.logging.eval_size, trained.tokenizer)[1]
     if problems is not None:
         if not 1 <= problems <= len(held_out):
             raise TrainedModelError(f"--problems: expected 1 to {len(held_out)} (the run's held-out problems), "
@@ -133,14 +133,14 @@ def evaluate_run(trained: Trained, *, samples: int = 0, problems: int | None = N
     if samples < 0:
         raise TrainedModelError(f"--samples: expected 0 (greedy only) or more, got {samples}")
     length = _new_tokens(config, max_new_tokens)
-    device = resolve_device(config.device)
+    device = resolve_device(config.run.device)
     model = trained.model.to(device).eval()
-    with autocast(config, device):
+    with autocast(config.run.precision, device):
         scores = greedy_scores(model, trained.tokenizer, held_out, max_new_tokens=length)
         sampled = sampled_scores(model, trained.tokenizer, held_out, k=samples, max_new_tokens=length) if samples else []
     n = len(held_out)
     right, formatted = sum(a for a, _ in scores), sum(f for _, f in scores)
-    results = {"problems": n, "task": config.task, "source": trained.source, "max_new_tokens": length,
+    results = {"problems": n, "task": config.run.task, "source": trained.source, "max_new_tokens": length,
                "greedy_accuracy": right / n, "greedy_accuracy_interval_95": list(wilson_interval(round(right), n)),
                "greedy_format": formatted / n, "greedy_format_interval_95": list(wilson_interval(round(formatted), n))}
     if samples:
@@ -160,13 +160,13 @@ def sample(trained: Trained, prompt: str, *, n: int = 1, temperature: float = 1.
     if temperature == 0 and n != 1:
         raise TrainedModelError(f"-n: greedy decoding (--temperature 0) gives one completion, got -n {n}")
     config, tokenizer = trained.config, trained.tokenizer
-    if config.chat_template and not raw:
+    if config.data.chat_template and not raw:
         prompt = tokenizer.apply_chat_template([{"role": "user", "content": prompt}], add_generation_prompt=True,
                                                tokenize=False)
     length = _new_tokens(config, max_new_tokens)
-    device = resolve_device(config.device)
+    device = resolve_device(config.run.device)
     model = trained.model.to(device).eval()
-    with autocast(config, device):
+    with autocast(config.run.precision, device):
         completions = generate_completions(model, tokenizer, [prompt], num_samples=n, temperature=temperature,
                                            max_new_tokens=length, seed=seed)[0]
     return prompt, completions
@@ -174,7 +174,7 @@ def sample(trained: Trained, prompt: str, *, n: int = 1, temperature: float = 1.
 
 def _new_tokens(config: TrainConfig, max_new_tokens: int | None) -> int:
     if max_new_tokens is None:
-        return config.max_completion_length
+        return config.rollout.max_completion_length
     if max_new_tokens < 1:
         raise TrainedModelError(f"--max-new-tokens: expected 1 or more, got {max_new_tokens}")
     return max_new_tokens

@@ -43,7 +43,7 @@ K = num_iterations x num_mini_batches optimizer steps; the learning-rate
 schedule runs over all steps x K of them.
 
 pi_old, the policy the clipped ratio compares with, is the policy that sampled,
-fixed for the whole rollout. With config.old_logprobs = "recomputed" (default)
+fixed for the whole rollout. With config.off_policy.old_logprobs = "recomputed" (default)
 it is the trainer's own forward before the rollout's first update, computed
 only when K > 1: for K = 1 the one update's own detached log-probs are that same
 forward (ratio 1, no extra pass). With "sampler" it is the rollout engine's
@@ -77,7 +77,7 @@ from grpo_edu.runtime.distributed import World
 from grpo_edu.runtime.runlog import MetricsLog
 from grpo_edu.sampling.rollout import Rollout
 from grpo_edu.training import checkpoint, rollouts
-from grpo_edu.training.config import TrainConfig
+from grpo_edu.config import TrainConfig
 from grpo_edu.training.diagnose import LiveDoctor, diagnose
 from grpo_edu.training.episodes import load_environment, stop_token
 from grpo_edu.training.evaluation import held_out_metrics, samples_table
@@ -115,7 +115,7 @@ def train(config: TrainConfig, *, advantage_fn: AdvantageFn | None = None,
           reward_functions: dict[str, tuple[RewardFn, float]] | None = None,
           policy=None, tokenizer=None, resume: str | Path | None = None, stop_after: int | None = None,
           log: Callable[[str], None] = print) -> RunResult:
-    """Train a policy with GRPO as `config` says; write the run to config.output_dir.
+    """Train a policy with GRPO as `config` says; write the run to config.logging.output_dir.
 
     Under torchrun every rank calls this with the same arguments (see grpo_edu.runtime.distributed);
     rank 0 writes the run directory and logs.
@@ -124,7 +124,7 @@ def train(config: TrainConfig, *, advantage_fn: AdvantageFn | None = None,
         advantage_fn by import path, else group_advantages with advantage_scale / advantage_std).
     reward_functions: {name: (fn, weight)} with TRL's signature; default the
         config's `rewards` weights over grpo_edu.environment.rewards.
-    policy, tokenizer: a model to train instead of loading config.model.
+    policy, tokenizer: a model to train instead of loading config.run.model.
     resume: a run directory whose latest checkpoint to continue from.
     stop_after: stop (checkpointed) after this many steps in total: a test's
         stand-in for an interrupted run.
@@ -139,7 +139,7 @@ def train(config: TrainConfig, *, advantage_fn: AdvantageFn | None = None,
 def loop(run: Run, stop_after: int | None = None) -> RunResult:
     """The GRPO steps of a run that set_up built, then `finish`."""
     config, models, state, world = run.config, run.models, run.state, run.world
-    last = config.steps if stop_after is None else min(config.steps, stop_after)
+    last = config.optimisation.steps if stop_after is None else min(config.optimisation.steps, stop_after)
     accuracy, started = run.start_accuracy, time.perf_counter()
     while state.step < last:
         # ------------------------------------------------ 1-4: prompts, completions, rewards, advantages
@@ -158,13 +158,13 @@ def loop(run: Run, stop_after: int | None = None) -> RunResult:
         seconds = {**flight.seconds, "scoring": flight.seconds["scoring"] + t2 - t1, "update": t3 - t2}
         metrics = {"step": state.step, **step_metrics(flight.plan, batch, update, seconds, world),
                    **run.rollouts.metrics(run, flight, started=t0)}
-        if config.ref_sync_steps and state.step % config.ref_sync_steps == 0:
-            models.sync_reference(config.ref_mixup_alpha)
-        if state.step % config.eval_every == 0 or state.step == config.steps:
-            metrics.update(evaluate_held_out(run, samples=config.eval_samples))
+        if config.loss.ref_sync_steps and state.step % config.loss.ref_sync_steps == 0:
+            models.sync_reference(config.loss.ref_mixup_alpha)
+        if state.step % config.logging.eval_every == 0 or state.step == config.optimisation.steps:
+            metrics.update(evaluate_held_out(run, samples=config.logging.eval_samples))
             accuracy = metrics["eval/greedy_accuracy"]
         record(run, metrics, accuracy)
-        if (config.checkpoint_every and state.step % config.checkpoint_every == 0) or state.step == last:
+        if (config.logging.checkpoint_every and state.step % config.logging.checkpoint_every == 0) or state.step == last:
             seconds_so_far = run.elapsed + time.perf_counter() - started
             checkpoint.save_checkpoint(run.output_dir, models, run.optimizer, run.scheduler, state, world,
                                        {"start_accuracy": run.start_accuracy, "seconds": seconds_so_far},
@@ -199,7 +199,7 @@ class Run:
     elapsed: float                   # seconds trained before this process started (a resumed run's)
     say: Callable[[str], None]       # log on rank 0, nothing elsewhere
     doctor: LiveDoctor
-    progress: object | None          # a tqdm bar on rank 0 (config.progress)
+    progress: object | None          # a tqdm bar on rank 0 (config.logging.progress)
     rollouts: rollouts.RolloutSource | None = None   # where each update's rollout comes from
     notes: dict = field(default_factory=dict)          # written into summary.json (the lab's faults)
 
@@ -210,37 +210,37 @@ def set_up(config: TrainConfig, *, advantage_fn: AdvantageFn | None = None, rewa
     functions, the models placed and wrapped, AdamW and its schedule, the rollout engine, the
     problems; then the starting policy evaluated and the run directory started, or a
     checkpoint restored."""
-    world = distributed.init_world(config.device)
+    world = distributed.init_world(config.run.device)
     check_engine_settings(config, world.device)
-    world.shard(config.prompts_per_step)   # prompts_per_step must divide among the ranks
-    torch.set_num_threads(config.threads)
-    torch.manual_seed(config.seed)
+    world.shard(config.rollout.prompts_per_step)   # prompts_per_step must divide among the ranks
+    torch.set_num_threads(config.run.threads)
+    torch.manual_seed(config.run.seed)
     say = log if world.is_main else (lambda message: None)
-    if advantage_fn is not None and config.advantage_fn:
-        raise ValueError(f"train(advantage_fn=...) and config key 'advantage_fn' ({config.advantage_fn!r}) both "
+    if advantage_fn is not None and config.advantages.advantage_fn:
+        raise ValueError(f"train(advantage_fn=...) and config key 'advantage_fn' ({config.advantages.advantage_fn!r}) both "
                          f"given; pass one")
     configured_advantage_fn, configured_rewards = functions_from_config(config)
     advantage_fn = configured_advantage_fn if advantage_fn is None else advantage_fn
     reward_functions = configured_rewards if reward_functions is None else reward_functions
     if policy is None:
-        policy, tokenizer = load_policy(policy_source(config.model))
-    if config.lora_rank:   # LoRA adapters on the chosen layers, the rest frozen (grpo_edu.policy.lora)
+        policy, tokenizer = load_policy(policy_source(config.run.model))
+    if config.lora.lora_rank:   # LoRA adapters on the chosen layers, the rest frozen (grpo_edu.policy.lora)
         policy = add_adapters(policy, config)
-    state = TrainState(prompt_rng=random.Random(config.seed))
-    output_dir = Path(config.output_dir)
+    state = TrainState(prompt_rng=random.Random(config.run.seed))
+    output_dir = Path(config.logging.output_dir)
     metrics_log = MetricsLog(output_dir)
     saved, reference = None, None
     if resume is not None:
         # Whole weights into the plain models, before they are placed and sharded.
-        reference = make_reference(policy) if config.beta and not config.lora_rank else None   # LoRA: adapters off
+        reference = make_reference(policy) if config.loss.beta and not config.lora.lora_rank else None   # LoRA: adapters off
         saved = checkpoint.load_weights(Path(resume), policy, reference, log=say)
-    if config.environment:   # importable, with a one-token stop: checked before anything is built
-        stop_token(config.environment, load_environment(config.environment), tokenizer)
+    if config.rollout.environment:   # importable, with a one-token stop: checked before anything is built
+        stop_token(config.rollout.environment, load_environment(config.rollout.environment), tokenizer)
     models = build_models(config, world, policy, reference)
     optimizer, scheduler = make_optimizer(config, models.policy.parameters())
     engine = make_engine(config, models, tokenizer, world)
-    background = BackgroundSampler(config, world, models, tokenizer, engine) if config.rollout_overlap else None
-    train_pool, held_out = tasks.task_pools(config, tokenizer)
+    background = BackgroundSampler(config, world, models, tokenizer, engine) if config.off_policy.rollout_overlap else None
+    train_pool, held_out = tasks.task_pools(config.run.task, config.data, config.logging.eval_size, tokenizer)
     run = Run(config, world, models, tokenizer, engine, optimizer, scheduler, rollouts.roll_out, optimise,
               reward_functions, advantage_fn, train_pool, held_out, state, output_dir, metrics_log,
               history=[], start_accuracy=0.0, elapsed=0.0, say=say, doctor=LiveDoctor(config.to_dict()),
@@ -271,11 +271,11 @@ def set_up(config: TrainConfig, *, advantage_fn: AdvantageFn | None = None, rewa
 
 
 def _progress_bar(config: TrainConfig, initial: int):
-    if not config.progress:
+    if not config.logging.progress:
         return None
     from tqdm.auto import tqdm
     # No rates in the bar: its text must not vary from run to run (the book checks outputs).
-    return tqdm(total=config.steps, initial=initial, desc="GRPO",
+    return tqdm(total=config.optimisation.steps, initial=initial, desc="GRPO",
                 bar_format="{desc}: {n_fmt}/{total_fmt} steps |{bar:20}| {postfix}")
 
 
@@ -284,10 +284,10 @@ def _progress_bar(config: TrainConfig, initial: int):
 def evaluate_held_out(run: Run, samples: int = 0) -> dict[str, object]:
     """The policy on the held-out problems (evaluation.held_out_metrics): greedy accuracy, and
     pass@k and maj@k from `samples` samples per problem. Every rank takes part."""
-    with run.models.whole() as model, autocast(run.config, run.world.device):
+    with run.models.whole() as model, autocast(run.config.run.precision, run.world.device):
         return held_out_metrics(model, run.tokenizer, run.held_out, run.world,
-                                max_new_tokens=run.config.max_completion_length, samples=samples,
-                                environment=run.config.environment, max_turns=run.config.max_turns)
+                                max_new_tokens=run.config.rollout.max_completion_length, samples=samples,
+                                environment=run.config.rollout.environment, max_turns=run.config.rollout.max_turns)
 
 
 def record(run: Run, metrics: dict, accuracy: float) -> None:
@@ -311,12 +311,12 @@ def finish(run: Run, seconds: float) -> RunResult:
     config, world, models = run.config, run.world, run.models
     if run.progress is not None:
         run.progress.close()
-    finished = run.state.step >= config.steps
+    finished = run.state.step >= config.optimisation.steps
     summary = run_summary(config.to_dict(), run.history, run.start_accuracy, seconds, finished=finished,
                           eval_problems=len(run.held_out))
     summary.update(run.notes)
     summary["world_size"] = world.size
-    summary["parallelism"] = config.parallelism if world.distributed else "none"
+    summary["parallelism"] = config.run.parallelism if world.distributed else "none"
     # What each rank holds of the policy's parameters, gradients and AdamW state (FSDP2: ~1/N each).
     summary["memory_bytes_per_rank"] = world.gather_objects([distributed.memory_bytes(models.policy, run.optimizer)])
     with models.whole(keep=True) as model:   # the run's result: whole weights (every rank enters)

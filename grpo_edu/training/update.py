@@ -23,9 +23,9 @@ import torch
 
 from grpo_edu.algorithm import entropy_mask
 from grpo_edu.runtime import distributed
-from grpo_edu.training import schedules
+from grpo_edu.algorithm import schedules
 from grpo_edu.training.batch import MicroBatch, RolloutBatch
-from grpo_edu.training.config import TrainConfig
+from grpo_edu.config import TrainConfig
 from grpo_edu.runtime.distributed import World
 from grpo_edu.algorithm.loss import GRPOLossOutput, LossSettings, grpo_loss
 from grpo_edu.training.metrics import MetricSums, sampler_gap
@@ -37,16 +37,16 @@ from grpo_edu.training.scoring import LossTotals, Plan
 
 def optimizer_steps_per_rollout(config: TrainConfig) -> int:
     """K: each training step (one rollout) gives this many optimizer steps."""
-    return config.num_iterations * config.num_mini_batches
+    return config.optimisation.num_iterations * config.optimisation.num_mini_batches
 
 
 def learning_rate_factor(config: TrainConfig) -> Callable[[int], float]:
     """The multiplier of the peak learning rate at optimizer step `step` (0-based): the schedule
-    (grpo_edu.training.schedules) spans the run, config.steps x K optimizer steps, the first
-    config.warmup_steps x K of them warming up linearly (training steps count rollouts;
+    (grpo_edu.algorithm.schedules) spans the run, config.optimisation.steps x K optimizer steps, the first
+    config.optimisation.warmup_steps x K of them warming up linearly (training steps count rollouts;
     K = optimizer_steps_per_rollout)."""
     K = optimizer_steps_per_rollout(config)
-    return schedules.learning_rate_factor(config.lr_schedule, config.steps * K, config.warmup_steps * K)
+    return schedules.learning_rate_factor(config.optimisation.lr_schedule, config.optimisation.steps * K, config.optimisation.warmup_steps * K)
 
 
 def make_optimizer(config: TrainConfig, parameters) -> tuple[torch.optim.Optimizer, torch.optim.lr_scheduler.LambdaLR]:
@@ -54,8 +54,8 @@ def make_optimizer(config: TrainConfig, parameters) -> tuple[torch.optim.Optimiz
     adapters only) and its learning-rate schedule."""
     parameters = [p for p in parameters if p.requires_grad]
     # fused: one kernel for all parameters (the same algorithm; 0.35 ms a step instead of 1.2 on the CPU tier)
-    optimizer = torch.optim.AdamW(parameters, lr=config.learning_rate, betas=tuple(config.adam_betas),
-                                  weight_decay=config.weight_decay, fused=True)
+    optimizer = torch.optim.AdamW(parameters, lr=config.optimisation.learning_rate, betas=tuple(config.optimisation.adam_betas),
+                                  weight_decay=config.optimisation.weight_decay, fused=True)
     return optimizer, torch.optim.lr_scheduler.LambdaLR(optimizer, learning_rate_factor(config))
 
 
@@ -125,7 +125,7 @@ def add_logprobs(config: TrainConfig, models: Models, batch: RolloutBatch, plan:
     # the policy has not moved before its forward, so that forward's detached
     # log-probs serve (ratio 1, as TRL), at no extra cost.
     old_logp = batch.old_logp   # set already for a rollout sampled ahead (rollout_lag)
-    if old_logp is None and config.old_logprobs == "sampler":
+    if old_logp is None and config.off_policy.old_logprobs == "sampler":
         old_logp = batch.sampler_logp
     elif old_logp is None and optimizer_steps_per_rollout(config) > 1:
         old_logp = policy_logprobs(config, models, batch, plan, world)
@@ -135,7 +135,7 @@ def add_logprobs(config: TrainConfig, models: Models, batch: RolloutBatch, plan:
         ref_logp = torch.cat([
             models.reference_logprobs(flat["input_ids"][rows], flat["attention_mask"][rows],
                                       flat["completion_mask"][rows])
-            for rows in torch.arange(batch.num_completions).split(config.micro_batch_size)
+            for rows in torch.arange(batch.num_completions).split(config.optimisation.micro_batch_size)
         ]).view(batch.completion_mask.shape)
         if hasattr(models.reference_logprobs, "reshard"):
             # FSDP2 keeps a root module's parameters gathered after its forward (for the
@@ -151,8 +151,8 @@ def policy_logprobs(config: TrainConfig, models: Models, batch: RolloutBatch, pl
     micro-batches the update will use (so the first mini-batch's ratio is exactly 1);
     rows in no mini-batch stay 0 and are never read."""
     old_logp = torch.zeros_like(batch.sampler_logp)
-    for k in range(config.num_mini_batches):
-        parts = micro_batches(plan, batch, k, config.micro_batch_size, world)
+    for k in range(config.optimisation.num_mini_batches):
+        parts = micro_batches(plan, batch, k, config.optimisation.micro_batch_size, world)
         pieces = [_logprobs_of(models.train_logprobs, part) for part in parts]
         real = [piece for piece in pieces if piece is not None]
         if real:
@@ -193,7 +193,7 @@ def entropy_pass(config: TrainConfig, model, parts: list[MicroBatch | Padding],
             part.forward(model)
     entropies = [model(part.input_ids, part.attention_mask, part.completion_mask, entropy=True) for _, part in real]
     masks = [part.loss_mask for _, part in real]
-    q = config.top_entropy_quantile
+    q = config.loss.top_entropy_quantile
     tau = entropy_mask.threshold(entropies, masks, q, world) if q < 1 else 0.0
     kept = [entropy_mask.high_entropy_mask(h, m, tau) for h, m in zip(entropies, masks)] if q < 1 else None
     chosen: list[torch.Tensor | None] = [None] * len(parts)
@@ -226,21 +226,21 @@ def optimise(config: TrainConfig, models: Models, optimizer, scheduler, batch: R
     steps_taken, first_forward = 0, []
     # Each mini-batch's micro-batches and loss denominators, the same in every pass; None: no
     # token to train (no group, or with mask_truncated_completions every completion truncated).
-    truncating = config.mask_truncated_completions
-    planned = [(micro_batches(plan, batch, k, config.micro_batch_size, world), plan.totals(k, config.loss_type,
+    truncating = config.loss.mask_truncated_completions
+    planned = [(micro_batches(plan, batch, k, config.optimisation.micro_batch_size, world), plan.totals(k, config.loss.loss_type,
                                                                                           truncating))
                if len(groups) and (not truncating or plan.finished[groups].any()) else None
                for k, groups in enumerate(plan.mini_batches)]
-    for iteration in range(config.num_iterations):
-        for k in range(config.num_mini_batches):
+    for iteration in range(config.optimisation.num_iterations):
+        for k in range(config.optimisation.num_mini_batches):
             if planned[k] is None:
                 skip_optimizer_step(scheduler)
                 continue
             parts, totals = planned[k]
-            masks, entropy = (entropy_pass(config, model, parts, world) if config.top_entropy_quantile < 1
-                              or config.log_entropy else ([None] * len(parts), {}))
+            masks, entropy = (entropy_pass(config, model, parts, world) if config.loss.top_entropy_quantile < 1
+                              or config.logging.log_entropy else ([None] * len(parts), {}))
             optimizer.zero_grad(set_to_none=True)
-            sums = MetricSums(config.importance_sampling_level == "sequence")
+            sums = MetricSums(config.loss.importance_sampling_level == "sequence")
             for i, part in enumerate(parts):
                 with distributed.no_sync(model, sync=i == len(parts) - 1):
                     if isinstance(part, Padding):   # this rank holds fewer rows: a zero-weight part
@@ -253,11 +253,11 @@ def optimise(config: TrainConfig, models: Models, optimizer, scheduler, batch: R
                 sums.add(out.metrics, tokens=float(part.loss_mask.sum()),
                          completions=float(part.num_completions))
             # max_grad_norm 0: measure the norm (inf never clips) without clipping.
-            norm = torch.nn.utils.clip_grad_norm_(models.policy.parameters(), config.max_grad_norm or math.inf)
+            norm = torch.nn.utils.clip_grad_norm_(models.policy.parameters(), config.optimisation.max_grad_norm or math.inf)
             optimizer.step()
             scheduler.step()
             steps_taken += 1
-            if iteration == config.num_iterations - 1 and all(later is None for later in planned[k + 1:]):
+            if iteration == config.optimisation.num_iterations - 1 and all(later is None for later in planned[k + 1:]):
                 metrics = {**sums.reduce(world), **entropy}
                 metrics["grad_norm"] = float(distributed.full_tensor(norm))
     if models.sharded and not models.lazy:
@@ -277,7 +277,7 @@ def _gap_before_update(config: TrainConfig, batch: RolloutBatch, plan: Plan,
     the recomputed pi_old (every trained row) when there is one, else the first optimizer
     step's own forward (its mini-batch's rows; with one step per rollout, every trained row).
     Either way, groups dropped by filter_zero_std_groups are not included."""
-    if config.old_logprobs != "sampler" and batch.old_logp is not None:
+    if config.off_policy.old_logprobs != "sampler" and batch.old_logp is not None:
         keep = plan.trained_groups()
         if not keep.any():
             return sampler_gap(batch.sampler_logp[:0], batch.sampler_logp[:0], batch.completion_mask[:0], world)

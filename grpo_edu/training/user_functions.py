@@ -33,7 +33,7 @@ import torch
 
 from grpo_edu.environment import rewards, tasks
 from grpo_edu.algorithm.advantages import group_advantages
-from grpo_edu.training.config import TrainConfig
+from grpo_edu.config import TrainConfig
 
 AdvantageFn = Callable[[torch.Tensor], torch.Tensor]          # rewards (B, G) -> advantages (B, G)
 RewardFn = Callable[..., Sequence[float]]                      # TRL's signature
@@ -145,13 +145,13 @@ def reward_functions_from_config(weights: dict[str, float], unboxed_answers: boo
 def functions_from_config(config: TrainConfig) -> tuple[AdvantageFn, dict[str, tuple[RewardFn, float]]]:
     """The run's advantage and reward functions, as the config names them, each checked on a
     probe batch (a one-line error naming a function that fails)."""
-    if config.advantage_fn:
-        advantage_fn = resolve(config.advantage_fn, "advantage_fn")
-        check_advantage_fn(advantage_fn, config.advantage_fn, config.prompts_per_step, config.num_generations)
+    if config.advantages.advantage_fn:
+        advantage_fn = resolve(config.advantages.advantage_fn, "advantage_fn")
+        check_advantage_fn(advantage_fn, config.advantages.advantage_fn, config.rollout.prompts_per_step, config.rollout.num_generations)
     else:
-        advantage_fn = lambda r: group_advantages(r, scale=config.advantage_scale, std=config.advantage_std)
-    reward_functions = reward_functions_from_config(config.rewards, config.unboxed_answers)
-    samples = (tasks.make_dataset(config.task, n=3, split="train", seed=0) if config.task != "gsm8k" else
+        advantage_fn = lambda r: group_advantages(r, scale=config.advantages.advantage_scale, std=config.advantages.advantage_std)
+    reward_functions = reward_functions_from_config(config.run.rewards, config.run.unboxed_answers)
+    samples = (tasks.make_dataset(config.run.task, n=3, split="train", seed=0) if config.run.task != "gsm8k" else
                [tasks.gsm8k_sample("How many legs do 3 cats have?", "3 * 4 = 12\n#### 12")])
     for name, (function, _) in reward_functions.items():
         if is_import_path(name):

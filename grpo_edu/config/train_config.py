@@ -1,0 +1,214 @@
+"""TrainConfig: a training run's config, its sections composed, every rule checked once.
+
+    config = TrainConfig(beta=0.0, steps=200)          # any key by name, the rest defaults
+    config.loss.beta, config.optimisation.steps        # each key lives in its section
+    config.replace(learning_rate=1e-4)                 # a new config, checked again
+    config.to_dict()                                   # {key: value}, flat (a run's config.json)
+
+The sections are grpo_edu.config.sections' nine, in the order a TOML file reads them, and one
+per registered engine that has settings (grpo_edu.sampling.engines: [vllm], [sglang]); each
+checks its own keys when it is made, then the rules across keys run (grpo_edu.config.rules).
+Key names are unique across sections, so a key is named without its section everywhere outside
+the code: `--set beta=0`, config.json, error messages (`--set loss.beta=0` names it with its
+section too). Reading a config file, with its base and the source of every key, is
+grpo_edu.config.files.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import types
+import typing
+
+from grpo_edu.config.rules import RULES, import_modules
+from grpo_edu.config.sections import (Advantages, Data, Logging, Lora, Loss, OffPolicy, Optimisation, Rollout,
+                                      Run)
+from grpo_edu.runtime.settings import Section
+from grpo_edu.sampling.engines import ENGINES
+
+# The sections every config has, by attribute (= TOML table; the run is the file's top level).
+SECTIONS: dict[str, type[Section]] = {"run": Run, "data": Data, "rollout": Rollout, "optimisation": Optimisation,
+                                      "off_policy": OffPolicy, "lora": Lora, "loss": Loss, "advantages": Advantages,
+                                      "logging": Logging}
+
+# Keys that were replaced: the error names the new key.
+RENAMED = {
+    "fused_llama": "config key 'fused_llama' was replaced by 'engine': fused_llama = true is engine = \"fused\", "
+                   "false is engine = \"hf\" (and engine = \"vllm\" is new)",
+}
+
+
+def engine_sections() -> dict[str, type[Section]]:
+    """The sections of the registered engines that have settings, by title."""
+    return {engine.settings.title: engine.settings for engine in ENGINES.values() if engine.settings is not None}
+
+
+def all_sections() -> dict[str, type[Section]]:
+    return {**SECTIONS, **engine_sections()}
+
+
+def key_index() -> dict[str, str]:
+    """Every key -> the title of its section ('run' for the top level); a key in two sections is
+    an error naming both."""
+    index: dict[str, str] = {}
+    for title, section in all_sections().items():
+        for key in section.keys():
+            if key in index:
+                raise ValueError(f"config key {key!r} is in two sections, [{index[key]}] and [{title}]: a key's name "
+                                 f"must be unique (a registered engine's settings may not reuse a key)")
+            index[key] = title
+    return index
+
+
+def key_field(key: str) -> dataclasses.Field:
+    """The dataclass field of a key (its doc and rules: field.metadata)."""
+    section = all_sections()[key_index()[key]]
+    return {f.name: f for f in dataclasses.fields(section)}[key]
+
+
+def key_type(key: str):
+    section = all_sections()[key_index()[key]]
+    return typing.get_type_hints(section)[key]
+
+
+@dataclasses.dataclass(init=False)
+class TrainConfig:
+    """A training run's config (module docstring): the sections, and the rules across them checked."""
+
+    run: Run
+    data: Data
+    rollout: Rollout
+    optimisation: Optimisation
+    off_policy: OffPolicy
+    lora: Lora
+    loss: Loss
+    advantages: Advantages
+    logging: Logging
+    engine_settings: dict[str, Section]
+
+    def __init__(self, **given):
+        """TrainConfig(beta=0.0, steps=200): keys by name, or whole sections (loss=Loss(...)); the
+        rest defaults. Each key is coerced to its type and checked; then the rules across keys."""
+        import_modules(given.get("imports", ()))   # before anything is checked: its registrations count
+        index = key_index()
+        sections = all_sections()
+        by_section: dict[str, dict] = {title: {} for title in sections}
+        whole: dict[str, Section] = {}
+        for name, value in given.items():
+            if name in sections:
+                if not isinstance(value, sections[name]):
+                    raise ValueError(f"config section {name!r} must be a {sections[name].__name__}, got "
+                                     f"{type(value).__name__}")
+                whole[name] = value
+            elif name in RENAMED:
+                raise ValueError(RENAMED[name])
+            elif name in index:
+                by_section[index[name]][name] = coerce(name, value, key_type(name))
+            else:
+                raise ValueError(f"unknown config key {name!r}; known keys: {', '.join(index)}")
+        for title, keys in by_section.items():
+            if title in whole and keys:
+                raise ValueError(f"config section {title!r} given whole and keys of it by name ({', '.join(keys)}); "
+                                 f"give one")
+        built = {title: whole.get(title) or sections[title](**by_section[title]) for title in sections}
+        for title in SECTIONS:
+            setattr(self, title, built[title])
+        self.engine_settings = {title: built[title] for title in engine_sections()}
+        self.validate()
+
+    def __getattr__(self, name: str):
+        # An engine's section (config.vllm, config.sglang); a key named without its section, a hint.
+        if name == "engine_settings" or name.startswith("__"):
+            raise AttributeError(name)
+        if name in self.engine_settings:
+            return self.engine_settings[name]
+        title = key_index().get(name)
+        if title is not None:
+            raise AttributeError(f"TrainConfig has no attribute {name!r}: the key is in section "
+                                 f"{title!r} (config.{title}.{name}; config.value({name!r}))")
+        raise AttributeError(f"TrainConfig has no attribute {name!r}")
+
+    def validate(self) -> None:
+        """The rules across keys (grpo_edu.config.rules.RULES): one line per refusal. Each section
+        checked its own keys when it was made."""
+        for rule in RULES:
+            if rule.broken(self):
+                raise ValueError(rule.message(self))
+
+    # ------------------------------------------------------------------ keys by name
+
+    def sections(self) -> dict[str, Section]:
+        """Every section, by title, in reading order."""
+        return {**{title: getattr(self, title) for title in SECTIONS}, **self.engine_settings}
+
+    def section_of(self, key: str) -> Section:
+        return self.sections()[key_index()[key]]
+
+    def value(self, key: str):
+        """A key's value, by its name alone."""
+        if key not in key_index():
+            raise ValueError(f"unknown config key {key!r}")
+        return getattr(self.section_of(key), key)
+
+    def to_dict(self) -> dict:
+        """{key: value} over every section: the flat form of a run's config.json."""
+        return {key: value for section in self.sections().values() for key, value in dataclasses.asdict(section).items()}
+
+    def replace(self, **changes) -> "TrainConfig":
+        """A new config with these keys changed, checked again."""
+        return TrainConfig(**{**self.to_dict(), **changes})
+
+    @classmethod
+    def from_dict(cls, values: dict) -> "TrainConfig":
+        """A config from {key: value} (flat, as config.json holds it)."""
+        return cls(**values)
+
+    @classmethod
+    def from_toml(cls, path=None, overrides: list[str] | None = None) -> "TrainConfig":
+        """Defaults, then the TOML file (and its base, grpo_edu.config.files), then `key=value` overrides."""
+        from grpo_edu.config.files import resolve
+        return resolve(path, overrides).config
+
+    @classmethod
+    def load_run_config(cls, run_dir, overrides: list[str] | None = None) -> "TrainConfig":
+        """The config a run directory was started with (its config.json), plus overrides."""
+        from grpo_edu.config.files import run_config
+        return run_config(run_dir, overrides)
+
+    @staticmethod
+    def keys() -> dict[str, str]:
+        """Every key -> its section's title ('run': the file's top level)."""
+        return key_index()
+
+
+def coerce(key: str, value, expected):
+    """Check (and widen int -> float) a value against the key's type; one line naming the key."""
+    origin = typing.get_origin(expected)
+    if origin in (typing.Union, types.UnionType):
+        expected = tuple(t for t in typing.get_args(expected) if t is not type(None))[0]
+    if expected is float and isinstance(value, int) and not isinstance(value, bool):
+        return float(value)
+    if expected is bool and not isinstance(value, bool):
+        raise ValueError(f"config key {key!r} must be true or false, got {value!r}")
+    if expected is int and (isinstance(value, bool) or not isinstance(value, int)):
+        raise ValueError(f"config key {key!r} must be an integer, got {value!r}")
+    if expected in (dict, list) and not isinstance(value, expected):
+        raise ValueError(f"config key {key!r} must be a {expected.__name__}, got {value!r}")
+    if expected is dict:
+        return {str(k): coerce(f"{key}.{k}", v, float) for k, v in value.items()}
+    if expected in (float, str) and not isinstance(value, expected):
+        raise ValueError(f"config key {key!r} must be a {expected.__name__}, got {value!r}")
+    return value
+
+
+def help_text() -> str:
+    """Every key with its section, type, default and one-line doc (the --help epilog)."""
+    lines = ["config keys (set in a TOML file or with --set key=value), by section:"]
+    for title, section in all_sections().items():
+        lines.append(f"  [{title}]" if title != "run" else "  (the file's top level)")
+        hints = typing.get_type_hints(section)
+        for f in dataclasses.fields(section):
+            default = f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
+            kind = getattr(hints[f.name], "__name__", str(hints[f.name]))
+            lines.append(f"    {f.name} ({kind}, default {default!r}): {f.metadata['doc']}")
+    return "\n".join(lines)
