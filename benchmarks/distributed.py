@@ -178,7 +178,7 @@ def count_bytes_worker(output: Path, steps: int, parallelism: str, extra: list[s
 
     from grpo_edu.runtime import distributed
     from grpo_edu.training import rollouts, trainer
-    from grpo_edu.training.config import TrainConfig
+    from grpo_edu.config import TrainConfig
 
     payload, calls = Counter(), Counter()
 
@@ -230,7 +230,7 @@ def count_bytes_worker(output: Path, steps: int, parallelism: str, extra: list[s
                           f"output_dir={output.parent / parallelism}"] + extra
     config = TrainConfig.from_toml(None, overrides)
     trainer.train(config, log=lambda message: None)
-    world = distributed.init_world(config.device)
+    world = distributed.init_world(config.run.device)
     if world.is_main:
         per_step = [{"payload": dict(later[0] - earlier[0]), "calls": dict(later[1] - earlier[1])}
                     for earlier, later in zip(snapshots, snapshots[1:])]
@@ -244,32 +244,32 @@ def forwards_per_step(config, world_size: int) -> dict[str, int]:
     included), with no groups filtered: the reference's, pi_old's and the update's."""
     import torch
 
-    from grpo_edu.training.scoring import plan_mini_batches
+    from grpo_edu.training.plan import plan_mini_batches
 
-    B, G = config.prompts_per_step, config.num_generations
+    B, G = config.rollout.prompts_per_step, config.rollout.num_generations
     per_rank = B // world_size
     # Every rank runs as many micro-batches of a mini-batch as the rank that holds most of it.
-    mini_batches = plan_mini_batches(replace(config, filter_zero_std_groups=False), torch.zeros(B, G))
+    mini_batches = plan_mini_batches(config.replace(filter_zero_std_groups=False), torch.zeros(B, G))
     pass_forwards = sum(
         math.ceil(G * max(int(((prompts >= r * per_rank) & (prompts < (r + 1) * per_rank)).sum())
-                          for r in range(world_size)) / config.micro_batch_size)
+                          for r in range(world_size)) / config.optimisation.micro_batch_size)
         for prompts in mini_batches)
-    K = config.num_iterations * config.num_mini_batches
+    K = config.optimisation.num_iterations * config.optimisation.num_mini_batches
     return {
-        "reference": math.ceil(per_rank * G / config.micro_batch_size) if config.beta else 0,
-        "pi_old": pass_forwards if K > 1 and config.old_logprobs == "recomputed" else 0,
-        "update": config.num_iterations * pass_forwards,
+        "reference": math.ceil(per_rank * G / config.optimisation.micro_batch_size) if config.loss.beta else 0,
+        "pi_old": pass_forwards if K > 1 and config.off_policy.old_logprobs == "recomputed" else 0,
+        "update": config.optimisation.num_iterations * pass_forwards,
         "optimizer_steps": K,
     }
 
 
 def count_bytes(args) -> None:
-    from grpo_edu.training.config import TrainConfig
+    from grpo_edu.config import TrainConfig
     from grpo_edu.runtime.distributed import decoder_layers
     from grpo_edu.policy.models import STARTING_POLICY, load_policy
 
     config = TrainConfig.from_toml(None, COMMON + args.set)
-    policy, _ = load_policy(STARTING_POLICY if config.model == "start" else config.model)
+    policy, _ = load_policy(STARTING_POLICY if config.run.model == "start" else config.run.model)
     P = sum(parameter.numel() for parameter in policy.parameters())
     full = 4 * P
     N = PROCESSES
@@ -285,8 +285,8 @@ def count_bytes(args) -> None:
           f"{full:,} bytes in float32")
     print(f"one step here: {forwards['optimizer_steps']} optimizer step(s); forwards of a sharded module on each "
           f"rank: {forwards['reference']} reference, {forwards['pi_old']} pi_old, {forwards['update']} update "
-          f"(engine = {config.engine!r}: "
-          f"{'FSDP2 shards the whole model as one unit' if config.engine == 'fused' else 'FSDP2 shards each decoder layer'})\n")
+          f"(engine = {config.run.engine!r}: "
+          f"{'FSDP2 shards the whole model as one unit' if config.run.engine == 'fused' else 'FSDP2 shards each decoder layer'})\n")
     # The first step also sets FSDP2 up: left out.
     measured = {parallelism: steps[1:] for parallelism, steps in measured.items()}
     steps = len(measured["ddp"])
@@ -314,18 +314,18 @@ def count_bytes(args) -> None:
     # gathered from its forward until a backward reshards it. The frozen reference never runs
     # a backward, so the trainer reshards it after its forwards (add_logprobs): each step
     # gathers it whole again.
-    layers = 0 if config.engine == "fused" else 4 * sum(
+    layers = 0 if config.run.engine == "fused" else 4 * sum(
         parameter.numel() for layer in decoder_layers(policy) for parameter in layer.parameters())
     root = full - layers
     update, reference = forwards["update"], forwards["reference"]
     policy_gathers = update * full + (forwards["pi_old"] + update) * layers
     reference_gathers = root + reference * layers if reference else 0   # root once a step, layers per forward
     scatter_payload = forwards["optimizer_steps"] * full
-    unit = ("the whole model is one unit (the fused path runs no layer's own forward)" if config.engine == "fused"
+    unit = ("the whole model is one unit (the fused path runs no layer's own forward)" if config.run.engine == "fused"
             else f"each decoder layer is a unit ({layers:,} bytes in all), the root holds the rest ({root:,})")
     print(f"  fsdp2  {unit}:")
     print(f"         the policy's parameters, all-gathered for each update forward"
-          + ("" if config.engine == "fused" else ", the layers' again for its backward and for each pi_old forward")
+          + ("" if config.run.engine == "fused" else ", the layers' again for its backward and for each pi_old forward")
           + f": {policy_gathers:,} bytes")
     print(f"         the reference's, all-gathered for its forwards (the trainer reshards it after them: "
           f"it has no backward to do so): {reference_gathers:,} bytes")

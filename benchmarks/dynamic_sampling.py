@@ -69,7 +69,7 @@ def write_trained_policy() -> Path:
     import tempfile
 
     from grpo_edu.policy.models import TRAINED_POLICY
-    from grpo_edu.training.config import DEFAULT_CONFIG, TrainConfig
+    from grpo_edu.config import DEFAULT_CONFIG, TrainConfig
     from grpo_edu.training.trainer import train
     with tempfile.TemporaryDirectory() as directory:
         config = TrainConfig.from_dict({**TrainConfig.from_toml(DEFAULT_CONFIG).to_dict(), "output_dir": directory,
@@ -88,9 +88,9 @@ def trained_card(config, summary: dict) -> str:
     return f"""# tiny-arithmetic-trained: the policy `make train` trains
 
 The committed starting policy (`start`, grpo_edu/assets/tiny-arithmetic-start) after the CPU tier's
-default GRPO run: configs/cpu-tiny.toml as it is, seed {config.seed}, {config.steps:,} steps of
-{config.prompts_per_step} prompts x {config.num_generations} completions, loss '{config.loss_type}',
-beta {config.beta}, learning rate {config.learning_rate} ({config.lr_schedule}). In a run's config:
+default GRPO run: configs/cpu-tiny.toml as it is, seed {config.run.seed}, {config.optimisation.steps:,} steps of
+{config.rollout.prompts_per_step} prompts x {config.rollout.num_generations} completions, loss '{config.loss.loss_type}',
+beta {config.loss.beta}, learning rate {config.optimisation.learning_rate} ({config.optimisation.lr_schedule}). In a run's config:
 `model = "trained"`. Chapter 8 trains from it where many groups are all right
 (benchmarks/dynamic_sampling.py, the `-solved` variants).
 

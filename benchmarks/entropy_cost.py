@@ -12,7 +12,7 @@ import argparse
 import statistics
 import tempfile
 
-from grpo_edu.training.config import DEFAULT_CONFIG, TrainConfig
+from grpo_edu.config import DEFAULT_CONFIG, TrainConfig
 from grpo_edu.training.metrics import step_seconds
 from grpo_edu.training.trainer import train
 

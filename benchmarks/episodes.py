@@ -29,7 +29,7 @@ CASES = {"single-turn": [], "episodes": [f"environment={json.dumps(ECHO)}", "max
 
 
 def one_run(steps: int, threads: int, extra: list[str]) -> dict:
-    from grpo_edu.training.config import DEFAULT_CONFIG, TrainConfig
+    from grpo_edu.config import DEFAULT_CONFIG, TrainConfig
     from grpo_edu.training.trainer import train
 
     with tempfile.TemporaryDirectory() as out:

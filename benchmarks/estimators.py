@@ -28,7 +28,7 @@ from pathlib import Path
 
 import variant_grid
 from grpo_edu.algorithm import baselines
-from grpo_edu.training.config import DEFAULT_CONFIG, TrainConfig
+from grpo_edu.config import DEFAULT_CONFIG, TrainConfig
 from grpo_edu.training.trainer import train
 
 OUT = Path(__file__).parent / "results" / "estimators.json"

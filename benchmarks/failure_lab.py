@@ -22,8 +22,8 @@ import tempfile
 import time
 
 from grpo_edu import lab
-from grpo_edu.training.config import TrainConfig
-from grpo_edu.training.diagnose import diagnose
+from grpo_edu.config import TrainConfig
+from grpo_edu.doctor.diagnose import diagnose
 from grpo_edu.training.trainer import train
 
 

@@ -65,7 +65,7 @@ def run_one(setting: str, seed: int, args) -> dict:
     from variant_grid import greedy_outcomes
 
     from grpo_edu.training import trainer
-    from grpo_edu.training.config import DEFAULT_CONFIG, TrainConfig
+    from grpo_edu.config import DEFAULT_CONFIG, TrainConfig
 
     evaluations: list[list[float]] = []
     clock = {"seconds": 0.0, "step_started": None}

@@ -128,11 +128,11 @@ from grpo_edu.commands import pretrain  # noqa: E402
 from grpo_edu.policy import lora
 from grpo_edu.runtime import distributed
 from grpo_edu.training import checkpoint, trainer
-from grpo_edu.training.config import TrainConfig  # noqa: E402
+from grpo_edu.config import TrainConfig  # noqa: E402
 from grpo_edu.runtime.durable import replace as write_atomically  # noqa: E402
 from grpo_edu.policy.models import char_tokenizer, save_policy  # noqa: E402
 from grpo_edu.runtime.runlog import MetricsLog  # noqa: E402
-from grpo_edu.training.update import optimizer_steps_per_rollout  # noqa: E402
+from grpo_edu.training.plan import optimizer_steps_per_rollout  # noqa: E402
 
 PARTS = ("tiny", "countdown-pretrain", "countdown-grpo", "qwen2.5-0.5b", "qwen2.5-1.5b", "qwen2.5-1.5b-lora",
          "qwen2.5-7b-lora", "qwen2.5-7b-lora-mb8")

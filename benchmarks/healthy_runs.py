@@ -24,8 +24,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from grpo_edu.training.config import TrainConfig
-from grpo_edu.training.diagnose import diagnose, report
+from grpo_edu.config import TrainConfig
+from grpo_edu.doctor.diagnose import diagnose, report
 from grpo_edu.training.metrics import TIME_SPLIT
 from grpo_edu.training.trainer import train
 

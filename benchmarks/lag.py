@@ -39,7 +39,7 @@ import time
 from pathlib import Path
 
 import variant_grid
-from grpo_edu.training.config import DEFAULT_CONFIG, TrainConfig
+from grpo_edu.config import DEFAULT_CONFIG, TrainConfig
 from grpo_edu.training.trainer import train
 
 OUT = Path(__file__).parent / "results" / "lag.json"

@@ -14,7 +14,7 @@ import argparse
 import statistics
 import tempfile
 
-from grpo_edu.training.config import DEFAULT_CONFIG, TrainConfig
+from grpo_edu.config import DEFAULT_CONFIG, TrainConfig
 from grpo_edu.training.metrics import step_seconds
 from grpo_edu.training.trainer import train
 
@@ -43,7 +43,7 @@ def main() -> None:
         update = statistics.median(m["time/update"] for m in history)
         step = statistics.median(step_seconds(m) for m in history)
         held = result.summary["memory_bytes_per_rank"][0]
-        reference = 0 if config.lora_rank else held["parameters"]   # full fine-tuning: a float32 copy
+        reference = 0 if config.lora.lora_rank else held["parameters"]   # full fine-tuning: a float32 copy
         print(f"{name:<14}{rollout:>12.4f}{update:>12.4f}{step:>10.4f}{sum(held.values()):>14,}{reference:>19,}",
               flush=True)
 

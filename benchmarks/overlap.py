@@ -38,7 +38,7 @@ def one_run(steps: int, threads: int, overlap: bool) -> dict:
     """Train in this process (the child): per-step wall times, phase times, the weights' digest."""
     import time
 
-    from grpo_edu.training.config import DEFAULT_CONFIG, TrainConfig
+    from grpo_edu.config import DEFAULT_CONFIG, TrainConfig
     from grpo_edu.training.trainer import train
 
     with tempfile.TemporaryDirectory() as out:

@@ -166,7 +166,7 @@ def quiet_run(config_path: Path, steps: int, threads: int, directory: str):
     """trainer.set_up for `steps` steps of the config at config_path, on `threads` threads, writing
     into `directory`: no evaluation inside them, no checkpoint, no progress line, no log."""
     from grpo_edu.training import trainer
-    from grpo_edu.training.config import TrainConfig
+    from grpo_edu.config import TrainConfig
 
     base = TrainConfig.from_toml(config_path).to_dict()
     config = TrainConfig.from_dict({**base, "steps": steps, "threads": threads, "eval_every": 10 ** 9,
@@ -196,7 +196,7 @@ def main(argv=None) -> int:
     from torch.profiler import ProfilerActivity, profile, record_function
 
     from grpo_edu.training import trainer
-    from grpo_edu.training.config import DEFAULT_CONFIG
+    from grpo_edu.config import DEFAULT_CONFIG
 
     counts = Counts()
     total = args.warmup + 2 * args.steps

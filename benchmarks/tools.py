@@ -53,8 +53,8 @@ import variant_grid
 
 from grpo_edu.algorithm.statistics import by_seed, mcnemar, paired_seeds
 from grpo_edu.environment import rewards, tasks
-from grpo_edu.training.config import TrainConfig
-from grpo_edu.training.diagnose import diagnose
+from grpo_edu.config import TrainConfig
+from grpo_edu.doctor.diagnose import diagnose
 from grpo_edu.training.episodes import writers
 from grpo_edu.training.evaluation import evaluate
 from grpo_edu.lab.faults import NONE, Faults
@@ -117,11 +117,11 @@ def answer_logp(model, tokenizer, samples: list[dict]) -> float:
 def measure(model, tokenizer, config: TrainConfig) -> dict:
     """The held-out figures of `model` as `config` plays (see the module's docstring)."""
     held_out = tasks.make_dataset("multiply", HELD_OUT, "test", seed=0)
-    played = evaluate(model, tokenizer, held_out, pass_k=SAMPLES, max_new_tokens=config.max_completion_length,
-                      environment=config.environment, max_turns=config.max_turns, per_problem=True)
+    played = evaluate(model, tokenizer, held_out, pass_k=SAMPLES, max_new_tokens=config.rollout.max_completion_length,
+                      environment=config.rollout.environment, max_turns=config.rollout.max_turns, per_problem=True)
     texts = [group[0] for group in generate_completions(model, tokenizer, [s["prompt"] for s in held_out],
-                                                        max_new_tokens=config.max_completion_length)]
-    if not config.environment:   # a call in a single-turn completion: its text holds "["
+                                                        max_new_tokens=config.rollout.max_completion_length)]
+    if not config.rollout.environment:   # a call in a single-turn completion: its text holds "["
         played["tool_call_rate"] = sum("[" in text for text in texts) / len(texts)
     figures = {key: played.get(key) for key in ("greedy_accuracy", "tool_call_rate", "mean_turns",
                                                  "sample_accuracy", "sample_tool_call_rate",

@@ -86,7 +86,7 @@ class DefaultRunGrid:
         self.values = {"final_accuracy": lambda run: run["final_accuracy"], **(values or {})}
 
     def config_for(self, variant: str, seed: int, steps: int, output_dir: str):
-        from grpo_edu.training.config import DEFAULT_CONFIG, TrainConfig
+        from grpo_edu.config import DEFAULT_CONFIG, TrainConfig
         base = TrainConfig.from_toml(self.base or DEFAULT_CONFIG).to_dict()
         return TrainConfig.from_dict({**base, **self.settings, "steps": steps, "seed": seed, "output_dir": output_dir,
                                       **self.variants[variant]})
@@ -133,7 +133,7 @@ class DefaultRunGrid:
     def write(self, args) -> None:
         import platform
 
-        from grpo_edu.training.config import DEFAULT_CONFIG
+        from grpo_edu.config import DEFAULT_CONFIG
         out, runs = Path(args.out), []
         for variant, seed in self.parse_runs(args.runs, args.variants, args.seeds):
             runs.append(self.run(variant, seed, args.steps))
@@ -172,7 +172,7 @@ def greedy_outcomes(result, config) -> list[int]:
     _, held_out = tasks.task_pools(config, result.tokenizer)
     result.policy.eval()
     outcomes = [int(accuracy) for accuracy, _ in greedy_scores(result.policy, result.tokenizer, held_out,
-                                                                max_new_tokens=config.max_completion_length)]
+                                                                max_new_tokens=config.rollout.max_completion_length)]
     result.policy.train()
     final = result.summary.get("final_accuracy")
     if final is not None and sum(outcomes) / len(outcomes) != final:

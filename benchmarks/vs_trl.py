@@ -96,7 +96,7 @@ def stamped(module, name: str, starts: list[float]):
 
 def run_grpo_edu(seed: int, args, held_out, engine: str = "fused") -> Run:
     from grpo_edu.training import metrics, rollouts, trainer
-    from grpo_edu.training.config import TrainConfig
+    from grpo_edu.config import TrainConfig
     from grpo_edu.training.evaluation import evaluate
 
     starts: list[float] = []

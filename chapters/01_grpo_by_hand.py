@@ -586,7 +586,7 @@ print(f"clip ratio {r1_epsilon}: ratios clipped to [{1 - r1_epsilon}, {1 + r1_ep
 # values differ.
 
 # %%
-from grpo_edu.training.config import TrainConfig
+from grpo_edu.config import TrainConfig
 
 tiny_r1 = TrainConfig.from_toml(home.path("configs/r1-recipe-tiny.toml"))
 r1_as_keys = {  # grpo_edu key: R1's first RL stage in that key's units

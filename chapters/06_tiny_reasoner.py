@@ -39,7 +39,7 @@ import torch
 
 from grpo_edu.environment import tasks
 from grpo_edu.training import trainer
-from grpo_edu.training.config import TrainConfig
+from grpo_edu.config import TrainConfig
 from grpo_edu.policy.models import generate_completions, load_policy
 from grpo_edu.training.evaluation import evaluate
 from grpo_edu.environment.rewards import accuracy_reward

@@ -56,7 +56,7 @@ from grpo_edu import lab
 from grpo_edu.environment import tasks
 from grpo_edu.training import placement, rollouts, trainer
 from grpo_edu.algorithm.advantages import group_advantages
-from grpo_edu.training.diagnose import DETECTORS, diagnose
+from grpo_edu.doctor.diagnose import DETECTORS, diagnose
 from grpo_edu.runtime.distributed import World
 from grpo_edu.lab.faults import Faults
 from grpo_edu.policy.models import load_policy
@@ -80,7 +80,7 @@ def trial(name):
 
 
 def doctor(*names):
-    """What grpo-edu doctor reports for each run (grpo_edu.training.diagnose on its metrics and config)."""
+    """What grpo-edu doctor reports for each run (grpo_edu.doctor.diagnose on its metrics and config)."""
     for name in names:
         findings = diagnose(results[name].history, results[name].summary["config"])
         print(f"doctor, {name}: " + ("no symptoms found" if not findings else ""))

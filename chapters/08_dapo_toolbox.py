@@ -356,7 +356,7 @@ for claim, holds in claims.items():
 # answer are one to three characters each):
 
 # %%
-from grpo_edu.training.scoring import soft_overlong_punishment
+from grpo_edu.environment.rewards import soft_overlong_punishment
 
 answers = tasks.make_dataset("arithmetic", n=816, split="test", seed=0)
 needed = torch.tensor([len(tokenizer(a["solution"] + tokenizer.eos_token, add_special_tokens=False).input_ids)

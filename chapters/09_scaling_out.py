@@ -62,7 +62,7 @@ from grpo_edu.runtime import distributed
 from grpo_edu.runtime import precision
 from grpo_edu.training import placement, rollouts, scoring, trainer, update
 from grpo_edu.algorithm.advantages import group_advantages, zero_std_groups
-from grpo_edu.training.config import TrainConfig
+from grpo_edu.config import TrainConfig
 from grpo_edu.runtime.distributed import World
 from grpo_edu.algorithm.aggregation import LOSS_TYPES
 from grpo_edu.algorithm.loss import grpo_loss

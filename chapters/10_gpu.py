@@ -51,7 +51,7 @@ from grpo_edu.environment import tasks
 from grpo_edu.sampling import vllm_engine
 from grpo_edu.runtime import precision
 from grpo_edu.training import metrics, placement
-from grpo_edu.training.config import TrainConfig
+from grpo_edu.config import TrainConfig
 from grpo_edu.runtime.distributed import World
 from grpo_edu.sampling.fused_llama import FusedEngine
 from grpo_edu.algorithm.logprobs import completion_logprobs

@@ -48,8 +48,8 @@ import torch
 
 from grpo_edu.environment import tasks
 from grpo_edu.training import placement, rollouts, trainer
-from grpo_edu.training.config import TrainConfig
-from grpo_edu.training.diagnose import diagnose
+from grpo_edu.config import TrainConfig
+from grpo_edu.doctor.diagnose import diagnose
 from grpo_edu.runtime.distributed import World
 from grpo_edu.algorithm.logprobs import completion_logprobs
 from grpo_edu.policy.models import load_policy

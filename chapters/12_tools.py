@@ -51,8 +51,8 @@ import torch
 from grpo_edu import lab
 from grpo_edu.environment import rewards, tasks
 from grpo_edu.algorithm.advantages import group_advantages
-from grpo_edu.training.config import TrainConfig
-from grpo_edu.training.diagnose import diagnose
+from grpo_edu.config import TrainConfig
+from grpo_edu.doctor.diagnose import diagnose
 from grpo_edu.training.episodes import Calculator, roll_out_episodes
 from grpo_edu.algorithm.logprobs import completion_logprobs
 from grpo_edu.algorithm.loss import grpo_loss
@@ -227,18 +227,18 @@ print("advantages", [round(a, 4) for a in advantages.tolist()])
 # rollout):
 
 # %% tags=["platform-numerics"]
-from grpo_edu.training.diagnose import ENV_GAP
+from grpo_edu.doctor.diagnose import ENV_GAP
 
 sampler_logp = rollout.sampler_logp.double()
 for name, mask in (("the policy's tokens", rollout.completion_mask), ("every written token", written)):
     gap = ((every_token.double() - sampler_logp).abs() * mask).sum() / mask.sum()
     print(f"sampler gap over {name:<20} {gap.item():.3g} nats per token")
-print(f"the doctor's threshold, grpo_edu.training.diagnose.ENV_GAP: {ENV_GAP} nats per token")
+print(f"the doctor's threshold, grpo_edu.doctor.diagnose.ENV_GAP: {ENV_GAP} nats per token")
 
 # %% [markdown]
 # The doctor's `environment_tokens_trained` reads exactly this. With an environment set, it
 # flags a gap of 0.03 nats per token or more over the early steps
-# (`grpo_edu.training.diagnose.ENV_GAP`, chapter 10's mismatch threshold). The tool run of
+# (`grpo_edu.doctor.diagnose.ENV_GAP`, chapter 10's mismatch threshold). The tool run of
 # section 4 measures a gap more than five orders of magnitude below it, the leak run more than
 # ten times above it.
 #

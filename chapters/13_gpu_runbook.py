@@ -44,8 +44,8 @@ import torch
 
 from grpo_edu.book import home, schematics
 from grpo_edu.training import trainer, user_functions
-from grpo_edu.training.config import TrainConfig
-from grpo_edu.training.update import optimizer_steps_per_rollout
+from grpo_edu.config import TrainConfig
+from grpo_edu.training.plan import optimizer_steps_per_rollout
 
 home.enter()   # the book's folder: its files are read and its runs written from there
 
@@ -191,7 +191,7 @@ GPU_RUN = """
 import json, sys, torch
 from grpo_edu.book import home
 from grpo_edu.training import trainer
-from grpo_edu.training.config import TrainConfig
+from grpo_edu.config import TrainConfig
 config = TrainConfig.from_toml(home.path("configs/gpu-1x.toml"), ["steps=20", "eval_every=20", "checkpoint_every=0",
                                                                   "progress=false", "output_dir=" + sys.argv[1]])
 summary = trainer.train(config).summary
@@ -594,7 +594,7 @@ ch13.check_run_disk(my_run_disk)
 # <details><summary>Solution</summary>
 #
 # ```python
-# from grpo_edu.training.update import optimizer_steps_per_rollout
+# from grpo_edu.training.plan import optimizer_steps_per_rollout
 #
 #
 # def my_rollout_numbers(config, gpus):

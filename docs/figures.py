@@ -50,7 +50,7 @@ def draw(path: Path = IMAGE) -> Path:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from grpo_edu.training.config import TrainConfig
+    from grpo_edu.config import TrainConfig
 
     results = json.loads(RESULTS.read_text())
     plt.rcParams.update({"font.size": 9})

@@ -18,7 +18,7 @@ import torch
 
 from grpo_edu.runtime import distributed
 from grpo_edu.training import scoring, trainer
-from grpo_edu.training.config import TrainConfig
+from grpo_edu.config import TrainConfig
 
 
 def per_rank_totals(plan, k, loss_type, mask_truncated=False):
@@ -44,7 +44,7 @@ def main() -> None:
         scoring.Plan.totals = per_rank_totals if run.get("per_rank_normaliser") else global_totals
         config = TrainConfig.from_toml(None, run["overrides"] + [f"output_dir={json.dumps(run['output_dir'])}"])
         trainer.train(config, resume=run.get("resume"), stop_after=run.get("stop_after"), log=lambda _: None)
-    distributed.close_world(distributed.init_world(config.device))
+    distributed.close_world(distributed.init_world(config.run.device))
 
 
 if __name__ == "__main__":

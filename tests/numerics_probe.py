@@ -14,7 +14,7 @@ import numpy as np
 import torch
 
 from grpo_edu.training import trainer
-from grpo_edu.training.config import TrainConfig
+from grpo_edu.config import TrainConfig
 
 # An on-policy run (one optimizer step per rollout) of the committed starting policy,
 # through the fused engine: sampling, scoring, reference log-probs and AdamW, 3 steps.

@@ -51,7 +51,7 @@ def _env(installed):
 
 def test_the_installed_package_is_the_wheels_and_knows_it_is_outside_the_repository(installed, tmp_path):
     probe = ("import grpo_edu, json; from grpo_edu.book import home; "
-             "from grpo_edu.training.config import DEFAULT_CONFIG; "
+             "from grpo_edu.config import DEFAULT_CONFIG; "
              "print(json.dumps([grpo_edu.__file__, home.in_repository(), str(home.path('configs/cpu-tiny.toml')), "
              "str(DEFAULT_CONFIG)]))")
     out = subprocess.run([sys.executable, "-c", probe], env=_env(installed), cwd=tmp_path,

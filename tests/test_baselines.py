@@ -18,7 +18,7 @@ from grpo_edu.algorithm import baselines
 from grpo_edu.runtime import numerics
 from grpo_edu.training import trainer
 from grpo_edu.algorithm.bandit import Bandit, all_groups, moments, sampled_moments
-from grpo_edu.training.config import TrainConfig
+from grpo_edu.config import TrainConfig
 from hang_guard import HANG_SECONDS
 
 ROOT = Path(__file__).resolve().parent.parent

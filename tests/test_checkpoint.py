@@ -21,7 +21,7 @@ from safetensors.torch import load_file
 
 from grpo_edu.runtime import durable
 from grpo_edu.training import checkpoint, trainer
-from grpo_edu.training.config import TrainConfig
+from grpo_edu.config import TrainConfig
 from grpo_edu.policy.models import char_tokenizer, tiny_llama
 from hang_guard import HANG_SECONDS
 

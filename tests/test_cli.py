@@ -11,7 +11,7 @@ import torch
 
 from grpo_edu.training import trainer
 from grpo_edu.commands.cli import main
-from grpo_edu.training.config import TrainConfig
+from grpo_edu.config import TrainConfig
 
 
 @pytest.fixture(autouse=True)

@@ -11,8 +11,8 @@ from grpo_edu.environment import process, tasks
 from grpo_edu.runtime import distributed, precision
 from grpo_edu.sampling import rollout, sglang_engine, vllm_engine
 from grpo_edu.training import config as config_module
-from grpo_edu.training import schedules
-from grpo_edu.training.config import TrainConfig
+from grpo_edu.algorithm import schedules
+from grpo_edu.config import TrainConfig
 from grpo_edu.training.config_rules import RULES
 
 try:

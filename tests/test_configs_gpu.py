@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from grpo_edu.training.config import TrainConfig, _flatten_file, tomllib
-from grpo_edu.training.scoring import plan_mini_batches
+from grpo_edu.config import TrainConfig, _flatten_file, tomllib
+from grpo_edu.training.plan import plan_mini_batches
 
 ROOT = Path(__file__).resolve().parents[1]
 # Each file and the number of processes it is written for: the GPU tier's configs (the committed
@@ -42,16 +42,16 @@ def most_rows_of_a_mini_batch(config: TrainConfig, world_size: int) -> int:
     """The most completions one rank holds of one mini-batch, from the trainer's own plan of
     a rollout's mini-batches (no groups filtered); each rank owns a contiguous slice of
     B / N prompts."""
-    B, G = config.prompts_per_step, config.num_generations
+    B, G = config.rollout.prompts_per_step, config.rollout.num_generations
     per_rank = B // world_size
-    plan = plan_mini_batches(replace(config, filter_zero_std_groups=False), torch.zeros(B, G))
+    plan = plan_mini_batches(config.replace(filter_zero_std_groups=False), torch.zeros(B, G))
     return G * max(int(((prompts >= r * per_rank) & (prompts < (r + 1) * per_rank)).sum())
                    for prompts in plan for r in range(world_size))
 
 
 def arithmetic_lines(config: TrainConfig, N: int) -> list[str]:
-    B, G, L = config.prompts_per_step, config.num_generations, config.max_completion_length
-    mu, M, size = config.num_iterations, config.num_mini_batches, config.micro_batch_size
+    B, G, L = config.rollout.prompts_per_step, config.rollout.num_generations, config.rollout.max_completion_length
+    mu, M, size = config.optimisation.num_iterations, config.optimisation.num_mini_batches, config.optimisation.micro_batch_size
     rows = most_rows_of_a_mini_batch(config, N)
     return [
         f"# processes N = {N}",
@@ -79,10 +79,10 @@ def test_every_key_is_in_the_file(name):
 def test_gpu_settings(name):
     config, text = load(name)
     N = WORLD_SIZE[name]
-    assert (config.device, config.engine, config.precision) == ("cuda", "vllm", "bf16")
-    assert config.parallelism == ("ddp" if N == 1 else "fsdp2")
-    assert config.prompts_per_step % N == 0, f"prompts_per_step {config.prompts_per_step} must divide among {N}"
-    assert config.output_dir == f"runs/{name.removesuffix('.toml')}"
+    assert (config.run.device, config.run.engine, config.run.precision) == ("cuda", "vllm", "bf16")
+    assert config.run.parallelism == ("ddp" if N == 1 else "fsdp2")
+    assert config.rollout.prompts_per_step % N == 0, f"prompts_per_step {config.rollout.prompts_per_step} must divide among {N}"
+    assert config.logging.output_dir == f"runs/{name.removesuffix('.toml')}"
     launch = (f"grpo-edu train --config configs/{name}" if N == 1 else
               f"torchrun --standalone --nproc-per-node {N} -m grpo_edu train --config configs/{name}")
     assert launch in text
@@ -96,20 +96,20 @@ def test_sglang_settings():
     not measured."""
     config, text = load("gpu-1x-sglang.toml")
     reference, _ = load("gpu-1x.toml")
-    assert (config.device, config.engine, config.precision, config.parallelism) == ("cuda", "sglang", "bf16", "ddp")
-    assert (config.sglang_url, config.sglang_device, config.sglang_sleep, config.sglang_weight_sync) == \
+    assert (config.run.device, config.run.engine, config.run.precision, config.run.parallelism) == ("cuda", "sglang", "bf16", "ddp")
+    assert (config.sglang.sglang_url, config.sglang.sglang_device, config.sglang.sglang_sleep, config.sglang.sglang_weight_sync) == \
         ("", "cuda", True, "tensor")
-    assert config.sglang_deterministic and 0 < config.sglang_mem_fraction_static < 0.5
+    assert config.sglang.sglang_deterministic and 0 < config.sglang.sglang_mem_fraction_static < 0.5
     differ = {f.name for f in dataclasses.fields(TrainConfig) if getattr(config, f.name) != getattr(reference, f.name)}
     assert differ == {"engine", "sglang_weight_sync", "sglang_sleep", "output_dir"}
-    assert config.output_dir == "runs/gpu-1x-sglang"
+    assert config.logging.output_dir == "runs/gpu-1x-sglang"
     assert "grpo-edu train --config configs/gpu-1x-sglang.toml" in text and "Not measured here" in text
     assert 'model = "/path/to/local/model"' in text
     for line in text.splitlines():
         if line.startswith("sglang_"):
             assert "#" in line and len(line.split("#", 1)[1].strip()) > 10, f"no explanation: {line}"
     # the memory split the header states is the file's own value
-    assert f"sglang_mem_fraction_static = {config.sglang_mem_fraction_static} of the GPU" in text
+    assert f"sglang_mem_fraction_static = {config.sglang.sglang_mem_fraction_static} of the GPU" in text
 
 
 @pytest.mark.parametrize("name", sorted(RECIPES))
@@ -118,10 +118,10 @@ def test_recipe_settings(name):
     bf16, the launch command, and figures not measured here said to be so."""
     config, text = load(name)
     N = RECIPES[name]
-    assert (config.model, config.chat_template) == ("Qwen/Qwen2.5-0.5B-Instruct", True)
-    assert config.task == name.split("-")[2]
-    assert (config.device, config.engine, config.precision) == ("cuda", "vllm", "bf16")
-    assert config.output_dir == f"runs/{name.removesuffix('.toml')}"
+    assert (config.run.model, config.data.chat_template) == ("Qwen/Qwen2.5-0.5B-Instruct", True)
+    assert config.run.task == name.split("-")[2]
+    assert (config.run.device, config.run.engine, config.run.precision) == ("cuda", "vllm", "bf16")
+    assert config.logging.output_dir == f"runs/{name.removesuffix('.toml')}"
     launch = (f"grpo-edu train --config configs/{name}" if N == 1 else
               f"torchrun --standalone --nproc-per-node {N} -m grpo_edu train --config configs/{name}")
     assert launch in text and "not measured here" in text
@@ -141,8 +141,8 @@ def test_mini_batches_are_dealt_over_all_ranks():
     """The 8-GPU config's comments say num_mini_batches = 4 would put 16 of every rank's 64
     prompts in each mini-batch (the trainer deals groups out)."""
     config, _ = load("h100-8x.toml")
-    config = replace(config, num_mini_batches=4)
-    assert most_rows_of_a_mini_batch(config, WORLD_SIZE["h100-8x.toml"]) == 16 * config.num_generations
+    config = config.replace(num_mini_batches=4)
+    assert most_rows_of_a_mini_batch(config, WORLD_SIZE["h100-8x.toml"]) == 16 * config.rollout.num_generations
 
 
 @pytest.mark.parametrize("name", sorted(WORLD_SIZE))
@@ -150,13 +150,13 @@ def test_numbers_in_other_comments(name):
     """The other derived figures the comments state."""
     config, text = load(name)
     comments = " ".join(" ".join(line.split("#", 1)[1].split()) for line in text.splitlines() if "#" in line)
-    K = config.num_iterations * config.num_mini_batches
+    K = config.optimisation.num_iterations * config.optimisation.num_mini_batches
     if K > 1:
-        assert f"{config.steps:,} x {K} = {config.steps * K:,} optimizer steps" in comments
+        assert f"{config.optimisation.steps:,} x {K} = {config.optimisation.steps * K:,} optimizer steps" in comments
     else:
-        assert f"{config.steps:,} x {config.prompts_per_step:,} = {config.steps * config.prompts_per_step:,}" \
+        assert f"{config.optimisation.steps:,} x {config.rollout.prompts_per_step:,} = {config.optimisation.steps * config.rollout.prompts_per_step:,}" \
             f" prompts drawn" in comments
-    assert re.search(rf"decays to 0 over all {config.steps * K:,} optimizer steps", comments)
+    assert re.search(rf"decays to 0 over all {config.optimisation.steps * K:,} optimizer steps", comments)
 
 
 def test_the_download_free_recipe_pretrains_a_model_of_tens_of_millions_that_fits_its_task():
@@ -171,7 +171,7 @@ def test_the_download_free_recipe_pretrains_a_model_of_tens_of_millions_that_fit
     config, text = load("gpu-countdown-from-scratch.toml")
     line = next(line for line in text.splitlines() if "python -m grpo_edu.commands.pretrain" in line)
     pretrain = parse_args(shlex.split(line.split("python -m grpo_edu.commands.pretrain", 1)[1]))
-    assert (pretrain.task, pretrain.device, pretrain.output_dir) == (config.task, "cuda", config.model)
+    assert (pretrain.task, pretrain.device, pretrain.output_dir) == (config.run.task, "cuda", config.run.model)
     tokenizer = char_tokenizer()
     with torch.device("meta"):
         model = tiny_llama(tokenizer, hidden_size=pretrain.hidden_size, num_layers=pretrain.num_layers,
@@ -179,8 +179,8 @@ def test_the_download_free_recipe_pretrains_a_model_of_tens_of_millions_that_fit
                            max_position_embeddings=pretrain.max_position_embeddings)
     assert 10e6 <= sum(p.numel() for p in model.parameters()) < 100e6
     longest_prompt = max(len(tokenizer(s["prompt"])["input_ids"]) for s in tasks.make_dataset("countdown", 500))
-    assert longest_prompt + config.max_completion_length <= pretrain.max_position_embeddings
-    assert pretrain.max_new_tokens == config.max_completion_length
+    assert longest_prompt + config.rollout.max_completion_length <= pretrain.max_position_embeddings
+    assert pretrain.max_new_tokens == config.rollout.max_completion_length
 
 
 # --------------------------------------------------------------------------- what the hub recipes' model reads
@@ -225,15 +225,15 @@ def rollout_of(tokenizer, prompt: str, completions: list[str]):
 def recipe_with_local_data(name: str, tmp_path) -> TrainConfig:
     """The recipe, its GSM8K read from a local folder in GSM8K's layout (two rows a split)."""
     config, _ = load(name)
-    if config.task == "gsm8k":
+    if config.run.task == "gsm8k":
         import json
         rows = [{"question": "Tom has 3 apples and buys 4 more. How many apples does he have?",
                  "answer": "3 + 4 = 7\n#### 7"},
                 {"question": "A box holds 6 eggs. How many eggs are in 2 boxes?", "answer": "6 * 2 = 12\n#### 12"}]
         for split in ("train", "test"):
             (tmp_path / f"{split}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-        config = replace(config, dataset=str(tmp_path))
-    return replace(config, eval_size=2)
+        config = config.replace(dataset=str(tmp_path))
+    return config.replace(eval_size=2)
 
 
 @pytest.mark.parametrize("name", sorted(RECIPES))
@@ -249,13 +249,13 @@ def test_a_completion_in_the_format_the_recipe_asks_for_scores_full_marks(name, 
     tokenizer = chat_tokenizer()
     _, held_out = tasks.task_pools(config, tokenizer)
     sample = held_out[0]
-    instruction = tasks.INSTRUCTIONS[config.task]
+    instruction = tasks.TASKS[config.run.task].instruction
     bare = sample["prompt"].split("<|im_start|>user\n", 1)[1].split(f"\n{instruction}\n<|im_end|>", 1)[0]
     assert sample["prompt"] == (
         "<|im_start|>system\nYou are Qwen, created by Alibaba Cloud. You are a helpful assistant.<|im_end|>\n"
         f"<|im_start|>user\n{bare}\n{instruction}\n<|im_end|>\n<|im_start|>assistant\n")
     assert "<think>" in instruction and "</think>" in instruction and "\\boxed{" in instruction
-    if config.task == "countdown":
+    if config.run.task == "countdown":
         assert re.fullmatch(r"Use \d+ \d+ \d+ to make \d+:", bare)
         reasoning, answer = sample["solution"].split("</think>")[0].removeprefix("<think>"), \
             sample["solution"].split("\\boxed{", 1)[1][:-1]
@@ -269,10 +269,10 @@ def test_a_completion_in_the_format_the_recipe_asks_for_scores_full_marks(name, 
         f"{reasoning}, so the answer is {answer}.",                              # no tags, no box: what an
         f"<think>{reasoning}</think>\\boxed{{{answer}}} I hope it helps.",         # untold model writes
     ]
-    config = replace(config, num_generations=len(completions))
+    config = config.replace(num_generations=len(completions))
     _, plan = score(config, [sample], rollout_of(tokenizer, sample["prompt"], completions), tokenizer,
                     reward_functions, advantage_fn)
-    assert full == 1.5 and plan.rewards[0].tolist() == [full, full, 0.0, full - config.rewards["format"]]
+    assert full == 1.5 and plan.rewards[0].tolist() == [full, full, 0.0, full - config.run.rewards["format"]]
     assert plan.components["accuracy"][0].tolist() == [1.0, 1.0, 0.0, 1.0]
     assert plan.components["format"][0].tolist() == [1.0, 1.0, 0.0, 0.0]
 
@@ -280,7 +280,7 @@ def test_a_completion_in_the_format_the_recipe_asks_for_scores_full_marks(name, 
 def test_without_the_instruction_the_countdown_recipe_would_ask_for_nothing(tmp_path):
     """The bare prompt (task_instruction = false) names neither the tags nor the box."""
     from grpo_edu.environment import tasks
-    config = replace(recipe_with_local_data("qwen2.5-0.5b-countdown-1x.toml", tmp_path), task_instruction=False)
+    config = recipe_with_local_data("qwen2.5-0.5b-countdown-1x.toml", tmp_path).replace(task_instruction=False)
     _, held_out = tasks.task_pools(config, chat_tokenizer())
     assert all("<think>" not in s["prompt"] and "boxed" not in s["prompt"] for s in held_out)
 
@@ -307,15 +307,15 @@ def test_every_hub_recipe_leaves_room_for_the_reported_completion_lengths(name):
     length distribution below it, and its comment says why, with what is reported and the doctor
     that watches the share truncated."""
     config, text = load(name)
-    L = config.max_completion_length
+    L = config.rollout.max_completion_length
     assert L > REPORTED_LIMIT and L >= 1.5 * REPORTED_MEDIAN and lognormal_share_above(L) < 0.1
     comment = " ".join(" ".join(line.split("#", 1)[1].split()) for line in text.splitlines()
                        if line.startswith("max_completion_length") or line.startswith(" " * 33 + "#"))
     for said in ("median of ~274 tokens", "~57% of them", "cut at 256", "huggingface/trl issue #6263",
-                 "not measured here" if config.task == "gsm8k" else "none was measured here",
+                 "not measured here" if config.run.task == "gsm8k" else "none was measured here",
                  "scores 0", "truncated_completions"):
         assert said in comment, f"configs/{name}: the comment on max_completion_length lacks {said!r}"
-    if config.task == "gsm8k":
+    if config.run.task == "gsm8k":
         assert f"~{lognormal_share_above(L):.0%} above {L}" in comment
 
 
@@ -337,7 +337,7 @@ def test_the_asynchronous_variant_is_the_one_gpu_config_with_the_sampler_one_rol
     assert lagged.old_logprobs == "recomputed" and lagged.num_iterations * lagged.num_mini_batches == 1
 
     def optimizer_steps(c):
-        return c.steps * c.num_iterations * c.num_mini_batches
+        return c.optimisation.steps * c.optimisation.num_iterations * c.optimisation.num_mini_batches
     assert optimizer_steps(lagged) == optimizer_steps(sync) == 1600
     assert (lagged.prompts_per_step * lagged.num_generations // lagged.num_mini_batches
             == sync.prompts_per_step * sync.num_generations // sync.num_mini_batches)

@@ -1,4 +1,4 @@
-"""grpo-edu doctor RUN_DIR (grpo_edu.training.diagnose): each detector at its threshold, no false alarm
+"""grpo-edu doctor RUN_DIR (grpo_edu.doctor.diagnose): each detector at its threshold, no false alarm
 on three whole healthy runs, real faulty runs caught by their own detector and no other, the
 live warnings, the command."""
 
@@ -12,9 +12,9 @@ import pytest
 
 from grpo_edu import lab
 from grpo_edu.lab.faults import NONE
-from grpo_edu.training import diagnose as dx
+from grpo_edu.doctor import diagnose as dx
 from grpo_edu.training import trainer
-from grpo_edu.training.config import TrainConfig
+from grpo_edu.config import TrainConfig
 
 HEALTHY = Path(__file__).parent / "data" / "healthy_runs"
 

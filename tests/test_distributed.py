@@ -21,7 +21,7 @@ from grpo_edu.policy import lora
 from grpo_edu.runtime import distributed
 from grpo_edu.training import placement, rollouts, scoring, trainer, update, user_functions
 from grpo_edu.training.batch import RolloutBatch
-from grpo_edu.training.config import TrainConfig
+from grpo_edu.config import TrainConfig
 from grpo_edu.runtime.distributed import World
 from grpo_edu.algorithm.aggregation import LOSS_TYPES
 from hang_guard import HANG_SECONDS
@@ -278,10 +278,10 @@ def test_every_tensor_handed_to_the_loss_is_on_the_trainers_device(tmp_path, mon
         received.extend(value for value in (*args, *kwargs.values()) if isinstance(value, torch.Tensor))
         raise Seen
     monkeypatch.setattr(update, "grpo_loss", spy)
-    part = update.micro_batches(plan, batch, 0, config.micro_batch_size, meta)[0]
+    part = update.micro_batches(plan, batch, 0, config.optimisation.micro_batch_size, meta)[0]
     with pytest.raises(Seen):
         update.micro_batch_loss(LossSettings.of(config), models.train_logprobs, part,
-                                plan.totals(0, config.loss_type))
+                                plan.totals(0, config.loss.loss_type))
     assert len(received) >= 5 and {t.device.type for t in received} == {"meta"}
 
 

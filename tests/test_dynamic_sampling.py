@@ -12,7 +12,7 @@ import torch
 
 from grpo_edu.commands import trl_bridge
 from grpo_edu.training import dynamic_sampling, trainer, update
-from grpo_edu.training.config import TrainConfig
+from grpo_edu.config import TrainConfig
 from grpo_edu.sampling.rollout import Rollout
 from test_trainer import _weights, small_config, tiny
 
@@ -169,11 +169,11 @@ def test_the_committed_trained_policy_scores_what_its_card_says():
     from grpo_edu.policy.models import TRAINED_POLICY, load_policy
     from grpo_edu.training.evaluation import greedy_scores
     from grpo_edu.environment import tasks
-    from grpo_edu.training.config import DEFAULT_CONFIG
+    from grpo_edu.config import DEFAULT_CONFIG
     config = TrainConfig.from_toml(DEFAULT_CONFIG)
     model, tokenizer = load_policy(TRAINED_POLICY)
     held_out = tasks.task_pools(config, tokenizer)[1]
-    scores = greedy_scores(model, tokenizer, held_out, max_new_tokens=config.max_completion_length)
+    scores = greedy_scores(model, tokenizer, held_out, max_new_tokens=config.rollout.max_completion_length)
     accuracy = sum(a for a, _ in scores) / len(scores)
     card = (TRAINED_POLICY / "README.md").read_text()
     assert len(held_out) == 256 and f"{accuracy:.4f} after" in card and accuracy > 0.99

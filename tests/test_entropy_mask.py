@@ -19,7 +19,7 @@ from grpo_edu.algorithm import entropy_mask
 from grpo_edu.commands import trl_bridge
 from grpo_edu.sampling import fused_llama
 from grpo_edu.training import trainer, update
-from grpo_edu.training.config import TrainConfig
+from grpo_edu.config import TrainConfig
 from grpo_edu.algorithm.logprobs import completion_logprobs, token_entropies
 from grpo_edu.algorithm.loss import grpo_loss
 from test_trainer import _weights, count_digits, small_config, tiny

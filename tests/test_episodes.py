@@ -1,4 +1,4 @@
-"""Multi-turn episodes (config.environment, grpo_edu.training.episodes): who wrote each token, the
+"""Multi-turn episodes (config key environment, grpo_edu.training.episodes): who wrote each token, the
 environment's tokens as context that nothing of the loss counts, environments that misbehave,
 and the trainer running episodes with every engine."""
 
@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from grpo_edu.training import episodes, placement, scoring, trainer, update
-from grpo_edu.training.config import TrainConfig
+from grpo_edu.config import TrainConfig
 from grpo_edu.training.episodes import Calculator, Reply, roll_out_episodes
 from grpo_edu.algorithm.loss import LossSettings, grpo_loss
 from grpo_edu.sampling.rollout import Rollout, SamplingParams
@@ -298,7 +298,7 @@ def test_the_environments_tokens_in_the_loss_are_a_failure_the_doctor_names(tmp_
     """Faults.env_tokens_in_loss scores the environment's tokens as the policy's: the sampler gap
     then holds -log pi of each (the sampler never drew them), and the doctor names it; the same
     run done right shows nothing."""
-    from grpo_edu.training.diagnose import diagnose
+    from grpo_edu.doctor.diagnose import diagnose
     from grpo_edu.lab.faults import Faults
     settings = {"steps": 6, "eval_every": 6}
     right = episode_run(tmp_path, "right", **settings)

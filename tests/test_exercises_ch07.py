@@ -23,7 +23,7 @@ def test_the_mystery_runs_show_what_the_key_says():
     """The data is what benchmarks/failure_lab.py --mystery wrote from real lab runs: each run's
     giveaway holds in it, and the doctor, given the config.json the exercise ships, names the
     same failure (the step 'check your reading against the doctor's' works as the chapter says)."""
-    from grpo_edu.training.diagnose import diagnose
+    from grpo_edu.doctor.diagnose import diagnose
     from grpo_edu.lab import RUNS
     runs, configs, key = ch07.mystery_runs(), ch07.mystery_configs(), ch07._answer_key()
     assert sorted(runs) == sorted(configs) == sorted(key)

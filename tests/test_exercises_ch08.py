@@ -4,7 +4,7 @@ attempts fail them the way the chapter says."""
 import torch
 
 from grpo_edu.exercises import ch08
-from grpo_edu.training.scoring import soft_overlong_punishment
+from grpo_edu.environment.rewards import soft_overlong_punishment
 
 
 def test_the_punishment_the_checker_holds_is_the_hand_computed_one():

@@ -10,7 +10,7 @@ from grpo_edu.policy import lora
 from grpo_edu.policy.models import STARTING_POLICY, load_policy
 from grpo_edu.runtime.distributed import World, memory_bytes
 from grpo_edu.training import placement
-from grpo_edu.training.config import TrainConfig
+from grpo_edu.config import TrainConfig
 from grpo_edu.training.update import make_optimizer
 
 # ----------------------------------------------------------------- 10.1
@@ -20,10 +20,10 @@ def state_bytes(model, config, gpus):
     """The worked solution: 16 bytes a trained parameter, 4 a frozen one, the reference's 4 a
     parameter only for full fine-tuning with beta > 0; 1/gpus of it all."""
     P = sum(p.numel() for p in model.parameters())
-    if not config.lora_rank:
-        return (16 + (4 if config.beta > 0 else 0)) * P / gpus
-    A = sum(config.lora_rank * (m.in_features + m.out_features) for name, m in model.named_modules()
-            if isinstance(m, torch.nn.Linear) and name.rsplit(".", 1)[-1] in config.lora_target_modules)
+    if not config.lora.lora_rank:
+        return (16 + (4 if config.loss.beta > 0 else 0)) * P / gpus
+    A = sum(config.lora.lora_rank * (m.in_features + m.out_features) for name, m in model.named_modules()
+            if isinstance(m, torch.nn.Linear) and name.rsplit(".", 1)[-1] in config.lora.lora_target_modules)
     return (4 * P + 16 * A) / gpus
 
 
@@ -46,7 +46,7 @@ def _held(config):
     """What the library's trainer holds after one optimizer step on the tiny policy: its
     parameters, gradients and AdamW state (memory_bytes) and the reference build_models makes."""
     policy = load_policy(STARTING_POLICY)[0]
-    if config.lora_rank:
+    if config.lora.lora_rank:
         lora.add_adapters(policy, config)
     models = placement.build_models(config, World(), policy)
     optimizer, _ = make_optimizer(config, policy.parameters())
@@ -81,19 +81,19 @@ def test_state_bytes_mistakes_are_named():
     assert len(result.failures) == 3 and all("a whole copy on every GPU" in f for f in result.failures)
 
     def lora_with_reference(model, config, gpus):
-        extra = 4 * sum(p.numel() for p in model.parameters()) if config.lora_rank and config.beta else 0
+        extra = 4 * sum(p.numel() for p in model.parameters()) if config.lora.lora_rank and config.loss.beta else 0
         return state_bytes(model, config, gpus) + extra / gpus
     result = ch10.check_state_bytes(lora_with_reference)
     assert len(result.failures) == 2 and all("the base with its adapters off" in f for f in result.failures)
 
     def every_projection(model, config, gpus):
-        return state_bytes(model, dataclasses.replace(config, lora_target_modules=ch10.ALL_SEVEN), gpus)
+        return state_bytes(model, config.replace(lora_target_modules=ch10.ALL_SEVEN), gpus)
     result = ch10.check_state_bytes(every_projection)
     assert len(result.failures) == 1 and "only on those lora_target_modules names" in result.failures[0]
 
     def tied_twice(model, config, gpus):
         P = sum(p.numel() for _, p in model.named_parameters(remove_duplicate=False))
-        return (16 + 4 * (config.beta > 0)) * P / gpus if not config.lora_rank else state_bytes(model, config, gpus)
+        return (16 + 4 * (config.loss.beta > 0)) * P / gpus if not config.lora.lora_rank else state_bytes(model, config, gpus)
     result = ch10.check_state_bytes(tied_twice)
     assert len(result.failures) == 2 and all("counts the tied embedding twice" in f for f in result.failures)
 

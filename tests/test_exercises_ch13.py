@@ -15,7 +15,7 @@ from grpo_edu.exercises import ch10, ch13
 from grpo_edu.policy.models import STARTING_POLICY, load_policy, policy_source
 from grpo_edu.training import trainer, update
 from grpo_edu.training.checkpoint import KEEP
-from grpo_edu.training.update import optimizer_steps_per_rollout
+from grpo_edu.training.plan import optimizer_steps_per_rollout
 
 # ----------------------------------------------------------------- 13.1
 
@@ -24,16 +24,16 @@ def run_disk(model, config):
     """The worked solution: sampler_init/ for a colocated vLLM engine from a hub id, the newest KEEP
     checkpoints of the trained weights, the reference and AdamW's two moments, and model/."""
     P = sum(p.numel() for p in model.parameters())
-    if config.lora_rank:
-        trained = sum(config.lora_rank * (m.in_features + m.out_features) for name, m in model.named_modules()
-                      if isinstance(m, torch.nn.Linear) and name.rsplit(".", 1)[-1] in config.lora_target_modules)
+    if config.lora.lora_rank:
+        trained = sum(config.lora.lora_rank * (m.in_features + m.out_features) for name, m in model.named_modules()
+                      if isinstance(m, torch.nn.Linear) and name.rsplit(".", 1)[-1] in config.lora.lora_target_modules)
         reference = 0
     else:
-        trained, reference = P, (P if config.beta > 0 else 0)
-    every = config.checkpoint_every
-    written = {config.steps} | (set(range(every, config.steps + 1, every)) if every else set())
-    from_hub = not Path(policy_source(config.model)).exists()
-    return {"sampler_init": 4 * P if config.engine == "vllm" and config.vllm_mode == "colocate" and from_hub else 0,
+        trained, reference = P, (P if config.loss.beta > 0 else 0)
+    every = config.logging.checkpoint_every
+    written = {config.optimisation.steps} | (set(range(every, config.optimisation.steps + 1, every)) if every else set())
+    from_hub = not Path(policy_source(config.run.model)).exists()
+    return {"sampler_init": 4 * P if config.run.engine == "vllm" and config.vllm.vllm_mode == "colocate" and from_hub else 0,
             "checkpoints": min(KEEP, len(written)) * (12 * trained + 4 * reference), "model": 4 * P}
 
 
@@ -44,7 +44,7 @@ def test_run_disk_solution_passes():
 
 def test_the_accounting_is_chapter_12s():
     """The chapter's table: Qwen2.5-7B, full fine-tuning, beta 0.04, from the hub, KEEP checkpoints."""
-    from grpo_edu.training.config import TrainConfig
+    from grpo_edu.config import TrainConfig
     config = TrainConfig(model="Qwen/Qwen2.5-7B-Instruct", engine="vllm", beta=0.04)
     disk = ch13.run_disk_bytes(ch10.base_model("Qwen2.5-7B"), config)
     assert round(sum(disk.values()) / 1e9, 1) == 304.6 and KEEP == 2
@@ -84,7 +84,7 @@ def _written(run_dir: Path) -> dict[str, int]:
 def test_the_accounting_is_what_a_run_writes(tmp_path, keys):
     config = small_config(tmp_path, eval_every=100, **keys)
     trainer.train(config, log=lambda _: None)
-    assert _written(Path(config.output_dir)) == ch13.run_disk_bytes(ch10.base_model(ch10.TINY), config)
+    assert _written(Path(config.logging.output_dir)) == ch13.run_disk_bytes(ch10.base_model(ch10.TINY), config)
 
 
 @pytest.mark.slow
@@ -94,15 +94,15 @@ def test_a_colocated_engine_from_a_hub_id_writes_sampler_init(tmp_path):
     config = small_config(tmp_path, engine="vllm", vllm_sleep_mode=False, model="Qwen/Qwen2.5-0.5B-Instruct",
                           steps=2, checkpoint_every=0, eval_every=100)
     policy, tokenizer = load_policy(STARTING_POLICY)
-    policy.config._name_or_path = config.model
+    policy.config._name_or_path = config.run.model
     with fake_vllm():
         trainer.train(config, policy=policy, tokenizer=tokenizer, log=lambda _: None)
     assert ch13.writes_sampler_init(config)
-    assert _written(Path(config.output_dir)) == ch13.run_disk_bytes(ch10.base_model(ch10.TINY), config)
+    assert _written(Path(config.logging.output_dir)) == ch13.run_disk_bytes(ch10.base_model(ch10.TINY), config)
 
 
 def test_checkpoints_kept_counts_the_last_step_and_keeps_the_newest():
-    from grpo_edu.training.config import TrainConfig
+    from grpo_edu.config import TrainConfig
     assert [ch13.checkpoints_written(TrainConfig(steps=s, checkpoint_every=e))
             for s, e in ((1000, 100), (450, 200), (300, 500), (200, 0), (400, 200))] == [10, 3, 1, 1, 2]
     assert [ch13.checkpoints_kept(TrainConfig(steps=s, checkpoint_every=e))
@@ -119,7 +119,7 @@ def test_run_disk_mistakes_are_named():
                                        "is saved")
     assert "engine = 'hf' samples with the policy itself" in result.failures[2]
     assert "counts 2 checkpoints; this run writes fewer" in result.failures[2]
-    assert "config.model is a folder on disk" in result.failures[3]
+    assert "config.run.model is a folder on disk" in result.failures[3]
     assert "a vLLM server loads its model itself" in result.failures[4]
 
     def every_checkpoint(model, config):
@@ -132,7 +132,7 @@ def test_run_disk_mistakes_are_named():
 
     def merged_beside(model, config):
         answer = run_disk(model, config)
-        if config.lora_rank:
+        if config.lora.lora_rank:
             answer["model"] += 4 * ch10.adapter_parameters(model, config)
         return answer
     result = ch13.check_run_disk(merged_beside)
@@ -160,13 +160,13 @@ def test_run_disk_reports_other_answers_without_the_right_one():
 
 def rollout_numbers(config, gpus):
     """The worked solution."""
-    prompts = config.prompts_per_step // gpus
-    completions = prompts * config.num_generations
-    per_step = completions // config.num_mini_batches
+    prompts = config.rollout.prompts_per_step // gpus
+    completions = prompts * config.rollout.num_generations
+    per_step = completions // config.optimisation.num_mini_batches
     return {"prompts_per_engine": prompts, "completions_per_engine": completions,
-            "completion_tokens_per_engine": completions * config.max_completion_length,
+            "completion_tokens_per_engine": completions * config.rollout.max_completion_length,
             "optimizer_steps_per_rollout": optimizer_steps_per_rollout(config),
-            "micro_batches_per_optimizer_step": -(-per_step // config.micro_batch_size)}
+            "micro_batches_per_optimizer_step": -(-per_step // config.optimisation.micro_batch_size)}
 
 
 def test_rollout_numbers_solution_passes():
@@ -196,7 +196,7 @@ def test_the_micro_batches_are_the_trainers(tmp_path, monkeypatch):
 def test_uneven_shares_take_the_busiest_gpu():
     """Where a GPU's share of a mini-batch is uneven, every GPU runs as many micro-batches as the
     busiest (update.micro_batches pads the others)."""
-    from grpo_edu.training.config import TrainConfig
+    from grpo_edu.config import TrainConfig
     config = TrainConfig(prompts_per_step=48, num_generations=4, num_mini_batches=4, micro_batch_size=4)
     # 6 prompts per GPU on 8 GPUs, dealt into 4 mini-batches: 2, 2, 1, 1 of them per GPU
     assert ch13.rollout_numbers(config, 8)["micro_batches_per_optimizer_step"] == 2
@@ -205,19 +205,19 @@ def test_uneven_shares_take_the_busiest_gpu():
 def test_rollout_numbers_mistakes_are_named():
     def whole_mini_batch(config, gpus):
         answer = rollout_numbers(config, gpus)
-        answer["micro_batches_per_optimizer_step"] = -(-config.prompts_per_step * config.num_generations
-                                                      // config.num_mini_batches // config.micro_batch_size)
+        answer["micro_batches_per_optimizer_step"] = -(-config.rollout.prompts_per_step * config.rollout.num_generations
+                                                      // config.optimisation.num_mini_batches // config.optimisation.micro_batch_size)
         return answer
     result = ch13.check_rollout_numbers(whole_mini_batch)
     assert result.passed == 2 and all("a whole mini-batch's micro-batches" in f for f in result.failures)
 
     def one_pass(config, gpus):
-        return {**rollout_numbers(config, gpus), "optimizer_steps_per_rollout": config.num_mini_batches}
+        return {**rollout_numbers(config, gpus), "optimizer_steps_per_rollout": config.optimisation.num_mini_batches}
     result = ch13.check_rollout_numbers(one_pass)
     assert len(result.failures) == 1 and "(num_iterations) takes num_mini_batches" in result.failures[0]
 
     def whole_step(config, gpus):
-        return rollout_numbers(dataclasses.replace(config), 1)
+        return rollout_numbers(config.replace(), 1)
     result = ch13.check_rollout_numbers(whole_step)
     assert "prompts_per_engine: the whole step's prompts" in result.failures[0]
     assert "completions_per_engine: the whole step's completions" in result.failures[0]

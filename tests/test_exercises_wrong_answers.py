@@ -343,11 +343,11 @@ def test_state_bytes_with_a_reference_copy_under_lora():
     """Full fine-tuning's reference kept for LoRA: 4 bytes a base parameter too many."""
     def with_reference(model, config, gpus):
         P = sum(p.numel() for p in model.parameters())
-        reference = 4 * P if config.beta > 0 else 0
-        if not config.lora_rank:
+        reference = 4 * P if config.loss.beta > 0 else 0
+        if not config.lora.lora_rank:
             return (16 * P + reference) / gpus
-        A = sum(config.lora_rank * (m.in_features + m.out_features) for name, m in model.named_modules()
-                if isinstance(m, torch.nn.Linear) and name.rsplit(".", 1)[-1] in config.lora_target_modules)
+        A = sum(config.lora.lora_rank * (m.in_features + m.out_features) for name, m in model.named_modules()
+                if isinstance(m, torch.nn.Linear) and name.rsplit(".", 1)[-1] in config.lora.lora_target_modules)
         return (4 * P + 16 * A + reference) / gpus
     with expected_values() as seen:
         result = ch10.check_state_bytes(with_reference)
@@ -603,13 +603,13 @@ def test_run_disk_with_every_checkpoint_of_a_run_whole():
 
     def whole_state(model, config):
         P = sum(p.numel() for p in model.parameters())
-        return {"sampler_init": 4 * P if config.engine == "vllm" else 0, "checkpoints": KEEP * 20 * P,
+        return {"sampler_init": 4 * P if config.run.engine == "vllm" else 0, "checkpoints": KEEP * 20 * P,
                 "model": 4 * P}
     with expected_values() as seen:
         result = ch13.check_run_disk(whole_state)
     report = assert_rejected_without_answer(result, all_values(seen))
     assert result.passed == 0 and "checkpoints: is too large" in report
-    assert "config.model is a folder on disk" in report and "a vLLM server loads its model itself" in report
+    assert "config.run.model is a folder on disk" in report and "a vLLM server loads its model itself" in report
     for value in all_values(seen):   # the right byte counts, however printed
         for text in (f"{value:,.0f}", f"{value:.0f}", f"{value / 1e9:.1f} GB", f"{value / 1e9:.2f}"):
             assert value == 0 or text not in report
@@ -618,13 +618,13 @@ def test_run_disk_with_every_checkpoint_of_a_run_whole():
 @covers("13.2")
 def test_rollout_numbers_with_the_whole_mini_batch_on_every_gpu():
     def whole_mini_batch(config, gpus):
-        prompts = config.prompts_per_step // gpus
-        completions = prompts * config.num_generations
+        prompts = config.rollout.prompts_per_step // gpus
+        completions = prompts * config.rollout.num_generations
         return {"prompts_per_engine": prompts, "completions_per_engine": completions,
-                "completion_tokens_per_engine": completions * config.max_completion_length,
-                "optimizer_steps_per_rollout": config.num_iterations * config.num_mini_batches,
-                "micro_batches_per_optimizer_step": -(-config.prompts_per_step * config.num_generations
-                                                      // config.num_mini_batches // config.micro_batch_size)}
+                "completion_tokens_per_engine": completions * config.rollout.max_completion_length,
+                "optimizer_steps_per_rollout": config.optimisation.num_iterations * config.optimisation.num_mini_batches,
+                "micro_batches_per_optimizer_step": -(-config.rollout.prompts_per_step * config.rollout.num_generations
+                                                      // config.optimisation.num_mini_batches // config.optimisation.micro_batch_size)}
     with expected_values() as seen:
         result = ch13.check_rollout_numbers(whole_mini_batch)
     report = assert_rejected_without_answer(result, all_values(seen))

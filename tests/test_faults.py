@@ -9,7 +9,7 @@ import torch
 
 from grpo_edu.training import metrics, placement, trainer, update
 from grpo_edu.algorithm.advantages import group_advantages
-from grpo_edu.training.config import TrainConfig
+from grpo_edu.config import TrainConfig
 from grpo_edu.runtime.distributed import World
 from grpo_edu.lab.faults import NONE, Faults
 from grpo_edu.algorithm.logprobs import completion_logprobs

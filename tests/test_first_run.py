@@ -16,7 +16,7 @@ import first_run  # noqa: E402
 
 
 def test_every_setting_is_a_valid_config():
-    from grpo_edu.training.config import DEFAULT_CONFIG, TrainConfig
+    from grpo_edu.config import DEFAULT_CONFIG, TrainConfig
     base = TrainConfig.from_toml(DEFAULT_CONFIG)
     assert first_run.SETTINGS["today"] == []
     for name, overrides in first_run.SETTINGS.items():
@@ -115,7 +115,7 @@ def test_make_train_runs_the_setting_the_results_chose():
     it marks differ), `make train` runs it, and the results file bears out what its comment states:
     every seed within 30 s, sooner than today by the stated interval, final accuracy not separated."""
     import re
-    from grpo_edu.training.config import DEFAULT_CONFIG, TrainConfig
+    from grpo_edu.config import DEFAULT_CONFIG, TrainConfig
     path = first_run.MAKE_TRAIN_CONFIG
     chosen = TrainConfig.from_toml(path)
     assert chosen == TrainConfig.from_toml(DEFAULT_CONFIG, first_run.SETTINGS[first_run.MAKE_TRAIN])

@@ -7,7 +7,7 @@ import pytest
 
 from grpo_edu.environment import tasks
 from grpo_edu.training import trainer
-from grpo_edu.training.config import TrainConfig
+from grpo_edu.config import TrainConfig
 from grpo_edu.policy.models import STARTING_POLICY, load_policy
 
 ROWS = {

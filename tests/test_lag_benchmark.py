@@ -41,7 +41,7 @@ def test_each_correction_is_the_config_it_says():
     assert configs["none"].is_mask == "none" and configs["clip"].old_logprobs == "recomputed"
     assert configs["tis"].tis_cap == 2.0 and configs["token_mask"].is_mask == "token"
     assert configs["sequence_mask"].is_mask == "sequence" and configs["sequence_mask"].is_mask_band == [0.8, 1.25]
-    assert all(c.rollout_lag == 4 and c.steps == 10 for c in configs.values())
+    assert all(c.off_policy.rollout_lag == 4 and c.optimisation.steps == 10 for c in configs.values())
 
 
 def test_bad_runs_are_named():
@@ -77,7 +77,7 @@ def test_the_doctor_reads_the_uncorrected_lag_and_nothing_else_in_the_grid():
     exactly on the uncorrected runs from k = 2 (where every seed ends below every synchronous one),
     the k = 64 run that learns nothing included, and no detector fires on any other run: the
     existing ones miss the lag."""
-    from grpo_edu.training.diagnose import diagnose
+    from grpo_edu.doctor.diagnose import diagnose
     results = json.loads(RESULTS.read_text())
     synchronous = [r["final_accuracy"] for r in results["runs"] if r["lag"] == 0]
     for run in results["runs"]:
@@ -100,7 +100,7 @@ def test_held_out_seeds_test_the_stale_threshold_it_was_not_tuned_on():
     """lag_held_out.json: seeds 3-5, uncorrected, k = 1 and 2 (lag.py --seeds 3 4 5 --lags 1 2
     --corrections none), none of them in the grid the threshold was read off. stale_rollouts
     flags every k = 2 run and no k = 1 run, and nothing else fires."""
-    from grpo_edu.training.diagnose import diagnose
+    from grpo_edu.doctor.diagnose import diagnose
     held_out = json.loads(HELD_OUT.read_text())
     grid_seeds = json.loads(RESULTS.read_text())["seeds"]
     assert {(r["correction"], r["lag"], r["seed"]) for r in held_out["runs"]} == {

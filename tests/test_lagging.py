@@ -1,4 +1,4 @@
-"""Rollouts that lag (config.rollout_lag, grpo_edu.training.lagging): the update trains on the rollout the
+"""Rollouts that lag (config.off_policy.rollout_lag, grpo_edu.training.lagging): the update trains on the rollout the
 policy of k updates earlier sampled, with that policy as pi_old; k = 0 is the synchronous loop."""
 
 import json
@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from grpo_edu.training import checkpoint, lagging, trainer
-from grpo_edu.training.config import TrainConfig
+from grpo_edu.config import TrainConfig
 from test_trainer import _weights, count_digits, small_config, tiny
 
 

@@ -301,6 +301,6 @@ def test_the_loop_fits_on_one_screen_and_branches_on_no_variant():
 def test_branch_names_sees_a_branch_on_a_variant():
     def looped(run):
         while run.step < 3:
-            if run.config.rollout_lag and run.world.is_main:
+            if run.config.off_policy.rollout_lag and run.world.is_main:
                 pass
     assert {"rollout_lag", "is_main", "step"} <= branch_names(looped)

@@ -23,7 +23,7 @@ from grpo_edu.commands import trl_bridge
 from grpo_edu.policy import lora
 from grpo_edu.sampling import fused_llama, vllm_engine
 from grpo_edu.training import checkpoint, trainer
-from grpo_edu.training.config import TrainConfig
+from grpo_edu.config import TrainConfig
 from grpo_edu.runtime.distributed import World
 from grpo_edu.lab.faults import Faults
 from grpo_edu.algorithm.logprobs import completion_logprobs
@@ -71,9 +71,9 @@ def test_an_adapter_adds_alpha_over_r_times_b_a_to_its_layer():
     A, B = layer.lora_A["default"].weight, layer.lora_B["default"].weight
     assert A.shape == (4, 64) and B.shape == (32, 4) and layer.scaling["default"] == 2.0
     x = torch.randn(3, 64)
-    by_hand = x @ base.model.layers[0].mlp.down_proj.weight.T + 2.0 * (x @ A.T) @ B.T
+    by_hand = x @ base.run.model.layers[0].mlp.down_proj.weight.T + 2.0 * (x @ A.T) @ B.T
     torch.testing.assert_close(layer(x), by_hand, rtol=0, atol=1e-6)
-    torch.testing.assert_close(lora.effective_weight(layer), base.model.layers[0].mlp.down_proj.weight + 2.0 * B @ A,
+    torch.testing.assert_close(lora.effective_weight(layer), base.run.model.layers[0].mlp.down_proj.weight + 2.0 * B @ A,
                                rtol=0, atol=1e-7)
 
 
@@ -190,7 +190,7 @@ def test_a_lora_run_trains_the_adapters_only_and_holds_no_reference(tmp_path):
     start = tiny()[0]
     result = lora_run(tmp_path)
     out = tmp_path / "run"
-    # the checkpoint: the adapters only (the base is config.model), no reference file
+    # the checkpoint: the adapters only (the base is config.run.model), no reference file
     latest = (out / "checkpoints" / "latest").read_text().strip()
     saved = load_file(out / "checkpoints" / latest / "policy.safetensors")
     assert saved and all(lora.is_adapter(name) for name in saved) and len(saved) == 2 * 7
@@ -265,7 +265,7 @@ def test_a_lora_checkpoint_is_refused_by_a_full_fine_tuning_run_and_read_by_load
 
 
 def test_load_trained_merges_a_checkpoints_adapters(tmp_path, monkeypatch):
-    """grpo-edu eval / sample on an unfinished LoRA run: the base from config.model, the
+    """grpo-edu eval / sample on an unfinished LoRA run: the base from config.run.model, the
     checkpoint's adapters, merged."""
     run = tmp_path / "run"
     run.mkdir()

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from grpo_edu.commands import trl_bridge
-from grpo_edu.training.config import TrainConfig
+from grpo_edu.config import TrainConfig
 from grpo_edu.algorithm.aggregation import LOSS_TYPES
 from grpo_edu.algorithm.loss import grpo_loss
 from grpo_edu.algorithm.offpolicy import Correction, correction_weights

@@ -1,4 +1,4 @@
-"""Rollouts sampled in the background (config.rollout_overlap, grpo_edu.training.overlap): the same run
+"""Rollouts sampled in the background (config key rollout_overlap, grpo_edu.training.overlap): the same run
 as the lagged one without overlap, bit for bit; the sampler's weights synced between rollouts,
 never during one; a checkpoint resumes it; settings it cannot serve refused in one line."""
 
@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from grpo_edu.training import overlap, rollouts, trainer
-from grpo_edu.training.config import TrainConfig
+from grpo_edu.config import TrainConfig
 from test_lagging import run, without_time
 from numerics_probe import weights_digest as digest
 from test_trainer import _weights, small_config, tiny

@@ -15,9 +15,9 @@ import torch
 import grid_checks
 from grpo_edu.commands import trl_bridge
 from grpo_edu.training import trainer, update
-from grpo_edu.training.config import TrainConfig
+from grpo_edu.config import TrainConfig
 from grpo_edu.algorithm.loss import grpo_loss
-from grpo_edu.training.scoring import soft_overlong_punishment
+from grpo_edu.environment.rewards import soft_overlong_punishment
 from grpo_edu.policy.models import load_policy, policy_source
 from test_trainer import _weights, small_config
 

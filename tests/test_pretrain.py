@@ -148,7 +148,7 @@ def test_the_download_free_recipe_runs_end_to_end_at_toy_size_on_the_cpu(tmp_pat
     Countdown (a toy model, a few steps) writes a policy that step 2's config, moved to the CPU,
     trains with GRPO. (Whether the recipe learns, and how fast on an H100, needs a GPU.)"""
     from grpo_edu.training import trainer
-    from grpo_edu.training.config import TrainConfig
+    from grpo_edu.config import TrainConfig
     from grpo_edu.policy.models import save_policy
     config = PretrainConfig(task="countdown", max_position_embeddings=128, hidden_size=32, num_layers=1,
                             num_heads=2, intermediate_size=64, batch_size=8, max_steps=4, eval_every=2,

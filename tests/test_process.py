@@ -17,7 +17,7 @@ from grpo_edu.algorithm import reference
 from grpo_edu.environment import process, tasks
 from grpo_edu.algorithm.advantages import group_advantages, process_advantages
 from grpo_edu.training.batch import RolloutBatch
-from grpo_edu.training.config import TrainConfig
+from grpo_edu.config import TrainConfig
 from grpo_edu.algorithm.loss import grpo_loss
 from grpo_edu.policy.models import CHAIN_POLICY, char_tokenizer, policy_source
 
@@ -420,9 +420,9 @@ def test_a_lagged_process_rollout_keeps_its_token_advantages_through_a_checkpoin
         "steps=3", "prompts_per_step=4", "eval_size=16", "eval_every=1000", "rollout_lag=1", "checkpoint_every=0",
         f"output_dir={json.dumps(str(tmp_path / 'whole'))}", "progress=false"])
     whole = trainer.train(config, log=lambda line: None)
-    config.output_dir = str(tmp_path / "stopped")
+    config.logging.output_dir = str(tmp_path / "stopped")
     trainer.train(config, stop_after=2, log=lambda line: None)
-    resumed = trainer.train(config, resume=config.output_dir, log=lambda line: None)
+    resumed = trainer.train(config, resume=config.logging.output_dir, log=lambda line: None)
     for name, value in whole.policy.named_parameters():
         assert torch.equal(value, dict(resumed.policy.named_parameters())[name]), name
     assert [m["loss"] for m in whole.history] == [m["loss"] for m in resumed.history]

@@ -11,7 +11,7 @@ import torch
 
 from grpo_edu.commands import trl_bridge
 from grpo_edu.training import checkpoint, placement, trainer
-from grpo_edu.training.config import TrainConfig
+from grpo_edu.config import TrainConfig
 from grpo_edu.runtime.distributed import World
 from test_trainer import _weights, count_digits, small_config, tiny
 
@@ -136,8 +136,8 @@ def test_the_results_file_holds_every_variant_and_seed():
         assert all(len(values) == 150 for values in run_["steps"].values())
         config = benchmark.config_for(run_["variant"], run_["seed"], 10, "unused")
         kl = run_["steps"]["kl"]
-        if config.ref_sync_steps and config.ref_mixup_alpha == 1.0:   # right after a copy the KL is 0
-            assert all(kl[step] == 0.0 for step in range(config.ref_sync_steps, len(kl), config.ref_sync_steps))
+        if config.loss.ref_sync_steps and config.loss.ref_mixup_alpha == 1.0:   # right after a copy the KL is 0
+            assert all(kl[step] == 0.0 for step in range(config.loss.ref_sync_steps, len(kl), config.loss.ref_sync_steps))
         else:
             assert all(value > 0 for value in kl[1:])
 

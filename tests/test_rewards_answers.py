@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 from grpo_edu.training import user_functions
-from grpo_edu.training.config import TrainConfig
+from grpo_edu.config import TrainConfig
 from grpo_edu.environment.rewards import MAX_EXPONENT, accuracy_reward, normalise_answer, parse_number
 
 

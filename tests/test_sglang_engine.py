@@ -382,7 +382,7 @@ def test_every_sglang_key_reaches_the_engine_and_its_own_rules_are_one_line(tmp_
     """placement.make_engine hands each sglang_* key to the engine (the tests above show what each
     does there); a malformed address or device is one line naming the key."""
     from grpo_edu.training import placement
-    from grpo_edu.training.config import TrainConfig
+    from grpo_edu.config import TrainConfig
     from test_trainer import small_config
     built = []
     monkeypatch.setattr(sglang_engine, "SGLangEngine", lambda path, policy, tokenizer, world, settings: built.append(
@@ -396,7 +396,7 @@ def test_every_sglang_key_reaches_the_engine_and_its_own_rules_are_one_line(tmp_
     assert path == str(STARTING_POLICY)
     assert settings == Settings(url="http://127.0.0.1:31000", device="cuda:2", mem_fraction_static=0.55,
                                 weight_sync="tensor", sleep=True, deterministic=False, timeout=12.0, start_timeout=34.0,
-                                dtype="float32", seed=9, output_dir=config.output_dir)
+                                dtype="float32", seed=9, output_dir=config.logging.output_dir)
     for key, value, message in (
             ("sglang_url", "127.0.0.1:30000", "config key 'sglang_url' must be '' (grpo-edu starts a server) or a "
                                               "server's address such as 'http://127.0.0.1:30000', got '127.0.0.1:30000'"),

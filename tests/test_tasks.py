@@ -173,7 +173,7 @@ def test_gsm8k_sample_asks_for_a_boxed_answer_and_is_scored_by_the_rewards():
 # --------------------------------------------------------------------------- task_instruction
 
 def pools(**keys):
-    from grpo_edu.training.config import TrainConfig
+    from grpo_edu.config import TrainConfig
     return tasks.task_pools(TrainConfig(eval_size=8, **keys), tokenizer=None)
 
 
@@ -182,15 +182,15 @@ def test_task_instruction_adds_the_tasks_instruction_after_each_problem_and_chan
     bare_pool, bare_held_out = pools(task=task)
     pool, held_out = pools(task=task, task_instruction=True)
     for plain, told in zip(bare_pool + bare_held_out, pool + held_out):
-        assert told["prompt"] == f"{plain['prompt']}\n{tasks.INSTRUCTIONS[task]}\n"
+        assert told["prompt"] == f"{plain['prompt']}\n{tasks.TASKS[task].instruction}\n"
         assert {k: v for k, v in told.items() if k != "prompt"} == {k: v for k, v in plain.items() if k != "prompt"}
-    assert "\\boxed{" in tasks.INSTRUCTIONS[task] and "<think>" in tasks.INSTRUCTIONS[task]
+    assert "\\boxed{" in tasks.TASKS[task].instruction and "<think>" in tasks.TASKS[task].instruction
 
 
 def test_the_cpu_tiers_prompts_stay_bare():
     """The committed policy was pretrained on bare prompts, and the book's runs read them: the
     default config adds nothing."""
-    from grpo_edu.training.config import DEFAULT_CONFIG, TrainConfig
+    from grpo_edu.config import DEFAULT_CONFIG, TrainConfig
     assert TrainConfig.from_toml(DEFAULT_CONFIG).task_instruction is False
     for task, bare in (("arithmetic", r"\d\d[+-]\d\d="), ("countdown", r"Use \d+ \d+ \d+ to make \d+:")):
         pool, held_out = pools(task=task)
@@ -209,7 +209,7 @@ def test_the_countdown_instruction_states_what_the_accuracy_reward_checks():
     """Each number once, the expression (not its value) boxed, nothing after it: a completion that
     breaks one of the three loses what the instruction says it would."""
     sample = tasks.make_dataset("countdown", 1, "test")[0]
-    instruction = tasks.INSTRUCTIONS["countdown"]
+    instruction = tasks.TASKS["countdown"].instruction
     assert "each of the numbers exactly once" in instruction and "(not its value)" in instruction
     assert "nothing after it" in instruction
     expression = last_boxed(sample["solution"])

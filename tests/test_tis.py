@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from grpo_edu.training import metrics, rollouts, trainer
-from grpo_edu.training.config import TrainConfig
+from grpo_edu.config import TrainConfig
 from grpo_edu.algorithm.aggregation import LOSS_TYPES
 from grpo_edu.algorithm.loss import grpo_loss
 

@@ -20,7 +20,7 @@ from grpo_edu.commands import pretrain
 from grpo_edu.environment import tasks
 from grpo_edu.runtime import numerics
 from grpo_edu.training import episodes
-from grpo_edu.training.config import TrainConfig
+from grpo_edu.config import TrainConfig
 from grpo_edu.training.evaluation import evaluate, played_episodes, samples_table
 from grpo_edu.policy.models import TOOL_POLICY, char_tokenizer, load_policy, policy_source
 from grpo_edu.commands.pretrain import PretrainConfig, sft_batch
@@ -350,7 +350,7 @@ def test_the_training_doc_quotes_the_tools_benchmark():
 
 
 def test_the_failure_labs_tool_runs_change_one_thing_of_the_tools_config():
-    from grpo_edu.training import diagnose as dx
+    from grpo_edu.doctor import diagnose as dx
     tool, leak = (lab.TOOL_RUNS[name].config("unused") for name in ("tool", "env_leak"))
     assert tool == leak and tool.environment == CALCULATOR and tool.task == "multiply"
     assert lab.TOOL_RUNS["tool"].faults is None and lab.TOOL_RUNS["env_leak"].faults.env_tokens_in_loss

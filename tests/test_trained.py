@@ -12,7 +12,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from grpo_edu.commands import cli
 from grpo_edu.training import trained, trainer
-from grpo_edu.training.config import TrainConfig
+from grpo_edu.config import TrainConfig
 from grpo_edu.policy.models import generate_completions
 
 
@@ -39,7 +39,7 @@ def cli_output(capsys, *argv) -> tuple[int, str, str]:
 
 def test_a_finished_run_leaves_a_model_transformers_loads_as_trained(finished):
     config, result = finished
-    folder = f"{config.output_dir}/model"
+    folder = f"{config.logging.output_dir}/model"
     model = AutoModelForCausalLM.from_pretrained(folder)
     tokenizer = AutoTokenizer.from_pretrained(folder)
     trained_weights = result.policy.state_dict()
@@ -55,7 +55,7 @@ def test_a_finished_run_leaves_a_model_transformers_loads_as_trained(finished):
 
 def test_eval_recomputes_the_runs_final_evaluation(finished, capsys):
     config, result = finished
-    code, out, _ = cli_output(capsys, "eval", config.output_dir, "--samples", "4", "--json")
+    code, out, _ = cli_output(capsys, "eval", config.logging.output_dir, "--samples", "4", "--json")
     assert code == 0
     results = json.loads(out)
     summary = result.summary
@@ -63,28 +63,28 @@ def test_eval_recomputes_the_runs_final_evaluation(finished, capsys):
     assert results["greedy_accuracy_interval_95"] == summary["final_accuracy_interval_95"]
     for key, value in summary["final_sampled"].items():   # pass@1, pass@4, maj@4 and their intervals
         assert results[key] == value, key
-    assert results["source"] == "model/" and results["problems"] == config.eval_size
+    assert results["source"] == "model/" and results["problems"] == config.logging.eval_size
 
 
 def test_eval_prints_a_table_and_names_the_runs_own_number(finished, capsys):
     config, result = finished
-    code, out, _ = cli_output(capsys, "eval", config.output_dir, "--problems", "8")
+    code, out, _ = cli_output(capsys, "eval", config.logging.output_dir, "--problems", "8")
     assert code == 0 and "8 held-out arithmetic problems" in out and "greedy accuracy" in out
     assert "the run's own final evaluation" not in out   # 8 of 24 problems: not the run's evaluation
-    code, out, _ = cli_output(capsys, "eval", config.output_dir)
+    code, out, _ = cli_output(capsys, "eval", config.logging.output_dir)
     assert f"(the run's own final evaluation: {result.summary['final_accuracy']:.4f})" in out
 
 
 def test_sample_is_seeded_and_greedy_is_the_models_greedy(finished, capsys):
     config, result = finished
-    code, out, _ = cli_output(capsys, "sample", config.output_dir, "47+85=", "--temperature", "0")
+    code, out, _ = cli_output(capsys, "sample", config.logging.output_dir, "47+85=", "--temperature", "0")
     assert code == 0
     greedy = generate_completions(result.policy, result.tokenizer, ["47+85="])[0][0]
     assert out.splitlines()[1] == f"  1  {greedy}"
-    runs = [cli_output(capsys, "sample", config.output_dir, "47+85=", "-n", "3", "--seed", seed)[1]
+    runs = [cli_output(capsys, "sample", config.logging.output_dir, "47+85=", "-n", "3", "--seed", seed)[1]
             for seed in ("5", "5", "6")]
     assert runs[0] == runs[1] and len(runs[0].splitlines()) == 4
-    loaded = trained.load_trained(config.output_dir)
+    loaded = trained.load_trained(config.logging.output_dir)
     _, completions = trained.sample(loaded, "47+85=", n=3, seed=6)
     assert runs[2].splitlines()[1:] == [f"{i:>3}  {c}" for i, c in enumerate(completions, 1)]
 
@@ -92,11 +92,11 @@ def test_sample_is_seeded_and_greedy_is_the_models_greedy(finished, capsys):
 def test_an_unfinished_run_is_read_from_its_newest_checkpoint(tmp_path, capsys):
     config = run_config(tmp_path, steps=3, eval_samples=0)
     trainer.train(config, stop_after=1, log=lambda _: None)
-    code, out, _ = cli_output(capsys, "eval", config.output_dir, "--problems", "4")
+    code, out, _ = cli_output(capsys, "eval", config.logging.output_dir, "--problems", "4")
     assert code == 0 and "checkpoint step-000001 (the run has not finished: no model/)" in out
-    loaded = trained.load_trained(config.output_dir)
-    saved = load_file(f"{config.output_dir}/checkpoints/step-000001/policy.safetensors")
-    for name, tensor in loaded.model.state_dict().items():
+    loaded = trained.load_trained(config.logging.output_dir)
+    saved = load_file(f"{config.logging.output_dir}/checkpoints/step-000001/policy.safetensors")
+    for name, tensor in loaded.run.model.state_dict().items():
         if name in saved:
             assert torch.equal(tensor, saved[name]), name
 
@@ -112,7 +112,7 @@ def test_an_unfinished_run_is_read_from_its_newest_checkpoint(tmp_path, capsys):
 ])
 def test_bad_input_is_one_line(finished, tmp_path, capsys, argv, message):
     config, _ = finished
-    filled = [a.format(tmp=tmp_path, run=config.output_dir) for a in argv]
+    filled = [a.format(tmp=tmp_path, run=config.logging.output_dir) for a in argv]
     code, _, err = cli_output(capsys, *filled)
     assert code == 2 and err.strip() == f"grpo-edu {message.format(tmp=tmp_path)}" and len(err.splitlines()) == 1
 

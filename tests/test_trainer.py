@@ -10,7 +10,7 @@ from grpo_edu.algorithm.loss import LossSettings
 from grpo_edu.environment import tasks
 from grpo_edu.training import checkpoint, placement, rollouts, scoring, trainer, update, user_functions
 from grpo_edu.runtime.distributed import World
-from grpo_edu.training.config import DEFAULT_CONFIG, TrainConfig, help_text
+from grpo_edu.config import DEFAULT_CONFIG, TrainConfig, help_text
 from grpo_edu.algorithm.logprobs import completion_logprobs
 from grpo_edu.policy.models import char_tokenizer, tiny_llama
 from grpo_edu.sampling.rollout import HFEngine, SamplingParams, completion_mask_from_ids
@@ -62,8 +62,8 @@ def test_bad_config_names_the_key(override, message):
 
 def test_overrides_are_typed():
     config = TrainConfig.from_toml(DEFAULT_CONFIG, ["beta=0", "task=countdown", "rewards.format=0.25"])
-    assert config.beta == 0.0 and isinstance(config.beta, float)
-    assert config.task == "countdown" and config.rewards == {"accuracy": 1.0, "format": 0.25}
+    assert config.loss.beta == 0.0 and isinstance(config.loss.beta, float)
+    assert config.run.task == "countdown" and config.run.rewards == {"accuracy": 1.0, "format": 0.25}
 
 
 def test_unknown_reward_is_named():
@@ -122,12 +122,12 @@ def test_gradient_accumulation_equals_one_big_batch(tmp_path, loss_type):
     gradients = []
     for micro in (16, 3):
         policy.zero_grad()
-        config.micro_batch_size = micro
+        config.optimisation.micro_batch_size = micro
         parts = update.micro_batches(plan, batch, 0, micro, World())
         assert len(parts) == -(-16 // micro)
         for part in parts:
             loss, _, _ = update.micro_batch_loss(LossSettings.of(config), models.train_logprobs, part,
-                                                 plan.totals(0, config.loss_type))
+                                                 plan.totals(0, config.loss.loss_type))
             loss.backward()
         gradients.append(torch.cat([p.grad.reshape(-1) for p in policy.parameters()]))
     torch.testing.assert_close(gradients[0], gradients[1], atol=1e-6, rtol=1e-5)
@@ -262,9 +262,9 @@ def test_fused_and_transformers_paths_give_the_same_update(tmp_path):
         batch = update.add_logprobs(config, models, batch, plan)
         policy.zero_grad()
         losses = []
-        for part in update.micro_batches(plan, batch, 0, config.micro_batch_size, World()):
+        for part in update.micro_batches(plan, batch, 0, config.optimisation.micro_batch_size, World()):
             loss, _, _ = update.micro_batch_loss(LossSettings.of(config), models.train_logprobs, part,
-                                                 plan.totals(0, config.loss_type))
+                                                 plan.totals(0, config.loss.loss_type))
             loss.backward()
             losses.append(loss.item())
         assert len(losses) == 2

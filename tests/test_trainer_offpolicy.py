@@ -227,7 +227,7 @@ def test_plan_mini_batches_splits_the_surviving_groups_evenly(tmp_path):
     rewards = torch.tensor([[0.0, 1.0]] * 7 + [[1.0, 1.0]], dtype=torch.float64)   # 7 groups survive
     plan = scoring.plan_mini_batches(config, rewards)
     assert [groups.tolist() for groups in plan] == [[0, 2, 4, 6], [1, 3, 5]]          # 4 groups + 3, dealt
-    config.num_mini_batches = 4
+    config.optimisation.num_mini_batches = 4
     rewards[3:] = 1.0                                                                # 3 survive
     assert [groups.tolist() for groups in scoring.plan_mini_batches(config, rewards)] == [[0], [1], [2], []]
     # Dealt, every mini-batch holds groups of every rank (each rank owns a run of prompts).
@@ -289,11 +289,11 @@ def test_dapo_normalises_each_step_by_rollout_tokens_over_mini_batches_as_trl(tm
     batch = update.add_logprobs(config, models, batch, plan)
     rollout_tokens = int(batch.completion_mask.sum())
     gradient_accumulation_steps = 2                                # 8 rows, micro-batches of 4
-    steps_per_generation = gradient_accumulation_steps * config.num_mini_batches
+    steps_per_generation = gradient_accumulation_steps * config.optimisation.num_mini_batches
     trl_normaliser = rollout_tokens * gradient_accumulation_steps / steps_per_generation
 
-    for k in range(config.num_mini_batches):
-        totals = plan.totals(k, config.loss_type)
+    for k in range(config.optimisation.num_mini_batches):
+        totals = plan.totals(k, config.loss.loss_type)
         assert totals.num_items == trl_normaliser
         flat = batch.select(plan.local_groups(k)).flat()
         mask = flat["completion_mask"]
@@ -305,7 +305,7 @@ def test_dapo_normalises_each_step_by_rollout_tokens_over_mini_batches_as_trl(tm
                                      loss_type="dapo", num_items=mini_tokens).per_token_loss
         expected = token_losses.sum().item() / trl_normaliser
         for micro_batch_size in (4, 8, 1):                      # gradient accumulation stays exact
-            config.micro_batch_size = micro_batch_size
+            config.optimisation.micro_batch_size = micro_batch_size
             policy.zero_grad()
             total = 0.0
             for part in update.micro_batches(plan, batch, k, micro_batch_size, World()):

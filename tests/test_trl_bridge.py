@@ -13,7 +13,7 @@ import torch
 pytest.importorskip("trl", reason="the TRL bridge needs the `trl` extra")
 
 from grpo_edu.commands import trl_bridge  # noqa: E402
-from grpo_edu.training.config import TrainConfig  # noqa: E402
+from grpo_edu.config import TrainConfig  # noqa: E402
 from grpo_edu.algorithm.loss import grpo_loss  # noqa: E402
 from test_trl_parity import B, G, MAX_COMPLETION_LENGTH, S, fabricated_batch, policy_dir, trl_loss  # noqa: E402,F401
 
@@ -59,10 +59,10 @@ def test_the_bridged_loss_equals_ours(tmp_path, policy_dir, settings):
     num_items = int(mask.sum())
     theirs, _ = trl_loss(trainer, logp, old, ref, advantages, mask, num_items)
     ours = grpo_loss(logp.view(B, G, S), old.view(B, G, S), advantages.view(B, G), mask.view(B, G, S),
-                     ref_logp=ref.view(B, G, S), beta=config.beta, epsilon=config.epsilon,
-                     epsilon_high=config.epsilon_high, loss_type=config.loss_type,
-                     max_completion_length=config.max_completion_length,
-                     importance_sampling_level=config.importance_sampling_level, num_items=num_items)
+                     ref_logp=ref.view(B, G, S), beta=config.loss.beta, epsilon=config.loss.epsilon,
+                     epsilon_high=config.loss.epsilon_high, loss_type=config.loss.loss_type,
+                     max_completion_length=config.rollout.max_completion_length,
+                     importance_sampling_level=config.loss.importance_sampling_level, num_items=num_items)
     assert abs(ours.loss.item() - theirs.item()) <= 1e-6
 
 
@@ -98,7 +98,7 @@ def test_the_trl_dataset_reads_the_prompts_our_trainer_reads():
     from grpo_edu.environment import tasks
     plain = trl_bridge.train_dataset(TrainConfig(task="countdown"), size=3)
     told = trl_bridge.train_dataset(TrainConfig(task="countdown", task_instruction=True, chat_template=True), size=3)
-    instruction = tasks.INSTRUCTIONS["countdown"]
+    instruction = tasks.TASKS["countdown"].instruction
     assert [row["prompt"] for row in told] == [[{"role": "user", "content": f"{row['prompt']}\n{instruction}\n"}]
                                                for row in plain]
     assert [row["numbers"] for row in told] == [row["numbers"] for row in plain]

@@ -13,7 +13,7 @@ import torch
 from grpo_edu.policy import models
 from grpo_edu.training import trainer, user_functions
 from grpo_edu.algorithm.advantages import group_advantages
-from grpo_edu.training.config import TrainConfig
+from grpo_edu.config import TrainConfig
 from test_distributed import COMMON, largest_difference, launch
 from hang_guard import HANG_SECONDS
 

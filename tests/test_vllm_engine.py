@@ -29,7 +29,7 @@ from grpo_edu.environment import tasks
 from grpo_edu.policy import lora
 from grpo_edu.sampling import vllm_engine
 from grpo_edu.training import metrics, trainer
-from grpo_edu.training.config import TrainConfig
+from grpo_edu.config import TrainConfig
 from grpo_edu.runtime.distributed import World
 from grpo_edu.algorithm.logprobs import completion_logprobs
 from grpo_edu.policy.models import STARTING_POLICY, load_policy

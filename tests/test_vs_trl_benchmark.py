@@ -29,7 +29,7 @@ def test_beta_and_learning_rate_reach_both_trainers(monkeypatch, capsys):
     train, build = trainer.train, trl.GRPOTrainer.__init__
 
     def recording_train(config, **kwargs):
-        seen.setdefault("grpo_edu", []).append((config.beta, config.learning_rate))
+        seen.setdefault("grpo_edu", []).append((config.loss.beta, config.optimisation.learning_rate))
         return train(config, **kwargs)
 
     def recording_build(self, *args, **kwargs):

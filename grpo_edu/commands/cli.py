@@ -1,6 +1,7 @@
 """The `grpo-edu` command.
 
     grpo-edu train [--config FILE] [--set KEY=VALUE ...] [--resume RUN_DIR]
+    grpo-edu config show [FILE] [--set KEY=VALUE ...]   the resolved config, each key's source
     grpo-edu eval RUN_DIR [--samples K]    the trained policy on the run's held-out problems, again
     grpo-edu sample RUN_DIR PROMPT [-n N]  completions of your own prompt by the trained policy
     grpo-edu book list                 the chapter table
@@ -87,6 +88,25 @@ def _train_config(args):
         raise UsageError(f"--config: expected a readable TOML file, got {str(source)!r} ({error.strerror})") from error
     except ValueError as error:
         raise _blame(error, lambda: TrainConfig.from_toml(source), f"--config {source}") from error
+
+
+def _config_show(args) -> int:
+    """grpo-edu config show [FILE] [--set ...]: the resolved config with each key's source."""
+    from grpo_edu.config import DEFAULT_CONFIG
+    from grpo_edu.config.files import resolve, show, tomllib
+
+    source = args.file or (DEFAULT_CONFIG if DEFAULT_CONFIG.is_file() else None)
+    if args.file is not None and not Path(args.file).is_file():
+        given = "a folder" if Path(args.file).is_dir() else "no such file"
+        raise UsageError(f"FILE: expected a TOML file, got {args.file!r} ({given})")
+    try:
+        resolved = resolve(source, args.set)
+    except tomllib.TOMLDecodeError as error:
+        raise UsageError(f"{source}: expected valid TOML, got: {error}") from error
+    except ValueError as error:
+        raise _blame(error, lambda: resolve(source), str(source)) from error
+    print(show(resolved, overrides=args.set), end="")
+    return 0
 
 
 def _blame(error: ValueError, file_alone, file_argument: str) -> UsageError:
@@ -269,7 +289,7 @@ def _doctor(args) -> int:
     if args.run_dir is not None and args.gpu:
         raise UsageError(f"expected RUN_DIR or --gpu, got both ({args.run_dir!r} and --gpu)")
     if args.run_dir is not None:
-        from grpo_edu.training import diagnose
+        from grpo_edu.doctor import diagnose
         try:
             findings = diagnose.diagnose_run(args.run_dir)
         except ValueError as error:
@@ -399,6 +419,16 @@ def build_parser() -> argparse.ArgumentParser:
     doctor.add_argument("--engine", choices=("vllm", "sglang"), default=None, help="with --gpu: check this engine "
                         "only, and fail if it is not installed")
     doctor.set_defaults(func=_doctor)
+
+    config = commands.add_parser("config", help="the config a run would use: every key, its value and its source")
+    shows = config.add_subparsers(dest="action", required=True)
+    show = shows.add_parser("show", help="print the resolved config as a TOML file, each key's source in a comment "
+                            "(default, the file that set it, or --set)")
+    _debug_flag(show)
+    show.add_argument("file", nargs="?", metavar="FILE", help="a TOML config (default: configs/cpu-tiny.toml)")
+    show.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                      help="override one config key (repeatable), as grpo-edu train takes it")
+    show.set_defaults(func=_config_show)
 
     serve = commands.add_parser("vllm-serve", help="start a vLLM server for vllm_mode = 'server'")
     _debug_flag(serve)

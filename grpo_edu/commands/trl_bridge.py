@@ -7,9 +7,10 @@ with the run they set up here:
     from grpo_edu.commands.trl_bridge import grpo_trainer
     grpo_trainer(TrainConfig.from_toml("configs/cpu-tiny.toml", ["advantage_std=sample"])).train()
 
-Every TrainConfig key is either mapped (`grpo_config`) or listed in NOT_CARRIED with what
-becomes of it; a setting TRL cannot reproduce is a one-line error naming the key (REFUSED),
-never dropped. Mapped, the loss is the one tests/test_trl_parity.py holds equal to
+Every TrainConfig key says, beside its own doc (grpo_edu.config.sections), what becomes of it
+here: carried to a GRPOConfig argument (trl=), carried only at the one value TRL reproduces
+(trl_only=), or carried in another form or of no effect (trl_note=). A setting TRL cannot
+reproduce is a one-line error naming the key (`_refusals`), never dropped. Mapped, the loss is the one tests/test_trl_parity.py holds equal to
 grpo_edu's to 1e-6 (use_bias_correction_kl = False), on the same data sizes per optimizer
 step. What stays different, by TRL's design and not by a setting: its advantages divide by
 the sample std + 1e-4 (ours + 1e-8), and it splits a generation batch into optimizer steps
@@ -21,106 +22,50 @@ from __future__ import annotations
 
 import os
 
-from grpo_edu.environment import tasks
+from grpo_edu.algorithm.surrogates import SURROGATES
 from grpo_edu.config import TrainConfig
+from grpo_edu.config.files import toml_value
+from grpo_edu.config.train_config import key_field
+from grpo_edu.environment import tasks
 
-# Keys carried to a GRPOConfig argument of the same meaning.
-CARRIED = {
-    "seed": "seed", "num_generations": "num_generations", "num_iterations": "num_iterations",
-    "max_completion_length": "max_completion_length", "temperature": "temperature",
-    "learning_rate": "learning_rate", "weight_decay": "weight_decay", "max_grad_norm": "max_grad_norm",
-    "loss_type": "loss_type", "beta": "beta", "epsilon": "epsilon", "epsilon_high": "epsilon_high",
-    "importance_sampling_level": "importance_sampling_level", "vllm_mode": "vllm_mode",
-    "vllm_gpu_memory_utilization": "vllm_gpu_memory_utilization", "top_entropy_quantile": "top_entropy_quantile",
-    "mask_truncated_completions": "mask_truncated_completions",
-}
-# Keys with the one value TRL reproduces: any other is refused (_refusals).
-ONLY_VALUE = {"advantage_std": "sample", "advantage_fn": "", "kl_estimator": "k3", "filter_zero_std_groups": False,
-              "dynamic_sampling_rounds": 0, "rollout_lag": 0, "environment": "", "supervision": "outcome"}
+def _metadata(rule: str) -> dict[str, object]:
+    """{key: its `rule` metadata} over every config key that has one (grpo_edu.runtime.settings:
+    trl, trl_only, trl_note), read from the sections, where each key documents it."""
+    found = {}
+    for key in TrainConfig.keys():
+        value = key_field(key).metadata.get(rule)
+        if value is not None:
+            found[key] = value
+    return found
 
-# Keys carried in another form, or that do not change what is computed: what becomes of them.
-NOT_CARRIED = {
-    "threads": "torch's CPU thread count: set it in the launching process (torch.set_num_threads)",
-    "rollout_overlap": "when grpo_edu's sampler runs (the numbers are the same either way); it needs rollout_lag, "
-                       "which the bridge refuses",
-    "max_turns": "used with environment only, which the bridge refuses (TRL 1.16's tool training calls Python "
-                 "functions through the chat template's tool-call format, not a text environment with a stop token)",
-    "eval_every": "grpo_edu's held-out greedy accuracy; TRL evaluates an eval_dataset (eval_strategy)",
-    "eval_size": "as eval_every",
-    "eval_samples": "as eval_every (pass@k and maj@k on the held-out problems)",
-    "engine": "'fused', 'hf' and 'sglang' become TRL's transformers generate (TRL 1.16 has no SGLang backend); "
-              "'vllm' becomes use_vllm",
-    **{key: "engine = 'sglang' only: TRL 1.16 has no SGLang backend (the bridge samples with transformers' generate)"
-       for key in ("sglang_url", "sglang_device", "sglang_mem_fraction_static", "sglang_weight_sync", "sglang_sleep",
-                   "sglang_deterministic", "sglang_timeout", "sglang_start_timeout")},
-    "parallelism": "ddp is accelerate's default; fsdp2 is an accelerate config (refused here, see REFUSED)",
-    "model": "loaded by grpo_trainer (load_policy), passed to GRPOTrainer",
-    "task": "grpo_trainer builds the dataset from it",
-    "dataset": "as task (task = 'gsm8k')",
-    "chat_template": "grpo_trainer gives prompts in TRL's conversational form, which TRL templates",
-    "task_instruction": "train_dataset adds the task's instruction to each prompt (grpo_edu.environment.tasks.with_instruction)",
-    "rewards": "grpo_trainer passes the functions as reward_funcs and their weights as reward_weights",
-    "unboxed_answers": "the accuracy function grpo_trainer passes reads unboxed sentences",
-    "prompts_per_step": "with num_generations, num_mini_batches and micro_batch_size: TRL's batch sizes",
-    "micro_batch_size": "per_device_train_batch_size, with gradient accumulation up to the mini-batch",
-    "num_mini_batches": "steps_per_generation (optimizer steps per generation batch and pass)",
-    "device": "use_cpu for 'cpu'; otherwise accelerate's device",
-    "precision": "bf16",
-    "progress": "disable_tqdm",
-    "overlong_cache": "reward_functions adds TRL's get_soft_overlong_punishment(max_completion_length, "
-                      "overlong_cache) as the reward 'overlong', weight 1",
-    "log_entropy": "TRL logs the policy's exact token entropy ('entropy') at every step, asked or not",
-    "vllm_server_url": "vllm_server_base_url",
-    "vllm_sleep_mode": "vllm_enable_sleep_mode",
-    "adam_betas": "adam_beta1, adam_beta2",
-    "lr_schedule": "lr_scheduler_type",
-    "warmup_steps": "warmup_steps x optimizer steps per rollout",
-    "steps": "max_steps = steps x optimizer steps per rollout",
-    "ref_sync_steps": "sync_ref_model, ref_model_sync_steps (in optimizer steps)",
-    "ref_mixup_alpha": "ref_model_mixup_alpha",
-    "advantage_scale": "scale_rewards",
-    "tis_cap": "vllm_importance_sampling_correction with mode 'token_truncate' and clip_max",
-    "is_mask": "'token': vllm_importance_sampling_correction with mode 'token_mask' ('sequence' is refused: TRL's "
-               "sequence_mask takes the product of the ratios and weighs by it, a different loss)",
-    "is_mask_band": "vllm_importance_sampling_clip_min and _clip_max (with is_mask = 'token')",
-    "ratio_cap": "loss_type 'cispo' with epsilon_high = ratio_cap (cispo aggregates as dapo: needs loss_type = 'dapo')",
-    "old_logprobs": "TRL recomputes pi_old: 'recomputed', and 'proximal' (the same without rollout_lag)",
-    "checkpoint_every": "save_steps (in optimizer steps)",
-    "output_dir": "output_dir",
-    "lora_rank": "GRPOTrainer's peft_config (peft_config(config): a peft LoraConfig of rank lora_rank, no dropout); "
-                 "TRL's reference is then the base with the adapters off, as grpo_edu's",
-    "lora_alpha": "peft_config's lora_alpha",
-    "lora_target_modules": "peft_config's target_modules",
-}
+
+def carried() -> dict[str, str]:
+    """Keys carried to a GRPOConfig argument of the same meaning: key -> the argument."""
+    return _metadata("trl")
+
+
+def only_value() -> dict[str, tuple]:
+    """Keys with the one value TRL reproduces: key -> (that value, why another is refused)."""
+    return _metadata("trl_only")
+
+
+def not_carried() -> dict[str, str]:
+    """Keys carried in another form, or that do not change what is computed: key -> what becomes of it."""
+    return _metadata("trl_note")
+
+
+def _shown(value) -> str:
+    """A value as a config file writes it (true, 4, 'k1')."""
+    return toml_value(value) if isinstance(value, bool) else repr(value)
 
 
 def _refusals(config: TrainConfig) -> list[str]:
-    """Why each setting TRL cannot reproduce cannot be carried over."""
+    """Why each setting TRL cannot reproduce cannot be carried over: first each key set to other than
+    the one value TRL reproduces (its trl_only), then the combinations TRL does not have."""
     out = []
-    if config.advantages.advantage_fn:
-        out.append(f"advantage_fn = {config.advantages.advantage_fn!r}: TRL computes its own advantages")
-    elif config.advantages.advantage_std != "sample":
-        out.append(f"advantage_std = {config.advantages.advantage_std!r}: TRL divides by the sample std (G - 1); set "
-                   f"advantage_std = 'sample'")
-    if config.loss.kl_estimator != "k3":
-        out.append(f"kl_estimator = {config.loss.kl_estimator!r}: TRL's KL term is k3")
-    if config.advantages.filter_zero_std_groups:
-        out.append("filter_zero_std_groups = true: TRL has no zero-std filter")
-    if config.advantages.dynamic_sampling_rounds:
-        out.append(f"dynamic_sampling_rounds = {config.advantages.dynamic_sampling_rounds}: TRL's GRPOTrainer trains every "
-                   f"group it samples, and samples no replacements")
-    if config.advantages.supervision != "outcome":
-        out.append(f"supervision = {config.advantages.supervision!r}: TRL 1.16's GRPOTrainer computes one advantage per "
-                   f"completion (its loss takes (B, T) advantages only from a subclass)")
-    if config.off_policy.old_logprobs == "sampler":
-        out.append(f"old_logprobs = {config.off_policy.old_logprobs!r}: TRL recomputes pi_old")
-    if config.off_policy.rollout_lag:
-        out.append(f"rollout_lag = {config.off_policy.rollout_lag}: TRL's GRPOTrainer samples each rollout with the current "
-                   f"policy (its experimental AsyncGRPOTrainer, with max_staleness, is another trainer)")
-    if config.rollout.environment:
-        out.append(f"environment = {config.rollout.environment!r}: TRL 1.16's tool training calls Python functions through "
-                   f"the chat template's tool-call format (tools, max_tool_calling_iterations), not a text "
-                   f"environment that answers at a stop token")
+    for key, (value, why) in only_value().items():
+        if config.value(key) != value:
+            out.append(f"{key} = {_shown(config.value(key))}: {why}")
     if config.off_policy.tis_cap and config.run.engine != "vllm":
         out.append(f"tis_cap = {config.off_policy.tis_cap} with engine = {config.run.engine!r}: TRL corrects vLLM's samples only")
     if config.off_policy.is_mask == "sequence":
@@ -128,9 +73,11 @@ def _refusals(config: TrainConfig) -> list[str]:
                    "mean, and weighs each kept response by it")
     elif config.off_policy.is_mask != "none" and config.run.engine != "vllm":
         out.append(f"is_mask = {config.off_policy.is_mask!r} with engine = {config.run.engine!r}: TRL corrects vLLM's samples only")
-    if config.loss.ratio_cap and (config.loss.loss_type != "dapo" or config.loss.importance_sampling_level != "token"):
-        out.append(f"ratio_cap = {config.loss.ratio_cap} with loss_type = {config.loss.loss_type!r}, importance_sampling_level "
-                   f"= {config.loss.importance_sampling_level!r}: TRL's capped loss (cispo) aggregates as dapo, per token")
+    loss = config.loss
+    trl_surrogate = SURROGATES[loss.surrogate].trl_loss_type   # TRL names it by a loss_type of its own
+    if trl_surrogate and (loss.loss_type != "dapo" or loss.importance_sampling_level != "token"):
+        out.append(f"surrogate = {loss.surrogate!r} with loss_type = {loss.loss_type!r}, importance_sampling_level = "
+                   f"{loss.importance_sampling_level!r}: TRL's {trl_surrogate} loss aggregates as dapo, per token")
     if config.loss.top_entropy_quantile < 1 and _accumulation(config) > 1:
         out.append(f"top_entropy_quantile = {config.loss.top_entropy_quantile} with {_accumulation(config)} micro-batches "
                    f"per optimizer step: TRL takes the entropy quantile per micro-batch, grpo_edu per optimizer step "
@@ -205,8 +152,9 @@ def grpo_config(config: TrainConfig, output_dir: str | None = None, **overrides)
                          vllm_importance_sampling_clip_min=config.off_policy.is_mask_band[0] if config.off_policy.is_mask != "none" else None,
                          vllm_importance_sampling_clip_max=config.off_policy.tis_cap or (
                              config.off_policy.is_mask_band[1] if config.off_policy.is_mask != "none" else None))
-    if config.loss.ratio_cap:
-        arguments.update(loss_type="cispo", epsilon_high=config.loss.ratio_cap)
+    trl_surrogate = SURROGATES[config.loss.surrogate].trl_loss_type
+    if trl_surrogate:   # TRL's cispo: the capped surrogate, its cap in epsilon_high
+        arguments.update(loss_type=trl_surrogate, epsilon_high=config.loss.ratio_cap)
     arguments.pop("generation_batch_size")   # TRL derives it from the three above; passing both is an error
     arguments.update(overrides)
     return GRPOConfig(**arguments)

@@ -97,8 +97,8 @@ class Run(Section):
     parallelism: str = setting("how N processes (torchrun --nproc-per-node N) share the model: 'ddp' (a replica "
                                "each, gradients all-reduced) or 'fsdp2' (torch's fully_shard: parameters, gradients "
                                "and AdamW state sharded 1/N); one process ignores it", "ddp", choices=distributed.PARALLELISM,
-                               trl_note="ddp is accelerate's default; fsdp2 is an accelerate config (refused here, "
-                                        'see REFUSED)')
+                               trl_note="ddp is accelerate's default; fsdp2 is an accelerate config (refused on "
+                                        "several processes: launch TRL with one instead)")
 
     precision: str = setting("forward passes in 'fp32' or 'bf16' (autocast), 'auto' = bf16 on CUDA, fp32 on the "
                              "CPU; the master weights and AdamW's moments stay float32 either way (a bf16 weight "

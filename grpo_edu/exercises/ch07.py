@@ -56,7 +56,7 @@ def mystery_runs() -> dict[str, list[dict]]:
 
 def mystery_configs() -> dict[str, dict]:
     """{"run A": config, ...}: each mystery run's config.json, what `grpo-edu doctor` reads beside
-    the metrics (grpo_edu.training.diagnose.diagnose(history, config)). A bug injected through Faults is
+    the metrics (grpo_edu.doctor.diagnose.diagnose(history, config)). A bug injected through Faults is
     not in it, as no bug is in a real run's config."""
     return _data()["configs"]
 

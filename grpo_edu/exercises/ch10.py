@@ -29,7 +29,7 @@ QWEN_ARCHITECTURES = {
                        intermediate_size=18944, vocab_size=152064, tie_word_embeddings=False),
 }
 TINY = "the tiny policy"
-ALL_SEVEN = TrainConfig().lora_target_modules
+ALL_SEVEN = TrainConfig().lora.lora_target_modules
 
 # (model, GPUs, config keys): none of them a row of the chapter's tables.
 STATE_CASES = [
@@ -77,21 +77,21 @@ def state_bytes(model: torch.nn.Module, config: TrainConfig, gpus: int, adapters
     AdamW's two moments and the reference, all float32, 1/gpus of each under FSDP2.
 
     Full fine-tuning: 16 bytes a parameter, and the reference's 4 when beta > 0. LoRA
-    (config.lora_rank > 0): the frozen base's weights (4 bytes a parameter), 16 a parameter of
+    (config.lora.lora_rank > 0): the frozen base's weights (4 bytes a parameter), 16 a parameter of
     the adapters, no reference (the base with the adapters off). No activations, no vLLM.
     `adapters`: the adapter parameters, when already counted (adapter_parameters)."""
     P = _parameters(model)
-    if config.lora_rank:
+    if config.lora.lora_rank:
         A = adapter_parameters(model, config) if adapters is None else adapters
         return (4 * P + 16 * A) / gpus
-    return (16 * P + (4 * P if config.beta > 0 else 0)) / gpus
+    return (16 * P + (4 * P if config.loss.beta > 0 else 0)) / gpus
 
 
 def _lora_counts(model: torch.nn.Module, config: TrainConfig) -> dict[str, int]:
     """Adapter counts a reader gets by mistake: on every projection, or with one matrix only."""
-    r, linear = config.lora_rank, [(name.rsplit(".", 1)[-1], module) for name, module in model.named_modules()
+    r, linear = config.lora.lora_rank, [(name.rsplit(".", 1)[-1], module) for name, module in model.named_modules()
                                    if isinstance(module, torch.nn.Linear) and ".layers." in f".{name}"]
-    targeted = [module for short, module in linear if short in config.lora_target_modules]
+    targeted = [module for short, module in linear if short in config.lora.lora_target_modules]
     return {"every": sum(r * (m.in_features + m.out_features) for _, m in linear),
             "A only": sum(r * m.in_features for m in targeted), "B only": sum(r * m.out_features for m in targeted)}
 
@@ -103,7 +103,7 @@ def _state_mistakes(model: torch.nn.Module, config: TrainConfig, gpus: int, adap
     twice = P + (model.get_input_embeddings().weight.numel() if model.config.tie_word_embeddings else 0)
     tied_twice = ("counts the tied embedding twice (the input and output embeddings are one tensor; "
                   "model.parameters() gives it once)")
-    if config.lora_rank:
+    if config.lora.lora_rank:
         right = (4 * P + 16 * A) / N
         wrong_counts = _lora_counts(model, config)
         mistakes = [
@@ -124,7 +124,7 @@ def _state_mistakes(model: torch.nn.Module, config: TrainConfig, gpus: int, adap
             ((4 * P + 16 * wrong_counts["B only"]) / N, "counts each adapter's B (out, r) but not its A (r, in)"),
         ]
     else:
-        reference = 4 * P if config.beta > 0 else 0
+        reference = 4 * P if config.loss.beta > 0 else 0
         right = (16 * P + reference) / N
         mistakes = [
             ((16 * twice + (4 * twice if reference else 0)) / N, tied_twice),
@@ -144,24 +144,24 @@ def _state_mistakes(model: torch.nn.Module, config: TrainConfig, gpus: int, adap
 
 def _describe(name: str, config: TrainConfig, gpus: int) -> str:
     where = f"{gpus} GPU{'s' * (gpus > 1)}" + (" (FSDP2)" if gpus > 1 else "")
-    if not config.lora_rank:
-        return f"{name}, full fine-tuning, beta {config.beta}, {where}"
-    modules = ("all seven projections" if list(config.lora_target_modules) == list(ALL_SEVEN)
-               else " and ".join(config.lora_target_modules))
-    return (f"{name}, LoRA r = {config.lora_rank} (alpha {config.lora_alpha:g}) on {modules}, beta {config.beta}, "
+    if not config.lora.lora_rank:
+        return f"{name}, full fine-tuning, beta {config.loss.beta}, {where}"
+    modules = ("all seven projections" if list(config.lora.lora_target_modules) == list(ALL_SEVEN)
+               else " and ".join(config.lora.lora_target_modules))
+    return (f"{name}, LoRA r = {config.lora.lora_rank} (alpha {config.lora.lora_alpha:g}) on {modules}, beta {config.loss.beta}, "
             f"{where}")
 
 
 def check_state_bytes(fn: Callable[[torch.nn.Module, TrainConfig, int], float]) -> CheckResult:
     """Exercise 10.1: fn(model, config, gpus) -> the bytes one GPU's trainer holds of the weights,
     gradients, AdamW's moments and the reference (state_bytes: float32, 1/gpus of each under FSDP2),
-    for `model` (a plain model on the meta device) trained with config.lora_rank, lora_alpha,
+    for `model` (a plain model on the meta device) trained with config.lora.lora_rank, lora_alpha,
     lora_target_modules and beta on `gpus` GPUs. Within one byte."""
     result = CheckResult("exercise 10.1 what one GPU holds")
     for name, gpus, keys in STATE_CASES:
         config, model = TrainConfig(**keys), base_model(name)
         case = _describe(name, config, gpus)
-        adapters = adapter_parameters(model, config) if config.lora_rank else 0
+        adapters = adapter_parameters(model, config) if config.lora.lora_rank else 0
         expected = state_bytes(model, config, gpus, adapters)
         try:
             got = fn(copy.deepcopy(model), config, gpus)

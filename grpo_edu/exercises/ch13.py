@@ -15,8 +15,8 @@ from grpo_edu.policy.models import policy_source
 from grpo_edu.runtime.distributed import World
 from grpo_edu.training.checkpoint import KEEP
 from grpo_edu.config import TrainConfig
-from grpo_edu.training.scoring import Plan, plan_mini_batches
-from grpo_edu.training.update import optimizer_steps_per_rollout
+from grpo_edu.training.plan import Plan, plan_mini_batches
+from grpo_edu.training.plan import optimizer_steps_per_rollout
 
 
 def _number(value):

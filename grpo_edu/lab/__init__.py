@@ -7,7 +7,7 @@ purpose by one knob on the CPU tier's policy and task, next to the healthy defau
 A run is the default config (configs/cpu-tiny.toml) with fewer steps, evaluated every 25 steps
 on 128 held-out problems, plus its knob: config overrides (a learning rate, beta, a task) or
 an injected fault (grpo_edu.lab.faults, for the bugs no config can express). `expected` names
-the doctor's detectors (grpo_edu.training.diagnose) that the run must trigger; `also` those it may
+the doctor's detectors (grpo_edu.doctor.diagnose) that the run must trigger; `also` those it may
 trigger as a measured consequence of the same knob (each one explained where it is set);
 the tests and the chapter check that it triggers the first, and none outside the two.
 
@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Callable
 
 from grpo_edu.config import DEFAULT_CONFIG, TrainConfig
-from grpo_edu.training.diagnose import series, window_median
+from grpo_edu.doctor.diagnose import series, window_median
 from grpo_edu.lab.faults import NONE, Faults
 
 SETTINGS = {"eval_every": 25, "eval_size": 128, "checkpoint_every": 0, "progress": False}
@@ -141,7 +141,7 @@ def run(name: str, root: str | Path, seed: int = 0, log: Callable[[str], None] =
 
 def early_late(history: list[dict], key: str) -> tuple[float, float]:
     """The median of `key` over a run's first and last steps that logged it (nan if none): the
-    doctor's windows (grpo_edu.training.diagnose.WINDOW steps), so the tables show what it reads."""
+    doctor's windows (grpo_edu.doctor.diagnose.WINDOW steps), so the tables show what it reads."""
     values = series(history, key)
     if not values:
         return math.nan, math.nan

@@ -5,7 +5,7 @@ type); others are bugs that no honest config can express: a loss mask one column
 trainer that computes log-probs at another temperature than the sampler's, a reference that
 is the policy itself. The lab injects those into a run that grpo_edu.training.trainer.set_up
 built, through the seams the run already has (its models' log-prob functions, its reference,
-its advantage function, its roll-out and optimise stages): `Faults(...).apply(run)`, or the
+its sampler's advantage function and roll-out stage, its optimise stage): `Faults(...).apply(run)`, or the
 whole run with `Faults(...).train(config)`. Never a config key, and never an argument of the
 trainer, so that no run file can switch one on by accident; every run that has one says so
 in its log and its summary.json.
@@ -40,7 +40,7 @@ from grpo_edu.runtime.distributed import LogprobModel, World
 from grpo_edu.training import trainer
 from grpo_edu.training.batch import RolloutBatch
 from grpo_edu.training.placement import Models, logprob_function
-from grpo_edu.training.scoring import Plan
+from grpo_edu.training.plan import Plan
 from grpo_edu.training.update import optimise, policy_logprobs
 
 
@@ -127,18 +127,19 @@ class Faults:
         scored = [module for module in (models.train_logprobs, models.reference_logprobs)
                   if isinstance(module, LogprobModel)]
         if self.trainer_temperature is not None:   # the trainer's log-probs at another temperature
-            hot = logprob_function(replace(run.config, temperature=self.trainer_temperature), run.world)
+            hot = logprob_function(run.config.replace(temperature=self.trainer_temperature), run.world)
             for module in scored:
                 module.logprob_fn = hot
         for module in scored:
             module.logprob_fn = self.logprob_fn(module.logprob_fn)
+        sampler = run.sampler
         if self.split_groups > 1:
-            run.advantage_fn = functools.partial(self.split_advantages, run.advantage_fn)
+            sampler.advantage_fn = functools.partial(self.split_advantages, sampler.advantage_fn)
         if self.refresh_old_logprobs:
             run.optimise = optimise_refreshing_old
         if self.env_tokens_in_loss:
-            roll_out = run.roll_out
-            run.roll_out = lambda *args, **kwargs: leak_environment(roll_out(*args, **kwargs))
+            roll_out = sampler.roll_out
+            sampler.roll_out = lambda *args, **kwargs: leak_environment(roll_out(*args, **kwargs))
 
     def train(self, config, *, stop_after: int | None = None, **set_up_arguments):
         """grpo_edu.training.trainer.train(config, ...) with these faults injected: set_up, apply,
@@ -158,17 +159,17 @@ def leak_environment(rollout):
     return replace(rollout, completion_mask=rollout.completion_mask | rollout.env_mask, env_mask=None)
 
 
-def optimise_refreshing_old(config, models: Models, optimizer, scheduler, batch: RolloutBatch,
+def optimise_refreshing_old(config, settings, models: Models, optimizer, scheduler, batch: RolloutBatch,
                             plan: Plan, world: World = World()) -> dict[str, float]:
     """refresh_old_logprobs in optimise's place: num_iterations passes, pi_old recomputed from the
     current policy at the start of each (one pass of optimise each), instead of fixed to the
     policy that sampled. Metrics as optimise's: the last step's, the first step's learning rate
     and sampler gap, the optimizer steps of all passes."""
-    one_pass = replace(config, num_iterations=1)
+    one_pass = config.replace(num_iterations=1)
     passes = []
     for _ in range(config.optimisation.num_iterations):
         old_logp = policy_logprobs(one_pass, models, batch, plan, world)
-        passes.append(optimise(one_pass, models, optimizer, scheduler, replace(batch, old_logp=old_logp),
+        passes.append(optimise(one_pass, settings, models, optimizer, scheduler, replace(batch, old_logp=old_logp),
                                plan, world))
     merged = dict(passes[-1])
     merged["learning_rate"] = passes[0]["learning_rate"]

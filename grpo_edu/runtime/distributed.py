@@ -122,7 +122,7 @@ class World:
 
 def side_world(world: World) -> World:
     """The same ranks in a process group of their own (gloo, CPU tensors), for collectives
-    that a second thread runs while the main thread runs others (grpo_edu.training.overlap: the
+    that a second thread runs while the main thread runs others (grpo_edu.training.asynchronous: the
     background sampler gathers each rollout's rewards while the update all-reduces gradients).
     Two threads that share one group could enter their collectives in different orders on
     different ranks and hang; each group keeps its own order. Every rank must call this, at

@@ -42,7 +42,6 @@ from safetensors.torch import load_model, save_file
 
 from grpo_edu.policy import lora
 from grpo_edu.runtime import distributed, durable
-from grpo_edu.training import lagging
 
 KEEP = 2  # newest checkpoints kept
 STATE_KEYS = {"step", "optimizer", "scheduler", "torch_rng", "prompt_rng", "extra", "files"}
@@ -66,7 +65,7 @@ def save(run_dir: Path, policy_weights: dict, reference_weights: dict | None, op
          scheduler, state, extra: dict, in_flight: list[list[dict]] | None = None) -> Path:
     """Write run_dir/checkpoints/step-NNNNNN/ durably, point `latest` at it, and
     prune; `extra` (JSON) comes back from `load_weights`. `in_flight`: with rollout_lag,
-    each rank's rollouts sampled ahead of their updates (grpo_edu.training.lagging.to_record).
+    each rank's rollouts sampled ahead of their updates (grpo_edu.training.asynchronous.to_record).
 
     policy_weights, reference_weights: whole tensors by parameter name (each tied
     weight once), as grpo_edu.runtime.distributed.full_state_dict gives them; optimizer_state
@@ -100,7 +99,7 @@ def save(run_dir: Path, policy_weights: dict, reference_weights: dict | None, op
         "extra": json.dumps(extra),
         "files": files,
     }
-    if in_flight is not None:   # rollout_lag: the rollouts sampled ahead, per rank (lagging.to_record)
+    if in_flight is not None:   # rollout_lag: the rollouts sampled ahead, per rank (asynchronous.to_record)
         trainer_state["in_flight"] = in_flight
     torch.save(trainer_state, temporary / "trainer_state.pt")
     durable.fsync(temporary / "trainer_state.pt")
@@ -115,18 +114,17 @@ def save(run_dir: Path, policy_weights: dict, reference_weights: dict | None, op
     return final
 
 
-def save_checkpoint(run_dir: Path, models, optimizer, scheduler, state, world, extra: dict, metrics_log) -> None:
+def save_checkpoint(run_dir: Path, models, optimizer, scheduler, state, world, extra: dict, metrics_log,
+                    in_flight: list[list[dict]] | None = None) -> None:
     """A training run's checkpoint (grpo_edu.training.trainer): the policy's and the reference's whole
     weights and the optimizer's state (gathered under FSDP2, on every rank: a collective),
     written by rank 0 after the metrics it covers (`metrics_log`, a runlog.MetricsLog) reach
-    the disk. `models` is a placement.Models, `world` a distributed.World."""
+    the disk. `models` is a placement.Models, `world` a distributed.World; `in_flight` every
+    rank's rollouts sampled ahead (the rollout source's records: rollout_lag), or None."""
     adapters_only = lora.is_adapter if lora.has_adapters(models.policy) else None   # the base never changes
     policy_weights = distributed.full_state_dict(models.policy, keep=adapters_only)
     reference_weights = None if models.reference is None else distributed.full_state_dict(models.reference)
     optimizer_state = distributed.full_optimizer_state(optimizer)
-    in_flight = None
-    if state.in_flight:   # rollouts sampled ahead (the same count on every rank): each rank's
-        in_flight = world.gather_objects([[lagging.to_record(flight) for flight in state.in_flight]])
     if world.is_main:
         metrics_log.sync()
         save(run_dir, policy_weights, reference_weights, optimizer_state, scheduler, state, extra, in_flight)
@@ -273,20 +271,6 @@ def restore_rng(saved: dict, state) -> None:
     version, internal, gauss = saved["prompt_rng"]
     state.prompt_rng.setstate((version, tuple(internal), gauss))
     state.step = saved["step"]
-
-
-def restore_in_flight(saved: dict, state, world) -> None:
-    """The rollouts sampled ahead of their updates (rollout_lag), this rank's, as they were at
-    the checkpoint. They are each rank's share of the prompts, so a lagged run resumes on the
-    number of processes that wrote them."""
-    records = saved.get("in_flight")
-    if records is None:
-        state.in_flight = []
-        return
-    if len(records) != world.size:
-        raise CheckpointError(f"resume: the checkpoint's rollouts sampled ahead (rollout_lag) were written by "
-                              f"{len(records)} processes; resume on {len(records)}, got {world.size}")
-    state.in_flight = [lagging.from_record(record, world.device) for record in records[world.rank]]
 
 
 def _load_weights(model, path: Path) -> None:

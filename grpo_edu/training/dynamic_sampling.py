@@ -35,7 +35,7 @@ from grpo_edu.training.batch import RolloutBatch
 from grpo_edu.config import TrainConfig
 from grpo_edu.runtime.distributed import World
 from grpo_edu.sampling.rollout import Rollout
-from grpo_edu.training.scoring import Plan
+from grpo_edu.training.plan import Plan
 
 # draw() -> (samples, rollout): the next B prompts and this rank's rollout of its share of them
 Draw = Callable[[], tuple[list[dict], Rollout]]

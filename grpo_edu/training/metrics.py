@@ -22,7 +22,7 @@ from grpo_edu.algorithm.advantages import zero_std_groups
 from grpo_edu.training.batch import RolloutBatch
 from grpo_edu.runtime.distributed import World
 from grpo_edu.training.evaluation import wilson_interval
-from grpo_edu.training.scoring import Plan
+from grpo_edu.training.plan import Plan
 
 # A step's wall-clock, in three parts: sampling; rewards, advantages, reference and pi_old log-probs; the update.
 TIME_SPLIT = ("rollout", "scoring", "update")

@@ -1,114 +1,24 @@
 """Steps 3 and 4 of a training step (grpo_edu.training.trainer): score the rollout, turn the rewards
-into group advantages, and plan the update's mini-batches.
+into group advantages, and plan the update's mini-batches (grpo_edu.training.plan).
 
-    score               rewards (B, G) of every completion, gathered from all ranks; the
-                        advantages and the Plan from all of them; this rank's RolloutBatch
-    Plan                what every rank knows about the whole rollout (the same on all)
-    plan_mini_batches   the prompts of each mini-batch, whole groups, dealt out in turn
-    LossTotals          the counts a mini-batch's loss divides by, over all ranks
+    score          rewards (B, G) of every completion, gathered from all ranks; the advantages
+                   and the Plan from all of them; this rank's RolloutBatch
+    reward_terms   this rank's reward terms by name, and their weighted sum
+    gather_rows    this rank's per-completion rows -> (B, G) over every rank's prompts
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 import torch
 
-from grpo_edu.algorithm.advantages import zero_std_groups
-from grpo_edu.training.batch import RolloutBatch
 from grpo_edu.config import TrainConfig
-from grpo_edu.runtime.distributed import World
 from grpo_edu.environment.process import step_rewards
+from grpo_edu.environment.rewards import soft_overlong_punishment
+from grpo_edu.runtime.distributed import World
 from grpo_edu.sampling.rollout import Rollout
+from grpo_edu.training.batch import RolloutBatch
+from grpo_edu.training.plan import Plan, plan_mini_batches
 from grpo_edu.training.user_functions import AdvantageFn, RewardFn
-
-
-@dataclass(frozen=True)
-class LossTotals:
-    """The whole mini-batch's counts, over all ranks, that each part's loss divides by."""
-
-    num_completions: int       # grpo, dr_grpo
-    num_items: float           # bnpo: the mini-batch's tokens; dapo: rollout tokens / num_mini_batches
-
-
-@dataclass(frozen=True)
-class Plan:
-    """What every rank knows about the whole rollout (gathered, so the same on all):
-    its rewards, advantages and completion lengths (B, G), and the mini-batches as
-    global prompt indices. `owned` is this rank's prompts."""
-
-    rewards: torch.Tensor               # (B, G) float64, the weighted sum
-    components: dict[str, torch.Tensor]  # name -> (B, G), each reward function
-    advantages: torch.Tensor            # (B, G) float32
-    lengths: torch.Tensor               # (B, G) real completion tokens
-    finished: torch.Tensor              # (B, G) ended with EOS
-    mini_batches: list[torch.Tensor]    # num_mini_batches tensors of global prompt indices
-    owned: slice                        # this rank's prompts
-    group_size: int
-    # Multi-turn episodes: name -> (B, G) float64 (turns, env_tokens, cut_answers, turn_limit);
-    # empty for single-turn completions
-    episode: dict[str, torch.Tensor] = field(default_factory=dict)
-    # dynamic_sampling_rounds: rounds, first_zero_std, short (grpo_edu.training.dynamic_sampling); else empty
-    sampling: dict[str, float] = field(default_factory=dict)
-    # A task whose steps a rule checks (grpo_edu.environment.process): steps, steps_right -> (B, G) float64; else empty.
-    # With supervision = "process" the advantages above are each completion's first-token advantage (the
-    # batch holds them per token).
-    process: dict[str, torch.Tensor] = field(default_factory=dict)
-
-    def local_groups(self, k: int) -> torch.Tensor:
-        """(B / N,) bool: which of this rank's prompts mini-batch k holds."""
-        keep = torch.zeros(self.owned.stop - self.owned.start, dtype=torch.bool)
-        chosen = self.mini_batches[k]
-        mine = chosen[(chosen >= self.owned.start) & (chosen < self.owned.stop)] - self.owned.start
-        keep[mine] = True
-        return keep
-
-    def trained_groups(self) -> torch.Tensor:
-        """(B / N,) bool: which of this rank's prompts any mini-batch holds."""
-        keep = torch.zeros(self.owned.stop - self.owned.start, dtype=torch.bool)
-        for k in range(len(self.mini_batches)):
-            keep |= self.local_groups(k)
-        return keep
-
-    def rows_on_rank(self, k: int, rank: int) -> int:
-        """Completions of mini-batch k that rank `rank` holds (any rank's, known to all)."""
-        width = self.owned.stop - self.owned.start
-        chosen = self.mini_batches[k]
-        return int(((chosen >= rank * width) & (chosen < (rank + 1) * width)).sum()) * self.group_size
-
-    def totals(self, k: int, loss_type: str, mask_truncated: bool = False) -> LossTotals:
-        """Mini-batch k's LossTotals, for the config's loss_type (mask_truncated: the truncated
-        completions' tokens do not count, overlong filtering)."""
-        chosen = self.mini_batches[k]
-        lengths = self.lengths * self.finished if mask_truncated else self.lengths
-        if loss_type == "dapo":
-            # dapo, as TRL 1.16: every token of the rollout weighs the same in every optimizer step,
-            # 1 / (rollout tokens / num_mini_batches), whichever mini-batch holds it. TRL divides by
-            # num_items_in_batch (the generation batch's tokens) x gradient_accumulation_steps /
-            # steps_per_generation, i.e. by the tokens per optimizer step; not by the mini-batch's own
-            # count, which would weigh the tokens of a short mini-batch more. Filtered groups do not
-            # count: they are not trained on.
-            trained = torch.cat(self.mini_batches)
-            items = int(lengths[trained].sum()) / len(self.mini_batches)
-        else:
-            items = float(lengths[chosen].sum())
-        return LossTotals(num_completions=len(chosen) * self.group_size, num_items=items)
-
-
-def plan_mini_batches(config: TrainConfig, rewards: torch.Tensor) -> list[torch.Tensor]:
-    """The prompts of each of a rollout's num_mini_batches mini-batches: rewards (B, G) ->
-    num_mini_batches tensors of prompt indices, whole groups.
-
-    The groups (those left after filter_zero_std_groups) are dealt out in turn, as
-    evenly as possible, larger first: 7 groups in 2 mini-batches give [0, 2, 4, 6] +
-    [1, 3, 5]. Dealt, not cut into runs: each rank owns a run of prompts, so every
-    mini-batch then holds about as many groups of every rank, and all ranks work in
-    every optimizer step. With fewer groups than mini-batches the last ones are empty
-    (the update skips them).
-    """
-    groups = torch.arange(rewards.shape[0])
-    if config.advantages.filter_zero_std_groups or config.advantages.dynamic_sampling_rounds:   # all-equal groups teach nothing: dropped
-        groups = groups[~zero_std_groups(rewards)]
-    return [groups[k::config.optimisation.num_mini_batches] for k in range(config.optimisation.num_mini_batches)]
 
 
 def reward_terms(config: TrainConfig, texts: list[str], columns: dict, rollout: Rollout,

@@ -3,10 +3,10 @@
 `train(config)` is `loop(set_up(config))`. One step of `loop`, on each of N ranks (one
 process: N = 1; see grpo_edu.runtime.distributed):
 
-    1. draw the step's B prompts (every rank the same list) and take     run.rollouts.next(run)
+    1. draw the step's B prompts (every rank the same list) and take     run.rollouts.next(step)
        this rank's B / N of them, whole                                  (grpo_edu.training.rollouts:
-    2. roll out G completions each, with the sampler's log-probs          sample_prompts, roll_out,
-    3. score every completion; gather the rewards (B, G) from all ranks   scoring.score)
+    2. roll out G completions each, with the sampler's log-probs          Sampler.sample)
+    3. score every completion; gather the rewards (B, G) from all ranks
     4. group-relative advantages and the mini-batch plan, from all B
        prompts (the same on every rank); this rank's RolloutBatch
     5. log-probs of the frozen reference (for the KL term) and, when     update.add_logprobs
@@ -19,22 +19,23 @@ process: N = 1; see grpo_edu.runtime.distributed):
     7. log metrics; re-sync the reference, evaluate, checkpoint when     metrics.step_metrics,
        due (rank 0 writes)                                               evaluation, checkpoint
 
-Steps 1-4 come from the run's rollout source: Synchronous (each rollout just before its
-update), Lagged (rollout_lag = k: k rollouts sampled ahead) or Overlapped (rollout_overlap:
-the newest sampled in a thread beside the update). The loop is the same for all three, for
-one process or N, for single-turn completions or multi-turn episodes.
+Steps 1-4 come from the run's rollout source over its Sampler: Synchronous (each rollout just
+before its update), Lagged (rollout_lag = k: k rollouts sampled ahead) or Overlapped
+(rollout_overlap: the newest sampled in a thread beside the update;
+grpo_edu.training.asynchronous). The loop is the same for all three, for one process or N, for
+single-turn completions or multi-turn episodes.
 
 Before the first step, `set_up` places the models (grpo_edu.training.placement), builds the
 optimizer, the rollout engine, the problems and the rollout source, and evaluates the
 starting policy (or restores a checkpoint); after the last, `finish` writes summary.json and
-the samples. Between the two, a Run's stages (roll_out, optimise, advantage_fn, the models'
-log-prob functions) are the seams the failure lab injects its faults through
-(grpo_edu.lab.faults); `train` itself takes none.
+the samples. Between the two, a Run's stages (its sampler's roll_out and advantage_fn, its
+optimise, the models' log-prob functions) are the seams the failure lab injects its faults
+through (grpo_edu.lab.faults); `train` itself takes none.
 
 The step's data is one `grpo_edu.training.batch.RolloutBatch` per rank (B / N prompts,
 (B / N, G, S)): the type chapters 3 and 4 teach. Its mini-batches are `select`s
 of whole groups; its micro-batches `MicroBatch` rows of it. The loss of every part
-is computed with the whole mini-batch's counts (`scoring.LossTotals`), so the parts,
+is computed with the whole mini-batch's counts (`plan.LossTotals`), so the parts,
 over micro-batches and ranks, add up to the 1-process loss exactly.
 
 A training step (`steps`, `warmup_steps`, `eval_every`, `checkpoint_every` and
@@ -69,36 +70,35 @@ from typing import Callable
 
 import torch
 
+from grpo_edu.algorithm.loss import LossSettings
+from grpo_edu.config import TrainConfig
+from grpo_edu.doctor.diagnose import LiveDoctor, diagnose
 from grpo_edu.environment import tasks
 from grpo_edu.policy.lora import add_adapters
 from grpo_edu.policy.models import load_policy, policy_source
 from grpo_edu.runtime import distributed
 from grpo_edu.runtime.distributed import World
+from grpo_edu.runtime.precision import autocast
 from grpo_edu.runtime.runlog import MetricsLog
-from grpo_edu.sampling.rollout import Rollout
-from grpo_edu.training import checkpoint, rollouts
-from grpo_edu.config import TrainConfig
-from grpo_edu.training.diagnose import LiveDoctor, diagnose
+from grpo_edu.training import checkpoint
+from grpo_edu.training.asynchronous import rollout_source
 from grpo_edu.training.episodes import load_environment, stop_token
 from grpo_edu.training.evaluation import held_out_metrics, samples_table
-from grpo_edu.training.lagging import InFlight
 from grpo_edu.training.metrics import run_summary, step_metrics
-from grpo_edu.training.overlap import BackgroundSampler
-from grpo_edu.runtime.precision import autocast
 from grpo_edu.training.placement import Models, build_models, check_engine_settings, make_engine, make_reference
+from grpo_edu.training.rollouts import RolloutSource, Sampler
 from grpo_edu.training.trained import save_trained
-from grpo_edu.training.update import add_logprobs, make_optimizer, optimise
+from grpo_edu.training.update import Optimise, add_logprobs, make_optimizer, optimise
 from grpo_edu.training.user_functions import AdvantageFn, RewardFn, functions_from_config
 
 
 @dataclass
 class TrainState:
-    """What a checkpoint restores besides weights and optimizer: the step (updates done), the
-    prompt RNG, and with rollout_lag the rollouts sampled ahead of their updates."""
+    """What a checkpoint restores besides weights, optimizer and the rollouts sampled ahead (the
+    rollout source's records): the step (updates done) and the prompt RNG."""
 
     step: int = 0
     prompt_rng: random.Random = field(default_factory=random.Random)
-    in_flight: list[InFlight] = field(default_factory=list)     # sampled, not yet trained on, oldest first
 
 
 @dataclass
@@ -139,36 +139,37 @@ def train(config: TrainConfig, *, advantage_fn: AdvantageFn | None = None,
 def loop(run: Run, stop_after: int | None = None) -> RunResult:
     """The GRPO steps of a run that set_up built, then `finish`."""
     config, models, state, world = run.config, run.models, run.state, run.world
-    last = config.optimisation.steps if stop_after is None else min(config.optimisation.steps, stop_after)
+    steps, logging = config.optimisation.steps, config.logging
+    last = steps if stop_after is None else min(steps, stop_after)
     accuracy, started = run.start_accuracy, time.perf_counter()
     while state.step < last:
         # ------------------------------------------------ 1-4: prompts, completions, rewards, advantages
         t0 = time.perf_counter()
-        flight = run.rollouts.next(run)   # scored: its RolloutBatch and its mini-batch plan
+        flight = run.rollouts.next(state.step)   # scored: its RolloutBatch and its mini-batch plan
         # ------------------------------------------------ 5: the reference's log-probs (and pi_old's)
         t1 = time.perf_counter()
         batch = add_logprobs(config, models, flight.batch, flight.plan, world)
         # ------------------------------------------------ 6: the update
         t2 = time.perf_counter()
-        update = run.optimise(config, models, run.optimizer, run.scheduler, batch, flight.plan, world)
+        update = run.optimise(config, run.loss, models, run.optimizer, run.scheduler, batch, flight.plan, world)
         t3 = time.perf_counter()
-        run.rollouts.after_update(run)
+        run.rollouts.after_update()
         state.step += 1
         # ------------------------------------------------ 7: log, re-sync the reference, evaluate, checkpoint
         seconds = {**flight.seconds, "scoring": flight.seconds["scoring"] + t2 - t1, "update": t3 - t2}
         metrics = {"step": state.step, **step_metrics(flight.plan, batch, update, seconds, world),
-                   **run.rollouts.metrics(run, flight, started=t0)}
+                   **run.rollouts.metrics(flight, state.step, started=t0)}
         if config.loss.ref_sync_steps and state.step % config.loss.ref_sync_steps == 0:
             models.sync_reference(config.loss.ref_mixup_alpha)
-        if state.step % config.logging.eval_every == 0 or state.step == config.optimisation.steps:
-            metrics.update(evaluate_held_out(run, samples=config.logging.eval_samples))
+        if state.step % logging.eval_every == 0 or state.step == steps:
+            metrics.update(evaluate_held_out(run, samples=logging.eval_samples))
             accuracy = metrics["eval/greedy_accuracy"]
         record(run, metrics, accuracy)
-        if (config.logging.checkpoint_every and state.step % config.logging.checkpoint_every == 0) or state.step == last:
+        if (logging.checkpoint_every and state.step % logging.checkpoint_every == 0) or state.step == last:
             seconds_so_far = run.elapsed + time.perf_counter() - started
             checkpoint.save_checkpoint(run.output_dir, models, run.optimizer, run.scheduler, state, world,
                                        {"start_accuracy": run.start_accuracy, "seconds": seconds_so_far},
-                                       run.metrics_log)
+                                       run.metrics_log, run.rollouts.records(world))
     return finish(run, seconds=run.elapsed + time.perf_counter() - started)
 
 
@@ -182,14 +183,11 @@ class Run:
     world: World
     models: Models
     tokenizer: object
-    engine: object                   # a grpo_edu.sampling.rollout.RolloutEngine
+    loss: LossSettings               # the loss's settings, from the config's loss section, built once
     optimizer: torch.optim.Optimizer
     scheduler: torch.optim.lr_scheduler.LambdaLR
-    roll_out: Callable[..., Rollout]  # rollouts.roll_out: the stages' roll-out (the failure lab may wrap it)
-    optimise: Callable[..., dict]    # update.optimise (the failure lab may put another in its place)
-    reward_functions: dict[str, tuple[RewardFn, float]]
-    advantage_fn: AdvantageFn
-    train_pool: list[dict]
+    sampler: Sampler                 # steps 1-4's stages and what they need (its roll_out, advantage_fn: seams)
+    optimise: Optimise               # update.optimise (the failure lab may put another in its place)
     held_out: list[dict]
     state: TrainState
     output_dir: Path
@@ -199,8 +197,8 @@ class Run:
     elapsed: float                   # seconds trained before this process started (a resumed run's)
     say: Callable[[str], None]       # log on rank 0, nothing elsewhere
     doctor: LiveDoctor
-    progress: object | None          # a tqdm bar on rank 0 (config.logging.progress)
-    rollouts: rollouts.RolloutSource | None = None   # where each update's rollout comes from
+    progress: object | None          # a tqdm bar on rank 0 (config key progress)
+    rollouts: RolloutSource | None = None   # where each update's rollout comes from, over the sampler
     notes: dict = field(default_factory=dict)          # written into summary.json (the lab's faults)
 
 
@@ -239,17 +237,17 @@ def set_up(config: TrainConfig, *, advantage_fn: AdvantageFn | None = None, rewa
     models = build_models(config, world, policy, reference)
     optimizer, scheduler = make_optimizer(config, models.policy.parameters())
     engine = make_engine(config, models, tokenizer, world)
-    background = BackgroundSampler(config, world, models, tokenizer, engine) if config.off_policy.rollout_overlap else None
     train_pool, held_out = tasks.task_pools(config.run.task, config.data, config.logging.eval_size, tokenizer)
-    run = Run(config, world, models, tokenizer, engine, optimizer, scheduler, rollouts.roll_out, optimise,
-              reward_functions, advantage_fn, train_pool, held_out, state, output_dir, metrics_log,
-              history=[], start_accuracy=0.0, elapsed=0.0, say=say, doctor=LiveDoctor(config.to_dict()),
-              progress=None, rollouts=rollouts.source(config, background))
+    sampler = Sampler(config, tokenizer, engine, models, world, train_pool, state.prompt_rng, reward_functions,
+                      advantage_fn)
+    run = Run(config, world, models, tokenizer, LossSettings.of(config), optimizer, scheduler, sampler, optimise,
+              held_out, state, output_dir, metrics_log, history=[], start_accuracy=0.0, elapsed=0.0, say=say,
+              doctor=LiveDoctor(config.to_dict()), progress=None, rollouts=rollout_source(config, sampler))
     if saved is not None:
         distributed.load_full_optimizer_state(optimizer, saved["optimizer"])
         scheduler.load_state_dict(saved["scheduler"])
         checkpoint.restore_rng(saved, state)
-        checkpoint.restore_in_flight(saved, state, world)
+        run.rollouts.restore(saved.get("in_flight"), world)
         extra = json.loads(saved["extra"])
         run.start_accuracy, run.elapsed = extra["start_accuracy"], extra["seconds"]
         run.history = metrics_log.restore(up_to_step=state.step, log=say) if world.is_main else []

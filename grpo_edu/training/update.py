@@ -3,8 +3,6 @@ then the update.
 
     add_logprobs        the reference's log-probs (beta > 0) and pi_old's (when the rollout
                         feeds more than one optimizer step) into the RolloutBatch
-    micro_batches       a mini-batch's rows on this rank, as MicroBatch slices of the batch
-                        (Padding where another rank holds more)
     micro_batch_loss    one micro-batch's part of the mini-batch's loss
     optimise            num_iterations passes x num_mini_batches optimizer steps: gradient
                         accumulation, the global grad-norm clip, AdamW, the LR schedule
@@ -30,15 +28,14 @@ from grpo_edu.runtime.distributed import World
 from grpo_edu.algorithm.loss import GRPOLossOutput, LossSettings, grpo_loss
 from grpo_edu.training.metrics import MetricSums, sampler_gap
 from grpo_edu.training.placement import Models
-from grpo_edu.training.scoring import LossTotals, Plan
+from grpo_edu.training.plan import LossTotals, Padding, Plan, micro_batches, optimizer_steps_per_rollout
+
+
+# The update stage's signature (optimise's): the failure lab may put another in its place.
+Optimise = Callable[..., dict]
 
 
 # --------------------------------------------------------------------------- the schedule
-
-def optimizer_steps_per_rollout(config: TrainConfig) -> int:
-    """K: each training step (one rollout) gives this many optimizer steps."""
-    return config.optimisation.num_iterations * config.optimisation.num_mini_batches
-
 
 def learning_rate_factor(config: TrainConfig) -> Callable[[int], float]:
     """The multiplier of the peak learning rate at optimizer step `step` (0-based): the schedule
@@ -69,34 +66,6 @@ def skip_optimizer_step(scheduler) -> None:
 
 
 # --------------------------------------------------------------------------- micro-batches
-
-@dataclass(frozen=True)
-class Padding:
-    """A padding micro-batch: this rank holds fewer rows of the mini-batch than another, so it
-    runs a forward (and a backward, weighted 0) of one row of `batch`, to take part in the
-    ranks' collectives (FSDP2's gathers; in a backward, the gradient reduction). It adds nothing."""
-
-    batch: RolloutBatch
-
-    def forward(self, model) -> torch.Tensor:
-        row = self.batch.rows(slice(0, 1))
-        return model(row.input_ids, row.attention_mask, row.completion_mask)
-
-
-def micro_batches(plan: Plan, batch: RolloutBatch, k: int, micro_batch_size: int,
-                  world: World = World()) -> list[MicroBatch | Padding]:
-    """Mini-batch k's micro-batches on this rank: its groups' rows, micro_batch_size at a time,
-    then Padding up to the count of the rank that has the most: every rank runs as many
-    forwards (FSDP2 gathers parameters in each) and backwards, so the collectives line up."""
-    keep = plan.local_groups(k)
-    parts: list[MicroBatch | Padding] = []
-    if keep.any():
-        chosen = batch.select(keep)
-        parts = [chosen.rows(slice(start, start + micro_batch_size))
-                 for start in range(0, chosen.num_completions, micro_batch_size)]
-    most = max(-(-plan.rows_on_rank(k, r) // micro_batch_size) for r in range(world.size))
-    return parts + [Padding(batch)] * (most - len(parts))
-
 
 def _logprobs_of(model, part: MicroBatch | Padding) -> torch.Tensor | None:
     """The model's log-probs of a micro-batch's rows; None for Padding, whose forward runs
@@ -202,10 +171,11 @@ def entropy_pass(config: TrainConfig, model, parts: list[MicroBatch | Padding],
     return chosen, entropy_mask.entropy_metrics(entropies, masks, kept, tau, world)
 
 
-def optimise(config: TrainConfig, models: Models, optimizer, scheduler, batch: RolloutBatch, plan: Plan,
-             world: World = World()) -> dict[str, float]:
+def optimise(config: TrainConfig, settings: LossSettings, models: Models, optimizer, scheduler, batch: RolloutBatch,
+             plan: Plan, world: World = World()) -> dict[str, float]:
     """num_iterations passes over the rollout; each pass is one optimizer step per mini-batch
-    of the plan: K = num_iterations x num_mini_batches optimizer steps per rollout.
+    of the plan: K = num_iterations x num_mini_batches optimizer steps per rollout. `settings`:
+    the loss's (LossSettings.of(config), built once by the trainer's set_up).
 
     Each rank backpropagates world.size x its part of the mini-batch's loss: DDP and FSDP2
     average gradients over ranks, so the gradient every rank steps with is the sum of the
@@ -221,43 +191,44 @@ def optimise(config: TrainConfig, models: Models, optimizer, scheduler, batch: R
       skipped_update      1.0 when no optimizer step was taken
     """
     learning_rate = optimizer.param_groups[0]["lr"]   # what the first step below uses
-    model, settings = models.train_logprobs, LossSettings.of(config)
+    model = models.train_logprobs
+    optimisation, loss = config.optimisation, config.loss
     metrics: dict[str, float] = {}
     steps_taken, first_forward = 0, []
     # Each mini-batch's micro-batches and loss denominators, the same in every pass; None: no
     # token to train (no group, or with mask_truncated_completions every completion truncated).
-    truncating = config.loss.mask_truncated_completions
-    planned = [(micro_batches(plan, batch, k, config.optimisation.micro_batch_size, world), plan.totals(k, config.loss.loss_type,
-                                                                                          truncating))
+    truncating = loss.mask_truncated_completions
+    planned = [(micro_batches(plan, batch, k, optimisation.micro_batch_size, world),
+                plan.totals(k, loss.loss_type, truncating))
                if len(groups) and (not truncating or plan.finished[groups].any()) else None
                for k, groups in enumerate(plan.mini_batches)]
-    for iteration in range(config.optimisation.num_iterations):
-        for k in range(config.optimisation.num_mini_batches):
+    for iteration in range(optimisation.num_iterations):
+        for k in range(optimisation.num_mini_batches):
             if planned[k] is None:
                 skip_optimizer_step(scheduler)
                 continue
             parts, totals = planned[k]
-            masks, entropy = (entropy_pass(config, model, parts, world) if config.loss.top_entropy_quantile < 1
+            masks, entropy = (entropy_pass(config, model, parts, world) if loss.top_entropy_quantile < 1
                               or config.logging.log_entropy else ([None] * len(parts), {}))
             optimizer.zero_grad(set_to_none=True)
-            sums = MetricSums(config.loss.importance_sampling_level == "sequence")
+            sums = MetricSums(loss.importance_sampling_level == "sequence")
             for i, part in enumerate(parts):
                 with distributed.no_sync(model, sync=i == len(parts) - 1):
                     if isinstance(part, Padding):   # this rank holds fewer rows: a zero-weight part
                         (part.forward(model).sum() * 0.0).backward()
                         continue
-                    loss, out, logp = micro_batch_loss(settings, model, part, totals, masks[i])
-                    (loss * world.size).backward()
+                    part_loss, out, logp = micro_batch_loss(settings, model, part, totals, masks[i])
+                    (part_loss * world.size).backward()
                 if steps_taken == 0:   # the policy has not moved yet: it is the one that sampled
                     first_forward.append((part, logp))
                 sums.add(out.metrics, tokens=float(part.loss_mask.sum()),
                          completions=float(part.num_completions))
             # max_grad_norm 0: measure the norm (inf never clips) without clipping.
-            norm = torch.nn.utils.clip_grad_norm_(models.policy.parameters(), config.optimisation.max_grad_norm or math.inf)
+            norm = torch.nn.utils.clip_grad_norm_(models.policy.parameters(), optimisation.max_grad_norm or math.inf)
             optimizer.step()
             scheduler.step()
             steps_taken += 1
-            if iteration == config.optimisation.num_iterations - 1 and all(later is None for later in planned[k + 1:]):
+            if iteration == optimisation.num_iterations - 1 and all(later is None for later in planned[k + 1:]):
                 metrics = {**sums.reduce(world), **entropy}
                 metrics["grad_norm"] = float(distributed.full_tensor(norm))
     if models.sharded and not models.lazy:
