@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 from pathlib import Path
 
 from grpo_edu.config.rules import import_modules
@@ -90,7 +91,7 @@ def _chain(path: Path) -> list[tuple[Path, dict]]:
         chain.insert(0, (path, values))
         if base is None or base == DEFAULTS:
             return chain
-        path = path.parent / base
+        path = Path(os.path.normpath(path.parent / base))
 
 
 def parse_override(text: str) -> tuple[str, object]:
