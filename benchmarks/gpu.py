@@ -333,7 +333,7 @@ def grpo_recipe(part: str, args, device: str, previous: dict, recipe: str, overr
                 raise Stop("target")
 
     def on_checkpoint():
-        if time.perf_counter() - started > args.budget_seconds and seen["step"] < config.steps:
+        if time.perf_counter() - started > args.budget_seconds and seen["step"] < config.optimisation.steps:
             raise Stop("budget")
 
     outcome = "end"
@@ -349,18 +349,18 @@ def grpo_recipe(part: str, args, device: str, previous: dict, recipe: str, overr
     entry = {
         "status": status, "config": recipe, "overrides": overrides,
         "target": {"held_out_greedy_accuracy": target} if target is not None else
-                  {"recipe_end_steps": config.steps},
-        "reached": reached if target is not None else seen["step"] >= config.steps,
+                  {"recipe_end_steps": config.optimisation.steps},
+        "reached": reached if target is not None else seen["step"] >= config.optimisation.steps,
         "time_to_target_s": seen["reached_at"] if reached else
-        round(now(), 2) if target is None and seen["step"] >= config.steps else None,
+        round(now(), 2) if target is None and seen["step"] >= config.optimisation.steps else None,
         "steps_to_target": seen["step"] if reached else None,
         "optimizer_steps_per_rollout": K,
         "start_accuracy": seen["start"], "final_accuracy": accuracies[-1] if accuracies else None,
-        "best_accuracy": max(accuracies) if accuracies else None, "eval_problems": config.eval_size,
-        "eval_curve": curve, "steps": seen["step"], "recipe_steps": config.steps,
-        "prompts_per_step": config.prompts_per_step, "num_generations": config.num_generations,
-        "max_completion_length": config.max_completion_length,
-        **_step_figures(history, config.prompts_per_step * config.num_generations),
+        "best_accuracy": max(accuracies) if accuracies else None, "eval_problems": config.logging.eval_size,
+        "eval_curve": curve, "steps": seen["step"], "recipe_steps": config.optimisation.steps,
+        "prompts_per_step": config.rollout.prompts_per_step, "num_generations": config.rollout.num_generations,
+        "max_completion_length": config.rollout.max_completion_length,
+        **_step_figures(history, config.rollout.prompts_per_step * config.rollout.num_generations),
         "wall_seconds": round(now(), 2), "commands": previous.get("commands", 0) + 1,
         "peak_memory_allocated_bytes": _max(previous.get("peak_memory_allocated_bytes"), memory.peak()),
         "peak_memory_reserved_bytes": _max(previous.get("peak_memory_reserved_bytes"), memory.peak_reserved()),
@@ -500,7 +500,7 @@ def part_qwen(part: str, args, device: str, previous: dict) -> dict:
         "engine=hf", "chat_template=false", "eval_size=8" if not args.toy else "eval_size=2", "eval_every=1000000",
         "checkpoint_every=0", "progress=false", f"steps={warmup + timed + 1}"]
     config = TrainConfig.from_toml(ROOT / QWEN_RECIPE, [*overrides, *on_device(device), f"output_dir={run_dir}"])
-    N = config.prompts_per_step * config.num_generations
+    N = config.rollout.prompts_per_step * config.rollout.num_generations
     timed_metrics, seen = [], {}
 
     def on_step(run, metrics):
@@ -533,11 +533,11 @@ def part_qwen(part: str, args, device: str, previous: dict) -> dict:
     peak_timed = memory.peak()
     entry = {
         "status": "done", "shape": {k: v for k, v in shape.items()}, "parameters": P,
-        "workload": {"prompts_per_step": config.prompts_per_step, "num_generations": config.num_generations,
-                     "max_completion_length": config.max_completion_length,
-                     "micro_batch_size": config.micro_batch_size, "num_mini_batches": config.num_mini_batches,
-                     "loss_type": config.loss_type, "precision": config.precision, "engine": config.engine,
-                     "lora_rank": config.lora_rank, "lora_alpha": config.lora_alpha,
+        "workload": {"prompts_per_step": config.rollout.prompts_per_step, "num_generations": config.rollout.num_generations,
+                     "max_completion_length": config.rollout.max_completion_length,
+                     "micro_batch_size": config.optimisation.micro_batch_size, "num_mini_batches": config.optimisation.num_mini_batches,
+                     "loss_type": config.loss.loss_type, "precision": config.run.precision, "engine": config.run.engine,
+                     "lora_rank": config.lora.lora_rank, "lora_alpha": config.lora.lora_alpha,
                      "prompt_tokens_mean": statistics.mean(prompt_tokens),
                      "reward": "stand-in: crc32 of the completion's text & 1"},
         "recipe": QWEN_RECIPE, "warmup_steps": warmup, "timed_steps": len(timed_metrics),
@@ -548,7 +548,7 @@ def part_qwen(part: str, args, device: str, previous: dict) -> dict:
         "trained_tokens_per_second": sum(tokens) / sum(m["time/update"] for m in timed_metrics),
         "chapter9_prediction_bytes": prediction(P, run.models.policy),
         "state_bytes": held,
-        "rollout_logits_bytes": N * config.max_completion_length * shape["vocab_size"] * 4,
+        "rollout_logits_bytes": N * config.rollout.max_completion_length * shape["vocab_size"] * 4,
         "allocated_after_step_bytes": torch.cuda.memory_allocated() if memory.cuda else None,
         "peak_memory_allocated_bytes": peak_timed, "peak_memory_reserved_bytes": memory.peak_reserved(),
         "peak_memory_before_timed_bytes": seen.get("peak_before"),

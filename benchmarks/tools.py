@@ -179,7 +179,7 @@ def parse_runs(values: list[str] | None, variants, seeds) -> list[tuple[str, int
 
 def write(args) -> None:
     out = Path(args.out)
-    model, tokenizer = load_policy(policy_source(TrainConfig.from_toml(CONFIG).model))
+    model, tokenizer = load_policy(policy_source(TrainConfig.from_toml(CONFIG).run.model))
     before = {variant: measure(model, tokenizer, config_for(variant, 0, args.steps, "unused"))
               for variant in ("tool", "no_tool")}
     runs = []

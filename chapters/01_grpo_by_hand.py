@@ -606,9 +606,9 @@ print(f"{'key':<22} {'R1':>10} {'r1-recipe-tiny':>15}")
 for key, r1_value in r1_as_keys.items():
     ours = getattr(tiny_r1, key)
     print(f"{key:<22} {r1_value:>10g} {ours:>15g}   {'' if ours == r1_value else 'changed'}".rstrip())
-drawn = tiny_r1.steps * tiny_r1.prompts_per_step
-print(f"steps: {tiny_r1.steps} rollouts = {tiny_r1.steps * tiny_r1.num_mini_batches} optimizer steps, "
-      f"{drawn:,} prompts drawn, {drawn * tiny_r1.num_generations:,} completions")
+drawn = tiny_r1.optimisation.steps * tiny_r1.rollout.prompts_per_step
+print(f"steps: {tiny_r1.optimisation.steps} rollouts = {tiny_r1.optimisation.steps * tiny_r1.optimisation.num_mini_batches} optimizer steps, "
+      f"{drawn:,} prompts drawn, {drawn * tiny_r1.rollout.num_generations:,} completions")
 
 # %% [markdown]
 # The length limit shrinks because a correct completion of the tiny task has at most ten

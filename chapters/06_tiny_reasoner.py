@@ -113,7 +113,7 @@ print(inspect.getsource(trainer.loop))
 # Each pass of the `while` loop is one training step, and one training step is one rollout.
 # Read it from the top:
 #
-# - `run.rollouts.next(run)` does steps 1 to 4: prompts, completions, rewards, advantages. It
+# - `run.rollouts.next(step)` does steps 1 to 4: prompts, completions, rewards, advantages. It
 #   returns `flight`, the scored batch and its plan of mini-batches.
 # - `add_logprobs` (step 5) adds the reference's log-probs, for the KL term. With more than one
 #   optimizer step per rollout, it adds pi_old's too.
@@ -156,10 +156,10 @@ print(inspect.getsource(trainer.loop))
 #
 # <details><summary>How we know</summary>
 #
-# This book: `grpo_edu/training/config.py` documents `ref_sync_steps` as "every K training steps
+# This book: `grpo_edu/config/sections.py` documents `ref_sync_steps` as "every K training steps
 # (rollouts)", and `grpo_edu/training/placement.py` (`Models.sync_reference`) averages the
 # parameters in place. `grpo_edu/commands/trl_bridge.py` hands TRL `ref_sync_steps` x K as its
-# `ref_model_sync_steps`. `grpo_edu/training/config_rules.py` refuses `ref_sync_steps` with
+# `ref_model_sync_steps`. `grpo_edu/config/rules.py` refuses `ref_sync_steps` with
 # LoRA adapters, and a `ref_mixup_alpha` other than 1 with no reference to move.
 #
 # TRL 1.16.0, read in its installed source: `trl/trainer/callbacks.py` (`SyncRefModelCallback`)
@@ -251,10 +251,10 @@ print(f"token positions per forward: transformers {padded} (128 rows x {ids.shap
 config = TrainConfig.from_toml(home.path("configs/cpu-tiny.toml"),
                                ["steps=200", "eval_every=50", "checkpoint_every=0", "progress=false",
                                 "output_dir='runs/chapter-6'"])
-print(f"B = {config.prompts_per_step}, G = {config.num_generations}, lr = {config.learning_rate:g} "
-      f"({config.lr_schedule}), "
-      f"beta = {config.beta}, epsilon = {config.epsilon}, loss_type = {config.loss_type!r}, "
-      f"advantages: {config.advantage_std} std, rewards = {config.rewards}")
+print(f"B = {config.rollout.prompts_per_step}, G = {config.rollout.num_generations}, lr = {config.optimisation.learning_rate:g} "
+      f"({config.optimisation.lr_schedule}), "
+      f"beta = {config.loss.beta}, epsilon = {config.loss.epsilon}, loss_type = {config.loss.loss_type!r}, "
+      f"advantages: {config.advantages.advantage_std} std, rewards = {config.run.rewards}")
 result = trainer.train(config)
 summary = result.summary
 print(f"held-out greedy accuracy: {summary['start_accuracy']:.4f} -> {summary['final_accuracy']:.4f} "
@@ -265,7 +265,7 @@ for step, accuracy in summary["eval_curve"]:
 # %%
 from grpo_edu.book.plots import plot_run
 
-figure = plot_run(config.output_dir, start_accuracy=summary["start_accuracy"])
+figure = plot_run(config.logging.output_dir, start_accuracy=summary["start_accuracy"])
 
 # %% [markdown]
 # Read the run from the top. The trainer first evaluates the starting policy: 0.4180, as
@@ -477,7 +477,7 @@ print(f"the same final weights, bit for bit: {same_weights}")
 #
 #    <details><summary>Answer</summary>
 #
-#    `run.rollouts.next(run)` samples, scores and computes the advantages (steps 1 to 4).
+#    `run.rollouts.next(step)` samples, scores and computes the advantages (steps 1 to 4).
 #    `run.optimise` changes the weights (step 6).
 #
 #    </details>

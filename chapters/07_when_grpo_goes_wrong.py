@@ -271,14 +271,14 @@ config = lab.RUNS["healthy"].config(f"{ROOT}/unused")
 config = type(config).from_dict({**config.to_dict(), "max_completion_length": 48, "temperature": 1.5})
 engine = placement.make_engine(config, placement.build_models(config, World(), policy), tokenizer)
 torch.manual_seed(0)
-samples = tasks.make_dataset("arithmetic", n=config.prompts_per_step, split="train", seed=0)
+samples = tasks.make_dataset("arithmetic", n=config.rollout.prompts_per_step, split="train", seed=0)
 rollout = rollouts.roll_out(config, samples, tokenizer, engine)
 lengths = rollout.completion_mask.sum(-1).double()
 print(f"completion lengths at T = 1.5, L = 48: min {lengths.min():.0f}, median {lengths.median():.0f}, "
       f"max {lengths.max():.0f} tokens")
 for length in (int(lengths.min()), int(lengths.median()), int(lengths.max())):
     print(f"  a {length:>2}-token wrong answer (advantage -1): grpo puts {-1 / length:+.4f} on each token, "
-          f"dr_grpo {-1 / config.max_completion_length:+.4f}")
+          f"dr_grpo {-1 / config.rollout.max_completion_length:+.4f}")
 
 # %% [markdown]
 # ## 4. The KL coefficient
@@ -543,7 +543,7 @@ for name, result in results.items():
 print(f"\n{sum(ok for _, ok in rows)} of {len(rows)} runs diagnosed as expected; detectors: {', '.join(DETECTORS)}")
 
 # %% [markdown]
-# Each threshold sits in `grpo_edu/training/diagnose.py`, beside the measurement that sets it.
+# Each threshold sits in `grpo_edu/doctor/diagnose.py`, beside the measurement that sets it.
 # Run the doctor on your own runs: `grpo-edu doctor runs/cpu-tiny`.
 #
 # <details><summary>How we know</summary>

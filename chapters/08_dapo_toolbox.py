@@ -386,7 +386,7 @@ print("punishment at L = 9, c = 2, by length", dict(zip(lengths.tolist(),
 #
 # `benchmarks/overlong.py` ran the default run (configs/cpu-tiny.toml: accuracy 1.0, format
 # 0.5) at L = 9 and at L = 13 for 150 steps, seeds 0, 1 and 2, and wrote `benchmarks/results/overlong.json`,
-# which the cell below reads. The punishment is `grpo_edu.training.scoring.soft_overlong_punishment`,
+# which the cell below reads. The punishment is `grpo_edu.environment.rewards.soft_overlong_punishment`,
 # added to the reward with weight 1.
 #
 # </details>

@@ -61,6 +61,7 @@ from grpo_edu.environment import tasks
 from grpo_edu.runtime import distributed
 from grpo_edu.runtime import precision
 from grpo_edu.training import placement, rollouts, scoring, trainer, update
+from grpo_edu.training.plan import Plan, optimizer_steps_per_rollout, plan_mini_batches
 from grpo_edu.algorithm.advantages import group_advantages, zero_std_groups
 from grpo_edu.config import TrainConfig
 from grpo_edu.runtime.distributed import World
@@ -104,9 +105,9 @@ print(inspect.getsource(World.shard))
 
 # %%
 config = TrainConfig.from_toml(home.path("configs/cpu-tiny.toml"))
-B, G, N = config.prompts_per_step, config.num_generations, 2
-pool = tasks.make_dataset(config.task, n=tasks.TRAIN_POOL, split="train", seed=0)
-first_step = rollouts.sample_prompts(config, trainer.TrainState(prompt_rng=random.Random(config.seed)), pool)
+B, G, N = config.rollout.prompts_per_step, config.rollout.num_generations, 2
+pool = tasks.make_dataset(config.run.task, n=tasks.TRAIN_POOL, split="train", seed=0)
+first_step = rollouts.sample_prompts(B, random.Random(config.run.seed), pool)
 for rank in range(N):
     share = World(rank=rank, size=N).shard(B)
     print(f"rank {rank}: prompts {share.start}..{share.stop - 1}, rows {share.start * G}..{share.stop * G - 1}: "
@@ -131,7 +132,7 @@ except ValueError as error:
 # After sampling, each rank scores its own completions. The rewards are then gathered, so that
 # every rank holds all B x G of them. The advantages (batch-level std included), the
 # mini-batch plan and the zero-std filter are computed from the whole batch, the same on every
-# rank (`scoring.score`, `scoring.Plan`).
+# rank (`scoring.score`, `plan.Plan`).
 
 # %% [markdown]
 # ## The normaliser pitfall, with numbers
@@ -224,14 +225,14 @@ _ = compare(kept, uneven)
 # %% [markdown]
 # The fix is in the "global" column, and it is the trainer's. Every rank divides by the
 # **whole** mini-batch's counts. It knows them, because the completion lengths are gathered
-# with the rewards (`scoring.LossTotals`). And it multiplies its part by N, because DDP
+# with the rewards (`plan.LossTotals`). And it multiplies its part by N, because DDP
 # averages. `grpo_loss` takes the counts as `num_items` and `num_completions`. With them, the
 # ranks' parts add up to the 1-process loss, and their averaged gradient is the 1-process
 # gradient (the last column). With each rank's own counts, `grpo`'s loss even changed sign.
 # These are the lines of the trainer that do it:
 
 # %%
-print(inspect.getsource(scoring.Plan.totals))
+print(inspect.getsource(Plan.totals))
 optimise_source = inspect.getsource(update.optimise)
 print("\n".join(line for line in optimise_source.splitlines() if "world.size).backward()" in line))
 
@@ -389,8 +390,8 @@ print(f"largest rank, fsdp2 / ddp: {fsdp2_total / ddp_total:.4f}")
 print("\n".join(line.strip() for line in inspect.getsource(distributed.init_world).splitlines()
                 if "init_process_group" in line or '"nccl"' in line))
 gpu = torch.device("cuda", 0)
-print(f"precision 'auto' on {gpu}: {precision.compute_dtype(config, gpu)}; on the CPU: "
-      f"{precision.compute_dtype(config, torch.device('cpu'))}")
+print(f"precision 'auto' on {gpu}: {precision.compute_dtype(config.run.precision, gpu)}; on the CPU: "
+      f"{precision.compute_dtype(config.run.precision, torch.device('cpu'))}")
 try:
     placement.check_engine_settings(config, gpu)
 except ValueError as error:
@@ -411,9 +412,9 @@ except ValueError as error:
 # %%
 def step_arithmetic(config, world_size):
     """What one training step of `config` is, on `world_size` ranks."""
-    B, G, L = config.prompts_per_step, config.num_generations, config.max_completion_length
+    B, G, L = config.rollout.prompts_per_step, config.rollout.num_generations, config.rollout.max_completion_length
     rank_shares = [World(rank=r, size=world_size).shard(B) for r in range(world_size)]
-    mini_batches = scoring.plan_mini_batches(config, torch.zeros(B, G))
+    mini_batches = plan_mini_batches(config, torch.zeros(B, G))
 
     def ranks_holding(prompts):
         return {r for r, share in enumerate(rank_shares) for p in prompts.tolist() if share.start <= p < share.stop}
@@ -422,7 +423,7 @@ def step_arithmetic(config, world_size):
         "completions per rank (B G / N)": B // world_size * G,
         "completions per step (B G)": B * G,
         "tokens per step, at most (B G L)": B * G * L,
-        "optimizer steps per rollout": update.optimizer_steps_per_rollout(config),
+        "optimizer steps per rollout": optimizer_steps_per_rollout(config),
         "prompts per mini-batch": len(mini_batches[0]),
         "ranks holding a mini-batch": max(len(ranks_holding(prompts)) for prompts in mini_batches),
     }
@@ -435,8 +436,8 @@ print(f"{'':<32}" + "".join(f"{name:>21}" for name in tables))
 for key in next(iter(tables.values())):
     print(f"{key:<32}" + "".join(f"{table[key]:>21,}" for table in tables.values()))
 h100 = configs["h100-8x"]
-print(f"\nconfigs/h100-8x.toml: device {h100.device!r}, precision {h100.precision!r}, "
-      f"engine {h100.engine!r}, parallelism {h100.parallelism!r}, model {h100.model!r}")
+print(f"\nconfigs/h100-8x.toml: device {h100.run.device!r}, precision {h100.run.precision!r}, "
+      f"engine {h100.run.engine!r}, parallelism {h100.run.parallelism!r}, model {h100.run.model!r}")
 
 # %% [markdown]
 # Read down a column. The chapter's config on 8 ranks gives each GPU 2 prompts, 16

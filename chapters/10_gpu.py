@@ -84,16 +84,16 @@ def show_claims(claims):
 # %%
 BOOKKEEPING = {"steps", "eval_every", "eval_size", "checkpoint_every", "output_dir", "threads"}
 SHOWN_ALWAYS = {"num_generations", "beta", "vllm_mode", "vllm_gpu_memory_utilization", "vllm_sleep_mode", "vllm_server_url"}
-keys = [f.name for f in dataclasses.fields(TrainConfig) if f.name in SHOWN_ALWAYS or (
-    f.name not in BOOKKEEPING and len({repr(getattr(c, f.name)) for c in configs.values()}) > 1)]
-widths = [2 + max(len(name), *(len(str(getattr(c, key))) for key in keys)) for name, c in configs.items()]
+keys = [key for key in TrainConfig.keys() if key in SHOWN_ALWAYS or (
+    key not in BOOKKEEPING and len({repr(c.value(key)) for c in configs.values()}) > 1)]
+widths = [2 + max(len(name), *(len(str(c.value(key))) for key in keys)) for name, c in configs.items()]
 print(f"{'key':<29}" + "".join(f"{name:>{width}}" for name, width in zip(configs, widths)))
 for key in keys:
-    print(f"{key:<29}" + "".join(f"{str(getattr(c, key)):>{width}}" for c, width in zip(configs.values(), widths)))
-different = [k for k in keys if getattr(configs["cpu-tiny"], k) != getattr(configs["gpu-1x"], k)]
+    print(f"{key:<29}" + "".join(f"{str(c.value(key)):>{width}}" for c, width in zip(configs.values(), widths)))
+different = [k for k in keys if configs["cpu-tiny"].value(k) != configs["gpu-1x"].value(k)]
 print(f"\ncpu-tiny -> gpu-1x changes: {', '.join(different)}")
 print(f"gpu-1x -> h100-8x changes: "
-      f"{', '.join(k for k in keys if getattr(configs['gpu-1x'], k) != getattr(configs['h100-8x'], k))}")
+      f"{', '.join(k for k in keys if configs['gpu-1x'].value(k) != configs['h100-8x'].value(k))}")
 
 # %% [markdown]
 # From the CPU tier to one GPU, the policy, the task, the loss and G stay. The device, the
@@ -239,8 +239,8 @@ print(f"\n1,000 updates of 1e-4: a bf16 weight {w_bf16.item():.4f}, a float32 we
 print("\nthe forward passes' dtype (precision.compute_dtype):")
 for setting in precision.PRECISIONS:
     config = TrainConfig.from_toml(home.path("configs/gpu-1x.toml"), [f"precision={setting}"])
-    print(f"  precision = {setting!r:<7} on cuda: {str(precision.compute_dtype(config, torch.device('cuda'))):<15}"
-          f"on the CPU: {precision.compute_dtype(config, torch.device('cpu'))}")
+    print(f"  precision = {setting!r:<7} on cuda: {str(precision.compute_dtype(config.run.precision, torch.device('cuda'))):<15}"
+          f"on the CPU: {precision.compute_dtype(config.run.precision, torch.device('cpu'))}")
 
 # %% [markdown]
 # In bf16 the 1e-6 update disappears, and so do a thousand updates of 1e-4: a weight of 1
@@ -397,7 +397,7 @@ print(f"\na copy of the float32 policy holds {reference_dtype}: {torch.finfo(ref
 # evaluation needs the trainer's state and the whole copy, with vLLM asleep.
 
 # %%
-GPU_MIB, SHARE = 81_559, configs["gpu-1x"].vllm_gpu_memory_utilization   # an H100 80GB, as nvidia-smi reports it
+GPU_MIB, SHARE = 81_559, configs["gpu-1x"].vllm.vllm_gpu_memory_utilization   # an H100 80GB, as nvidia-smi reports it
 GPU_BYTES = GPU_MIB * 2**20
 print(f"one H100 (80GB): {GPU_MIB:,} MiB = {GPU_BYTES / 1e9:.1f} GB (GB = 1e9 bytes); vLLM's share while awake: "
       f"{SHARE} = {SHARE * GPU_BYTES / 1e9:.1f} GB. Per GPU, in GB:\n")
@@ -495,7 +495,7 @@ print(f"\nthe reference's float32 copy LoRA does without, Qwen2.5-7B: {4 * sizes
 # weight with its adapter merged, W + (alpha / r) B A, under the base model's names
 # (`vllm_engine.named_weights`). So it samples from exactly the policy that trains.
 # `run_dir/model/` is a plain model too, adapters merged. Checkpoints hold the adapters only
-# (the base is `config.model`, loaded again on resume).
+# (the base is `config.run.model`, loaded again on resume).
 #
 # What a GPU measured: the Qwen-shaped steps above with LoRA, B x G x L = 8 x 8 x 256, with
 # random weights and nothing downloaded. The GPU was an NVIDIA H200, the only one lent to this
@@ -824,11 +824,11 @@ show_claims({
 #
 # def my_state_bytes(model, config, gpus):
 #     P = sum(p.numel() for p in model.parameters())            # a tied embedding counts once
-#     if not config.lora_rank:                                 # weights, gradients, AdamW: 16 bytes
-#         return (16 + (4 if config.beta > 0 else 0)) * P / gpus   # and the reference's 4 if beta > 0
-#     adapters = sum(config.lora_rank * (m.in_features + m.out_features)   # A (r, in) and B (out, r)
+#     if not config.lora.lora_rank:                                 # weights, gradients, AdamW: 16 bytes
+#         return (16 + (4 if config.loss.beta > 0 else 0)) * P / gpus   # and the reference's 4 if beta > 0
+#     adapters = sum(config.lora.lora_rank * (m.in_features + m.out_features)   # A (r, in) and B (out, r)
 #                    for name, m in model.named_modules()
-#                    if isinstance(m, torch.nn.Linear) and name.rsplit(".", 1)[-1] in config.lora_target_modules)
+#                    if isinstance(m, torch.nn.Linear) and name.rsplit(".", 1)[-1] in config.lora.lora_target_modules)
 #     return (4 * P + 16 * adapters) / gpus                    # the frozen base, the adapters; no reference
 #
 #

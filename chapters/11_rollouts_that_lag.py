@@ -83,7 +83,7 @@ def show_claims(claims):
 # The phase times below are the CPU tier's median seconds per step, measured in the
 # synchronous runs of section 3's benchmark. The timeline draws four steps both ways, with the
 # split the book's own code makes. The sampler's thread samples a rollout and scores it
-# (`grpo_edu/training/overlap.py`; `lagging.py` scores each rollout when it is sampled). The
+# (`grpo_edu/training/asynchronous.py` scores each rollout when it is sampled). The
 # trainer's thread only updates. So the overlapped step is the longer of rollout + scoring
 # and the update.
 #
@@ -91,7 +91,7 @@ def show_claims(claims):
 #
 # The phases are each run's `time/rollout`, `time/scoring` and `time/update` metrics, kept in
 # `benchmarks/results/lag.json`. The sampler thread's work ("sample + score rollout t + k") is
-# drawn in the docstring of `grpo_edu/training/overlap.py`.
+# drawn in the docstring of `grpo_edu/training/asynchronous.py`.
 #
 # </details>
 
@@ -100,7 +100,7 @@ synchronous = [r for r in runs if r["lag"] == 0]
 phase = {name: float(np.median([r["time_split"][name] for r in synchronous]))
          for name in ("rollout", "scoring", "update")}
 step_sync = sum(phase.values())
-# Overlapped: the sampler's lane samples and scores, the trainer's lane updates (overlap.py's split).
+# Overlapped: the sampler's lane samples and scores, the trainer's lane updates (asynchronous.py's split).
 step_overlap = max(phase["rollout"] + phase["scoring"], phase["update"])
 print("median seconds per step, the CPU tier's synchronous runs: "
       + ", ".join(f"{name} {seconds:.3f}" for name, seconds in phase.items()))
@@ -229,10 +229,10 @@ input_ids = torch.cat([rollout.prompt_ids, rollout.completion_ids], dim=1)
 attention = torch.cat([rollout.prompt_mask, rollout.completion_mask], dim=1)
 with torch.no_grad():
     now_logp = completion_logprobs(now, input_ids, attention, rollout.completion_mask,
-                                   temperature=config.temperature)
+                                   temperature=config.rollout.temperature)
 then_logp = rollout.sampler_logp
 r = torch.exp(now_logp - then_logp).where(mask, torch.ones_like(now_logp))
-print(f"{mask.shape[0]} completions ({len(samples)} prompts x G = {config.num_generations}), "
+print(f"{mask.shape[0]} completions ({len(samples)} prompts x G = {config.rollout.num_generations}), "
       f"{int(mask.sum())} tokens; r from {r[mask].min():.3f} to {r[mask].max():.3f}, "
       f"|log r| {(now_logp - then_logp)[mask].abs().mean():.3f} on average\n")
 row = int(mask.sum(-1).argmax())
@@ -529,7 +529,7 @@ for finding in diagnose(history_of(worst), config_of(worst)):
 #
 # <details><summary>How we know</summary>
 #
-# `grpo_edu/training/diagnose.py`: `stale_rollouts` returns None unless `old_logprobs` is
+# `grpo_edu/doctor/diagnose.py`: `stale_rollouts` returns None unless `old_logprobs` is
 # `"proximal"` with no `tis_cap` or `is_mask`, and `STALE_GAP` = 0.06 is documented there as
 # read off `benchmarks/lag.py`'s runs, the grid this chapter shows.
 #
@@ -757,7 +757,7 @@ ch11.check_sequence_weights(my_sequence_weights)
 #
 # <details><summary>Hint</summary>
 #
-# Follow `Overlapped.next` in `grpo_edu/training/rollouts.py`. How many rollouts are sampled
+# Follow `Overlapped.next` in `grpo_edu/training/asynchronous.py`. How many rollouts are sampled
 # before the first update, and how many updates start a rollout in the background? The
 # scoring is the sampler thread's work (section 1). A run no longer than its lag overlaps
 # nothing.

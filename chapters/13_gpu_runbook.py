@@ -106,7 +106,7 @@ print("grpo-edu doctor --gpu                      # CUDA, versions, vLLM's weigh
 # per parameter. The run then writes into its run directory:
 #
 # - `sampler_init/`: a float32 copy of the policy for a colocated vLLM engine to start from.
-#   It is written only where `config.model` is a hub id; from a folder on disk, vLLM starts
+#   It is written only where `config.run.model` is a hub id; from a folder on disk, vLLM starts
 #   from that folder.
 # - `checkpoints/`: one every `checkpoint_every` steps and one at the last step, of which the
 #   newest two are kept. Each holds the policy's and the reference's float32 weights and AdamW's
@@ -235,11 +235,11 @@ per_engine_tokens = {}
 for name in recipes:
     c = TrainConfig.from_toml(home.path(f"configs/{name}.toml"))
     gpus = 8 if name.endswith("8x") else 1
-    per_engine = c.prompts_per_step // gpus * c.num_generations
-    per_engine_tokens[name] = per_engine * c.max_completion_length
-    micro_batches = -(-per_engine // c.num_mini_batches // c.micro_batch_size)   # a last, smaller one counts
-    print(f"{name:<28}{gpus:>5}{c.prompts_per_step // gpus:>9,}{per_engine:>13,}{per_engine_tokens[name]:>14,}  "
-          f"{optimizer_steps_per_rollout(c):>6}{c.prompts_per_step * c.num_generations // c.num_mini_batches:>13,}"
+    per_engine = c.rollout.prompts_per_step // gpus * c.rollout.num_generations
+    per_engine_tokens[name] = per_engine * c.rollout.max_completion_length
+    micro_batches = -(-per_engine // c.optimisation.num_mini_batches // c.optimisation.micro_batch_size)   # a last, smaller one counts
+    print(f"{name:<28}{gpus:>5}{c.rollout.prompts_per_step // gpus:>9,}{per_engine:>13,}{per_engine_tokens[name]:>14,}  "
+          f"{optimizer_steps_per_rollout(c):>6}{c.rollout.prompts_per_step * c.rollout.num_generations // c.optimisation.num_mini_batches:>13,}"
           f"{micro_batches:>21}")
 qwen = sizes["Qwen2.5-0.5B"]
 share = TrainConfig.from_toml(home.path("configs/qwen2.5-0.5b-gsm8k-1x.toml")).vllm_gpu_memory_utilization
@@ -511,7 +511,7 @@ print(home.shown(gpu_results.stdout))
 # <details><summary>Hint</summary>
 #
 # Three questions per case. Does a colocated vLLM engine need `sampler_init/`? Only from a hub
-# id: `Path(policy_source(config.model)).exists()` (from `grpo_edu.policy.models`) is true for
+# id: `Path(policy_source(config.run.model)).exists()` (from `grpo_edu.policy.models`) is true for
 # a committed policy such as `"start"`. How many checkpoints are left? One every
 # `checkpoint_every` steps (0: none) and one at the last step, the newest `KEEP` of them
 # (`grpo_edu.training.checkpoint.KEEP`). What does one hold? The trained parameters' float32
@@ -534,17 +534,17 @@ print(home.shown(gpu_results.stdout))
 #
 # def my_run_disk(model, config):
 #     P = sum(p.numel() for p in model.parameters())          # a tied embedding counts once
-#     if config.lora_rank:                                   # the adapters train; no reference is built
-#         trained = sum(config.lora_rank * (m.in_features + m.out_features)
+#     if config.lora.lora_rank:                                   # the adapters train; no reference is built
+#         trained = sum(config.lora.lora_rank * (m.in_features + m.out_features)
 #                       for name, m in model.named_modules()
-#                       if isinstance(m, torch.nn.Linear) and name.rsplit(".", 1)[-1] in config.lora_target_modules)
+#                       if isinstance(m, torch.nn.Linear) and name.rsplit(".", 1)[-1] in config.lora.lora_target_modules)
 #         reference = 0
 #     else:
-#         trained, reference = P, (P if config.beta > 0 else 0)
-#     every = config.checkpoint_every
-#     written = {config.steps} | (set(range(every, config.steps + 1, every)) if every else set())
-#     from_hub = not Path(policy_source(config.model)).exists()
-#     colocated = config.engine == "vllm" and config.vllm_mode == "colocate"
+#         trained, reference = P, (P if config.loss.beta > 0 else 0)
+#     every = config.logging.checkpoint_every
+#     written = {config.optimisation.steps} | (set(range(every, config.optimisation.steps + 1, every)) if every else set())
+#     from_hub = not Path(policy_source(config.run.model)).exists()
+#     colocated = config.run.engine == "vllm" and config.vllm.vllm_mode == "colocate"
 #     return {"sampler_init": 4 * P if colocated and from_hub else 0,
 #             "checkpoints": min(KEEP, len(written)) * (12 * trained + 4 * reference),   # weights + 2 moments
 #             "model": 4 * P}                                 # float32, LoRA's adapters merged
@@ -598,34 +598,34 @@ ch13.check_run_disk(my_run_disk)
 #
 #
 # def my_rollout_numbers(config, gpus):
-#     prompts = config.prompts_per_step // gpus                 # this GPU's share of the prompts
-#     completions = prompts * config.num_generations
-#     per_step = completions // config.num_mini_batches       # its share of one mini-batch
+#     prompts = config.rollout.prompts_per_step // gpus                 # this GPU's share of the prompts
+#     completions = prompts * config.rollout.num_generations
+#     per_step = completions // config.optimisation.num_mini_batches       # its share of one mini-batch
 #     return {"prompts_per_engine": prompts, "completions_per_engine": completions,
-#             "completion_tokens_per_engine": completions * config.max_completion_length,
+#             "completion_tokens_per_engine": completions * config.rollout.max_completion_length,
 #             "optimizer_steps_per_rollout": optimizer_steps_per_rollout(config),
-#             "micro_batches_per_optimizer_step": -(-per_step // config.micro_batch_size)}   # rounded up
+#             "micro_batches_per_optimizer_step": -(-per_step // config.optimisation.micro_batch_size)}   # rounded up
 #
 #
 # ch13.check_rollout_numbers(my_rollout_numbers)
 # ```
 #
 # Where a GPU's share of the mini-batches is uneven, every GPU runs as many micro-batches as
-# the busiest one: `update.micro_batches` pads the others with forwards whose output is
+# the busiest one: `plan.micro_batches` pads the others with forwards whose output is
 # dropped, so that FSDP2's collectives line up. `ch13.rollout_numbers` counts it that way.
 #
 # </details>
 
 # %%
 def my_rollout_numbers(config, gpus):
-    prompts = config.prompts_per_step // gpus
-    completions = prompts * config.num_generations
+    prompts = config.rollout.prompts_per_step // gpus
+    completions = prompts * config.rollout.num_generations
     return {"prompts_per_engine": prompts, "completions_per_engine": completions,
-            "completion_tokens_per_engine": completions * config.max_completion_length,
+            "completion_tokens_per_engine": completions * config.rollout.max_completion_length,
             "optimizer_steps_per_rollout": optimizer_steps_per_rollout(config),
             "micro_batches_per_optimizer_step":   # the whole mini-batch, all GPUs together: fix me
-                -(-config.prompts_per_step * config.num_generations // config.num_mini_batches
-                  // config.micro_batch_size)}
+                -(-config.rollout.prompts_per_step * config.rollout.num_generations // config.optimisation.num_mini_batches
+                  // config.optimisation.micro_batch_size)}
 
 
 ch13.check_rollout_numbers(my_rollout_numbers)

@@ -60,7 +60,7 @@ def draw(path: Path = IMAGE) -> Path:
         accuracy = [run["start_accuracy"]] + [value for _, value in run["eval"]]
         axes.plot(steps, accuracy, marker="o", markersize=3, color=color, label=f"seed {run['seed']}")
     config = TrainConfig.from_toml(ROOT / "configs" / results["config"])
-    axes.set_xlabel(f"training step ({config.prompts_per_step} prompts x {config.num_generations} completions each)")
+    axes.set_xlabel(f"training step ({config.rollout.prompts_per_step} prompts x {config.rollout.num_generations} completions each)")
     axes.set_ylabel("held-out greedy accuracy")
     axes.set_ylim(0, 1)
     axes.set_xlim(0, results["steps"])

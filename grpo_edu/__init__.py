@@ -8,11 +8,14 @@ modules, one line each; a subpackage imports only those above it in this list):
     algorithm/    GRPO's maths as pure functions: advantages, log-probs, the loss and its
                   variants, off-policy corrections, the NumPy reference (the test oracle)
     policy/       the tiny model, its tokenizer and completion format; LoRA adapters
-    environment/  tasks with checkable answers, rule-based rewards, process supervision
-    sampling/     rollout engines: transformers' generate, the fused CPU engine, vLLM, an SGLang server
-    training/     the config, the loop and its stages (rollouts, scoring, update, metrics,
-                  evaluation), placement, episodes, lagged and overlapped rollouts, the doctor,
-                  checkpoints
+    environment/  tasks with checkable answers (each registered whole), rule-based rewards,
+                  process supervision
+    sampling/     rollout engines, each registered whole: transformers' generate, the fused CPU
+                  engine, vLLM, an SGLang server
+    config/       a run's config: its sections as types, their rules, config files on a base
+    doctor/       failure modes recognised from a run's metrics, live and after the run
+    training/     the loop and its stages (rollouts, scoring, the plan, update, metrics,
+                  evaluation), placement, episodes, lagged and overlapped rollouts, checkpoints
     lab/          the failure lab: its runs (chapter 7) and the bugs it injects into a run
     exercises/    a checker for each chapter's exercises
     widgets       the interactive explorers (folder widgets/, imported as grpo_edu.widgets)

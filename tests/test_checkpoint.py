@@ -218,11 +218,44 @@ def test_save_flushes_every_file_and_folder_around_each_rename(tmp_path, monkeyp
 # ------------------------------------------------------------------ killed at random moments
 
 # A forked copy of this process is a training process as `grpo-edu train` starts it,
-# without paying transformers' import (seconds) for each of the many restarts.
+# without paying transformers' import (seconds) for each of the many restarts. A request may
+# name `stop_at`: the child then stops itself (SIGSTOP) just before the stop_at-th operation of
+# checkpoint.save it reaches (a file written, flushed, renamed or removed), and the test kills it
+# there. Where such a kill lands is the test's choice, not the machine's timing: a slow or loaded
+# machine stops at the same operation as a fast one.
 FORK_SERVER = r"""
-import json, os, sys, traceback
+import json, os, signal, sys, traceback
 from grpo_edu.commands import cli
-from grpo_edu.training import trainer
+from grpo_edu.training import checkpoint, trainer
+
+
+def stop_before(stop_at):
+    # Count checkpoint.save's operations; stop this process before the stop_at-th.
+    count = [0]
+    original_save = checkpoint.save
+
+    def armed(function):
+        def operation(*args, **kwargs):
+            count[0] += 1
+            if count[0] == stop_at:
+                os.kill(os.getpid(), signal.SIGSTOP)
+            return function(*args, **kwargs)
+        return operation
+
+    def save(*args, **kwargs):
+        names = ((checkpoint.durable, "fsync"), (checkpoint.os, "replace"), (checkpoint.shutil, "rmtree"),
+                 (checkpoint, "save_file"))
+        originals = [(owner, name, getattr(owner, name)) for owner, name in names]
+        for owner, name, function in originals:
+            setattr(owner, name, armed(function))
+        try:
+            return original_save(*args, **kwargs)
+        finally:
+            for owner, name, function in originals:
+                setattr(owner, name, function)
+    checkpoint.save = save
+
+
 for line in sys.stdin:
     request = json.loads(line)
     pid = os.fork()
@@ -230,6 +263,8 @@ for line in sys.stdin:
         log = os.open(request["log"], os.O_WRONLY | os.O_CREAT | os.O_APPEND)
         os.dup2(log, 1)
         os.dup2(log, 2)
+        if request.get("stop_at"):
+            stop_before(request["stop_at"])
         try:
             code = cli.main(request["argv"])
         except BaseException:
@@ -238,16 +273,25 @@ for line in sys.stdin:
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(code)
-    print(pid, flush=True)
-    print(os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]), flush=True)
+    print(json.dumps({"pid": pid}), flush=True)
+    status = os.waitpid(pid, os.WUNTRACED)[1]
+    if os.WIFSTOPPED(status):
+        print(json.dumps({"stopped": pid}), flush=True)
+        status = os.waitpid(pid, 0)[1]
+    print(json.dumps({"exit": os.waitstatus_to_exitcode(status)}), flush=True)
 """
 
-# Steps enough that the killed run cannot finish before its 24 kills, on any machine: a
-# kill at the next checkpoint write lets it advance a step or two, a kill within 0.8 s
-# at most ~10 steps (at 40 steps/s on a quiet CPU), so 24 kills use at most ~130 steps.
+# Steps enough that the killed run cannot finish before its kills, on any machine: an aimed
+# kill lands within the first three checkpoint writes of its launch (one a step), a kill
+# within 0.8 s at most ~10 steps (at 40 steps/s on a quiet CPU), so 12 kills use at most ~80.
 SETTINGS = dict(model="start", steps=200, prompts_per_step=2, num_generations=4, max_completion_length=8,
                 checkpoint_every=1, eval_every=1000, eval_size=4, progress=False, threads=1)
 KILLS = 12
+# checkpoint.save's operations for one checkpoint, counted: 12 (the weight files written, each file and
+# the folders flushed, the renames, `latest` replaced), 13 past KEEP checkpoints (an old one removed).
+# An aimed kill stops before one of the first 3 x SAVE_OPERATIONS operations after its launch: within
+# its first three writes.
+SAVE_OPERATIONS = 13
 
 
 class ForkServer:
@@ -255,23 +299,31 @@ class ForkServer:
         self.process = subprocess.Popen([sys.executable, "-c", FORK_SERVER], cwd=cwd, text=True,
                                         stdin=subprocess.PIPE, stdout=subprocess.PIPE)
         self.lines = queue.Queue()
-        threading.Thread(target=lambda: [self.lines.put(int(line)) for line in self.process.stdout],
+        threading.Thread(target=lambda: [self.lines.put(json.loads(line)) for line in self.process.stdout],
                          daemon=True).start()
         self.running = None
 
-    def start(self, argv, log) -> int:
-        self.process.stdin.write(json.dumps({"argv": argv, "log": str(log)}) + "\n")
+    def start(self, argv, log, stop_at: int | None = None) -> int:
+        self.process.stdin.write(json.dumps({"argv": argv, "log": str(log), "stop_at": stop_at}) + "\n")
         self.process.stdin.flush()
-        self.running = self.lines.get(timeout=HANG_SECONDS)
+        self.running = self.lines.get(timeout=HANG_SECONDS)["pid"]
         return self.running
+
+    def stopped(self, timeout=None) -> bool:
+        """True once the child has stopped itself (an aimed kill's moment); False if it ended first."""
+        event = self.lines.get(timeout=timeout)
+        if "stopped" in event:
+            return True
+        self.lines.put(event)
+        return False
 
     def exit_code(self, timeout=None):
         try:
-            code = self.lines.get(timeout=timeout)
+            event = self.lines.get(timeout=timeout)
         except queue.Empty:
             return None
         self.running = None
-        return code
+        return event["exit"]
 
     def close(self):
         if self.running is not None and self.exit_code(timeout=0) is None:
@@ -335,47 +387,46 @@ def test_killed_at_random_moments_resumes_to_the_uninterrupted_weights(tmp_path)
 
 
 def _kill_and_resume(tmp_path):
-    """Start the run, SIGKILL it KILLS times or more (every other kill at a random moment of a
-    checkpoint write, until 5 have landed inside one), each time resuming it, then let it finish."""
+    """Start the run and SIGKILL it KILLS times, each time resuming it, then let it finish: every
+    other kill aimed inside a checkpoint write (the child stops itself before a chosen operation of
+    checkpoint.save), the others at a random moment anywhere (starting up, resuming, sampling,
+    updating, saving)."""
     server = ForkServer(tmp_path)
     run_dir, log = tmp_path / "killed", tmp_path / "killed.log"
     folder = run_dir / "checkpoints"
     rng = random.Random(0)
-    kills, target, started = [], 0, time.perf_counter()
+    kills, aimed, started = [], [], time.perf_counter()
     try:
         while True:
             steps = checkpoint.checkpoint_folders(folder) if folder.is_dir() else []
             before = _listing(folder)
-            pid = server.start(["train", "--resume", str(run_dir)] if steps else _train_argv(run_dir), log)
-            # KILLS kills, and more (up to twice as many) until 5 have landed inside a checkpoint
-            # write: where a kill lands depends on how fast this machine's disk syncs.
-            if len(kills) >= KILLS and (sum(map(bool, kills)) >= 5 or len(kills) >= 2 * KILLS):
+            argv = ["train", "--resume", str(run_dir)] if steps else _train_argv(run_dir)
+            if len(kills) == KILLS:
+                server.start(argv, log)
                 assert server.exit_code(timeout=HANG_SECONDS) == 0, log.read_text()[-3000:]
                 break
-            if len(kills) % 2 == 0:  # at a random moment of the next checkpoint write
-                target = max([target] + [checkpoint._step_of(p) for p in steps]) + 1
-                code = None
-                while code is None and not (folder / f".step-{target:06d}.tmp").exists():
-                    written = checkpoint.checkpoint_folders(folder) if folder.is_dir() else []
-                    if written and checkpoint._step_of(written[-1]) >= target:
-                        # that write began and ended between two looks (a fast step and disk): aim at the next
-                        target = checkpoint._step_of(written[-1]) + 1
-                    code = server.exit_code(timeout=0.001)
-                delay = rng.uniform(0.0, 0.08)
-            else:  # anywhere: starting up, resuming, sampling, updating, saving
-                code, delay = None, rng.uniform(0.0, 0.8)
-            code = code if code is not None else server.exit_code(timeout=delay)
-            assert code is None, f"the run ended (exit code {code}) before its kill:\n{log.read_text()[-3000:]}"
+            at_a_write = len(kills) % 2 == 0
+            stop_at = rng.randint(1, 3 * SAVE_OPERATIONS) if at_a_write else None
+            pid = server.start(argv, log, stop_at)
+            if at_a_write:
+                assert server.stopped(timeout=HANG_SECONDS), \
+                    f"the run ended before checkpoint.save's operation {stop_at}:\n{log.read_text()[-3000:]}"
+            else:
+                code = server.exit_code(timeout=rng.uniform(0.0, 0.8))
+                assert code is None, f"the run ended (exit code {code}) before its kill:\n{log.read_text()[-3000:]}"
             os.kill(pid, signal.SIGKILL)
             code = server.exit_code(timeout=HANG_SECONDS)
             assert code == -signal.SIGKILL, f"exit code {code}:\n{log.read_text()[-3000:]}"
             kills.append(_where_the_kill_landed(folder, before))
+            if at_a_write:
+                aimed.append((stop_at, kills[-1]))
     finally:
         server.close()
     seconds = time.perf_counter() - started
     inside = [where for where in kills if where]
     print(f"\n{len(kills)} kills in {seconds:.0f} s, {len(inside)} inside checkpoint.save: "
-          f"{dict(collections.Counter(inside))}")
+          f"{dict(collections.Counter(inside))}; aimed (operation, where): {aimed}")
     text = log.read_text()
     assert "Traceback" not in text and "grpo-edu train: " not in text, text[-3000:]
-    assert len(inside) >= 5
+    # every aimed kill landed inside a checkpoint write, whatever the machine's speed
+    assert len(aimed) == KILLS // 2 and all(where for _, where in aimed), aimed

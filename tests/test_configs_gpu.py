@@ -15,7 +15,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from grpo_edu.config import TrainConfig, _flatten_file, tomllib
+from grpo_edu.config import TrainConfig
+from grpo_edu.config.files import read_file, resolve
 from grpo_edu.training.plan import plan_mini_batches
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -67,12 +68,16 @@ def arithmetic_lines(config: TrainConfig, N: int) -> list[str]:
 
 
 @pytest.mark.parametrize("name", sorted(WORLD_SIZE))
-def test_every_key_is_in_the_file(name):
-    with open(ROOT / "configs" / name, "rb") as f:
-        keys = set(_flatten_file(tomllib.load(f), name))
-    fields = {f.name for f in dataclasses.fields(TrainConfig)}
-    assert fields - keys == set(), f"configs/{name} lacks keys {sorted(fields - keys)}"
-    assert keys - fields == set(), f"configs/{name} has unknown keys {sorted(keys - fields)}"
+def test_every_key_resolves_from_the_file_its_bases_or_the_defaults(name):
+    """The file lists what it changes; the resolved config has every key, each from the file, a
+    base it names (down to configs/cpu-tiny.toml) or the defaults."""
+    resolved = resolve(ROOT / "configs" / name)
+    assert set(resolved.config.to_dict()) == set(TrainConfig.keys())
+    chain = {str(path) for path in resolved.files}
+    assert str(ROOT / "configs" / "cpu-tiny.toml") in chain and str(ROOT / "configs" / name) in chain
+    assert set(resolved.sources.values()) <= chain | {"default"}
+    own, _ = read_file(ROOT / "configs" / name)
+    assert {key for key, source in resolved.sources.items() if source == str(ROOT / "configs" / name)} == set(own)
 
 
 @pytest.mark.parametrize("name", sorted(GPU_TIER))
@@ -100,7 +105,7 @@ def test_sglang_settings():
     assert (config.sglang.sglang_url, config.sglang.sglang_device, config.sglang.sglang_sleep, config.sglang.sglang_weight_sync) == \
         ("", "cuda", True, "tensor")
     assert config.sglang.sglang_deterministic and 0 < config.sglang.sglang_mem_fraction_static < 0.5
-    differ = {f.name for f in dataclasses.fields(TrainConfig) if getattr(config, f.name) != getattr(reference, f.name)}
+    differ = {key for key in TrainConfig.keys() if config.value(key) != reference.value(key)}
     assert differ == {"engine", "sglang_weight_sync", "sglang_sleep", "output_dir"}
     assert config.logging.output_dir == "runs/gpu-1x-sglang"
     assert "grpo-edu train --config configs/gpu-1x-sglang.toml" in text and "Not measured here" in text
@@ -306,11 +311,19 @@ def test_every_hub_recipe_leaves_room_for_the_reported_completion_lengths(name):
     """Each recipe's L is above the limit that cut most completions, leaves most of the reported
     length distribution below it, and its comment says why, with what is reported and the doctor
     that watches the share truncated."""
-    config, text = load(name)
+    config, _ = load(name)
     L = config.rollout.max_completion_length
     assert L > REPORTED_LIMIT and L >= 1.5 * REPORTED_MEDIAN and lognormal_share_above(L) < 0.1
-    comment = " ".join(" ".join(line.split("#", 1)[1].split()) for line in text.splitlines()
-                       if line.startswith("max_completion_length") or line.startswith(" " * 33 + "#"))
+    # the comment where L is set: this file, or the base it takes L from
+    text = Path(resolve(ROOT / "configs" / name).sources["max_completion_length"]).read_text()
+    lines = text.splitlines()
+    first = next(i for i, line in enumerate(lines) if line.startswith("max_completion_length"))
+    block = [lines[first]]
+    for line in lines[first + 1:]:
+        if not line.startswith(" " * 33 + "#"):
+            break
+        block.append(line)
+    comment = " ".join(" ".join(line.split("#", 1)[1].split()) for line in block)
     for said in ("median of ~274 tokens", "~57% of them", "cut at 256", "huggingface/trl issue #6263",
                  "not measured here" if config.run.task == "gsm8k" else "none was measured here",
                  "scores 0", "truncated_completions"):
@@ -327,21 +340,21 @@ def test_the_asynchronous_variant_is_the_one_gpu_config_with_the_sampler_one_rol
     import json
     sync, _ = load("gpu-1x.toml")
     lagged, text = load("gpu-1x-async.toml")
-    differ = {k for k, v in dataclasses.asdict(lagged).items() if v != getattr(sync, k)}
+    differ = {key for key in TrainConfig.keys() if lagged.value(key) != sync.value(key)}
     assert differ == {"prompts_per_step", "num_mini_batches", "steps", "rollout_lag", "rollout_overlap",
                       "vllm_sleep_mode", "eval_every", "checkpoint_every", "output_dir"}
     comments = " ".join(normalised_comments(text))
     for key in differ - {"output_dir"}:
         assert key in comments, f"the comments do not name {key}"
-    assert (lagged.rollout_lag, lagged.rollout_overlap, lagged.vllm_sleep_mode) == (1, True, False)
-    assert lagged.old_logprobs == "recomputed" and lagged.num_iterations * lagged.num_mini_batches == 1
+    assert (lagged.off_policy.rollout_lag, lagged.off_policy.rollout_overlap, lagged.vllm.vllm_sleep_mode) == (1, True, False)
+    assert lagged.off_policy.old_logprobs == "recomputed" and lagged.optimisation.num_iterations * lagged.optimisation.num_mini_batches == 1
 
     def optimizer_steps(c):
         return c.optimisation.steps * c.optimisation.num_iterations * c.optimisation.num_mini_batches
     assert optimizer_steps(lagged) == optimizer_steps(sync) == 1600
-    assert (lagged.prompts_per_step * lagged.num_generations // lagged.num_mini_batches
-            == sync.prompts_per_step * sync.num_generations // sync.num_mini_batches)
-    assert lagged.eval_every == sync.eval_every * sync.num_mini_batches   # the same optimizer steps apart
+    assert (lagged.rollout.prompts_per_step * lagged.rollout.num_generations // lagged.optimisation.num_mini_batches
+            == sync.rollout.prompts_per_step * sync.rollout.num_generations // sync.optimisation.num_mini_batches)
+    assert lagged.logging.eval_every == sync.logging.eval_every * sync.optimisation.num_mini_batches   # the same optimizer steps apart
     results = json.loads((ROOT / "benchmarks" / "results" / "lag.json").read_text())["runs"]
     at_1 = {name: sum(r["final_accuracy"] for r in results if (r["correction"], r["lag"]) == (name, 1))
             for name in {r["correction"] for r in results}}
@@ -357,19 +370,19 @@ def test_the_asynchronous_eight_gpu_variant_samples_in_the_background_on_every_r
     from statistics import mean
     sync, sync_text = load("h100-8x.toml")
     lagged, text = load("h100-8x-async.toml")
-    differ = {k for k, v in dataclasses.asdict(lagged).items() if v != getattr(sync, k)}
+    differ = {key for key in TrainConfig.keys() if lagged.value(key) != sync.value(key)}
     assert differ == {"rollout_lag", "rollout_overlap", "old_logprobs", "vllm_sleep_mode", "output_dir"}
     def prose(source):   # the comments as running text, without their '#'
         return " ".join(" ".join(line.split("#", 1)[1].split()) for line in source.splitlines() if "#" in line)
     comments = prose(text)
     for key in differ:
         assert key in comments, f"the comments do not name {key}"
-    assert (lagged.rollout_lag, lagged.rollout_overlap, lagged.vllm_sleep_mode) == (1, True, False)
-    assert (lagged.old_logprobs, lagged.tis_cap, lagged.parallelism) == ("proximal", 2.0, "fsdp2")
+    assert (lagged.off_policy.rollout_lag, lagged.off_policy.rollout_overlap, lagged.vllm.vllm_sleep_mode) == (1, True, False)
+    assert (lagged.off_policy.old_logprobs, lagged.off_policy.tis_cap, lagged.run.parallelism) == ("proximal", 2.0, "fsdp2")
     results = json.loads((ROOT / "benchmarks" / "results" / "lag.json").read_text())
     at_1 = {name: mean(r["final_accuracy"] for r in results["runs"] if (r["correction"], r["lag"]) == (name, 1))
             for name in ("tis", "clip")}
-    assert results["corrections"]["tis"] == {"old_logprobs": "proximal", "tis_cap": lagged.tis_cap}
+    assert results["corrections"]["tis"] == {"old_logprobs": "proximal", "tis_cap": lagged.off_policy.tis_cap}
     assert f"{len(results['seeds'])} seeds, k = 1) TIS ended at {at_1['tis']:.3f}" in comments
     assert f"the clip at {at_1['clip']:.3f}" in comments
     # The memory: 16 bytes per parameter sharded 8 ways plus the reference's 4 / 8 (fsdp2, from
@@ -377,10 +390,10 @@ def test_the_asynchronous_eight_gpu_variant_samples_in_the_background_on_every_r
     params, gpu = 7e9, 80
     N = WORLD_SIZE["h100-8x-async.toml"]
     sharded = params * (16 + 4) / N / 1e9
-    awake = lagged.vllm_gpu_memory_utilization * gpu
+    awake = lagged.vllm.vllm_gpu_memory_utilization * gpu
     copy = params * 4 / 1e9
     assert f"7e9 x (2 + 0.5) = {sharded:g} GB" in prose(sync_text)
-    assert (f"{sharded:g} GB (fsdp2, see configs/h100-8x.toml) + {lagged.vllm_gpu_memory_utilization} x {gpu} = "
+    assert (f"{sharded:g} GB (fsdp2, see configs/h100-8x.toml) + {lagged.vllm.vllm_gpu_memory_utilization} x {gpu} = "
             f"{awake:.1f} GB = {sharded + awake:.1f} GB per GPU before activations") in comments
     assert f"{sharded + awake + copy:.1f} GB while an evaluation holds its gathered float32 copy ({copy:g} GB)" in comments
     assert sharded + awake + copy < gpu

@@ -38,12 +38,15 @@ ALLOWED = {
     "policy": {"runtime"},
     "environment": {"runtime", "algorithm", "policy"},
     "sampling": {"runtime", "algorithm", "policy"},
-    "training": {"runtime", "algorithm", "policy", "environment", "sampling"},
-    "lab": {"runtime", "algorithm", "policy", "environment", "sampling", "training"},
+    "config": {"runtime", "algorithm", "policy", "environment", "sampling"},
+    "doctor": {"runtime"},
+    "training": {"runtime", "algorithm", "policy", "environment", "sampling", "config", "doctor"},
+    "lab": {"runtime", "algorithm", "policy", "environment", "sampling", "config", "doctor", "training"},
     "widgets": {"runtime", "algorithm"},
-    "exercises": {"runtime", "algorithm", "policy", "environment", "sampling", "training"},
-    "book": {"runtime", "algorithm", "policy", "environment", "sampling", "training", "widgets"},
-    "commands": {"runtime", "algorithm", "policy", "environment", "sampling", "lab", "training", "book"},
+    "exercises": {"runtime", "algorithm", "policy", "environment", "sampling", "config", "doctor", "training"},
+    "book": {"runtime", "algorithm", "policy", "environment", "sampling", "config", "doctor", "training", "widgets"},
+    "commands": {"runtime", "algorithm", "policy", "environment", "sampling", "config", "doctor", "lab", "training",
+                 "book"},
 }
 TOP_LEVEL = {"grpo_edu", "grpo_edu.__main__"}   # the version, and `python -m grpo_edu`
 
@@ -263,10 +266,6 @@ def report() -> str:
     return "\n".join(lines)
 
 
-if __name__ == "__main__":
-    sys.exit(print(report()))
-
-
 # Names whose branch would make the loop a variant's: ranks, processes, episodes, lag, overlap,
 # refills, supervision, adapters, engines. Those live in the stages the loop calls.
 VARIANT_NAMES = {"rank", "size", "distributed", "is_main", "environment", "episode", "max_turns", "rollout_lag",
@@ -304,3 +303,7 @@ def test_branch_names_sees_a_branch_on_a_variant():
             if run.config.off_policy.rollout_lag and run.world.is_main:
                 pass
     assert {"rollout_lag", "is_main", "step"} <= branch_names(looped)
+
+
+if __name__ == "__main__":
+    sys.exit(print(report()))

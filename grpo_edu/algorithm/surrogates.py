@@ -72,6 +72,9 @@ class Surrogate:
     loss(ratio, A, logp, settings) -> the per-token policy loss (N, S), before the mask
     metrics(ratio, A, unit_mean, settings) -> its own metrics (unit_mean: the mean over tokens,
         or over completions at the sequence level)
+    reductions: each of those metrics -> how it combines over micro-batches and ranks ("unit":
+        weighted by tokens, or by completions at the sequence level; "token", "sum", "min", "max";
+        grpo_edu.training.metrics)
     check(settings) -> None, or one line naming the setting that does not fit it
     trl_loss_type: TRL 1.16's loss_type for it when TRL names the surrogate that way ("cispo",
         which also fixes the aggregation), else None (TRL's loss_type names the aggregation)
@@ -79,6 +82,7 @@ class Surrogate:
 
     loss: Callable[..., torch.Tensor]
     metrics: Callable[..., dict[str, float]]
+    reductions: dict[str, str]
     check: Callable[..., None]
     trl_loss_type: str | None = None
 
@@ -86,10 +90,12 @@ class Surrogate:
 SURROGATES: dict[str, Surrogate] = {}
 
 
-def surrogate(name: str, *, metrics: Callable, check: Callable, trl_loss_type: str | None = None):
-    """@surrogate("name", metrics=..., check=...) registers a surrogate's loss with the rest of it."""
+def surrogate(name: str, *, metrics: Callable, reductions: dict[str, str], check: Callable,
+              trl_loss_type: str | None = None):
+    """@surrogate("name", metrics=..., reductions=..., check=...) registers a surrogate's loss with the
+    rest of it."""
     def register(loss: Callable) -> Callable:
-        SURROGATES[name] = Surrogate(loss, metrics, check, trl_loss_type)
+        SURROGATES[name] = Surrogate(loss, metrics, dict(reductions), check, trl_loss_type)
         return loss
     return register
 
@@ -114,7 +120,8 @@ def check_clip(settings) -> None:
                          f"= 'clip' has no cap: set surrogate = 'capped', or ratio_cap = 0")
 
 
-@surrogate("clip", metrics=clip_metrics, check=check_clip)
+@surrogate("clip", metrics=clip_metrics, check=check_clip,
+           reductions={"clip_ratio/low": "unit", "clip_ratio/high": "unit", "clip_ratio/region": "unit"})
 def clipped(ratio: torch.Tensor, A: torch.Tensor, logp: torch.Tensor, settings) -> torch.Tensor:
     """-min(rho A, clip(rho, 1 - epsilon, 1 + epsilon_high) A). Where the clipped term is
     smaller it wins the min, and it is constant in theta: those tokens get no policy gradient
@@ -142,7 +149,8 @@ def check_capped(settings) -> None:
         raise ValueError("surrogate = 'capped' needs ratio_cap, its largest weight: a finite number > 1, got 0")
 
 
-@surrogate("capped", metrics=capped_metrics, check=check_capped, trl_loss_type="cispo")
+@surrogate("capped", metrics=capped_metrics, check=check_capped, reductions={"ratio/capped": "unit"},
+           trl_loss_type="cispo")
 def capped(ratio: torch.Tensor, A: torch.Tensor, logp: torch.Tensor, settings) -> torch.Tensor:
     """-sg(min(rho, ratio_cap)) A log pi: the weight is a constant, the gradient flows through
     log pi only."""

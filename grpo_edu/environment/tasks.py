@@ -487,12 +487,13 @@ def training_pool_size(task: str, size: int = TRAIN_POOL) -> int:
     return min(size, len(pool("train"))) if pool is not None else size
 
 
-def task_pools(task: str, data, eval_size: int, tokenizer) -> tuple[list[dict], list[dict]]:
-    """A training run's problems: the registered task `task`'s pool the prompts are drawn from,
+def task_pools(config, tokenizer) -> tuple[list[dict], list[dict]]:
+    """A training run's problems (config: a grpo_edu.config.TrainConfig, of which its task, its
+    data section and eval_size are read): the registered task's pool the prompts are drawn from,
     and its held-out problems (the first eval_size of the test split), with their prompts as the
-    policy reads them (data: the config's data section; the task's instruction added when
-    data.task_instruction, then inside the tokenizer's chat template when data.chat_template).
-    A task read from files reads data.dataset."""
+    policy reads them (the task's instruction added when task_instruction, then inside the
+    tokenizer's chat template when chat_template). A task read from files reads `dataset`."""
+    task, data, eval_size = config.run.task, config.data, config.logging.eval_size
     registered = task_named(task)
     if registered.load is not None:
         train_pool = registered.load("train", data.dataset)

@@ -8,23 +8,11 @@ import numpy as np
 import torch
 
 from grpo_edu.algorithm.advantages import zero_std_groups
-from grpo_edu.exercises.checking import CheckResult, run_cases
+from grpo_edu.exercises.checking import CheckResult, as_bools, as_numbers, run_cases
 from grpo_edu.algorithm.aggregation import aggregation_weights
 from grpo_edu.algorithm.loss import grpo_loss
 
 F64 = torch.float64
-
-
-def _numbers(value) -> np.ndarray:
-    if isinstance(value, torch.Tensor):
-        return value.detach().to(F64).numpy()
-    return np.asarray(value, dtype=np.float64)
-
-
-def _bools(value) -> np.ndarray:
-    if isinstance(value, torch.Tensor):
-        return value.detach().numpy()
-    return np.asarray(value)
 
 
 def _mask(lengths) -> torch.Tensor:
@@ -50,7 +38,7 @@ def check_token_weights(fn: Callable) -> CheckResult:
         for description, lengths, max_length in TOKEN_WEIGHT_CASES:
             expected = aggregation_weights(_mask(lengths), loss_type, max_completion_length=max_length)[:, 0]
             cases.append((f"{loss_type}, {description}: lengths {lengths}, max_completion_length {max_length}",
-                          lambda n=lengths, t=loss_type, m=max_length: _numbers(fn(torch.tensor(n), t, m)),
+                          lambda n=lengths, t=loss_type, m=max_length: as_numbers(fn(torch.tensor(n), t, m)),
                           expected.numpy()))
     return run_cases("exercise 4.1 token weights", cases, atol=1e-12)
 
@@ -77,7 +65,7 @@ def check_informative_groups(fn: Callable) -> CheckResult:
     for description, rewards in _informative_cases():
         expected = ~zero_std_groups(rewards).numpy()
         cases.append((f"{description}: rewards {rewards.tolist()}",
-                      lambda r=rewards: _bools(fn(r.clone())), expected))
+                      lambda r=rewards: as_bools(fn(r.clone())), expected))
     return run_cases("exercise 4.2 the zero-std filter", cases)
 
 
@@ -105,6 +93,6 @@ def check_sequence_ratio(fn: Callable) -> CheckResult:
     for description, logp, old, mask in _sequence_cases():
         expected = grpo_loss(logp, old, torch.zeros(logp.shape[0], dtype=F64), mask,
                              importance_sampling_level="sequence").ratio[:, 0]
-        cases.append((description, lambda l=logp, o=old, m=mask: _numbers(fn(l.clone(), o.clone(), m.clone())),
+        cases.append((description, lambda l=logp, o=old, m=mask: as_numbers(fn(l.clone(), o.clone(), m.clone())),
                       expected.numpy()))
     return run_cases("exercise 4.3 the GSPO ratio", cases, atol=1e-12)

@@ -8,22 +8,10 @@ import numpy as np
 import torch
 
 from grpo_edu.algorithm import entropy_mask
-from grpo_edu.exercises.checking import CheckResult, run_cases
+from grpo_edu.exercises.checking import CheckResult, as_bools, as_numbers, run_cases
 from grpo_edu.environment.rewards import soft_overlong_punishment
 
 F64 = torch.float64
-
-
-def _numbers(value) -> np.ndarray:
-    if isinstance(value, torch.Tensor):
-        return value.detach().to(F64).numpy()
-    return np.asarray(value, dtype=np.float64)
-
-
-def _bools(value) -> np.ndarray:
-    if isinstance(value, torch.Tensor):
-        return value.detach().cpu().numpy()
-    return np.asarray(value)
 
 
 # --------------------------------------------------------------------------- 8.1
@@ -43,7 +31,7 @@ def check_overlong_punishment(fn: Callable) -> CheckResult:
     overlong punishment of each completion: 0 up to L - c tokens, falling linearly to -1 at L,
     and -1 past it."""
     cases = [(f"{description}: lengths {lengths}",
-              lambda n=lengths, L=L, c=c: _numbers(fn(torch.tensor(n), L, c)),
+              lambda n=lengths, L=L, c=c: as_numbers(fn(torch.tensor(n), L, c)),
               soft_overlong_punishment(torch.tensor(lengths), L, c).numpy())
              for description, lengths, L, c in OVERLONG_CASES]
     return run_cases("exercise 8.1 the soft overlong punishment", cases, atol=1e-12)
@@ -88,7 +76,7 @@ def check_entropy_mask(fn: Callable) -> CheckResult:
             got = memo["value"]
             if not isinstance(got, (tuple, list)) or len(got) != 2:
                 raise TypeError(f"expected a pair (tau, keep), got {type(got).__name__}")
-            return float(got[0]) if part == 0 else _bools(got[1])
+            return float(got[0]) if part == 0 else as_bools(got[1])
 
         cases.append((f"{description}: tau", lambda call=call: call(0), tau))
         cases.append((f"{description}: keep", lambda call=call: call(1), keep.numpy()))

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Mapping
 
 import numpy as np
+import torch
 
 
 @dataclass
@@ -238,3 +239,19 @@ def check_labels(exercise: str, answers: Mapping[str, str], key: Mapping[str, st
             sign = signs.get(given)
             result.record(run, [f"not {given!r}" + (f": that would show {sign}, and {run} does not" if sign else "")])
     return result
+
+
+# --------------------------------------------------------------------------- a reader's tensors as arrays
+
+def as_numbers(value) -> np.ndarray:
+    """A reader's result (a tensor, an array or a list) as float64 numbers, ready to compare."""
+    if isinstance(value, torch.Tensor):
+        return value.detach().to(torch.float64).cpu().numpy()
+    return np.asarray(value, dtype=np.float64)
+
+
+def as_bools(value) -> np.ndarray:
+    """A reader's boolean result (a tensor, an array or a list) as an array, ready to compare."""
+    if isinstance(value, torch.Tensor):
+        return value.detach().cpu().numpy()
+    return np.asarray(value)

@@ -19,6 +19,7 @@ import statistics
 import torch
 
 from grpo_edu.algorithm.advantages import zero_std_groups
+from grpo_edu.algorithm.surrogates import SURROGATES
 from grpo_edu.training.batch import RolloutBatch
 from grpo_edu.runtime.distributed import World
 from grpo_edu.training.evaluation import wilson_interval
@@ -28,32 +29,42 @@ from grpo_edu.training.plan import Plan
 TIME_SPLIT = ("rollout", "scoring", "update")
 
 # How each of grpo_loss's metrics combines over micro-batches and ranks. "unit" is a token
-# mean at the token level and a completion mean at the sequence level (GSPO), as in TRL.
+# mean at the token level and a completion mean at the sequence level (GSPO), as in TRL. A
+# surrogate's own metrics (the clip's clip_ratio/*, the cap's ratio/capped) come with its
+# registration (grpo_edu.algorithm.surrogates): metric_reduction() adds them.
 METRIC_REDUCTION = {
     "loss": "sum", "policy_loss": "sum", "approx_kl": "token", "kl": "token",
-    "clip_ratio/low": "unit", "clip_ratio/high": "unit", "clip_ratio/region": "unit",
     "ratio/mean": "unit", "ratio/min": "min", "ratio/max": "max",
-    "ratio/capped": "unit", "tis/mean": "token", "tis/truncated": "token", "is/masked": "token",
+    "tis/mean": "token", "tis/truncated": "token", "is/masked": "token",
     "is_ratio/mean": "token", "is_ratio/min": "min", "is_ratio/max": "max",
 }
 
 
+def metric_reduction() -> dict[str, str]:
+    """METRIC_REDUCTION and every registered surrogate's own metrics."""
+    table = dict(METRIC_REDUCTION)
+    for entry in SURROGATES.values():
+        table.update(entry.reductions)
+    return table
+
+
 class MetricSums:
     """Accumulates grpo_loss's metrics of one optimizer step's micro-batches on this rank,
-    then reduces them over ranks the way METRIC_REDUCTION says."""
+    then reduces them over ranks the way metric_reduction() says."""
 
     def __init__(self, sequence_level: bool):
         self.sequence_level = sequence_level
-        self.sums: dict[str, float] = {key: 0.0 for key, how in METRIC_REDUCTION.items()
+        self.reduction = metric_reduction()
+        self.sums: dict[str, float] = {key: 0.0 for key, how in self.reduction.items()
                                        if how in ("sum", "token", "unit")}
         self.weights = {"token": 0.0, "unit": 0.0}
         self.seen: set[str] = set()
         self.extremes = {key: (math.inf if how == "min" else -math.inf)
-                         for key, how in METRIC_REDUCTION.items() if how in ("min", "max")}
+                         for key, how in self.reduction.items() if how in ("min", "max")}
 
     def add(self, metrics: dict[str, float], tokens: float, completions: float) -> None:
         unit = completions if self.sequence_level else tokens
-        for key, how in METRIC_REDUCTION.items():
+        for key, how in self.reduction.items():
             if key not in metrics:
                 continue
             if how == "sum":
@@ -74,8 +85,8 @@ class MetricSums:
         keys = list(self.sums)
         sums = world.reduce(torch.tensor([self.sums[k] for k in keys] + [self.weights["token"], self.weights["unit"]],
                                          dtype=torch.float64))
-        lows = [k for k, how in METRIC_REDUCTION.items() if how == "min"]
-        highs = [k for k, how in METRIC_REDUCTION.items() if how == "max"]
+        lows = [k for k, how in self.reduction.items() if how == "min"]
+        highs = [k for k, how in self.reduction.items() if how == "max"]
         low = world.reduce(torch.tensor([self.extremes[k] for k in lows], dtype=torch.float64), "min")
         high = world.reduce(torch.tensor([self.extremes[k] for k in highs], dtype=torch.float64), "max")
         tokens, units = float(sums[-2]), float(sums[-1])
@@ -84,7 +95,7 @@ class MetricSums:
         for i, key in enumerate(keys):
             if key not in seen:
                 continue
-            how = METRIC_REDUCTION[key]
+            how = self.reduction[key]
             out[key] = float(sums[i]) if how == "sum" else float(sums[i]) / (tokens if how == "token" else units)
         out.update({k: float(v) for k, v in zip(lows, low) if k in seen})
         out.update({k: float(v) for k, v in zip(highs, high) if k in seen})

@@ -124,7 +124,7 @@ def evaluate_run(trained: Trained, *, samples: int = 0, problems: int | None = N
     eval_size), as the trainer evaluates: greedy accuracy and format with 95% Wilson intervals,
     and with samples = k > 0, pass@1, pass@k and maj@k from k samples per problem."""
     config = trained.config
-    held_out = tasks.task_pools(config.run.task, config.data, config.logging.eval_size, trained.tokenizer)[1]
+    held_out = tasks.task_pools(config, trained.tokenizer)[1]
     if problems is not None:
         if not 1 <= problems <= len(held_out):
             raise TrainedModelError(f"--problems: expected 1 to {len(held_out)} (the run's held-out problems), "

@@ -237,7 +237,7 @@ def set_up(config: TrainConfig, *, advantage_fn: AdvantageFn | None = None, rewa
     models = build_models(config, world, policy, reference)
     optimizer, scheduler = make_optimizer(config, models.policy.parameters())
     engine = make_engine(config, models, tokenizer, world)
-    train_pool, held_out = tasks.task_pools(config.run.task, config.data, config.logging.eval_size, tokenizer)
+    train_pool, held_out = tasks.task_pools(config, tokenizer)
     sampler = Sampler(config, tokenizer, engine, models, world, train_pool, state.prompt_rng, reward_functions,
                       advantage_fn)
     run = Run(config, world, models, tokenizer, LossSettings.of(config), optimizer, scheduler, sampler, optimise,
