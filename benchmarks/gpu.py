@@ -526,7 +526,7 @@ def part_qwen(part: str, args, device: str, previous: dict) -> dict:
     held = distributed.memory_bytes(run.models.policy, run.optimizer)
     reference = run.models.reference
     held["reference"] = 0 if reference is None else sum(p.numel() * p.element_size() for p in reference.parameters())
-    prompt_tokens = [len(tokenizer(s["prompt"], add_special_tokens=False)["input_ids"]) for s in run.train_pool[:256]]
+    prompt_tokens = [len(tokenizer(s["prompt"], add_special_tokens=False)["input_ids"]) for s in run.sampler.train_pool[:256]]
     held["total"] = sum(held.values())
     tokens = [m["completion_length/mean"] * N for m in timed_metrics]
     seconds = [_step_seconds(m) for m in timed_metrics]

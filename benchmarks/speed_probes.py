@@ -187,9 +187,9 @@ def main(argv=None) -> int:
         kept: dict = {}
         optimise, rollout_next = run.optimise, run.rollouts.next
 
-        def keep_batch(config, models, optimizer, scheduler, batch, *rest, **options):
+        def keep_batch(config, settings, models, optimizer, scheduler, batch, *rest, **options):
             kept["batch"] = batch
-            return optimise(config, models, optimizer, scheduler, batch, *rest, **options)
+            return optimise(config, settings, models, optimizer, scheduler, batch, *rest, **options)
 
         def keep_rollout(*a, **k):
             kept["rollout"] = (a, k)

@@ -11,7 +11,9 @@ import pytest
 
 from grpo_edu.commands import cli
 from grpo_edu.config import TrainConfig
-from grpo_edu.config.files import read_file, resolve, show, tomllib
+from grpo_edu.config.files import read_file, show, tomllib
+
+resolve = TrainConfig.resolve
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIGS = sorted((ROOT / "configs").glob("*.toml"))

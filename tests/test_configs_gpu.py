@@ -16,7 +16,9 @@ import pytest
 import torch
 
 from grpo_edu.config import TrainConfig
-from grpo_edu.config.files import read_file, resolve
+from grpo_edu.config.files import read_file
+
+resolve = TrainConfig.resolve
 from grpo_edu.training.plan import plan_mini_batches
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -7,6 +7,7 @@ CLI test runs the documented command itself.
 
 import json
 import os
+import random
 import subprocess
 import sys
 from pathlib import Path
@@ -253,7 +254,7 @@ def test_every_tensor_handed_to_the_loss_is_on_the_trainers_device(tmp_path, mon
     config = TrainConfig(prompts_per_step=4, num_generations=4, max_completion_length=6, beta=0.04,
                          num_iterations=2, progress=False, threads=1, output_dir=str(tmp_path))
     from grpo_edu.environment import tasks
-    samples = rollouts.sample_prompts(config, trainer.TrainState(), tasks.make_dataset(n=20))
+    samples = rollouts.sample_prompts(config.rollout.prompts_per_step, random.Random(0), tasks.make_dataset(n=20))
     rollout = rollouts.roll_out(config, samples, tokenizer, HFEngine(policy, tokenizer))
     meta = World(device=torch.device("meta"))
     batch, plan = scoring.score(config, samples, rollout, tokenizer,

@@ -50,9 +50,9 @@ def run(tmp_path, name, reward=parity_reward, monkeypatch=None, **overrides):
     if monkeypatch is not None:
         original = update.optimise
 
-        def recording(config, models, optimizer, scheduler, batch, plan, world):
+        def recording(config, settings, models, optimizer, scheduler, batch, plan, world):
             seen.append((batch, plan))
-            return original(config, models, optimizer, scheduler, batch, plan, world)
+            return original(config, settings, models, optimizer, scheduler, batch, plan, world)
         monkeypatch.setattr(trainer, "optimise", recording)
     torch.manual_seed(0)
     policy, tokenizer = tiny(seed=0)
@@ -216,7 +216,7 @@ def test_the_training_doc_quotes_the_results_file():
     """The groups that carry a gradient per step, dropped and refilled, and the rollouts refilling took."""
     stored = grid_checks.results(RESULTS)
     readme = " ".join(grid_checks.TRAINING_DOC.read_text().split())
-    B = benchmark.config_for("keep", 0, 1, "unused").prompts_per_step
+    B = benchmark.config_for("keep", 0, 1, "unused").rollout.prompts_per_step
     for variant in ("drop", "refill", "keep-solved", "drop-solved", "refill-solved"):
         groups = [benchmark.differing_groups_per_step(r, B) for r in stored["runs"] if r["variant"] == variant]
         figure = f"{sum(groups) / len(groups):.1f} ({min(groups):.1f}-{max(groups):.1f})"

@@ -110,8 +110,10 @@ def test_the_threshold_is_numpys_quantile_over_the_real_tokens_of_every_part():
 def test_a_quantile_outside_0_1_is_refused(value):
     with pytest.raises(ValueError, match=r"top_entropy_quantile must be a number in \(0, 1\]"):
         entropy_mask.check_quantile(value)
-    # the config's rule is the module's own check (one rule, checked once), naming the key
-    with pytest.raises(ValueError, match=r"^config key 'top_entropy_quantile' must be a number in \(0, 1\]"):
+    # the config's rule is the module's own check (one rule, checked once), naming the key; a bool is
+    # refused before it, as the wrong type
+    message = "must be a float, got True" if value is True else r"must be a number in \(0, 1\]"
+    with pytest.raises(ValueError, match=rf"^config key 'top_entropy_quantile' {message}"):
         TrainConfig(top_entropy_quantile=value)
 
 
@@ -267,7 +269,7 @@ def test_the_trl_bridge_carries_the_quantile_and_refuses_it_across_micro_batches
                                          "takes the entropy quantile per micro-batch"):
         trl_bridge.grpo_config(TrainConfig(**ready, micro_batch_size=64), "unused")
     assert trl_bridge.grpo_config(TrainConfig(advantage_std="sample", micro_batch_size=64),
-                                  "unused").top_entropy_quantile == 1.0
+                                  "unused").loss.top_entropy_quantile == 1.0
 
 
 # --------------------------------------------------------------------------- benchmarks/entropy.py

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from grpo_edu.exercises import ch11
-from grpo_edu.training import rollouts
+from grpo_edu.training import asynchronous
 
 # ----------------------------------------------------------------- 11.1
 
@@ -100,33 +100,31 @@ class _Background:
 
 @pytest.mark.parametrize("steps, lag, overlap", [(10, 1, True), (50, 4, True), (5, 8, True), (4, 4, True),
                                                  (12, 3, False), (3, 5, False)])
-def test_run_seconds_is_how_the_rollout_sources_order_the_phases(monkeypatch, steps, lag, overlap):
-    """Drive Lagged and Overlapped as the trainer's loop does (next, update, after_update), with
-    sampling and updating priced by the phases: the wall time is the reference's."""
+def test_run_seconds_is_how_the_rollout_sources_order_the_phases(steps, lag, overlap):
+    """Drive Lagged and Overlapped as the trainer's loop does (next, update, after_update), over a
+    sampler that prices sampling and updating by the phases: the wall time is the reference's."""
     phase = {"rollout": 0.3, "scoring": 0.2, "update": 0.4}
     sample = phase["rollout"] + phase["scoring"]
     seconds = 0.0
 
-    def sample_alone(run, engine, models, world=None):
-        nonlocal seconds
-        seconds += sample
-        return SimpleNamespace(sampled_at=run.state.step)
+    class Sampler:   # what a source asks of its sampler: sample(step) and the models to sync from
+        models = None
 
-    monkeypatch.setattr(rollouts, "sample_rollout", sample_alone)
+        def sample(self, step, engine=None, models=None, world=None):
+            nonlocal seconds
+            seconds += sample
+            return SimpleNamespace(sampled_at=step)
+
     background = _Background()
-    source = rollouts.Overlapped(background) if overlap else rollouts.Lagged()
-    run = SimpleNamespace(config=SimpleNamespace(steps=steps, rollout_lag=lag), engine=None, models=None,
-                          state=SimpleNamespace(step=0, in_flight=[]))
-    sampled = 0
-    for _ in range(steps):
-        source.next(run)
+    source = (asynchronous.Overlapped(Sampler(), lag, steps, background) if overlap
+              else asynchronous.Lagged(Sampler(), lag, steps))
+    for step in range(steps):
+        source.next(step)
         beside = background.running
         seconds += max(sample, phase["update"]) if beside else phase["update"]
-        sampled += beside
-        source.after_update(run)
-        run.state.step += 1
+        source.after_update()
     assert seconds == pytest.approx(ch11.run_seconds(phase, steps, lag, overlap), abs=1e-12)
-    assert run.state.in_flight == []   # every rollout sampled was trained on
+    assert source.in_flight == []   # every rollout sampled was trained on
 
 
 def test_run_seconds_reports_an_answer_that_raises():

@@ -59,11 +59,12 @@ def test_a_fault_is_never_a_config_key_nor_a_trainer_argument(tmp_path):
 
 def test_apply_refuses_a_fault_the_config_makes_meaningless_and_injects_nothing_when_none(tmp_path):
     run_ = trainer.set_up(lab_config(tmp_path, beta=0.0), log=lambda line: None)
-    before = (run_.roll_out, run_.optimise, run_.advantage_fn, run_.models.reference_logprobs)
+    before = (run_.sampler.roll_out, run_.optimise, run_.sampler.advantage_fn, run_.models.reference_logprobs)
     with pytest.raises(ValueError, match="Faults.alias_reference: expected a run with a reference"):
         Faults(alias_reference=True).apply(run_)
     NONE.apply(run_)
-    assert (run_.roll_out, run_.optimise, run_.advantage_fn, run_.models.reference_logprobs) == before
+    assert (run_.sampler.roll_out, run_.optimise, run_.sampler.advantage_fn,
+            run_.models.reference_logprobs) == before
     assert run_.notes == {}
 
 

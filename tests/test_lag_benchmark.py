@@ -37,10 +37,10 @@ def test_the_results_file_holds_the_grid():
 
 def test_each_correction_is_the_config_it_says():
     configs = {name: lag.config_for(name, 4, 0, 10, "unused") for name in lag.CORRECTIONS}
-    assert configs["none"].old_logprobs == "proximal" and not configs["none"].tis_cap
-    assert configs["none"].is_mask == "none" and configs["clip"].old_logprobs == "recomputed"
-    assert configs["tis"].tis_cap == 2.0 and configs["token_mask"].is_mask == "token"
-    assert configs["sequence_mask"].is_mask == "sequence" and configs["sequence_mask"].is_mask_band == [0.8, 1.25]
+    assert configs["none"].off_policy.old_logprobs == "proximal" and not configs["none"].off_policy.tis_cap
+    assert configs["none"].off_policy.is_mask == "none" and configs["clip"].off_policy.old_logprobs == "recomputed"
+    assert configs["tis"].off_policy.tis_cap == 2.0 and configs["token_mask"].off_policy.is_mask == "token"
+    assert configs["sequence_mask"].off_policy.is_mask == "sequence" and configs["sequence_mask"].off_policy.is_mask_band == [0.8, 1.25]
     assert all(c.off_policy.rollout_lag == 4 and c.optimisation.steps == 10 for c in configs.values())
 
 

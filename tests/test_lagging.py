@@ -1,4 +1,4 @@
-"""Rollouts that lag (config.off_policy.rollout_lag, grpo_edu.training.lagging): the update trains on the rollout the
+"""Rollouts that lag (config key rollout_lag, grpo_edu.training.asynchronous): the update trains on the rollout the
 policy of k updates earlier sampled, with that policy as pi_old; k = 0 is the synchronous loop."""
 
 import json
@@ -6,7 +6,7 @@ import json
 import pytest
 import torch
 
-from grpo_edu.training import checkpoint, lagging, trainer
+from grpo_edu.training import asynchronous, checkpoint, trainer
 from grpo_edu.config import TrainConfig
 from test_trainer import _weights, count_digits, small_config, tiny
 
@@ -99,8 +99,8 @@ def test_an_in_flight_record_round_trips(tmp_path):
     run(tmp_path, "r", rollout_lag=1, stop_after=2)
     saved = torch.load(tmp_path / "r" / "checkpoints" / "step-000002" / "trainer_state.pt", weights_only=True)
     record = saved["in_flight"][0][0]
-    flight = lagging.from_record(record)
-    again = lagging.to_record(flight)
+    flight = asynchronous.from_record(record)
+    again = asynchronous.to_record(flight)
     assert again["samples"] == record["samples"] and again["sampled_at"] == record["sampled_at"] == 1
     for key, value in record["batch"].items():
         assert (value is None and again["batch"][key] is None) or torch.equal(value, again["batch"][key])
@@ -110,6 +110,6 @@ def test_an_in_flight_record_round_trips(tmp_path):
 def test_resuming_a_lagged_run_on_another_number_of_processes_is_refused(tmp_path):
     class TwoRanks:
         size, rank, device = 2, 0, "cpu"
-    saved = {"in_flight": [[]], "sampled": 3, "step": 2}
+    source = asynchronous.Lagged(sampler=None, lag=1, steps=4)
     with pytest.raises(checkpoint.CheckpointError, match="written by 1 processes; resume on 1, got 2"):
-        checkpoint.restore_in_flight(saved, trainer.TrainState(), TwoRanks())
+        source.restore([[]], TwoRanks())

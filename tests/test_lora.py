@@ -71,9 +71,9 @@ def test_an_adapter_adds_alpha_over_r_times_b_a_to_its_layer():
     A, B = layer.lora_A["default"].weight, layer.lora_B["default"].weight
     assert A.shape == (4, 64) and B.shape == (32, 4) and layer.scaling["default"] == 2.0
     x = torch.randn(3, 64)
-    by_hand = x @ base.run.model.layers[0].mlp.down_proj.weight.T + 2.0 * (x @ A.T) @ B.T
+    by_hand = x @ base.model.layers[0].mlp.down_proj.weight.T + 2.0 * (x @ A.T) @ B.T
     torch.testing.assert_close(layer(x), by_hand, rtol=0, atol=1e-6)
-    torch.testing.assert_close(lora.effective_weight(layer), base.run.model.layers[0].mlp.down_proj.weight + 2.0 * B @ A,
+    torch.testing.assert_close(lora.effective_weight(layer), base.model.layers[0].mlp.down_proj.weight + 2.0 * B @ A,
                                rtol=0, atol=1e-7)
 
 

@@ -533,7 +533,9 @@ def test_each_registry_is_what_the_settings_may_name():
     assert tuple(surrogates.RATIO_LEVELS) == ("token", "sequence")
     assert tuple(surrogates.SURROGATES) == ("clip", "capped")
     assert tuple(offpolicy.CORRECTIONS) == ("tis", "token_mask", "sequence_mask")
-    assert LossSettings(ratio_cap=2.0).surrogate == "capped" and LossSettings().surrogate == "clip"
+    assert LossSettings(surrogate="capped", ratio_cap=2.0).surrogate == "capped" and LossSettings().surrogate == "clip"
+    for entry in surrogates.SURROGATES.values():   # whole: its loss, metrics and their reductions, check
+        assert callable(entry.loss) and callable(entry.metrics) and callable(entry.check) and entry.reductions
     assert [LossSettings(tis_cap=2.0).correction.kind, LossSettings(is_mask="token").correction.kind,
             LossSettings(is_mask="sequence").correction.kind, LossSettings().correction.kind] == \
         ["tis", "token_mask", "sequence_mask", None]
@@ -544,7 +546,7 @@ def test_each_registry_is_what_the_settings_may_name():
 def test_a_new_loss_type_is_one_registered_function(monkeypatch):
     """Registering divisors is all a loss type takes: grpo_loss, aggregate and the weights use it."""
     from grpo_edu.algorithm import aggregation
-    monkeypatch.setitem(aggregation.AGGREGATIONS, "sum", lambda mask, counts: (None, 1.0))
+    monkeypatch.setitem(aggregation.AGGREGATIONS, "sum", aggregation.Aggregation(lambda mask, counts: (None, 1.0)))
     torch.manual_seed(0)
     logp = -torch.rand(2, 3, 5, dtype=F64, requires_grad=True)
     mask = torch.ones(2, 3, 5, dtype=torch.bool)
@@ -558,14 +560,17 @@ def test_a_new_surrogate_is_one_registered_function(monkeypatch):
     """A surrogate without the clip (the plain ratio, -rho A) gives, at rho = 1, the clip's loss
     and gradient; off-policy, the gradient the clip would cut."""
     from grpo_edu.algorithm import surrogates
-    monkeypatch.setitem(surrogates.SURROGATES, "plain", lambda ratio, A, logp, settings: -ratio * A)
-    monkeypatch.setattr(LossSettings, "surrogate", property(lambda self: "plain"))
+    monkeypatch.setitem(surrogates.SURROGATES, "plain", surrogates.Surrogate(
+        lambda ratio, A, logp, settings: -ratio * A, metrics=lambda ratio, A, unit_mean, settings: {"plain": 1.0},
+        reductions={"plain": "unit"}, check=lambda settings: None))
     torch.manual_seed(1)
     logp = -torch.rand(2, 4, 6, dtype=F64)
     advantages = torch.randn(2, 4, dtype=F64)
     mask = torch.ones(2, 4, 6, dtype=torch.bool)
     plain = logp.clone().requires_grad_(True)
-    grpo_loss(plain, logp, advantages, mask, epsilon=0.01).loss.backward()
+    out = grpo_loss(plain, logp, advantages, mask, epsilon=0.01, surrogate="plain")
+    out.loss.backward()
+    assert out.metrics["plain"] == 1.0 and "clip_ratio/region" not in out.metrics
     monkeypatch.undo()
     clipped = logp.clone().requires_grad_(True)
     grpo_loss(clipped, logp, advantages, mask, epsilon=0.01).loss.backward()

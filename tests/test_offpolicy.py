@@ -129,7 +129,7 @@ def test_the_capped_surrogate_by_hand(loss_type):
     old = (logp.detach() + 0.5 * torch.randn(logp.shape, generator=torch.Generator().manual_seed(9),
                                              dtype=torch.float64)).clamp(max=-0.01)
     cap = 1.3
-    out = grpo_loss(logp, old, A, mask, ref_logp=ref, beta=0.04, loss_type=loss_type, ratio_cap=cap)
+    out = grpo_loss(logp, old, A, mask, ref_logp=ref, beta=0.04, loss_type=loss_type, surrogate="capped", ratio_cap=cap)
     expected = by_hand(logp, old, sampler, ref, mask, A, loss_type=loss_type, cap=cap, weight=lambda i, t, r: 1.0)
     assert out.loss.item() == pytest.approx(expected, abs=1e-12)
     rho = torch.exp(logp.detach() - old)[mask]
@@ -143,13 +143,14 @@ def test_the_capped_surrogate_keeps_the_gradient_the_clip_removes():
     the clip with a positive advantage gets none from the clip, and min(ratio, cap) x A x grad log pi
     from the cap."""
     logp, _, _, _, mask, A = batch()
-    on = {cap: torch.autograd.grad(grpo_loss(logp, logp.detach(), A, mask, ratio_cap=cap).loss, logp)[0]
-          for cap in (0.0, 2.0)}
-    torch.testing.assert_close(on[0.0], on[2.0], rtol=1e-12, atol=1e-15)
+    on = {name: torch.autograd.grad(grpo_loss(logp, logp.detach(), A, mask, surrogate=name, **options).loss, logp)[0]
+          for name, options in (("clip", {}), ("capped", {"ratio_cap": 2.0}))}
+    torch.testing.assert_close(on["clip"], on["capped"], rtol=1e-12, atol=1e-15)
     A = torch.ones(4, dtype=torch.float64)
     old = logp.detach() - 0.5   # every ratio e^0.5 = 1.65, past the clip's 1.2
     clipped = torch.autograd.grad(grpo_loss(logp, old, A, mask, loss_type="bnpo").loss, logp)[0]
-    capped = torch.autograd.grad(grpo_loss(logp, old, A, mask, loss_type="bnpo", ratio_cap=1.5).loss, logp)[0]
+    capped = torch.autograd.grad(grpo_loss(logp, old, A, mask, loss_type="bnpo", surrogate="capped",
+                                           ratio_cap=1.5).loss, logp)[0]
     far = mask   # every ratio is e^0.5
     assert torch.equal(clipped[far], torch.zeros_like(clipped[far]))
     torch.testing.assert_close(capped[far], torch.full_like(capped[far], -1.5 / float(mask.sum())), rtol=1e-12,
@@ -172,8 +173,8 @@ def test_correction_weights_are_one_on_padding_and_carry_no_gradient():
     ({"is_mask": "sequence", "old_logprobs": "sampler"},
      "config key 'is_mask' ('sequence') needs old_logprobs = 'recomputed' or 'proximal'"),
     ({"tis_cap": 2.0, "old_logprobs": "sampler"}, "config key 'tis_cap' needs old_logprobs = 'recomputed' or"),
-    ({"ratio_cap": 1.0}, "config key 'ratio_cap' must be 0 (the clipped surrogate) or a finite number > 1 (the capped "
-                         "surrogate's largest weight), got 1.0"),
+    ({"ratio_cap": 1.0}, "config key 'ratio_cap' must be 0 (unused: the clipped surrogate) or a finite number > 1 (the "
+                         "capped surrogate's largest weight), got 1.0"),
     ({"ratio_cap": math.inf}, "config key 'ratio_cap' must be 0"),
     ({"old_logprobs": "current"}, "config key 'old_logprobs' must be one of ('recomputed', 'sampler', 'proximal')"),
 ])
@@ -186,7 +187,9 @@ def test_bad_settings_are_one_line_naming_the_keys(overrides, message):
 @pytest.mark.parametrize("kwargs, message", [
     ({"is_mask": "token"}, "is_mask = 'token' needs sampler_logp"),
     ({"is_mask": "token", "tis_cap": 2.0, "sampler_logp": True}, "tis_cap (2.0) and is_mask ('token')"),
-    ({"ratio_cap": 0.5}, "ratio_cap must be 0 (the clipped surrogate) or a finite number > 1 (the capped"),
+    ({"ratio_cap": 0.5}, "ratio_cap must be 0 (unused: the clipped surrogate) or a finite number > 1 (the capped"),
+    ({"ratio_cap": 2.0}, "ratio_cap = 2.0 is the capped surrogate's largest weight, but surrogate = 'clip' has no cap"),
+    ({"surrogate": "capped"}, "surrogate = 'capped' needs ratio_cap"),
     ({"is_mask": "token", "is_mask_band": (0.5, 0.9), "sampler_logp": True}, "is_mask_band must be [low, high]"),
 ])
 def test_grpo_loss_refuses_in_one_line(kwargs, message):
@@ -235,7 +238,7 @@ def test_a_token_mask_under_lag_masks_and_logs_it(tmp_path):
 
 def test_the_capped_surrogate_in_training(tmp_path):
     clipped = run(tmp_path, "clipped", rollout_lag=2)
-    capped = run(tmp_path, "capped", rollout_lag=2, ratio_cap=1.2)
+    capped = run(tmp_path, "capped", rollout_lag=2, surrogate="capped", ratio_cap=1.2)
     assert "ratio/capped" in capped.history[-1] and "clip_ratio/region" not in capped.history[-1]
     assert max(m["ratio/capped"] for m in capped.history) > 0
     assert clipped.history[-1]["loss"] != capped.history[-1]["loss"]
@@ -250,7 +253,7 @@ def test_the_bridge_maps_the_token_mask_and_the_cap():
     masked = trl_bridge.grpo_config(TrainConfig(engine="vllm", is_mask="token", is_mask_band=[0.4, 3.0], **TRL_READY))
     assert masked.vllm_importance_sampling_correction and masked.vllm_importance_sampling_mode == "token_mask"
     assert (masked.vllm_importance_sampling_clip_min, masked.vllm_importance_sampling_clip_max) == (0.4, 3.0)
-    capped = trl_bridge.grpo_config(TrainConfig(loss_type="dapo", ratio_cap=4.0, **TRL_READY))
+    capped = trl_bridge.grpo_config(TrainConfig(loss_type="dapo", surrogate="capped", ratio_cap=4.0, **TRL_READY))
     assert capped.loss_type == "cispo" and capped.epsilon_high == 4.0
     proximal = trl_bridge.grpo_config(TrainConfig(old_logprobs="proximal", **TRL_READY))
     assert proximal.loss_type == "grpo"
@@ -259,7 +262,7 @@ def test_the_bridge_maps_the_token_mask_and_the_cap():
 @pytest.mark.parametrize("overrides, message", [
     ({"engine": "vllm", "is_mask": "sequence"}, "is_mask = 'sequence': TRL's sequence_mask takes the product"),
     ({"is_mask": "token"}, "is_mask = 'token' with engine = 'fused'"),
-    ({"ratio_cap": 4.0}, "ratio_cap = 4.0 with loss_type = 'grpo'"),
+    ({"surrogate": "capped", "ratio_cap": 4.0}, "surrogate = 'capped' with loss_type = 'grpo'"),
     ({"old_logprobs": "sampler"}, "old_logprobs = 'sampler'"),
 ])
 def test_the_bridge_refuses_what_trl_cannot_do(overrides, message):

@@ -7,7 +7,7 @@ import json
 import pytest
 import torch
 
-from grpo_edu.training import overlap, rollouts, trainer
+from grpo_edu.training import asynchronous, rollouts, trainer
 from grpo_edu.config import TrainConfig
 from test_lagging import run, without_time
 from numerics_probe import weights_digest as digest
@@ -41,11 +41,11 @@ def test_the_samplers_copy_sits_at_the_policys_alignment_and_samples_what_it_sam
     from grpo_edu.policy.models import load_policy
     from grpo_edu.sampling.rollout import SamplingParams
     policy, tokenizer = load_policy()
-    mirrored, plain = overlap._mirrored_copy(policy), copy.deepcopy(policy)
-    offsets = {name: p.data_ptr() % overlap.ALIGNMENT for name, p in policy.named_parameters()}
+    mirrored, plain = asynchronous._mirrored_copy(policy), copy.deepcopy(policy)
+    offsets = {name: p.data_ptr() % asynchronous.ALIGNMENT for name, p in policy.named_parameters()}
     assert set(offsets.values()) != {0}   # the case this guards: a policy whose tensors are not 64-aligned
-    assert {n: p.data_ptr() % overlap.ALIGNMENT for n, p in mirrored.named_parameters()} == offsets
-    assert {n: p.data_ptr() % overlap.ALIGNMENT for n, p in plain.named_parameters()} != offsets
+    assert {n: p.data_ptr() % asynchronous.ALIGNMENT for n, p in mirrored.named_parameters()} == offsets
+    assert {n: p.data_ptr() % asynchronous.ALIGNMENT for n, p in plain.named_parameters()} != offsets
     for (name, a), b in zip(policy.state_dict().items(), mirrored.state_dict().values()):
         assert torch.equal(a, b) and a.data_ptr() != b.data_ptr(), name
     prompts = tokenizer(["12+34=", "7*8=", "100-1=", "5+5="] * 4, return_tensors="pt", padding=True,
@@ -62,7 +62,7 @@ def test_the_sampler_is_synced_between_rollouts_and_never_during_one(tmp_path, m
     """Each background rollout starts from the weights the policy had when it was started (the
     update then running writes only the policy's), and they do not change while it samples."""
     seen = []   # per background rollout: policy at start, sampler at generate's start and end
-    start = overlap.BackgroundSampler.start
+    start = asynchronous.BackgroundSampler.start
 
     def spying_start(self, models, sample):
         at_start = digest(models.policy)
@@ -75,7 +75,7 @@ def test_the_sampler_is_synced_between_rollouts_and_never_during_one(tmp_path, m
             return out
         self.engine.generate = spying_generate   # this rollout's spy (an instance attribute, replaced each time)
         start(self, models, sample)
-    monkeypatch.setattr(overlap.BackgroundSampler, "start", spying_start)
+    monkeypatch.setattr(asynchronous.BackgroundSampler, "start", spying_start)
     result = run(tmp_path, "spied", rollout_lag=2, rollout_overlap=True, steps=6)
     assert len(seen) == 6 - 2   # rollouts 2..5 in the background; 0 and 1 before the first update
     for at_start, first, last in seen:
@@ -97,12 +97,12 @@ def test_an_overlapped_run_resumes_bitwise(tmp_path):
 
 
 def test_an_error_in_the_sampler_thread_reaches_the_trainer(tmp_path, monkeypatch):
-    def broken(run, engine, models, world=None):
-        if run.state.step >= 1:
+    def broken(self, step, engine=None, models=None, world=None):
+        if step >= 1:
             raise RuntimeError("the sampler broke")
-        return sample_rollout(run, engine, models, world)
-    sample_rollout = rollouts.sample_rollout
-    monkeypatch.setattr(rollouts, "sample_rollout", broken)
+        return sample(self, step, engine, models, world)
+    sample = rollouts.Sampler.sample
+    monkeypatch.setattr(rollouts.Sampler, "sample", broken)
     with pytest.raises(RuntimeError, match="the sampler broke"):
         run(tmp_path, "broken", rollout_lag=1, rollout_overlap=True)
 
@@ -156,12 +156,12 @@ def test_through_vllm_with_pi_old_at_the_update_the_sampler_holds_no_copy(tmp_pa
     FSDP2 that copy would be whole weights on every rank), and the run is the in-turn one."""
     from vllm_fake import fake_vllm
     built = []
-    init = overlap.BackgroundSampler.__init__
+    init = asynchronous.BackgroundSampler.__init__
 
     def spying_init(self, *args, **kwargs):
         init(self, *args, **kwargs)
         built.append(self)
-    monkeypatch.setattr(overlap.BackgroundSampler, "__init__", spying_init)
+    monkeypatch.setattr(asynchronous.BackgroundSampler, "__init__", spying_init)
     settings = {"rollout_lag": 2, "old_logprobs": "proximal", "tis_cap": 2.0}
     with fake_vllm():
         alone = vllm_run(tmp_path, "alone", **settings)

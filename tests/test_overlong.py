@@ -97,9 +97,9 @@ def test_the_punishment_by_hand_and_trls_to_the_bit():
 
 
 @pytest.mark.parametrize("overrides, message", [
-    ({"overlong_cache": 16}, "config key 'overlong_cache' must be in [0, max_completion_length = 16)"),
-    ({"overlong_cache": -1}, "config key 'overlong_cache' must be in [0, max_completion_length = 16)"),
-    ({"overlong_cache": 9, "max_completion_length": 9}, "must be in [0, max_completion_length = 9) (the stretch"),
+    ({"overlong_cache": 16}, "config key 'overlong_cache' must be an int in [0, max_completion_length = 16)"),
+    ({"overlong_cache": -1}, "config key 'overlong_cache' must be an int in [0, max_completion_length = 16)"),
+    ({"overlong_cache": 9, "max_completion_length": 9}, "must be an int in [0, max_completion_length = 9) (the stretch"),
 ])
 def test_a_cache_outside_the_limit_is_refused(overrides, message):
     with pytest.raises(ValueError, match=message.replace("(", r"\(").replace(")", r"\)").replace("[", r"\[")):

@@ -31,7 +31,7 @@ PRINTED = {
     "grpo_edu.sampling.vllm_engine.seeded_by_numbers": [10],
     "grpo_edu.training.update.optimise": [9],
     "grpo_edu.runtime.distributed.World.shard": [9],
-    "grpo_edu.training.scoring.Plan.totals": [9],
+    "grpo_edu.training.plan.Plan.totals": [9],
     "grpo_edu.runtime.distributed.init_world": [9],
     "grpo_edu.sampling.vllm_engine.VLLMEngine.sync_weights": [10],
     "grpo_edu.sampling.vllm_engine.named_weights": [10],

@@ -18,6 +18,7 @@ from grpo_edu.environment import process, tasks
 from grpo_edu.algorithm.advantages import group_advantages, process_advantages
 from grpo_edu.training.batch import RolloutBatch
 from grpo_edu.config import TrainConfig
+from grpo_edu.config.files import read_file
 from grpo_edu.algorithm.loss import grpo_loss
 from grpo_edu.policy.models import CHAIN_POLICY, char_tokenizer, policy_source
 
@@ -306,9 +307,8 @@ def test_a_rollout_batch_holds_per_token_advantages():
 def test_the_chain_config_is_the_cpu_tier_but_for_its_chain_keys():
     tiny, chain = (TrainConfig.from_toml(ROOT / "configs" / name).to_dict() for name in ("cpu-tiny.toml", "cpu-chain.toml"))
     differ = {key for key in tiny if tiny[key] != chain[key]}
-    text = (ROOT / "configs" / "cpu-chain.toml").read_text()
-    marked = {line.split("=")[0].split("]")[0].strip(" [") for line in text.splitlines() if "# chain" in line}
-    assert differ == marked == {"model", "task", "rewards", "max_completion_length", "supervision", "steps",
+    own, base = read_file(ROOT / "configs" / "cpu-chain.toml")   # what the file says it changes
+    assert base == "cpu-tiny.toml" and differ == set(own) == {"model", "task", "rewards", "max_completion_length", "supervision", "steps",
                                 "eval_every", "output_dir"}
     assert chain["rewards"] == {"accuracy": 1.0}
     longest = process.chain_sample([process.CHAIN_NUMBER_RANGE[1]] * process.CHAIN_NUMBERS)
@@ -342,9 +342,9 @@ def _captured_run(tmp_path, supervision: str, steps: int = 2, extra: tuple = ())
     seen = []
     original = trainer.optimise
 
-    def spy(config, models, optimizer, scheduler, batch, plan, world):
+    def spy(config, settings, models, optimizer, scheduler, batch, plan, world):
         seen.append((batch, plan))
-        return original(config, models, optimizer, scheduler, batch, plan, world)
+        return original(config, settings, models, optimizer, scheduler, batch, plan, world)
 
     config = TrainConfig.from_toml(ROOT / "configs" / "cpu-chain.toml", [
         f"supervision={supervision}", f"steps={steps}", "prompts_per_step=4", "eval_size=16", "eval_every=1000",

@@ -100,7 +100,7 @@ def test_accuracy_rejects_missing_or_misaligned_columns_with_a_clear_error():
         accuracy_reward([GOOD, GOOD], answer=["132"])
     with pytest.raises(ValueError, match="accuracy_reward needs `answer`"):
         accuracy_reward([GOOD])
-    with pytest.raises(ValueError, match="completion 1 is a countdown problem but has no `numbers`"):
+    with pytest.raises(ValueError, match="completion 1: a countdown problem has no `numbers` column"):
         accuracy_reward([GOOD, GOOD], answer=["1", "2"], task=["arithmetic", "countdown"])
 
 

@@ -41,7 +41,7 @@ def test_an_unboxed_sentence_counts_only_when_asked(tmp_path):
     assert accuracy_reward(text, answer=["18"], unboxed=True) == [1.0]
     # The config key reaches the trainer's accuracy reward.
     for flag, expected in ((False, 0.0), (True, 1.0)):
-        functions = user_functions.reward_functions_from_config({"accuracy": 1.0}, TrainConfig(unboxed_answers=flag).unboxed_answers)
+        functions = user_functions.reward_functions_from_config({"accuracy": 1.0}, TrainConfig(unboxed_answers=flag).run.unboxed_answers)
         assert functions["accuracy"][0](text, answer=["18"]) == [expected]
 
 

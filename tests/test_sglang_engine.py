@@ -32,7 +32,7 @@ import torch
 from grpo_edu.environment import tasks
 from grpo_edu.policy.models import STARTING_POLICY, load_policy
 from grpo_edu.runtime.distributed import World
-from grpo_edu.sampling import fused_llama, sglang_engine
+from grpo_edu.sampling import engines, fused_llama, sglang_engine
 from grpo_edu.sampling.rollout import SamplingParams
 from grpo_edu.sampling.sglang_engine import SGLangEngine, SGLangServerError, Settings
 from freeze_sglang_api import freeze
@@ -408,8 +408,8 @@ def test_every_sglang_key_reaches_the_engine_and_its_own_rules_are_one_line(tmp_
         with pytest.raises(ValueError) as error:
             TrainConfig(**{key: value})
         assert str(error.value) == message
-    assert sglang_engine.on_this_machine("") and sglang_engine.on_this_machine("http://localhost:1")
-    assert sglang_engine.on_this_machine("http://[::1]:30000") and not sglang_engine.on_this_machine("http://node7:1")
+    assert engines.on_this_machine("") and engines.on_this_machine("http://localhost:1")
+    assert engines.on_this_machine("http://[::1]:30000") and not engines.on_this_machine("http://node7:1")
 
 
 # ------------------------------------------------------------------ starting the server

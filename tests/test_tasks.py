@@ -89,7 +89,7 @@ def test_bad_arguments_name_themselves():
         make_dataset("arithmetic", -1)
     with pytest.raises(ValueError, match="split must be one of"):
         make_dataset("arithmetic", 5, "validation")
-    with pytest.raises(ValueError, match="gsm8k: use load_gsm8k"):
+    with pytest.raises(ValueError, match="a task read from files: use its loader, e.g. load_gsm8k"):
         make_dataset("gsm8k", 5)
 
 
@@ -191,7 +191,7 @@ def test_the_cpu_tiers_prompts_stay_bare():
     """The committed policy was pretrained on bare prompts, and the book's runs read them: the
     default config adds nothing."""
     from grpo_edu.config import DEFAULT_CONFIG, TrainConfig
-    assert TrainConfig.from_toml(DEFAULT_CONFIG).task_instruction is False
+    assert TrainConfig.from_toml(DEFAULT_CONFIG).data.task_instruction is False
     for task, bare in (("arithmetic", r"\d\d[+-]\d\d="), ("countdown", r"Use \d+ \d+ \d+ to make \d+:")):
         pool, held_out = pools(task=task)
         assert all(re.fullmatch(bare, s["prompt"]) for s in pool + held_out), task
@@ -200,7 +200,7 @@ def test_the_cpu_tiers_prompts_stay_bare():
 def test_a_gsm8k_prompt_carries_its_instruction_either_way():
     sample = gsm8k_sample("How many legs do 3 cats have?", "3 * 4 = 12\n#### 12")
     assert tasks.with_instruction(sample) == sample and sample["prompt"].endswith(f"{tasks.GSM8K_INSTRUCTION}\n")
-    with pytest.raises(ValueError, match=r"sample\['task'\] must be one of \('arithmetic', 'multiply', 'countdown', 'chain', 'gsm8k'\), "
+    with pytest.raises(ValueError, match=r"sample\['task'\] must be one of \('arithmetic', 'multiply', 'countdown', 'gsm8k', 'chain'\), "
                                          r"got 'sudoku'"):
         tasks.with_instruction({"prompt": "?", "task": "sudoku"})
 

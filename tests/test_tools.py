@@ -21,6 +21,7 @@ from grpo_edu.environment import tasks
 from grpo_edu.runtime import numerics
 from grpo_edu.training import episodes
 from grpo_edu.config import TrainConfig
+from grpo_edu.config.files import read_file
 from grpo_edu.training.evaluation import evaluate, played_episodes, samples_table
 from grpo_edu.policy.models import TOOL_POLICY, char_tokenizer, load_policy, policy_source
 from grpo_edu.commands.pretrain import PretrainConfig, sft_batch
@@ -71,7 +72,7 @@ def test_a_run_draws_from_every_training_product(tool_policy):
     config = TrainConfig.from_toml(ROOT / "configs" / "cpu-tools.toml")
     train_pool, held_out = tasks.task_pools(config, tool_policy[1])
     assert len(train_pool) == 7284 and len({s["prompt"] for s in train_pool}) == 7284
-    assert len(held_out) == config.eval_size
+    assert len(held_out) == config.logging.eval_size
     assert tasks.training_pool_size("multiply") == 7284 and tasks.training_pool_size("countdown") == 10_000
     # TRL's dataset of the same run (without the calculator, which the bridge refuses): every product
     from grpo_edu.commands import trl_bridge
@@ -120,8 +121,8 @@ def test_the_tool_share_is_the_share_of_solutions_that_call(share):
 
 @pytest.mark.parametrize("change, message", [
     ({"tool_share": 1.5, "task": "multiply"}, "tool_share must be in [0, 1], got 1.5"),
-    ({"tool_share": 0.5}, "tool_share is for task 'multiply' (the task with a calculator), got tool_share 0.5 "
-                          "with task 'arithmetic'"),
+    ({"tool_share": 0.5}, "tool_share is for a task with a tool (its pretraining card names an environment: "
+                          "'multiply'), got tool_share 0.5 with task 'arithmetic'"),
     ({"max_turns": 0, "task": "multiply"}, "max_turns must be positive, got 0"),
 ])
 def test_bad_tool_settings_name_themselves(change, message):
@@ -177,9 +178,8 @@ def test_the_tools_config_is_the_cpu_tier_but_for_its_tools_keys():
     tiny, tools_config = (TrainConfig.from_toml(ROOT / "configs" / name).to_dict()
                           for name in ("cpu-tiny.toml", "cpu-tools.toml"))
     differ = {key for key in tiny if tiny[key] != tools_config[key]}
-    text = (ROOT / "configs" / "cpu-tools.toml").read_text()
-    marked = {line.split("=")[0].strip() for line in text.splitlines() if "# tools" in line}
-    assert differ == marked == {"model", "task", "max_completion_length", "environment", "max_turns", "steps",
+    own, base = read_file(ROOT / "configs" / "cpu-tools.toml")   # what the file says it changes
+    assert base == "cpu-tiny.toml" and differ == set(own) == {"model", "task", "max_completion_length", "environment", "max_turns", "steps",
                                 "eval_every", "output_dir"}
     assert tools_config["environment"] == CALCULATOR
     # The longest episode fits: prompt, a call, its answer, the boxed copy and EOS.
@@ -291,7 +291,7 @@ def test_a_result_written_after_the_call_is_a_product_sized_number():
 def test_bad_runs_are_named():
     with pytest.raises(SystemExit, match="--runs: expected variant:seed"):
         tools.parse_runs(["tool"], None, None)
-    assert tools.config_for("no_tool", 1, 10, "x").environment == "" and tools.config_for("leak", 1, 10, "x").seed == 1
+    assert tools.config_for("no_tool", 1, 10, "x").rollout.environment == "" and tools.config_for("leak", 1, 10, "x").run.seed == 1
 
 
 def check(path, run="leak:0", steps=6):
@@ -352,7 +352,7 @@ def test_the_training_doc_quotes_the_tools_benchmark():
 def test_the_failure_labs_tool_runs_change_one_thing_of_the_tools_config():
     from grpo_edu.doctor import diagnose as dx
     tool, leak = (lab.TOOL_RUNS[name].config("unused") for name in ("tool", "env_leak"))
-    assert tool == leak and tool.environment == CALCULATOR and tool.task == "multiply"
+    assert tool == leak and tool.rollout.environment == CALCULATOR and tool.run.task == "multiply"
     assert lab.TOOL_RUNS["tool"].faults is None and lab.TOOL_RUNS["env_leak"].faults.env_tokens_in_loss
     for spec in lab.TOOL_RUNS.values():
         assert spec.expected | spec.also <= set(dx.DETECTORS) and not spec.expected & spec.also

@@ -96,7 +96,7 @@ def test_an_unfinished_run_is_read_from_its_newest_checkpoint(tmp_path, capsys):
     assert code == 0 and "checkpoint step-000001 (the run has not finished: no model/)" in out
     loaded = trained.load_trained(config.logging.output_dir)
     saved = load_file(f"{config.logging.output_dir}/checkpoints/step-000001/policy.safetensors")
-    for name, tensor in loaded.run.model.state_dict().items():
+    for name, tensor in loaded.model.state_dict().items():
         if name in saved:
             assert torch.equal(tensor, saved[name]), name
 

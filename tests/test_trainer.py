@@ -2,6 +2,7 @@
 
 import dataclasses
 import json
+import random
 
 import pytest
 import torch
@@ -11,6 +12,7 @@ from grpo_edu.environment import tasks
 from grpo_edu.training import checkpoint, placement, rollouts, scoring, trainer, update, user_functions
 from grpo_edu.runtime.distributed import World
 from grpo_edu.config import DEFAULT_CONFIG, TrainConfig, help_text
+from grpo_edu.config.keys import key_field
 from grpo_edu.algorithm.logprobs import completion_logprobs
 from grpo_edu.policy.models import char_tokenizer, tiny_llama
 from grpo_edu.sampling.rollout import HFEngine, SamplingParams, completion_mask_from_ids
@@ -39,8 +41,8 @@ def test_defaults_are_the_cpu_tiny_config():
 
 def test_every_field_is_documented_in_help():
     text = help_text()
-    for f in dataclasses.fields(TrainConfig):
-        assert f.metadata["doc"] and f"  {f.name} (" in text
+    for key in TrainConfig.keys():
+        assert key_field(key).metadata["doc"] and f"    {key} (" in text
 
 
 @pytest.mark.parametrize("override, message", [
@@ -114,7 +116,7 @@ def test_gradient_accumulation_equals_one_big_batch(tmp_path, loss_type):
     policy, tokenizer = tiny()
     config = small_config(tmp_path, loss_type=loss_type, micro_batch_size=16, beta=0.04)
     models = placement.build_models(config, World(), policy)
-    samples = rollouts.sample_prompts(config, trainer.TrainState(), tasks.make_dataset(n=50))
+    samples = rollouts.sample_prompts(config.rollout.prompts_per_step, random.Random(0), tasks.make_dataset(n=50))
     rollout = rollouts.roll_out(config, samples, tokenizer, HFEngine(policy, tokenizer))
     batch, plan = scoring.score(config, samples, rollout, tokenizer, user_functions.reward_functions_from_config({"format": 1.0}),
                                 lambda r: torch.randn(r.shape, generator=torch.Generator().manual_seed(1)))
@@ -249,7 +251,7 @@ def test_fused_and_transformers_paths_give_the_same_update(tmp_path):
     rollout gives the same reference log-probs, loss and gradient either way."""
     torch.manual_seed(0)
     policy, tokenizer = tiny()
-    samples = rollouts.sample_prompts(small_config(tmp_path), trainer.TrainState(),
+    samples = rollouts.sample_prompts(small_config(tmp_path).rollout.prompts_per_step, random.Random(0),
                                      tasks.make_dataset(n=50))
     rollout = rollouts.roll_out(small_config(tmp_path), samples, tokenizer, HFEngine(policy, tokenizer))
     results = []

@@ -2,6 +2,7 @@
 on a tiny randomly initialised model (helpers from test_trainer)."""
 
 import math
+import random
 import warnings
 
 import pytest
@@ -278,7 +279,7 @@ def test_dapo_normalises_each_step_by_rollout_tokens_over_mini_batches_as_trl(tm
     policy, tokenizer = tiny()
     config = small_config(tmp_path, loss_type="dapo", num_mini_batches=2, micro_batch_size=4, beta=0.04)
     models = placement.build_models(config, World(), policy)
-    samples = rollouts.sample_prompts(config, trainer.TrainState(), tasks.make_dataset(n=50))
+    samples = rollouts.sample_prompts(config.rollout.prompts_per_step, random.Random(0), tasks.make_dataset(n=50))
     rollout = rollouts.roll_out(config, samples, tokenizer, HFEngine(policy, tokenizer))
     # The first mini-batch (groups 0 and 2, dealt) ends early: 24 tokens against 48.
     rollout.completion_mask[:4, 3:] = False

@@ -67,10 +67,15 @@ def test_the_bridged_loss_equals_ours(tmp_path, policy_dir, settings):
 
 
 def test_every_key_is_carried_or_said_what_becomes_of_it():
-    keys = {f.name for f in dataclasses.fields(TrainConfig)}
-    decided = set(trl_bridge.CARRIED) | set(trl_bridge.NOT_CARRIED) | set(trl_bridge.ONLY_VALUE)
+    """Beside its own doc in its section, each key says what becomes of it in TRL: carried (trl=),
+    carried at one value only (trl_only=), or in another form (trl_note=); exactly one of them."""
+    keys = set(TrainConfig.keys())
+    tables = (trl_bridge.carried(), trl_bridge.not_carried(), trl_bridge.only_value())
+    decided = set().union(*tables)
     assert keys - decided == set(), f"no decision for {sorted(keys - decided)}"
     assert decided - keys == set()
+    assert sum(len(table) for table in tables) == len(keys), "a key with two decisions"
+    assert not hasattr(trl_bridge, "CARRIED") and not hasattr(trl_bridge, "NOT_CARRIED")
 
 
 @pytest.mark.parametrize("key, value", [("seed", 7), ("num_iterations", 2), ("max_completion_length", 9),
@@ -80,7 +85,7 @@ def test_every_key_is_carried_or_said_what_becomes_of_it():
                                         ("importance_sampling_level", "sequence")])
 def test_each_carried_key_reaches_trl(tmp_path, key, value):
     args = trl_bridge.grpo_config(bridged(tmp_path, **{key: value}))
-    assert getattr(args, trl_bridge.CARRIED[key]) == value
+    assert getattr(args, trl_bridge.carried()[key]) == value
 
 
 def test_keys_carried_in_another_form(tmp_path):

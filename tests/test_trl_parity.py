@@ -227,7 +227,7 @@ def test_the_samplers_corrections_match_trl(trainers, case, seed):
 
 @pytest.mark.parametrize("seed", [0, 1, 2])
 def test_the_capped_surrogate_matches_trls_cispo(trainers, seed):
-    """ratio_cap = c with loss_type 'dapo' is TRL's loss_type 'cispo' with epsilon_high = c."""
+    """surrogate = 'capped', ratio_cap = c with loss_type 'dapo' is TRL's loss_type 'cispo' with epsilon_high = c."""
     cap = 1.1
     trainer = trainers(dict(loss_type="cispo", beta=0.04, epsilon_high=cap))
     logp, old, ref, advantages, completion_mask = fabricated_batch(seed)
@@ -237,7 +237,7 @@ def test_the_capped_surrogate_matches_trls_cispo(trainers, seed):
     (their_grad,) = torch.autograd.grad(theirs, theirs_logp)
     ours_logp = logp.clone().requires_grad_()
     ours = grpo_loss(ours_logp, old, advantages, completion_mask, ref_logp=ref, beta=0.04, loss_type="dapo",
-                     num_items=num_items, ratio_cap=cap)
+                     num_items=num_items, surrogate="capped", ratio_cap=cap)
     (our_grad,) = torch.autograd.grad(ours.loss, ours_logp)
     assert abs(ours.loss.item() - theirs.item()) <= 1e-6, (ours.loss.item(), theirs.item())
     torch.testing.assert_close(our_grad, their_grad, rtol=0, atol=1e-6)
@@ -327,7 +327,8 @@ def test_per_token_advantages_match_trls(trainers, config, seed):
     advantages = process_advantages(rewards.view(B, G, 3), ends.view(B, G, 3), steps.view(B, G, 3), S)
     assert (advantages[..., 0] != advantages[..., -1]).any()   # they do differ along a completion
     num_items = int(completion_mask.sum()) + (5 if config["loss_type"] in ("dapo", "cispo") else 0)
-    cap = {"ratio_cap": config["epsilon_high"], "loss_type": "dapo"} if config["loss_type"] == "cispo" else {}
+    cap = ({"surrogate": "capped", "ratio_cap": config["epsilon_high"], "loss_type": "dapo"}
+           if config["loss_type"] == "cispo" else {})
     ours_config = {**config, **cap}
     if cap:
         ours_config.pop("epsilon_high")

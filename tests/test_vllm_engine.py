@@ -537,7 +537,7 @@ def test_the_old_fused_llama_key_is_an_error_naming_engine(tmp_path):
     del saved["engine"]
     saved["fused_llama"] = False
     (tmp_path / "config.json").write_text(json.dumps(saved))
-    assert TrainConfig.load_run_config(tmp_path).engine == "hf"
+    assert TrainConfig.load_run_config(tmp_path).run.engine == "hf"
 
 
 def test_engine_choice_is_checked():

@@ -93,7 +93,9 @@ def _train_config(args):
 def _config_show(args) -> int:
     """grpo-edu config show [FILE] [--set ...]: the resolved config with each key's source."""
     from grpo_edu.config import DEFAULT_CONFIG
-    from grpo_edu.config.files import resolve, show, tomllib
+    from grpo_edu.config import TrainConfig
+    from grpo_edu.config.files import show, tomllib
+    resolve = TrainConfig.resolve
 
     source = args.file or (DEFAULT_CONFIG if DEFAULT_CONFIG.is_file() else None)
     if args.file is not None and not Path(args.file).is_file():

@@ -73,10 +73,10 @@ class PretrainConfig:
     eval_problems: int = _doc("held-out problems in each evaluation that decides when to stop", 256)
     target_accuracy: float = _doc("stop at the first evaluation with at least this greedy accuracy", 0.35)
     pass_k: int = _doc("samples per problem for pass@k in the model card", 8)
-    task: str = _doc("what to pretrain on: 'arithmetic' (the committed policy), 'multiply' (the tool policy: "
-                     "grpo_edu/assets/tiny-multiply-start), 'chain' (the process-supervision policy: "
-                     "grpo_edu/assets/tiny-chain-start) or 'countdown' (the GPU tier's download-free recipe)",
-                     "arithmetic")
+    task: str = _doc("what to pretrain on, a registered task with a pretraining card: 'arithmetic' (the committed "
+                     "policy), 'multiply' (the tool policy: grpo_edu/assets/tiny-multiply-start), 'chain' (the "
+                     "process-supervision policy: grpo_edu/assets/tiny-chain-start) or 'countdown' (the GPU tier's "
+                     "download-free recipe)", "arithmetic")
     tool_share: float = _doc("task 'multiply': the share of training solutions that call the calculator "
                              "([47*85], its answer =3995 kept out of the loss: the environment writes it); the "
                              "rest answer in the head", 0.0)
@@ -183,13 +183,14 @@ def validate(config: PretrainConfig) -> None:
     for name in ("batch_size", "max_steps", "eval_every", "eval_problems", "threads"):
         if getattr(config, name) <= 0:
             raise ValueError(f"{name} must be positive, got {getattr(config, name)}")
-    if config.task not in tasks.GENERATED_TASKS:
-        raise ValueError(f"task must be one of {tasks.GENERATED_TASKS}, got {config.task!r}")
+    if config.task not in pretrainable_tasks():
+        raise ValueError(f"task must be one of {pretrainable_tasks()} (a registered task with a pretraining card), "
+                         f"got {config.task!r}")
     if not 0 <= config.tool_share <= 1:
         raise ValueError(f"tool_share must be in [0, 1], got {config.tool_share}")
-    if config.tool_share and config.task != "multiply":
-        raise ValueError(f"tool_share is for task 'multiply' (the task with a calculator), got "
-                         f"tool_share {config.tool_share} with task {config.task!r}")
+    if config.tool_share and not card(config).environment:
+        raise ValueError(f"tool_share is for a task with a tool (its pretraining card names an environment: "
+                         f"'multiply'), got tool_share {config.tool_share} with task {config.task!r}")
     if config.max_turns <= 0:
         raise ValueError(f"max_turns must be positive, got {config.max_turns}")
     if config.device not in ("cpu", "cuda") or (config.device == "cuda" and not torch.cuda.is_available()):
@@ -243,82 +244,34 @@ def pretrain(config: PretrainConfig, log=print) -> PretrainResult:
     return PretrainResult(model, tokenizer, step, reached, history, time.perf_counter() - start)
 
 
+def pretrainable_tasks() -> tuple[str, ...]:
+    """The registered tasks with a pretraining card (grpo_edu.environment.registry.Pretraining)."""
+    return tuple(name for name, task in tasks.TASKS.items() if task.pretraining is not None)
+
+
+def card(config: PretrainConfig):
+    """The task's pretraining card."""
+    return tasks.TASKS[config.task].pretraining
+
+
 def _episodes(config: PretrainConfig) -> dict:
-    """evaluate()'s episode arguments: task 'multiply' is evaluated with its calculator."""
-    return {"environment": CALCULATOR, "max_turns": config.max_turns} if config.task == "multiply" else {}
+    """evaluate()'s episode arguments: a task with a tool (multiply) is evaluated with its environment."""
+    environment = card(config).environment
+    return {"environment": environment, "max_turns": config.max_turns} if environment else {}
 
 
 def training_stream(config: PretrainConfig):
-    """The task's training samples, endless and seeded; for 'multiply' each draw's solution
-    calls the calculator with probability tool_share (its own seeded coin), else it is the
-    direct one, so the policy learns both and GRPO has something to choose between."""
-    stream = tasks.iterate_samples(config.task, "train", seed=config.seed)
-    if config.task != "multiply":
-        return stream
-    coin = random.Random(f"tool-share/{config.seed}")
-    return ({**sample, "solution": sample["solution"] if coin.random() < config.tool_share
-             else sample["direct_solution"]} for sample in stream)
+    """The task's training samples, endless and seeded: its card's own stream (multiply's: each
+    solution calls the calculator with probability tool_share), else its train split's solutions."""
+    stream = card(config).stream
+    return stream(config) if stream is not None else tasks.iterate_samples(config.task, "train", seed=config.seed)
 
 
 # --------------------------------------------------------------------------- the model card
 
-TASK_CARDS = {
-    "arithmetic": """# tiny-arithmetic-start: grpo-edu's starting policy
-
-A {layers}-layer, {width}-wide Llama ({parameters:,} parameters, float32)
-with a character-level tokenizer (`grpo_edu.policy.models.char_tokenizer`), trained by
-supervised fine-tuning on two-digit addition and subtraction (`grpo_edu.environment.tasks`,
-e.g. `47+85=` -> `<think>12</think>\\boxed{{132}}`, the reasoning being the units
-column) and stopped on purpose while it is still often wrong: it is the policy
-GRPO starts from in chapters 5 and 6.""",
-    "multiply": """# {name}: a starting policy that calls a calculator sometimes
-
-A {layers}-layer, {width}-wide Llama ({parameters:,} parameters, float32)
-with a character-level tokenizer (`grpo_edu.policy.models.char_tokenizer`), trained by
-supervised fine-tuning on two-digit multiplication (`grpo_edu.environment.tasks`, task "multiply"),
-{tool_percent:.0f}% of its solutions calling the calculator (`47*85=` ->
-`<think>[47*85]=3995</think>\\boxed{{3995}}`, the `=3995` written by
-`grpo_edu.training.episodes.Calculator` and kept out of the loss), the rest answering in the head
-(`<think>35</think>\\boxed{{3995}}`): the policy chapter 12's GRPO runs start from,
-able to call the tool and to skip it.""",
-    "countdown": """# {name}: a Countdown starting policy
-
-A {layers}-layer, {width}-wide Llama ({parameters:,} parameters, float32)
-with a character-level tokenizer (`grpo_edu.policy.models.char_tokenizer`), trained by
-supervised fine-tuning on Countdown (`grpo_edu.environment.tasks`: reach a target from three numbers,
-e.g. `Use 15 10 9 to make 34:` -> `<think>10+9=19 19+15=34</think>\\boxed{{10+9+15}}`) and
-stopped while it is still often wrong: the starting policy of the GPU tier's download-free
-recipe (configs/gpu-countdown-from-scratch.toml).""",
-    "chain": """# {name}: a starting policy that sums three numbers step by step
-
-A {layers}-layer, {width}-wide Llama ({parameters:,} parameters, float32)
-with a character-level tokenizer (`grpo_edu.policy.models.char_tokenizer`), trained by
-supervised fine-tuning on chain sums (`grpo_edu.environment.process`, task "chain": `12+7+30=` ->
-`<think>12+7=19,19+30=49</think>\\boxed{{49}}`, every partial sum written) and stopped while
-it is still often wrong: the policy the book's process-supervision runs start from
-(chapter 5; configs/cpu-chain.toml), whose every step a rule can check.""",
-}
-REPORT_SETS = {
-    "arithmetic": ('`grpo_edu.environment.tasks.arithmetic_problems("test")`', lambda: tasks.arithmetic_problems("test")),
-    "multiply": ('`grpo_edu.environment.tasks.make_dataset("multiply", 816, "test", seed=0)`, every held-out one',
-                 lambda: tasks.make_dataset("multiply", 816, "test", seed=0)),
-    "countdown": ('`grpo_edu.environment.tasks.make_dataset("countdown", 1000, "test", seed=0)`',
-                  lambda: tasks.make_dataset("countdown", 1000, "test", seed=0)),
-    "chain": ('`grpo_edu.environment.tasks.make_dataset("chain", 1000, "test", seed=0)`',
-              lambda: tasks.make_dataset("chain", 1000, "test", seed=0)),
-}
-
 def use_lines(config: PretrainConfig) -> str:
     """How a card's "Use" section loads its policy."""
-    if config.task == "arithmetic":
-        return "from grpo_edu.policy.models import load_policy\nmodel, tokenizer = load_policy()  # this directory"
-    if config.task == "multiply":
-        return ("from grpo_edu.policy.models import TOOL_POLICY, load_policy\nmodel, tokenizer = load_policy(TOOL_POLICY)  "
-                "# this directory; in a run's config: model = \"multiply-start\" (configs/cpu-tools.toml)")
-    if config.task == "chain":
-        return ("from grpo_edu.policy.models import CHAIN_POLICY, load_policy\nmodel, tokenizer = load_policy(CHAIN_POLICY)  "
-                "# this directory; in a run's config: model = \"chain-start\" (configs/cpu-chain.toml)")
-    return f"from grpo_edu.policy.models import load_policy\nmodel, tokenizer = load_policy({config.output_dir!r})"
+    return card(config).use.format(output_dir=config.output_dir)
 
 
 def model_card(config: PretrainConfig, result: PretrainResult, report: dict, seconds: float,
@@ -326,16 +279,16 @@ def model_card(config: PretrainConfig, result: PretrainResult, report: dict, sec
     parameters = sum(p.numel() for p in result.model.parameters())
     k = config.pass_k
     jump = ", ".join(f"{r['step']}: {r['greedy_accuracy']:.3f}" for r in result.history[-6:])
-    tools = "" if config.task != "multiply" else f"""
+    tools = "" if not card(config).environment else f"""
 | greedy tool-call rate | {report['tool_call_rate']:.4f} |
 | greedy mean policy turns | {report['mean_turns']:.4f} |
 | sampled tool-call rate (temperature 1) | {report['sample_tool_call_rate']:.4f} |"""
-    episodes = "" if config.task != "multiply" else (
-        f"; every completion an episode with the calculator\n(`{CALCULATOR}`, at most {config.max_turns} "
-        f"policy turns), scored on its whole text")
-    return f"""{TASK_CARDS[config.task].format(name=Path(config.output_dir).name, layers=config.num_layers,
-                                          width=config.hidden_size, parameters=parameters,
-                                          tool_percent=100 * config.tool_share)}
+    episodes = "" if not card(config).environment else (
+        f"; every completion an episode with the calculator\n(`{card(config).environment}`, at most "
+        f"{config.max_turns} policy turns), scored on its whole text")
+    return f"""{card(config).card.format(name=Path(config.output_dir).name, layers=config.num_layers,
+                                     width=config.hidden_size, parameters=parameters,
+                                     tool_percent=100 * config.tool_share)}
 
 ## How it was made
 
@@ -355,7 +308,7 @@ two differ, other processes shared the CPU.
 
 ## Held-out figures
 
-All {report['problems']:,} held-out problems ({REPORT_SETS[config.task][0]};
+All {report['problems']:,} held-out problems ({card(config).report[0]};
 train and held-out problems never overlap), at most {config.max_new_tokens} new tokens,
 {k} samples per problem at temperature 1 (seed {SAMPLE_SEED}){episodes}:
 
@@ -369,7 +322,7 @@ train and held-out problems never overlap), at most {config.max_new_tokens} new 
 | problems whose {k} samples disagree | {report['mixed_groups']:.4f} |{tools}
 
 Accuracy and format are `grpo_edu.environment.rewards.accuracy_reward` and `format_reward`.
-`{'tests/test_tools.py' if config.task == 'multiply' else 'tests/test_pretrain.py'}` recomputes the greedy figures from these weights.
+`{'tests/test_tools.py' if card(config).environment else 'tests/test_pretrain.py'}` recomputes the greedy figures from these weights.
 
 ## Use
 
@@ -387,7 +340,7 @@ def write_policy(config: PretrainConfig, result: PretrainResult, command: str,
     config.write_package_assets). `started` is (time.perf_counter(), time.process_time())
     at launch, so the card's run time covers training and this evaluation."""
     check_output_dir(config)
-    report_set = REPORT_SETS[config.task][1]()
+    report_set = card(config).report[1]()
     report = evaluate(result.model, result.tokenizer, report_set, pass_k=config.pass_k,
                       max_new_tokens=config.max_new_tokens, **_episodes(config))
     seconds, cpu_seconds = time.perf_counter() - started[0], time.process_time() - started[1]

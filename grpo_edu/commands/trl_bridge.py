@@ -25,7 +25,7 @@ import os
 from grpo_edu.algorithm.surrogates import SURROGATES
 from grpo_edu.config import TrainConfig
 from grpo_edu.config.files import toml_value
-from grpo_edu.config.train_config import key_field
+from grpo_edu.config.keys import key_field
 from grpo_edu.environment import tasks
 
 def _metadata(rule: str) -> dict[str, object]:
@@ -66,20 +66,22 @@ def _refusals(config: TrainConfig) -> list[str]:
     for key, (value, why) in only_value().items():
         if config.value(key) != value:
             out.append(f"{key} = {_shown(config.value(key))}: {why}")
-    if config.off_policy.tis_cap and config.run.engine != "vllm":
-        out.append(f"tis_cap = {config.off_policy.tis_cap} with engine = {config.run.engine!r}: TRL corrects vLLM's samples only")
-    if config.off_policy.is_mask == "sequence":
+    off_policy, loss, engine = config.off_policy, config.loss, config.run.engine
+    if off_policy.old_logprobs == "sampler":   # 'recomputed' and 'proximal' (without lag) are TRL's
+        out.append(f"old_logprobs = {off_policy.old_logprobs!r}: TRL recomputes pi_old")
+    if off_policy.tis_cap and engine != "vllm":
+        out.append(f"tis_cap = {off_policy.tis_cap} with engine = {engine!r}: TRL corrects vLLM's samples only")
+    if off_policy.is_mask == "sequence":
         out.append("is_mask = 'sequence': TRL's sequence_mask takes the product of the ratios, not their geometric "
                    "mean, and weighs each kept response by it")
-    elif config.off_policy.is_mask != "none" and config.run.engine != "vllm":
-        out.append(f"is_mask = {config.off_policy.is_mask!r} with engine = {config.run.engine!r}: TRL corrects vLLM's samples only")
-    loss = config.loss
+    elif off_policy.is_mask != "none" and engine != "vllm":
+        out.append(f"is_mask = {off_policy.is_mask!r} with engine = {engine!r}: TRL corrects vLLM's samples only")
     trl_surrogate = SURROGATES[loss.surrogate].trl_loss_type   # TRL names it by a loss_type of its own
     if trl_surrogate and (loss.loss_type != "dapo" or loss.importance_sampling_level != "token"):
         out.append(f"surrogate = {loss.surrogate!r} with loss_type = {loss.loss_type!r}, importance_sampling_level = "
                    f"{loss.importance_sampling_level!r}: TRL's {trl_surrogate} loss aggregates as dapo, per token")
-    if config.loss.top_entropy_quantile < 1 and _accumulation(config) > 1:
-        out.append(f"top_entropy_quantile = {config.loss.top_entropy_quantile} with {_accumulation(config)} micro-batches "
+    if loss.top_entropy_quantile < 1 and _accumulation(config) > 1:
+        out.append(f"top_entropy_quantile = {loss.top_entropy_quantile} with {_accumulation(config)} micro-batches "
                    f"per optimizer step: TRL takes the entropy quantile per micro-batch, grpo_edu per optimizer step "
                    f"(set micro_batch_size to the completions per process per optimizer step)")
     if config.run.parallelism == "fsdp2" and int(os.environ.get("WORLD_SIZE", "1")) > 1:
@@ -99,19 +101,20 @@ def batch_sizes(config: TrainConfig, processes: int = 1) -> dict[str, int]:
     """Our rollout (B x G completions, num_mini_batches optimizer steps per pass, micro-batches of
     micro_batch_size) as TRL's: per-device micro-batch, gradient accumulation, and the micro-steps
     per generation batch."""
+    optimisation = config.optimisation
     completions = config.rollout.prompts_per_step * config.rollout.num_generations
-    per_step = completions // config.optimisation.num_mini_batches
+    per_step = completions // optimisation.num_mini_batches
     if per_step % processes:
         raise ValueError(f"config key 'prompts_per_step': {per_step} completions per optimizer step do not "
                          f"divide among {processes} processes")
     per_process = per_step // processes
-    micro = min(config.optimisation.micro_batch_size, per_process)
+    micro = min(optimisation.micro_batch_size, per_process)
     if per_process % micro:
-        raise ValueError(f"config key 'micro_batch_size' ({config.optimisation.micro_batch_size}) must divide the completions "
-                         f"per process per optimizer step ({per_process}) for TRL's gradient accumulation")
+        raise ValueError(f"config key 'micro_batch_size' ({optimisation.micro_batch_size}) must divide the "
+                         f"completions per process per optimizer step ({per_process}) for TRL's gradient accumulation")
     accumulation = per_process // micro
     return {"per_device_train_batch_size": micro, "gradient_accumulation_steps": accumulation,
-            "steps_per_generation": config.optimisation.num_mini_batches * accumulation,
+            "steps_per_generation": optimisation.num_mini_batches * accumulation,
             "generation_batch_size": completions}
 
 
@@ -122,36 +125,39 @@ def grpo_config(config: TrainConfig, output_dir: str | None = None, **overrides)
     refused = _refusals(config)
     if refused:
         raise ValueError(f"config key {refused[0].split(' =')[0]!r} cannot be carried over to TRL: {refused[0]}")
-    K = config.optimisation.num_iterations * config.optimisation.num_mini_batches
+    run, rollout, optimisation, loss, logging = config.run, config.rollout, config.optimisation, config.loss, config.logging
+    K = optimisation.num_iterations * optimisation.num_mini_batches
     schedule = {"cosine": "cosine", "linear": "linear",
-                "constant": "constant_with_warmup" if config.optimisation.warmup_steps else "constant"}[config.optimisation.lr_schedule]
-    bf16 = config.run.precision == "bf16" or (config.run.precision == "auto" and config.run.device == "cuda")
+                "constant": "constant_with_warmup" if optimisation.warmup_steps else "constant"}[optimisation.lr_schedule]
+    bf16 = run.precision == "bf16" or (run.precision == "auto" and run.device == "cuda")
     arguments = dict(
-        output_dir=output_dir or config.logging.output_dir, seed=config.run.seed, max_steps=config.optimisation.steps * K,
-        num_generations=config.rollout.num_generations, num_iterations=config.optimisation.num_iterations,
-        max_completion_length=config.rollout.max_completion_length, temperature=config.rollout.temperature, top_k=0, top_p=1.0,
-        learning_rate=config.optimisation.learning_rate, lr_scheduler_type=schedule, warmup_steps=config.optimisation.warmup_steps * K,
-        weight_decay=config.optimisation.weight_decay, adam_beta1=config.optimisation.adam_betas[0], adam_beta2=config.optimisation.adam_betas[1],
-        max_grad_norm=config.optimisation.max_grad_norm, loss_type=config.loss.loss_type, beta=config.loss.beta, epsilon=config.loss.epsilon,
-        epsilon_high=config.loss.epsilon_high, importance_sampling_level=config.loss.importance_sampling_level,
-        top_entropy_quantile=config.loss.top_entropy_quantile,
+        output_dir=output_dir or logging.output_dir, seed=run.seed, max_steps=optimisation.steps * K,
+        num_generations=rollout.num_generations, num_iterations=optimisation.num_iterations,
+        max_completion_length=rollout.max_completion_length, temperature=rollout.temperature, top_k=0, top_p=1.0,
+        learning_rate=optimisation.learning_rate, lr_scheduler_type=schedule, warmup_steps=optimisation.warmup_steps * K,
+        weight_decay=optimisation.weight_decay, adam_beta1=optimisation.adam_betas[0],
+        adam_beta2=optimisation.adam_betas[1], max_grad_norm=optimisation.max_grad_norm, loss_type=loss.loss_type,
+        beta=loss.beta, epsilon=loss.epsilon, epsilon_high=loss.epsilon_high,
+        importance_sampling_level=loss.importance_sampling_level, top_entropy_quantile=loss.top_entropy_quantile,
         scale_rewards=config.advantages.advantage_scale, use_bias_correction_kl=False,
-        mask_truncated_completions=config.loss.mask_truncated_completions,
-        sync_ref_model=bool(config.loss.ref_sync_steps), ref_model_sync_steps=max(1, config.loss.ref_sync_steps * K),
-        ref_model_mixup_alpha=config.loss.ref_mixup_alpha, bf16=bf16, use_cpu=config.run.device == "cpu", disable_tqdm=not config.logging.progress,
-        save_strategy="steps" if config.logging.checkpoint_every else "no",
-        save_steps=max(1, config.logging.checkpoint_every * K), report_to="none", logging_strategy="steps", logging_steps=1,
-        use_vllm=config.run.engine == "vllm",
+        mask_truncated_completions=loss.mask_truncated_completions,
+        sync_ref_model=bool(loss.ref_sync_steps), ref_model_sync_steps=max(1, loss.ref_sync_steps * K),
+        ref_model_mixup_alpha=loss.ref_mixup_alpha, bf16=bf16, use_cpu=run.device == "cpu",
+        disable_tqdm=not logging.progress, save_strategy="steps" if logging.checkpoint_every else "no",
+        save_steps=max(1, logging.checkpoint_every * K), report_to="none", logging_strategy="steps", logging_steps=1,
+        use_vllm=run.engine == "vllm",
         **batch_sizes(config, int(os.environ.get("WORLD_SIZE", "1"))))
-    if config.run.engine == "vllm":
-        arguments.update(vllm_mode=config.vllm.vllm_mode, vllm_gpu_memory_utilization=config.vllm.vllm_gpu_memory_utilization,
-                         vllm_enable_sleep_mode=config.vllm.vllm_sleep_mode,
-                         vllm_server_base_url=config.vllm.vllm_server_url if config.vllm.vllm_mode == "server" else None,
-                         vllm_importance_sampling_correction=bool(config.off_policy.tis_cap) or config.off_policy.is_mask != "none",
-                         vllm_importance_sampling_mode="token_truncate" if config.off_policy.tis_cap else "token_mask",
-                         vllm_importance_sampling_clip_min=config.off_policy.is_mask_band[0] if config.off_policy.is_mask != "none" else None,
-                         vllm_importance_sampling_clip_max=config.off_policy.tis_cap or (
-                             config.off_policy.is_mask_band[1] if config.off_policy.is_mask != "none" else None))
+    if run.engine == "vllm":
+        vllm, off_policy = config.vllm, config.off_policy
+        masking = off_policy.is_mask != "none"
+        arguments.update(vllm_mode=vllm.vllm_mode, vllm_gpu_memory_utilization=vllm.vllm_gpu_memory_utilization,
+                         vllm_enable_sleep_mode=vllm.vllm_sleep_mode,
+                         vllm_server_base_url=vllm.vllm_server_url if vllm.vllm_mode == "server" else None,
+                         vllm_importance_sampling_correction=bool(off_policy.tis_cap) or masking,
+                         vllm_importance_sampling_mode="token_truncate" if off_policy.tis_cap else "token_mask",
+                         vllm_importance_sampling_clip_min=off_policy.is_mask_band[0] if masking else None,
+                         vllm_importance_sampling_clip_max=off_policy.tis_cap or (
+                             off_policy.is_mask_band[1] if masking else None))
     trl_surrogate = SURROGATES[config.loss.surrogate].trl_loss_type
     if trl_surrogate:   # TRL's cispo: the capped surrogate, its cap in epsilon_high
         arguments.update(loss_type=trl_surrogate, epsilon_high=config.loss.ratio_cap)
@@ -201,8 +207,7 @@ def train_dataset(config: TrainConfig, size: int = 10_000):
     when config.data.task_instruction, as a user message when config.data.chat_template) and the columns
     the rewards read."""
     from datasets import Dataset
-    samples = (tasks.load_gsm8k("train", config.data.dataset) if config.run.task == "gsm8k" else
-               tasks.make_dataset(config.run.task, n=tasks.training_pool_size(config.run.task, size), split="train", seed=0))
+    samples = tasks.training_problems(config.run.task, config.data.dataset, size)
     rows = []
     for sample in samples:
         row = tasks.with_instruction(sample) if config.data.task_instruction else dict(sample)

@@ -3,8 +3,9 @@
     sections.py      the sections (TOML tables) as dataclasses, every key documented once beside
                      the rules about it alone
     rules.py         checks of one key no other module implements; RULES, the rules across keys
-    train_config.py  TrainConfig: the sections composed (and each registered engine's), checked
+    keys.py          the keys by name: which section holds each, its field and type
     files.py         config files read on top of a base, each key's source kept; `config show`
+    train_config.py  TrainConfig: the sections composed (and each registered engine's), checked
 
     from grpo_edu.config import TrainConfig
     config = TrainConfig.from_toml("configs/cpu-first-run.toml", ["steps=200"])

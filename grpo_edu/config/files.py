@@ -14,8 +14,9 @@ before the sections ([task], [optimisation], ...) still reads, and a key given t
 is an error. A file's [rewards] table replaces its base's whole; `--set rewards.NAME=w` changes
 one weight.
 
-    resolve(path, overrides)   the config, each key's source, the files read (base first)
-    run_config(run_dir, ...)   the config a run directory was started with (config.json)
+    resolve_values(path, ...)  the values, each key's source, the files read (base first):
+                               TrainConfig.resolve and from_toml make the config of them
+    run_values(run_dir, ...)   the values a run directory was started with (config.json)
     show(resolved)             the resolved config as a TOML file, each key's source beside it
                                (`grpo-edu config show FILE`)
 """
@@ -27,8 +28,10 @@ import json
 import os
 from pathlib import Path
 
+from grpo_edu.config.keys import all_sections, coerce, key_index, key_type
 from grpo_edu.config.rules import import_modules
-from grpo_edu.config.train_config import TrainConfig, all_sections, coerce, key_index, key_type
+from grpo_edu.config.sections import Run
+from grpo_edu.runtime.settings import default_of
 
 try:
     import tomllib
@@ -42,9 +45,9 @@ SET = "--set"           # the source of a key given on the command line
 
 @dataclasses.dataclass
 class Resolved:
-    """A config as files and --set made it."""
+    """A config as files and --set made it (TrainConfig.resolve)."""
 
-    config: TrainConfig
+    config: "TrainConfig"  # noqa: F821 (grpo_edu.config.train_config, which imports this module)
     sources: dict[str, str]     # key -> "default", the file that set it last, or "--set"
     files: list[Path]           # the files read, the first base first
 
@@ -120,8 +123,9 @@ def _override_key(key: str) -> str:
     return name
 
 
-def resolve(path=None, overrides: list[str] | None = None) -> Resolved:
-    """Defaults, then the file's base chain and the file (if any), then `key=value` overrides."""
+def resolve_values(path=None, overrides: list[str] | None = None) -> tuple[dict, dict[str, str], list[Path]]:
+    """The values of the file's base chain and the file (if any), then `key=value` overrides, over
+    the defaults; each key's source; the files read, base first."""
     values: dict = {}
     sources = {key: DEFAULT for key in key_index()}
     files: list[Path] = []
@@ -135,7 +139,7 @@ def resolve(path=None, overrides: list[str] | None = None) -> Resolved:
         key, value = parse_override(override)
         key = _override_key(key)
         if key.startswith("rewards."):
-            values["rewards"] = dict(values.get("rewards", TrainConfig().run.rewards))
+            values["rewards"] = dict(values.get("rewards", default_of(Run, "rewards")))
             values["rewards"][key.split(".", 1)[1]] = coerce("rewards.*", value, float)
             sources["rewards"] = SET
         else:
@@ -143,11 +147,11 @@ def resolve(path=None, overrides: list[str] | None = None) -> Resolved:
             sources[key] = SET
         if key == "imports":
             import_modules(value)
-    return Resolved(TrainConfig.from_dict(values), sources, files)
+    return values, sources, files
 
 
-def run_config(run_dir, overrides: list[str] | None = None) -> TrainConfig:
-    """The config a run directory was started with (its config.json), plus overrides."""
+def run_values(run_dir, overrides: list[str] | None = None) -> dict:
+    """The values a run directory was started with (its config.json, upgraded), plus overrides."""
     path = Path(run_dir) / "config.json"
     if not path.is_file():
         raise ValueError(f"--resume {run_dir}: no config.json there (not a grpo-edu run directory)")
@@ -156,7 +160,7 @@ def run_config(run_dir, overrides: list[str] | None = None) -> TrainConfig:
         key, value = parse_override(override)
         values[_override_key(key)] = value
     values["output_dir"] = str(run_dir)
-    return TrainConfig.from_dict(values)
+    return values
 
 
 def upgrade(saved: dict) -> dict:

@@ -17,58 +17,19 @@ grpo_edu.config.files.
 from __future__ import annotations
 
 import dataclasses
-import types
 import typing
 
+from grpo_edu.config import files
+from grpo_edu.config.keys import SECTIONS, all_sections, coerce, engine_sections, key_index, key_type
 from grpo_edu.config.rules import RULES, import_modules
-from grpo_edu.config.sections import (Advantages, Data, Logging, Lora, Loss, OffPolicy, Optimisation, Rollout,
-                                      Run)
+from grpo_edu.config.sections import Advantages, Data, Logging, Lora, Loss, OffPolicy, Optimisation, Rollout, Run
 from grpo_edu.runtime.settings import Section
-from grpo_edu.sampling.engines import ENGINES
-
-# The sections every config has, by attribute (= TOML table; the run is the file's top level).
-SECTIONS: dict[str, type[Section]] = {"run": Run, "data": Data, "rollout": Rollout, "optimisation": Optimisation,
-                                      "off_policy": OffPolicy, "lora": Lora, "loss": Loss, "advantages": Advantages,
-                                      "logging": Logging}
 
 # Keys that were replaced: the error names the new key.
 RENAMED = {
     "fused_llama": "config key 'fused_llama' was replaced by 'engine': fused_llama = true is engine = \"fused\", "
                    "false is engine = \"hf\" (and engine = \"vllm\" is new)",
 }
-
-
-def engine_sections() -> dict[str, type[Section]]:
-    """The sections of the registered engines that have settings, by title."""
-    return {engine.settings.title: engine.settings for engine in ENGINES.values() if engine.settings is not None}
-
-
-def all_sections() -> dict[str, type[Section]]:
-    return {**SECTIONS, **engine_sections()}
-
-
-def key_index() -> dict[str, str]:
-    """Every key -> the title of its section ('run' for the top level); a key in two sections is
-    an error naming both."""
-    index: dict[str, str] = {}
-    for title, section in all_sections().items():
-        for key in section.keys():
-            if key in index:
-                raise ValueError(f"config key {key!r} is in two sections, [{index[key]}] and [{title}]: a key's name "
-                                 f"must be unique (a registered engine's settings may not reuse a key)")
-            index[key] = title
-    return index
-
-
-def key_field(key: str) -> dataclasses.Field:
-    """The dataclass field of a key (its doc and rules: field.metadata)."""
-    section = all_sections()[key_index()[key]]
-    return {f.name: f for f in dataclasses.fields(section)}[key]
-
-
-def key_type(key: str):
-    section = all_sections()[key_index()[key]]
-    return typing.get_type_hints(section)[key]
 
 
 @dataclasses.dataclass(init=False)
@@ -164,41 +125,26 @@ class TrainConfig:
         return cls(**values)
 
     @classmethod
+    def resolve(cls, path=None, overrides: list[str] | None = None) -> files.Resolved:
+        """Defaults, then the TOML file (and its bases, grpo_edu.config.files), then `key=value`
+        overrides: the config, each key's source and the files read."""
+        values, sources, read = files.resolve_values(path, overrides)
+        return files.Resolved(cls.from_dict(values), sources, read)
+
+    @classmethod
     def from_toml(cls, path=None, overrides: list[str] | None = None) -> "TrainConfig":
-        """Defaults, then the TOML file (and its base, grpo_edu.config.files), then `key=value` overrides."""
-        from grpo_edu.config.files import resolve
-        return resolve(path, overrides).config
+        """Defaults, then the TOML file (and its bases), then `key=value` overrides."""
+        return cls.resolve(path, overrides).config
 
     @classmethod
     def load_run_config(cls, run_dir, overrides: list[str] | None = None) -> "TrainConfig":
         """The config a run directory was started with (its config.json), plus overrides."""
-        from grpo_edu.config.files import run_config
-        return run_config(run_dir, overrides)
+        return cls.from_dict(files.run_values(run_dir, overrides))
 
     @staticmethod
     def keys() -> dict[str, str]:
         """Every key -> its section's title ('run': the file's top level)."""
         return key_index()
-
-
-def coerce(key: str, value, expected):
-    """Check (and widen int -> float) a value against the key's type; one line naming the key."""
-    origin = typing.get_origin(expected)
-    if origin in (typing.Union, types.UnionType):
-        expected = tuple(t for t in typing.get_args(expected) if t is not type(None))[0]
-    if expected is float and isinstance(value, int) and not isinstance(value, bool):
-        return float(value)
-    if expected is bool and not isinstance(value, bool):
-        raise ValueError(f"config key {key!r} must be true or false, got {value!r}")
-    if expected is int and (isinstance(value, bool) or not isinstance(value, int)):
-        raise ValueError(f"config key {key!r} must be an integer, got {value!r}")
-    if expected in (dict, list) and not isinstance(value, expected):
-        raise ValueError(f"config key {key!r} must be a {expected.__name__}, got {value!r}")
-    if expected is dict:
-        return {str(k): coerce(f"{key}.{k}", v, float) for k, v in value.items()}
-    if expected in (float, str) and not isinstance(value, expected):
-        raise ValueError(f"config key {key!r} must be a {expected.__name__}, got {value!r}")
-    return value
 
 
 def help_text() -> str:

@@ -9,7 +9,9 @@ a task, so that adding one touches no other module (docs/contributing.md, "Addin
                      draw(rng) -> one problem (spaces too big to list; a split keeps its own)
                      load(split, dataset) -> the split read from a file or the hub (GSM8K)
     instruction    what a model not trained on the bare prompts is told (config key
-                   task_instruction): the answer format and the task's rules
+                   task_instruction): the answer format and the task's rules;
+                   instruction_in_prompt: its prompts end with it already (GSM8K's)
+    example        for a task read from files: one sample, for probes that must not read them
     check          check(predicted, row) -> bool: is the final answer (read by
                    grpo_edu.environment.rewards.extract_answer; None when there is none) right for
                    the completion's dataset row ({"answer": ..., "numbers": ..., ...})
@@ -63,12 +65,16 @@ class Task:
     load: Callable[[str, str], list[dict]] | None = None
     step_verifier: Callable | None = None
     pretraining: Pretraining | None = None
+    instruction_in_prompt: bool = False
+    example: dict | None = None
 
     def __post_init__(self):
         given = [name for name in ("pool", "draw", "load") if getattr(self, name) is not None]
         if len(given) != 1:
             raise ValueError(f"task {self.name!r}: give exactly one of pool, draw and load (where its problems come "
                              f"from), got {given or 'none'}")
+        if self.load is not None and self.example is None:
+            raise ValueError(f"task {self.name!r}: a task read from files needs an example (one sample, for probes)")
 
     @property
     def generated(self) -> bool:

@@ -458,7 +458,8 @@ def load_gsm8k(split: str = "train", dataset: str = "openai/gsm8k") -> list[dict
 
 register_task(Task(
     "gsm8k", "grade-school maths word problems (Cobbe et al., 2021), read from `dataset` (the GPU recipes)",
-    instruction=GSM8K_INSTRUCTION, check=numbers_match, load=load_gsm8k))
+    instruction=GSM8K_INSTRUCTION, instruction_in_prompt=True, check=numbers_match, load=load_gsm8k,
+    example=gsm8k_sample("How many legs do 3 cats have?", "3 * 4 = 12\n#### 12")))
 
 
 # --------------------------------------------------------------------------- instructions
@@ -468,9 +469,9 @@ def with_instruction(sample: dict) -> dict:
     task's instruction: the answer format both rewards score, grpo_edu.environment.rewards'
     <think>reasoning</think>\\boxed{answer} with nothing after it, and the task's rules):
     "Use 3 5 7 to make 22:" -> "Use 3 5 7 to make 22:\\n" + its instruction + "\\n".
-    A GSM8K sample is returned as it is (its prompt already ends with the instruction)."""
+    A sample whose prompt ends with it already (GSM8K's) is returned as it is."""
     task = task_named(sample.get("task"), "sample['task']")
-    if task.name == "gsm8k":
+    if task.instruction_in_prompt:
         return dict(sample)
     return {**sample, "prompt": f"{sample['prompt']}\n{task.instruction}\n"}
 
@@ -487,6 +488,15 @@ def training_pool_size(task: str, size: int = TRAIN_POOL) -> int:
     return min(size, len(pool("train"))) if pool is not None else size
 
 
+def training_problems(task: str, dataset: str, size: int = TRAIN_POOL) -> list[dict]:
+    """The problems a run's prompts are drawn from: a task read from files, its train split (from
+    `dataset`); a generated one, training_pool_size(task, size) distinct train problems."""
+    registered = task_named(task)
+    if registered.load is not None:
+        return registered.load("train", dataset)
+    return make_dataset(task, n=training_pool_size(task, size), split="train", seed=0)
+
+
 def task_pools(config, tokenizer) -> tuple[list[dict], list[dict]]:
     """A training run's problems (config: a grpo_edu.config.TrainConfig, of which its task, its
     data section and eval_size are read): the registered task's pool the prompts are drawn from,
@@ -494,12 +504,10 @@ def task_pools(config, tokenizer) -> tuple[list[dict], list[dict]]:
     policy reads them (the task's instruction added when task_instruction, then inside the
     tokenizer's chat template when chat_template). A task read from files reads `dataset`."""
     task, data, eval_size = config.run.task, config.data, config.logging.eval_size
-    registered = task_named(task)
-    if registered.load is not None:
-        train_pool = registered.load("train", data.dataset)
-        held_out = registered.load("test", data.dataset)[:eval_size]
+    train_pool = training_problems(task, data.dataset)
+    if task_named(task).load is not None:
+        held_out = task_named(task).load("test", data.dataset)[:eval_size]
     else:
-        train_pool = make_dataset(task, n=training_pool_size(task), split="train", seed=0)
         held_out = make_dataset(task, n=eval_size, split="test", seed=0)
     if data.task_instruction:
         train_pool, held_out = [with_instruction(s) for s in train_pool], [with_instruction(s) for s in held_out]

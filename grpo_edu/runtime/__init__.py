@@ -7,6 +7,7 @@
     precision.py    the forward passes' precision: float32, or bf16 autocast (config key precision)
     registry.py     registrar: named families of functions, filled by a decorator (the variants)
     runlog.py       metrics.jsonl, one line per step: the only code that touches it
+    settings.py     a config key as a dataclass field: its doc, default and rules (config sections)
 
 Imports nothing else of grpo_edu.
 """

@@ -1,5 +1,7 @@
 """Rollout engines: G sampled completions per prompt, with the sampler's log-probs.
 
+    engines.py      the engines, each registered whole: factory, settings section, own weights,
+                    forward (grpo_edu.config composes their settings; no engine client imported)
     rollout.py      the engine protocol, Rollout, SamplingParams and the transformers-generate engine
     fused_llama.py  the CPU tier's fast engine: the same Llama maths fused (KV-cache sampler,
                     group-packed log-probs)

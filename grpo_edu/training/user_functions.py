@@ -145,14 +145,15 @@ def reward_functions_from_config(weights: dict[str, float], unboxed_answers: boo
 def functions_from_config(config: TrainConfig) -> tuple[AdvantageFn, dict[str, tuple[RewardFn, float]]]:
     """The run's advantage and reward functions, as the config names them, each checked on a
     probe batch (a one-line error naming a function that fails)."""
-    if config.advantages.advantage_fn:
-        advantage_fn = resolve(config.advantages.advantage_fn, "advantage_fn")
-        check_advantage_fn(advantage_fn, config.advantages.advantage_fn, config.rollout.prompts_per_step, config.rollout.num_generations)
+    advantages, task = config.advantages, tasks.TASKS[config.run.task]
+    if advantages.advantage_fn:
+        advantage_fn = resolve(advantages.advantage_fn, "advantage_fn")
+        check_advantage_fn(advantage_fn, advantages.advantage_fn, config.rollout.prompts_per_step,
+                           config.rollout.num_generations)
     else:
-        advantage_fn = lambda r: group_advantages(r, scale=config.advantages.advantage_scale, std=config.advantages.advantage_std)
+        advantage_fn = lambda r: group_advantages(r, scale=advantages.advantage_scale, std=advantages.advantage_std)
     reward_functions = reward_functions_from_config(config.run.rewards, config.run.unboxed_answers)
-    samples = (tasks.make_dataset(config.run.task, n=3, split="train", seed=0) if config.run.task != "gsm8k" else
-               [tasks.gsm8k_sample("How many legs do 3 cats have?", "3 * 4 = 12\n#### 12")])
+    samples = (tasks.make_dataset(task.name, n=3, split="train", seed=0) if task.generated else [task.example])
     for name, (function, _) in reward_functions.items():
         if is_import_path(name):
             check_reward_fn(function, name, samples)
