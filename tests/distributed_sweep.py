@@ -17,7 +17,7 @@ import sys
 import torch
 
 from grpo_edu.runtime import distributed
-from grpo_edu.training import scoring, trainer
+from grpo_edu.training import plan as planning, trainer
 from grpo_edu.config import TrainConfig
 
 
@@ -33,15 +33,15 @@ def per_rank_totals(plan, k, loss_type, mask_truncated=False):
     else:
         items = float(lengths[keep].sum())
     # A rank with nothing in the mini-batch runs only zero-weight padding: any positive count does.
-    return scoring.LossTotals(num_completions=max(1, int(keep.sum()) * plan.group_size) * world_size,
-                              num_items=max(items, 1.0) * world_size)
+    return planning.LossTotals(num_completions=max(1, int(keep.sum()) * plan.group_size) * world_size,
+                               num_items=max(items, 1.0) * world_size)
 
 
 def main() -> None:
     runs = json.loads(open(sys.argv[1]).read())
-    global_totals = scoring.Plan.totals
+    global_totals = planning.Plan.totals
     for run in runs:
-        scoring.Plan.totals = per_rank_totals if run.get("per_rank_normaliser") else global_totals
+        planning.Plan.totals = per_rank_totals if run.get("per_rank_normaliser") else global_totals
         config = TrainConfig.from_toml(None, run["overrides"] + [f"output_dir={json.dumps(run['output_dir'])}"])
         trainer.train(config, resume=run.get("resume"), stop_after=run.get("stop_after"), log=lambda _: None)
     distributed.close_world(distributed.init_world(config.run.device))

@@ -75,7 +75,7 @@ def test_a_lagged_sources_records_restore_it():
 def test_the_seams_are_typed_fields_of_the_sampler_not_of_the_run():
     hints = typing.get_type_hints(Sampler)
     assert hints["roll_out"] == RollOut and hints["advantage_fn"] == AdvantageFn
-    assert Sampler.__dataclass_fields__["roll_out"].default is roll_out
+    assert Sampler.__dataclass_fields__["roll_out"].default_factory() is roll_out
     run_fields = {f.name for f in dataclasses.fields(trainer.Run)}
     assert "sampler" in run_fields and not run_fields & {"roll_out", "advantage_fn", "reward_functions", "train_pool"}
     assert "in_flight" not in {f.name for f in dataclasses.fields(trainer.TrainState)}

@@ -121,7 +121,7 @@ class Sampler:
     prompt_rng: random.Random
     reward_functions: dict[str, tuple[RewardFn, float]]
     advantage_fn: AdvantageFn
-    roll_out: RollOut = field(default=roll_out)
+    roll_out: RollOut = field(default_factory=lambda: roll_out)   # the module's, when the sampler is made
 
     def draw(self, engine: RolloutEngine, world: World) -> tuple[list[dict], Rollout]:
         """Draw and roll out: the next B prompts, and this rank's rollout of its share of them."""
