@@ -251,7 +251,8 @@ def test_to_rollout_when_the_pad_token_is_eos():
             self.index, self.token_ids = index, tokens
             self.logprobs = [{t: type("Logprob", (), {"logprob": -0.5})()} for t in tokens]
     rows = [[Completion(0, [3, 9]), Completion(1, [3, 4, 5])]]
-    r = vllm_engine._to_rollout(torch.tensor([[1, 2]]), torch.tensor([[1, 1]]), rows, SamplingParams(2, 3), Tokenizer())
+    r = vllm_engine._to_rollout(torch.tensor([[1, 2]]), torch.tensor([[1, 1]]), rows, SamplingParams(2, 3), Tokenizer(),
+                                (9,))
     assert r.completion_mask.tolist() == [[True, True, False], [True, True, True]]
     assert r.finished.tolist() == [True, False]
     assert r.completion_ids.tolist() == [[3, 9, 9], [3, 4, 5]]

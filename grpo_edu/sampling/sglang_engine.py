@@ -72,6 +72,7 @@ from pathlib import Path
 import torch
 
 from grpo_edu.policy import lora
+from grpo_edu.policy.models import eos_token_ids
 from grpo_edu.runtime import distributed
 from grpo_edu.sampling.rollout import Rollout, SamplingParams, Seeded, rollout_from_tokens
 
@@ -396,6 +397,7 @@ class SGLangEngine:
         if tokenizer.eos_token_id is None or tokenizer.pad_token_id is None:
             raise ValueError("tokenizer needs an eos and a pad token for batched generation")
         self.policy, self.tokenizer, self.world, self.settings = policy, tokenizer, world, settings
+        self.eos_token_ids = eos_token_ids(policy, tokenizer)
         self.server: LaunchedServer | None = None
         self.weights_dir = Path(settings.output_dir) / "sglang_weights"
         self._dtype = getattr(torch, settings.dtype)
@@ -526,7 +528,7 @@ class SGLangEngine:
             raise ValueError(f"seeds: expected one per completion ({len(rows)}), got {len(seeds)}")
         params = {"max_new_tokens": sampling.max_new_tokens, "temperature": sampling.temperature, "top_p": 1.0,
                   "top_k": -1, "min_p": 0.0,   # the whole softmax(logits / T): what the trainer's log-probs describe
-                  "stop_token_ids": [self.tokenizer.eos_token_id, *sampling.stop_token_ids]}
+                  "stop_token_ids": [*self.eos_token_ids, *sampling.stop_token_ids]}
         per_row = seeds is not None and self.settings.deterministic
         rids = [f"grpo-edu-{uuid.uuid4().hex}-{i}" for i in range(len(rows))]
         body = {"rid": rids, "input_ids": rows, "return_logprob": True,
@@ -538,7 +540,8 @@ class SGLangEngine:
             if self.world.is_main:
                 self._release(self.client)
             self.released = True
-        return rollout_from_tokens(prompt_ids, prompt_mask, completions, sampling, self.tokenizer)
+        return rollout_from_tokens(prompt_ids, prompt_mask, completions, sampling, self.tokenizer,
+                                   self.eos_token_ids)
 
     def _completions(self, answer, rids: list[str]) -> list[tuple[list[int], list[float]]]:
         where = f"SGLang server at {self.client.url}: POST /generate"
