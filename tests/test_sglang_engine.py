@@ -5,6 +5,10 @@
   wheel in tests/sglang_api_0.5.23.json (tests/freeze_sglang_api.py). Where GRPO_EDU_SGLANG_SOURCE
   names the pinned source (`make test-sglang`), the freeze is re-run and must give that file, and
   SGLang's own generated JSON contract decodes the engine's requests and the stand-in's answers.
+- The state SGLang keeps across the engine's calls, read from the same source into the frozen
+  file's "protocol" (each rule with its file and line): the weight-update session a tensor sync
+  must open and close, memory release and resume and what a broken precondition does (the
+  server ends), where a completion ends. Each rule is held on the stand-in, which keeps it.
 - The engine against the stand-in server (tests/sglang_standin.py, a real HTTP server that
   checks every request against the frozen fields): the one /generate request of a rollout, its
   seeds, the log-probs against the trainer's fused forward, the weights reaching the server by
