@@ -58,6 +58,7 @@ SCHEDULER = "sglang/srt/managers/scheduler.py"
 MODEL_CONFIG = "sglang/srt/configs/model_config.py"
 SCHEDULE_BATCH = "sglang/srt/managers/schedule_batch.py"
 TOKENIZER_COMMON = "sglang/srt/utils/hf_transformers/common.py"
+RUNNER_UPDATER = "sglang/srt/model_executor/model_runner_components/weight_updater.py"
 # The scheduler's handlers of the routes the engine uses (SchedulerWeightUpdaterManager's methods).
 SESSION_CALLS = ("begin_weight_update", "end_weight_update", "update_weights_from_tensor", "update_weights_from_disk",
                  "release_memory_occupation", "resume_memory_occupation")
@@ -399,6 +400,16 @@ def protocol(source: Source) -> dict:
                         == "self.sampling_params.ignore_eos"},
              "additional_stop_token_texts": {"defined_in": f"{TOKENIZER_COMMON}:_ADDITIONAL_STOP_TOKEN_TEXTS",
                                              "line": texts.lineno, "texts": list(ast.literal_eval(texts))}}
+    runner = source.tree(RUNNER_UPDATER)
+    prepared = {}
+    for name in ("update_weights_from_disk", "begin_weight_update", "end_weight_update", "update_weights_from_tensor"):
+        method = _method(runner, "WeightUpdater", name)
+        calls = sorted({ast.unparse(n.func).rsplit(".", 1)[-1] for n in ast.walk(method) if isinstance(n, ast.Call)}
+                       & {"restore_weights_before_loading", "load_weights_and_postprocess", "postprocess_weights"})
+        prepared[name] = {"line": method.lineno, "calls": calls}
+    # The model's weights are made loadable (restored) and finished (post-processed) inside a disk
+    # update; a tensor update does neither: begin and end do it around it.
+    session["runner"] = {"defined_in": f"{RUNNER_UPDATER}:WeightUpdater", **prepared}
     return {"weight_update_session": session, "failure_status": failure_status, "client": client,
             "memory": memory, "stops": stops}
 

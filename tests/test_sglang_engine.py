@@ -206,6 +206,14 @@ def test_the_weight_update_session_is_kept_as_sglang_keeps_it(server):
         "no session is open", "a session is open", "no session is open"]
     assert all(session[c]["refused_when"] is None for c in ("update_weights_from_disk", "release_memory_occupation",
                                                             "resume_memory_occupation"))
+    # why: a disk update restores the weights for loading and post-processes them inside the call; a
+    # tensor update does neither, the session's begin and end do (the model runner's WeightUpdater)
+    runner = session["runner"]
+    assert runner["update_weights_from_disk"]["calls"] == ["load_weights_and_postprocess",
+                                                          "restore_weights_before_loading"]
+    assert runner["update_weights_from_tensor"]["calls"] == []
+    assert runner["begin_weight_update"]["calls"] == ["restore_weights_before_loading"]
+    assert runner["end_weight_update"]["calls"] == ["postprocess_weights"]
     assert PROTOCOL["failure_status"] == {route: 400 for route in ("/begin_weight_update", "/end_weight_update",
                                                                    "/update_weights_from_tensor",
                                                                    "/update_weights_from_disk")}
