@@ -12,14 +12,14 @@
 #
 # > **You will learn**
 # > - what changes from the CPU tier to one GPU and to eight, key by key
-# > - how vLLM shares a GPU with the trainer (sleep mode and weight sync), and which of five engines to choose
+# > - how vLLM shares a GPU with the trainer (sleep mode and weight sync), which of five engines to choose, and in which order a sync talks to a server
 # > - why the master weights stay float32 when the forward passes run in bf16
 # > - how truncated importance sampling corrects a sampler that differs from the trainer
 # > - what a GPU must hold for a 0.5B, 1.5B and 7B policy, what a step's activations add, and what LoRA (Low-Rank Adaptation) saves
 # >
 # > **You need first**: chapter 6 (training the tiny reasoner).
 # >
-# > **Reading time**: about 35 minutes. **Compute**: at most 60 s on a 2-core CPU. [Glossary](../docs/glossary.md) · [Notation](../docs/notation.md)
+# > **Reading time**: about 36 minutes. **Compute**: at most 60 s on a 2-core CPU. [Glossary](../docs/glossary.md) · [Notation](../docs/notation.md)
 #
 # Everything so far ran on a laptop CPU. This chapter moves the same GRPO (Group Relative
 # Policy Optimization) trainer to GPUs, and it runs on a CPU too: what a CPU can compute is
@@ -215,6 +215,57 @@ print(inspect.getsource(vllm_engine.seeded_by_numbers))
 # log-probs against the trainer's, weights reaching the sampler, episodes. SGLang's routes,
 # fields and pins are read from sglang 0.5.23's released source (`tests/freeze_sglang_api.py`),
 # and where its server stopped on this CPU is in [docs/gpu.md](../docs/gpu.md), "SGLang".
+#
+# </details>
+#
+# ## The sync sequence of the two servers
+#
+# A server keeps state between the trainer's calls. So the order of the calls matters, not only
+# their fields. The colocated engine's order is the one printed above. The two servers' are
+# these, once per rollout, top to bottom.
+#
+# vLLM as a server (`vllm_mode = "server"`), through the client of Transformer Reinforcement
+# Learning (TRL, Hugging Face's library):
+#
+# | call | when | what it carries |
+# |---|---|---|
+# | `/start_weight_update` | rank 0, before the weights | nothing: it opens a weight-update session |
+# | `/update_weights` | rank 0, beside the stream | each tensor's name, dtype and shape; the tensors themselves go over NCCL |
+# | `/finish_weight_update` | rank 0, after the stream | nothing: it closes the session |
+# | `/reset_prefix_cache` | rank 0 | nothing: prefixes cached with the old weights are dropped |
+# | `/v1/completions` | every rank, a request per prompt | token ids, the prompt's seed, the stop ids |
+#
+# SGLang (`engine = "sglang"`), with `sglang_weight_sync = "tensor"` and `sglang_sleep`:
+#
+# | call | when | what it carries |
+# |---|---|---|
+# | `/resume_memory_occupation` | rank 0, before the sync | the tag `weights`: memory for the weights again |
+# | `/begin_weight_update` | rank 0 | nothing: it opens a weight-update session |
+# | `/update_weights_from_tensor` | rank 0, once per chunk of the weights | the tensors, serialised, and the weight version |
+# | `/end_weight_update` | rank 0, after the last chunk | nothing: it closes the session |
+# | `/flush_cache` | rank 0 | nothing: prefixes cached with the old weights are dropped |
+# | `/resume_memory_occupation` | rank 0 | the tags `kv_cache` and `cuda_graph` |
+# | `/generate` | every rank, one request a rollout | token ids, a seed per completion, the stop ids |
+# | `/release_memory_occupation` | rank 0, once every rank has its answer | every tag: the update gets the GPU |
+#
+# Both servers refuse a weight update outside a session, a second session, and closing none.
+# SGLang's disk sync (`/update_weights_from_disk`) is one call and needs no session. SGLang
+# releases memory only when it is idle, and resumes only a tag it released. A broken rule
+# there is worse than a refusal: its scheduler raises, and the whole server ends.
+#
+# Both servers also stop a completion at the model's own end-of-sequence (EOS) ids, from its
+# `config.json` and `generation_config.json`. A Qwen2.5 instruct model names two. Every engine
+# here stops at the same ids and sends them, so "finished" means the same thing whichever
+# engine sampled.
+#
+# <details><summary>How we know</summary>
+#
+# Each rule is read from the pinned release: SGLang 0.5.23's wheel by
+# `tests/freeze_sglang_api.py`, vLLM 0.31.0's installed source by
+# `tests/real_vllm/test_real_vllm_protocol.py`, TRL 1.16's client by `tests/test_vllm_engine.py`.
+# The stand-ins keep the same state, and tests hold each rule on them; vLLM's CPU build runs its
+# sleep rules for real. The rules with their files and lines are in
+# [docs/gpu.md](../docs/gpu.md) ("The sync sequence", in the vLLM and SGLang sections).
 #
 # </details>
 #
@@ -722,7 +773,8 @@ show_claims({
 # - From the CPU tier to one GPU the algorithm stays; the device, the engine and the precision
 #   change, and `tis_cap` turns on.
 # - A colocated vLLM sleeps while the trainer updates, and gets the trainer's weights, one
-#   parameter at a time, before each rollout.
+#   parameter at a time, before each rollout. A server keeps state between calls: a weight
+#   update runs inside a session.
 # - bf16 forward passes need float32 master weights and moments: in bf16 a small update to a
 #   weight of 1 is lost.
 # - A sampler whose log-probs differ from pi_old's biases the gradient; truncated importance

@@ -20,7 +20,14 @@ processors at import time. It writes:
 - server_args: every ServerArgs field and its command-line flag (sglang/srt/arg_groups/fields);
 - the pickle allowlist SGLang's SafeUnpickler applies to serialized tensors (and the globals it
   answers with a safe loader of its own), the memory tags, and the environment variables the
-  engine sets or clears.
+  engine sets or clears;
+- protocol: the state the server keeps across the engine's calls, each rule with the file and
+  line it is read from: which weight-update calls need an open weight-update session (and the
+  message of each refusal), the HTTP status a failed one answers with, how SGLang's own HTTP
+  client opens and closes one; what release and resume of memory require (an idle server, a tag
+  released before it is resumed) and what a broken requirement does (the scheduler's exception
+  ends the server); where a completion ends (the model's EOS ids, the tokenizer's, the
+  sampling's stop ids, SGLang's extra stop tokens).
 
 tests/test_sglang_engine.py checks the engine's names against this file, and re-runs freeze()
 on the pinned source where GRPO_EDU_SGLANG_SOURCE names it (`make test-sglang`).
@@ -42,8 +49,19 @@ HTTP_SERVER = "sglang/srt/entrypoints/http_server.py"
 API_TYPES = "sglang/api/v1/api_types.py"
 CONTRACT = ("GenerateRequest", "SamplingParams", "GenerateResponse", "GenerateMetaInfo", "LogprobEntry",
             "FinishStop", "FinishLength", "FinishAbort")
-RESPONSES = ("UpdateWeightFromDiskReqOutput", "UpdateWeightsFromTensorReqOutput")
+RESPONSES = ("UpdateWeightFromDiskReqOutput", "UpdateWeightsFromTensorReqOutput", "BeginWeightUpdateReqOutput",
+             "EndWeightUpdateReqOutput")
 EXTRA_REQUESTS = ("FlushCacheReqInput",)   # /flush_cache's internal request (the route takes ?timeout=)
+WEIGHT_UPDATER = "sglang/srt/managers/scheduler_components/weight_updater.py"
+HTTP_CLIENT = "sglang/srt/entrypoints/http_server_engine.py"
+SCHEDULER = "sglang/srt/managers/scheduler.py"
+MODEL_CONFIG = "sglang/srt/configs/model_config.py"
+SCHEDULE_BATCH = "sglang/srt/managers/schedule_batch.py"
+TOKENIZER_COMMON = "sglang/srt/utils/hf_transformers/common.py"
+RUNNER_UPDATER = "sglang/srt/model_executor/model_runner_components/weight_updater.py"
+# The scheduler's handlers of the routes the engine uses (SchedulerWeightUpdaterManager's methods).
+SESSION_CALLS = ("begin_weight_update", "end_weight_update", "update_weights_from_tensor", "update_weights_from_disk",
+                 "release_memory_occupation", "resume_memory_occupation")
 
 
 class Source:
@@ -210,6 +228,8 @@ def routes(source: Source) -> tuple[dict, dict]:
     responses = {
         "/update_weights_from_disk": _dict_keys(functions["update_weights_from_disk"], "content"),
         "/update_weights_from_tensor": _dict_keys(functions["update_weights_from_tensor"], "content"),
+        "/begin_weight_update": _dict_keys(functions["begin_weight_update"], None),
+        "/end_weight_update": _dict_keys(functions["end_weight_update"], None),
         "model_info": _dict_keys(functions["model_info"], "result"),
         "server_info": [k for k in _server_info_keys(functions["server_info"])],
     }
@@ -292,6 +312,108 @@ def environment_variables(source: Source) -> dict:
     return found
 
 
+def _method(tree: ast.Module, cls: str, name: str) -> ast.FunctionDef:
+    return next(n for n in _class(tree, cls).body if isinstance(n, ast.FunctionDef) and n.name == name)
+
+
+def _function(tree: ast.Module, name: str):
+    return next(n for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)) and n.name == name)
+
+
+def _session_guard(function) -> dict:
+    """`if self._session is None / is not None: return X(success=False, message=...)`: when the call
+    is refused, with what message, at which line; {"refused_when": None} for a call without one."""
+    for node in ast.walk(function):
+        if not (isinstance(node, ast.If) and isinstance(node.test, ast.Compare)
+                and ast.unparse(node.test.left) == "self._session"
+                and isinstance(node.test.comparators[0], ast.Constant) and node.test.comparators[0].value is None):
+            continue
+        answer = node.body[-1].value
+        keywords = {k.arg: k.value for k in answer.keywords}
+        return {"refused_when": "no session is open" if isinstance(node.test.ops[0], ast.Is) else "a session is open",
+                "success": ast.literal_eval(keywords["success"]), "message": ast.literal_eval(keywords["message"]),
+                "line": node.lineno}
+    return {"refused_when": None}
+
+
+def _calls(function, text: str) -> list[int]:
+    """The lines of the calls in `function` whose callee reads `text` (ast.unparse)."""
+    return [n.lineno for n in ast.walk(function) if isinstance(n, ast.Call) and ast.unparse(n.func) == text]
+
+
+def protocol(source: Source) -> dict:
+    """The state the server keeps across the engine's calls (see the module docstring)."""
+    updater = source.tree(WEIGHT_UPDATER)
+    manager = "SchedulerWeightUpdaterManager"
+    session = {"defined_in": f"{WEIGHT_UPDATER}:{manager}"}
+    for name in SESSION_CALLS:
+        session[name] = _session_guard(_method(updater, manager, name))
+    server = source.tree(HTTP_SERVER)
+    failure_status = {}
+    for route in ("/begin_weight_update", "/end_weight_update", "/update_weights_from_tensor",
+                  "/update_weights_from_disk"):
+        function = _function(server, route.strip("/"))
+        statuses = {ast.unparse(n) for n in ast.walk(function) if isinstance(n, ast.Attribute)
+                    and getattr(n.value, "id", None) == "HTTPStatus"}
+        failure_status[route] = 400 if "HTTPStatus.BAD_REQUEST" in statuses else sorted(statuses)
+    adapter = source.tree(HTTP_CLIENT)
+    client = {"defined_in": f"{HTTP_CLIENT}:HttpServerEngineAdapter"}
+    for name in ("begin_weight_update", "end_weight_update", "update_weights_from_tensor"):
+        method = _method(adapter, "HttpServerEngineAdapter", name)
+        call = next(n for n in ast.walk(method) if isinstance(n, ast.Call) and ast.unparse(n.func) == "self._make_request")
+        body = call.args[1] if len(call.args) > 1 else None
+        client[name] = {"route": "/" + ast.literal_eval(call.args[0]), "line": call.lineno,
+                        "body": [k.value for k in body.keys] if isinstance(body, ast.Dict) else None}
+    make_request = _method(adapter, "HttpServerEngineAdapter", "_make_request")
+    client["no_body_sent_as"] = "{}" if "payload or {}" in ast.unparse(make_request) else None
+    release = _method(updater, manager, "release_memory_occupation")
+    resume = _method(updater, manager, "resume_memory_occupation")
+    idle = next(n for n in ast.walk(release) if isinstance(n, ast.Assert) and "is_fully_idle" in ast.unparse(n.test))
+    no_tags = [ast.unparse(n.body[0].value) for n in ast.walk(release) if isinstance(n, ast.If)
+               and ast.unparse(n.test) == "tags is None or len(tags) == 0"]
+    scheduler = _function(source.tree(SCHEDULER), "run_scheduler_process")
+    handler = next(h for h in ast.walk(scheduler) if isinstance(h, ast.ExceptHandler)
+                   and "SIGQUIT" in ast.unparse(h))
+    memory = {
+        "defined_in": f"{WEIGHT_UPDATER}:{manager}",
+        "release_requires_idle": {"message": ast.literal_eval(idle.msg), "line": idle.lineno},
+        "no_tags_means": no_tags[0] if no_tags else None,
+        "release_records_tags": _calls(release, "self.offload_tags.add"),
+        "resume_removes_each_tag": _calls(resume, "self.offload_tags.remove"),   # KeyError where not released
+        "memory_saver_checked": "enable_memory_saver" in ast.unparse(release) + ast.unparse(resume),
+        "scheduler_exception_ends_the_server": {"defined_in": f"{SCHEDULER}:run_scheduler_process",
+                                                "line": handler.lineno,
+                                                "signals_parent": "SIGQUIT" in ast.unparse(handler)},
+    }
+    config = _method(source.tree(MODEL_CONFIG), "ModelConfig", "_get_hf_eos_token_id")
+    read = sorted({ast.unparse(n.args[0]).removeprefix("self.") for n in ast.walk(config) if isinstance(n, ast.Call)
+                   and ast.unparse(n.func) == "getattr" and ast.literal_eval(n.args[1]) == "eos_token_id"})
+    finish = _method(source.tree(SCHEDULE_BATCH), "Req", "_check_token_based_finish")
+    checked = [ast.unparse(n.comparators[0]).removeprefix("self.") for n in ast.walk(finish)
+               if isinstance(n, ast.Compare) and ast.unparse(n.left) == "token_id"]
+    texts = next(n.value for n in source.tree(TOKENIZER_COMMON).body if isinstance(n, ast.Assign)
+                 and getattr(n.targets[0], "id", None) == "_ADDITIONAL_STOP_TOKEN_TEXTS")
+    stops = {"model_eos": {"defined_in": f"{MODEL_CONFIG}:ModelConfig._get_hf_eos_token_id", "line": config.lineno,
+                           "reads": read},
+             "finish": {"defined_in": f"{SCHEDULE_BATCH}:Req._check_token_based_finish", "line": finish.lineno,
+                        "token_in": checked, "ignore_eos_first": ast.unparse(finish.body[0].test)
+                        == "self.sampling_params.ignore_eos"},
+             "additional_stop_token_texts": {"defined_in": f"{TOKENIZER_COMMON}:_ADDITIONAL_STOP_TOKEN_TEXTS",
+                                             "line": texts.lineno, "texts": list(ast.literal_eval(texts))}}
+    runner = source.tree(RUNNER_UPDATER)
+    prepared = {}
+    for name in ("update_weights_from_disk", "begin_weight_update", "end_weight_update", "update_weights_from_tensor"):
+        method = _method(runner, "WeightUpdater", name)
+        calls = sorted({ast.unparse(n.func).rsplit(".", 1)[-1] for n in ast.walk(method) if isinstance(n, ast.Call)}
+                       & {"restore_weights_before_loading", "load_weights_and_postprocess", "postprocess_weights"})
+        prepared[name] = {"line": method.lineno, "calls": calls}
+    # The model's weights are made loadable (restored) and finished (post-processed) inside a disk
+    # update; a tensor update does neither: begin and end do it around it.
+    session["runner"] = {"defined_in": f"{RUNNER_UPDATER}:WeightUpdater", **prepared}
+    return {"weight_update_session": session, "failure_status": failure_status, "client": client,
+            "memory": memory, "stops": stops}
+
+
 def freeze(where: str) -> dict:
     source = Source(where)
     paths, answered = routes(source)
@@ -300,7 +422,8 @@ def freeze(where: str) -> dict:
             "launch_server": "sglang/launch_server.py" in source.names(),
             "safe_unpickler_globals": safe_unpickler_globals(source),
             "safe_unpickler_redirects": safe_unpickler_redirects(source), "serializer": serializer(source),
-            "memory_tags": memory_tags(source), "environment_variables": environment_variables(source)}
+            "memory_tags": memory_tags(source), "environment_variables": environment_variables(source),
+            "protocol": protocol(source)}
 
 
 if __name__ == "__main__":

@@ -17,8 +17,23 @@ What it models of SGLang's behaviour: per-request sampling_seed under determinis
 the server's own random state otherwise; output_ids ending with the stop token; log-probs of
 softmax(logits / T) at the sampled token, as [logprob, token_id, text]; finish reasons; weight
 versions; updates from a safetensors folder and from serialized tensors (SGLang's SafeUnpickler
-allowlist, frozen, enforced); release and resume of memory tags (a tag released twice, or
-resumed without being released, is refused; a generate without weights or KV cache too).
+allowlist, frozen, enforced). And the state SGLang keeps across calls, each rule read from the
+source into the frozen file's "protocol" (tests/test_sglang_engine.py holds each):
+
+- the weight-update session: /update_weights_from_tensor outside one, a second
+  /begin_weight_update, an /end_weight_update with none open are each refused with SGLang's own
+  answer (HTTP 400, success false, SGLang's message); /update_weights_from_disk needs none;
+- memory: /release_memory_occupation records its tags (none: all), whether or not the server
+  runs with --enable-memory-saver; /resume_memory_occupation of a tag not released, or a release
+  while a /generate is running, raises in SGLang's scheduler, whose handler ends the whole server:
+  here too the connection drops and the server is gone (a launched one exits, killed as SGLang
+  kills itself, with "Scheduler hit an exception" in its log);
+- stops: the model's EOS ids read from its config.json and generation_config.json, the
+  tokenizer's EOS, the tokenizer's added tokens among SGLang's extra stop texts, and the
+  request's stop_token_ids.
+
+Stricter than SGLang on purpose (SGLang has no check, and would read memory it freed): a
+/generate, or a weight update, while the weights or the KV cache are released is a 400 here.
 Faults for the error tests: an HTTP 500, a body that is not JSON, a slow answer, a dropped
 connection.
 """
@@ -28,7 +43,9 @@ from __future__ import annotations
 import base64
 import io
 import json
+import os
 import pickle
+import signal
 import threading
 import time
 import urllib.parse
@@ -46,6 +63,10 @@ class Refused(Exception):
     def __init__(self, status: int, body):
         super().__init__(str(body))
         self.status, self.body = status, body
+
+
+class Crashed(Exception):
+    """SGLang's scheduler raised: its handler ends the server (the request gets no answer)."""
 
 
 def _error(status: int, message: str) -> Refused:
@@ -122,15 +143,18 @@ class StandIn:
         self.ignore_seeds = ignore_seeds   # a fault: says it is deterministic, samples from its own random state
         self.rng = torch.Generator().manual_seed(random_seed)
         self.weight_version = "default"
-        self.offloaded: set[str] = set()
+        self.offloaded: set[str] = set()   # SGLang's offload_tags
+        self.session: str | None = None     # the open weight-update session's selector
+        self.generating = 0                 # /generate requests being answered
+        self.crashed: str | None = None     # the scheduler's exception that ended the server
+        self.counting = threading.Lock()
         self.calls: list[tuple[str, str, object]] = []
         self.call_log = call_log
         self.faults: dict[str, list[str]] = {}
         self.ready_at = time.monotonic() + starting_seconds
         self.closed = False
         self.lock = threading.Lock()
-        eos = self.model.generation_config.eos_token_id
-        self.eos = {self.tokenizer.eos_token_id, *([eos] if isinstance(eos, int) else eos or [])}
+        self.eos = self._stops()
         self.server = ThreadingHTTPServer(("127.0.0.1", port), _handler(self))
         self.server.daemon_threads = True
         self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
@@ -139,10 +163,37 @@ class StandIn:
             self.thread = threading.Thread(target=self.server.serve_forever, name="sglang stand-in", daemon=True)
             self.thread.start()
 
+    def _stops(self) -> set[int]:
+        """What SGLang stops at besides the request's stop_token_ids (the frozen protocol's "stops"):
+        the eos_token_id of the model's config.json and generation_config.json, the tokenizer's
+        EOS and its added tokens among SGLang's extra stop texts."""
+        rule = FROZEN["protocol"]["stops"]
+        files = {"hf_config": "config.json", "hf_generation_config": "generation_config.json"}
+        found = set()
+        for source in rule["model_eos"]["reads"]:
+            path = Path(self.model_dir) / files[source]
+            value = json.loads(path.read_text()).get("eos_token_id") if path.is_file() else None
+            found |= set([] if value is None else [value] if isinstance(value, int) else value)
+        added = self.tokenizer.get_added_vocab()
+        extra = {added[t] for t in rule["additional_stop_token_texts"]["texts"] if t in added}
+        return found | {self.tokenizer.eos_token_id} | extra
+
     def close(self) -> None:
         self.closed = True
         self.server.shutdown()
         self.server.server_close()
+
+    def crash(self, error: str) -> None:
+        """The scheduler raised `error`: SGLang's handler signals the server, which kills its whole
+        process tree. In a process of its own: the log's line, then SIGKILL, as SGLang's
+        kill_process_tree does to itself; in a thread: no more answers, the port closed."""
+        self.crashed = error
+        if self.thread is None:
+            print(f"Scheduler hit an exception: {error}", flush=True)
+            os.kill(os.getpid(), signal.SIGKILL)
+        self.server.shutdown()   # from a request's thread: the serving loop ends within its 0.5 s poll
+        self.server.server_close()
+        raise Crashed(error)
 
     def fault(self, route: str, kind: str, times: int = 1) -> None:
         """The next `times` requests to `route` fail: 'http500', 'not_json', 'slow:SECONDS' or 'drop'."""
@@ -174,8 +225,16 @@ class StandIn:
         if route in ("/health", "/health_generate"):
             return (503, "") if time.monotonic() < self.ready_at else (200, "")
         handler = getattr(self, "route_" + route.strip("/"))
-        with self.lock:
-            return handler(body if body is not None else query)
+        if route == "/release_memory_occupation" and self.generating:   # SGLang's scheduler asserts it is idle
+            self.crash(f"AssertionError: {FROZEN['protocol']['memory']['release_requires_idle']['message']}")
+        with self.counting:
+            self.generating += route == "/generate"
+        try:
+            with self.lock:
+                return handler(body if body is not None else query)
+        finally:
+            with self.counting:
+                self.generating -= route == "/generate"
 
     def route_model_info(self, _):
         values = {"model_path": self.model_dir, "served_model_name": self.model_dir, "tokenizer_path": self.model_dir,
@@ -207,25 +266,43 @@ class StandIn:
         return tags or list(FROZEN["memory_tags"].values())
 
     def route_release_memory_occupation(self, body):
-        tags = self._tags(body)
-        if self.memory_saver:   # without --enable-memory-saver SGLang's adapter does nothing
-            twice = self.offloaded & set(tags)
-            if twice:
-                raise _error(400, f"release_memory_occupation: {sorted(twice)} already released")
-            self.offloaded |= set(tags)
+        """SGLang records the tags (none: all), with or without --enable-memory-saver (which only
+        decides whether memory is really freed); a tag released twice stays released."""
+        self.offloaded |= set(self._tags(body))
         return 200, None
 
     def route_resume_memory_occupation(self, body):
+        """SGLang removes each tag from its released set: a tag not released is a KeyError in its
+        scheduler, which ends the server."""
         tags = self._tags(body)
-        if self.memory_saver:
-            missing = set(tags) - self.offloaded
-            if missing:   # SGLang: offload_tags.remove(tag), a KeyError
-                raise _error(400, f"resume_memory_occupation: {sorted(missing)} were not released")
-            self.offloaded -= set(tags)
+        for tag in tags:
+            if tag not in self.offloaded:
+                self.crash(f"KeyError: {tag!r}")
+            self.offloaded.discard(tag)
         return 200, None
 
+    def _session_refusal(self, call: str):
+        """SGLang's answer where the session's state refuses `call`, else None."""
+        rule = FROZEN["protocol"]["weight_update_session"][call]
+        refused = {"no session is open": self.session is None, "a session is open": self.session is not None,
+                   None: False}[rule["refused_when"]]
+        return (FROZEN["protocol"]["failure_status"][f"/{call}"], {"success": rule["success"],
+                                                                   "message": rule["message"]}) if refused else None
+
+    def route_begin_weight_update(self, body):
+        if refusal := self._session_refusal("begin_weight_update"):
+            return refusal
+        self.session = body.get("selector", "all")
+        return 200, {"success": True, "message": "Success"}
+
+    def route_end_weight_update(self, body):
+        if refusal := self._session_refusal("end_weight_update"):
+            return refusal
+        self.session = None
+        return 200, {"success": True, "message": "Success"}
+
     def _load(self, named, body, route):
-        if "weights" in self.offloaded:
+        if "weights" in self.offloaded and self.memory_saver:   # the stand-in's own rule (module docstring)
             raise _error(400, f"{route}: the weights are released (resume_memory_occupation first)")
         if body.get("load_format") is not None:
             raise _error(400, f"the stand-in loads the default format only, got load_format {body['load_format']!r}")
@@ -247,6 +324,8 @@ class StandIn:
 
     def route_update_weights_from_disk(self, body):
         from safetensors.torch import load_file
+        if refusal := self._session_refusal("update_weights_from_disk"):
+            return refusal
         folder = Path(str(body["model_path"]))
         files = sorted(folder.glob("*.safetensors")) if folder.is_dir() else []
         if not files:
@@ -257,6 +336,8 @@ class StandIn:
         return status, {**answer, "num_paused_requests": 0}
 
     def route_update_weights_from_tensor(self, body):
+        if refusal := self._session_refusal("update_weights_from_tensor"):
+            return refusal
         payloads = body["serialized_named_tensors"]
         if not isinstance(payloads, list) or len(payloads) < self.tp_size or not all(isinstance(p, str) for p in payloads):
             raise _error(400, f"serialized_named_tensors: one base64 payload per tensor-parallel rank "
@@ -289,7 +370,7 @@ class StandIn:
         rids = [uuid.uuid4().hex for _ in rows] if rids is None else [rids] if single else rids
         if not isinstance(rids, list) or len(rids) != len(rows):
             raise _error(400, "The rid should be a list of the batch size for batch processing.")
-        if {"weights", "kv_cache"} & self.offloaded:
+        if {"weights", "kv_cache"} & self.offloaded and self.memory_saver:   # the stand-in's own rule
             raise _error(400, f"generate while {sorted(self.offloaded)} are released")
         out = [self._sample(row, p, rid, bool(body.get("return_logprob"))) for row, p, rid in zip(rows, params, rids)]
         return 200, out[0] if single else out
@@ -342,6 +423,9 @@ def _handler(standin: StandIn):
             except json.JSONDecodeError:
                 return self._send(422, {"detail": [{"type": "json_invalid", "loc": ["body"], "msg": "JSON decode error"}]})
             standin.record(method, route, body)
+            if standin.crashed:   # the server is gone: nothing answers
+                self.close_connection = True
+                return
             fault = standin.faults.get(route, []).pop(0) if standin.faults.get(route) else None
             if fault == "drop":
                 self.close_connection = True
@@ -358,8 +442,14 @@ def _handler(standin: StandIn):
                 status, answer = standin.answer(method, route, query, body)
             except Refused as refused:
                 status, answer = refused.status, refused.body
+            except Crashed:
+                self.close_connection = True
+                return
             except Exception as error:   # a stand-in bug: answered, never a dropped connection
                 status, answer = 500, {"error": {"message": f"{type(error).__name__}: {error}"}}
+            if standin.crashed:   # the server ended while this request ran: it gets no answer either
+                self.close_connection = True
+                return
             self._send(status, answer)
 
         def _send(self, status: int, answer):

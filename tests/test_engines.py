@@ -10,8 +10,11 @@ softmax(logits / T) at the sampled ids, equal to the trainer's recomputation; an
 sync_weights makes the engine sample from the trainer's current weights.
 """
 
+import json
+import shutil
 import tempfile
 from contextlib import ExitStack
+from pathlib import Path
 
 import pytest
 import torch
@@ -44,21 +47,21 @@ def prompts():
     return make_prompts()
 
 
-def build(name: str, stack: ExitStack):
-    policy, tokenizer = load_policy(STARTING_POLICY)
+def build(name: str, stack: ExitStack, model_dir: Path = STARTING_POLICY):
+    policy, tokenizer = load_policy(model_dir)
     if name == "fused":
         return policy, tokenizer, fused_llama.FusedEngine(policy, tokenizer)
     if name == "hf":
         return policy, tokenizer, HFEngine(policy, tokenizer)
     if name == "sglang":   # a server of its own, stopped with the stack
-        server = StandIn()
+        server = StandIn(model_dir)
         stack.callback(server.close)
         folder = stack.enter_context(tempfile.TemporaryDirectory())
-        engine = sglang_engine.SGLangEngine(str(STARTING_POLICY), policy, tokenizer, World(),
+        engine = sglang_engine.SGLangEngine(str(model_dir), policy, tokenizer, World(),
                                             sglang_engine.Settings(url=server.url, output_dir=folder))
         return policy, tokenizer, engine
     stack.enter_context(VLLM())
-    engine = vllm_engine.VLLMEngine(str(STARTING_POLICY), policy, tokenizer, World(), seed=0,
+    engine = vllm_engine.VLLMEngine(str(model_dir), policy, tokenizer, World(), seed=0,
                                     gpu_memory_utilization=0.3, sleep_mode=True, dtype="float32")
     return policy, tokenizer, engine
 
@@ -142,3 +145,38 @@ def test_same_seed_same_rollout(name, prompts):
         other = sample(engine, prompt_ids, prompt_mask, SamplingParams(G, L, T), seed=8)
     assert torch.equal(first.completion_ids, again.completion_ids)
     assert not torch.equal(first.completion_ids, other.completion_ids)
+
+
+def two_eos_model(folder: Path) -> tuple[Path, int]:
+    """The starting policy, its generation_config.json naming two EOS ids (as a Qwen2.5 instruct
+    model's does: <|im_end|> and <|endoftext|>): the tokenizer's <eos> and </think>, which the
+    tiny policy writes in every answer, a few tokens before its <eos>. config.json names <eos> alone."""
+    model_dir = folder / "two-eos"
+    shutil.copytree(STARTING_POLICY, model_dir)
+    _, tokenizer = load_policy(STARTING_POLICY)
+    second = tokenizer.convert_tokens_to_ids("</think>")
+    generation = json.loads((model_dir / "generation_config.json").read_text())
+    generation["eos_token_id"] = [tokenizer.eos_token_id, second]
+    (model_dir / "generation_config.json").write_text(json.dumps(generation))
+    assert json.loads((model_dir / "config.json").read_text())["eos_token_id"] == tokenizer.eos_token_id
+    return model_dir, second
+
+
+@pytest.mark.parametrize("name", ENGINES)
+def test_every_engine_ends_a_completion_at_every_eos_id_of_the_models_files(name, prompts, tmp_path):
+    """A model whose generation_config.json names two EOS ids: every engine stops at the first
+    of either (SGLang 0.5.23 and vLLM 0.31.0 do by themselves), keeps it, and marks the
+    completion finished there; the tokenizer's one EOS alone would leave these unfinished."""
+    model_dir, second = two_eos_model(tmp_path)
+    prompt_ids, prompt_mask = prompts
+    with ExitStack() as stack:
+        _, tokenizer, engine = build(name, stack, model_dir)
+        assert engine.eos_token_ids == (tokenizer.eos_token_id, second)
+        rollout = sample(engine, prompt_ids, prompt_mask, SamplingParams(G, L, T))
+    ends = torch.isin(rollout.completion_ids, torch.tensor([tokenizer.eos_token_id, second]))
+    lengths = rollout.completion_mask.sum(1)
+    last = rollout.completion_ids.gather(1, (lengths - 1)[:, None])[:, 0]
+    assert torch.equal(rollout.finished, torch.isin(last, torch.tensor([tokenizer.eos_token_id, second])))
+    assert int((ends & rollout.completion_mask).sum(1).max()) <= 1, "a real token after an EOS id"
+    assert bool((lengths[~rollout.finished] == L).all())
+    assert bool((last[rollout.finished] == second).any()), "some completion ends at the second EOS id"

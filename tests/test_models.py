@@ -96,3 +96,23 @@ def test_generate_completions_shapes_determinism_and_rng_isolation(tokenizer):
         generate_completions(model, tokenizer, prompts, num_samples=2)
     with pytest.raises(ValueError, match="temperature must be >= 0"):
         generate_completions(model, tokenizer, prompts, temperature=-1.0)
+
+
+def test_eos_token_ids_are_the_union_of_the_models_files_and_the_tokenizers():
+    """config.json's eos_token_id, generation_config.json's (each an int or a list) and the
+    tokenizer's, the tokenizer's first; a wrapped model's (.module) too; a malformed one is
+    one line naming the file."""
+    from types import SimpleNamespace
+    from grpo_edu.policy.models import eos_token_ids
+    tokenizer = SimpleNamespace(eos_token_id=7)
+    model = SimpleNamespace(config=SimpleNamespace(eos_token_id=[9, 7]),
+                            generation_config=SimpleNamespace(eos_token_id=3))
+    assert eos_token_ids(model, tokenizer) == (7, 3, 9)
+    assert eos_token_ids(SimpleNamespace(module=model), tokenizer) == (7, 3, 9)
+    assert eos_token_ids(SimpleNamespace(config=SimpleNamespace(eos_token_id=None)), tokenizer) == (7,)
+    bad = SimpleNamespace(config=SimpleNamespace(eos_token_id=7), generation_config=SimpleNamespace(eos_token_id="7"))
+    with pytest.raises(ValueError) as error:
+        eos_token_ids(bad, tokenizer)
+    assert str(error.value) == "the model's generation_config.json: eos_token_id must be a token id or a list of them, got '7'"
+    with pytest.raises(ValueError, match="the tokenizer has no eos token"):
+        eos_token_ids(model, SimpleNamespace(eos_token_id=None))

@@ -5,6 +5,10 @@
   wheel in tests/sglang_api_0.5.23.json (tests/freeze_sglang_api.py). Where GRPO_EDU_SGLANG_SOURCE
   names the pinned source (`make test-sglang`), the freeze is re-run and must give that file, and
   SGLang's own generated JSON contract decodes the engine's requests and the stand-in's answers.
+- The state SGLang keeps across the engine's calls, read from the same source into the frozen
+  file's "protocol" (each rule with its file and line): the weight-update session a tensor sync
+  must open and close, memory release and resume and what a broken precondition does (the
+  server ends), where a completion ends. Each rule is held on the stand-in, which keeps it.
 - The engine against the stand-in server (tests/sglang_standin.py, a real HTTP server that
   checks every request against the frozen fields): the one /generate request of a rollout, its
   seeds, the log-probs against the trainer's fused forward, the weights reaching the server by
@@ -96,7 +100,9 @@ def test_every_name_the_engine_uses_is_in_sglang_0_5_23():
         else:   # the update routes' answers: the output struct's fields, and the keys the route returns
             known = FROZEN["requests"][name]["fields"]
             route = {"UpdateWeightFromDiskReqOutput": "/update_weights_from_disk",
-                     "UpdateWeightsFromTensorReqOutput": "/update_weights_from_tensor"}[name]
+                     "UpdateWeightsFromTensorReqOutput": "/update_weights_from_tensor",
+                     "BeginWeightUpdateReqOutput": "/begin_weight_update",
+                     "EndWeightUpdateReqOutput": "/end_weight_update"}[name]
             assert set(fields) <= set(FROZEN["responses"][route]), name
         assert set(fields) <= set(known), (name, sorted(set(fields) - set(known)))
     assert FROZEN["contract"]["LogprobEntry"]["fields"][:2] == ["logprob", "token_id"]   # positional: the order counts
@@ -104,6 +110,7 @@ def test_every_name_the_engine_uses_is_in_sglang_0_5_23():
         assert FROZEN["server_args"][field] == flag, (field, FROZEN["server_args"].get(field))
     assert FROZEN["launch_server"]
     assert set(sglang_engine.MEMORY_TAGS) == set(FROZEN["memory_tags"].values())
+    assert sglang_engine.EXTRA_STOP_TEXTS == tuple(FROZEN["protocol"]["stops"]["additional_stop_token_texts"]["texts"])
     assert {sglang_engine.RAW_LOGPROBS_VARIABLE, sglang_engine.CPU_ENGINE_VARIABLE} <= set(FROZEN["environment_variables"])
     assert FROZEN["serializer"] == {"pickler": "ForkingPickler", "base64": True}
     # what the engine relies on of SGLang's behaviour, as the source states it
@@ -159,13 +166,13 @@ def test_sglangs_own_contract_takes_the_engines_requests_and_the_stand_ins_answe
 
 def test_the_stand_in_refuses_what_sglang_would_not_take(server):
     client = sglang_engine.Client(server.url, 10)
+    client.call("POST", "/begin_weight_update", {})   # the allowlist's refusal below comes from inside a session
     refusals = {
         ("/generate", json.dumps({"input_ids": [[1, 2]], "sampling_params": {"seed": 3}})):
             "HTTP 400: unknown field `seed`, expected one of `max_new_tokens`",
         ("/generate", json.dumps({"input_ids": [[1, 2]], "seed": 3})):
             "HTTP 400: the stand-in refuses field(s) ['seed'] that SGLang 0.5.23's GenerateReqInput does not have",
         ("/update_weights_from_disk", json.dumps({"flush_cache": True})): "HTTP 422: ",
-        ("/resume_memory_occupation", json.dumps({"tags": ["weights"]})): "HTTP 400: resume_memory_occupation: ['weights'] were not released",
         ("/release_memory_occupation", json.dumps({"tags": ["gpu"]})): "HTTP 400: tags must be a list of",
         ("/update_weights_from_tensor", json.dumps({"serialized_named_tensors": [
             base64.b64encode(pickle.dumps(os.getcwd)).decode()]})):   # a callable SGLang's allowlist does not have
@@ -182,6 +189,194 @@ def test_the_stand_in_refuses_what_sglang_would_not_take(server):
     client.call("POST", "/release_memory_occupation", {"tags": ["kv_cache"]})
     with pytest.raises(SGLangServerError, match=r"generate while \['kv_cache'\] are released"):
         client.call("POST", "/generate", {"input_ids": [[1, 2]]})
+
+
+# ------------------------------------------------------------------ the state SGLang keeps (the frozen "protocol")
+
+PROTOCOL = FROZEN["protocol"]
+
+
+def test_the_weight_update_session_is_kept_as_sglang_keeps_it(server):
+    """SGLang 0.5.23 (weight_updater.py, SchedulerWeightUpdaterManager): a tensor update outside a
+    session, a second session, closing none are refused, each with SGLang's message and HTTP 400;
+    a disk update, release and resume need no session. The stand-in answers so."""
+    session = PROTOCOL["weight_update_session"]
+    assert [session[c]["refused_when"] for c in ("update_weights_from_tensor", "begin_weight_update",
+                                                 "end_weight_update")] == [
+        "no session is open", "a session is open", "no session is open"]
+    assert all(session[c]["refused_when"] is None for c in ("update_weights_from_disk", "release_memory_occupation",
+                                                            "resume_memory_occupation"))
+    # why: a disk update restores the weights for loading and post-processes them inside the call; a
+    # tensor update does neither, the session's begin and end do (the model runner's WeightUpdater)
+    runner = session["runner"]
+    assert runner["update_weights_from_disk"]["calls"] == ["load_weights_and_postprocess",
+                                                          "restore_weights_before_loading"]
+    assert runner["update_weights_from_tensor"]["calls"] == []
+    assert runner["begin_weight_update"]["calls"] == ["restore_weights_before_loading"]
+    assert runner["end_weight_update"]["calls"] == ["postprocess_weights"]
+    assert PROTOCOL["failure_status"] == {route: 400 for route in ("/begin_weight_update", "/end_weight_update",
+                                                                   "/update_weights_from_tensor",
+                                                                   "/update_weights_from_disk")}
+    client = sglang_engine.Client(server.url, 10)
+
+    def refused(route, body, call):
+        with pytest.raises(SGLangServerError) as error:
+            client.call("POST", route, body)
+        assert str(error.value) == (f"SGLang server at {server.url}: POST {route} answered HTTP 400: "
+                                    f"{session[call]['message']}")
+    tensors = {"serialized_named_tensors": [sglang_engine.serialize_named_tensors([])]}
+    refused("/update_weights_from_tensor", tensors, "update_weights_from_tensor")
+    refused("/end_weight_update", {}, "end_weight_update")
+    assert client.call("POST", "/begin_weight_update", {"selector": "all"})["success"] is True
+    refused("/begin_weight_update", {"selector": "all"}, "begin_weight_update")
+    assert client.call("POST", "/update_weights_from_tensor", tensors)["success"] is True
+    assert client.call("POST", "/end_weight_update", {})["success"] is True
+    refused("/end_weight_update", {}, "end_weight_update")
+    answer = client.call("POST", "/update_weights_from_disk", {"model_path": str(STARTING_POLICY)})
+    assert answer["success"] is True and server.session is None
+
+
+def test_a_tensor_sync_opens_and_closes_the_session_as_sglangs_own_client_does(server, tmp_path):
+    """/begin_weight_update with the body SGLang's HttpServerEngineAdapter sends ({"selector": ...}),
+    every chunk, then /end_weight_update with {} (its empty payload); a disk sync opens none."""
+    client = PROTOCOL["client"]
+    assert client["begin_weight_update"]["body"] == ["selector"] and client["end_weight_update"]["body"] is None
+    assert client["no_body_sent_as"] == "{}"
+    engine = engine_for(server, tmp_path, weight_sync="tensor")
+    start = len(server.calls)
+    engine.sync_weights()
+    calls = server.calls[start:]
+    assert [route for _, route, _ in calls][0] == "/begin_weight_update"
+    assert [route for _, route, _ in calls][-2:] == ["/end_weight_update", "/flush_cache"]
+    assert {route for _, route, _ in calls[1:-2]} == {"/update_weights_from_tensor"}
+    assert calls[0][2] == {"selector": "all"} and calls[-2][2] == {}
+    assert server.session is None
+    disk = engine_for(server, tmp_path, weight_sync="disk")
+    start = len(server.calls)
+    disk.sync_weights()
+    assert routes(server, start) == ["/update_weights_from_disk", "/flush_cache"]
+
+
+@pytest.mark.parametrize("call", ["/begin_weight_update", "/update_weights_from_tensor", "/end_weight_update"])
+def test_a_failure_at_any_call_of_the_session_is_one_line_with_sglangs_message(server, tmp_path, call):
+    """The run stops with one line naming the call and SGLang's message; after a failed update the
+    session is closed all the same, so the server takes the next sync."""
+    engine = engine_for(server, tmp_path, weight_sync="tensor")
+    message = {"/begin_weight_update": PROTOCOL["weight_update_session"]["begin_weight_update"]["message"],
+               "/update_weights_from_tensor": "Failed to update weights: injected.",
+               "/end_weight_update": "injected end failure"}[call]
+    if call == "/begin_weight_update":   # another client left a session open
+        sglang_engine.Client(server.url, 10).call("POST", "/begin_weight_update", {})
+    else:
+        setattr(server, "route_" + call.strip("/"), lambda body: (400, {"success": False, "message": message}))
+    with pytest.raises(SGLangServerError) as error:
+        engine.sync_weights()
+    assert str(error.value) == f"SGLang server at {server.url}: POST {call} answered HTTP 400: {message}"
+    if call == "/update_weights_from_tensor":
+        assert routes(server)[-1] == "/end_weight_update" and server.session is None
+
+
+def test_memory_release_and_resume_follow_sglangs_scheduler(tmp_path):
+    """SGLang 0.5.23 records released tags (none: all) whether or not it runs with
+    --enable-memory-saver; a tag released twice stays released; a resume of a tag not released,
+    or a release while a request runs, raises in its scheduler, whose handler ends the server:
+    the request's connection drops and nothing answers after it."""
+    memory = PROTOCOL["memory"]
+    assert memory["no_tags_means"] == "GPU_MEMORY_ALL_TYPES" and memory["memory_saver_checked"] is False
+    assert memory["release_records_tags"] and memory["resume_removes_each_tag"]
+    assert memory["scheduler_exception_ends_the_server"]["signals_parent"]
+    for saver in (True, False):
+        standin = StandIn(memory_saver=saver)
+        try:
+            client = sglang_engine.Client(standin.url, 10)
+            client.call("POST", "/release_memory_occupation", {})
+            assert standin.offloaded == set(FROZEN["memory_tags"].values())
+            client.call("POST", "/release_memory_occupation", {"tags": ["weights"]})
+            client.call("POST", "/resume_memory_occupation", {"tags": ["weights"]})
+            with pytest.raises(SGLangServerError, match="POST /resume_memory_occupation: the connection broke"):
+                client.call("POST", "/resume_memory_occupation", {"tags": ["weights"]})
+            assert standin.crashed == "KeyError: 'weights'"
+            with pytest.raises(SGLangServerError, match="cannot connect"):
+                client.call("GET", "/server_info")
+        finally:
+            standin.close()
+    import threading
+    standin = StandIn()
+    try:
+        running, finish = threading.Event(), threading.Event()
+        answer = standin.route_generate
+        standin.route_generate = lambda body: (running.set(), finish.wait(30), answer(body))[-1]
+        client = sglang_engine.Client(standin.url, 30)
+        outcome = []
+
+        def generate():
+            try:
+                outcome.append(client.call("POST", "/generate", {"input_ids": [[5, 6]]}))
+            except SGLangServerError as error:
+                outcome.append(str(error))
+        generating = threading.Thread(target=generate)
+        generating.start()
+        assert running.wait(30)
+        with pytest.raises(SGLangServerError, match="POST /release_memory_occupation: the connection broke"):
+            client.call("POST", "/release_memory_occupation", {})
+        assert standin.crashed == f"AssertionError: {memory['release_requires_idle']['message']}"
+        finish.set()
+        generating.join(30)
+        assert outcome == [f"SGLang server at {standin.url}: POST /generate: the connection broke (RemoteDisconnected: "
+                           f"Remote end closed connection without response)"]
+    finally:
+        standin.close()
+
+
+def test_a_launched_server_whose_scheduler_fails_is_one_line_with_its_log(fake_sglang, tmp_path):
+    """A resume of a tag not released ends a server grpo-edu started as SGLang ends itself (killed,
+    "Scheduler hit an exception" in its log): the engine's next call says so in one line."""
+    engine = engine_for(None, tmp_path, device="cpu", start_timeout=120)
+    try:
+        with pytest.raises(SGLangServerError) as error:
+            engine.client.call("POST", "/resume_memory_occupation", {"tags": ["kv_cache"]})
+        engine.server.process.wait(timeout=30)
+        assert str(error.value) == (f"the SGLang server grpo-edu started exited with code -9; the last line of its "
+                                    f"log ({tmp_path / 'sglang_server.log'}): Scheduler hit an exception: KeyError: "
+                                    f"'kv_cache'")
+    finally:
+        engine.close()
+
+
+def test_the_stand_in_stops_where_sglang_does_and_the_engine_refuses_an_extra_stop(tmp_path):
+    """SGLang ends a completion at the request's stop_token_ids, the model's EOS ids (config.json's
+    and generation_config.json's: ModelConfig._get_hf_eos_token_id), the tokenizer's EOS and its
+    added tokens among SGLang's extra stop texts. The engine sends the model's EOS ids itself, and
+    refuses a tokenizer whose extra stop token the model's files do not name."""
+    stops = PROTOCOL["stops"]
+    assert stops["model_eos"]["reads"] == ["hf_config", "hf_generation_config"]
+    assert stops["finish"]["token_in"] == ["sampling_params.stop_token_ids", "eos_token_ids", "tokenizer.eos_token_id",
+                                           "tokenizer.additional_stop_token_ids"]
+    import shutil
+    model_dir = tmp_path / "model"
+    shutil.copytree(STARTING_POLICY, model_dir)
+    policy, tokenizer = load_policy(model_dir)
+    think = tokenizer.convert_tokens_to_ids("</think>")
+    config = json.loads((model_dir / "config.json").read_text())
+    (model_dir / "config.json").write_text(json.dumps({**config, "eos_token_id": [tokenizer.eos_token_id, think]}))
+    standin = StandIn(model_dir)
+    try:
+        assert standin.eos == {tokenizer.eos_token_id, think}
+        answer = sglang_engine.Client(standin.url, 10).call("POST", "/generate", {
+            "input_ids": prompts(tokenizer, n=1)[0][0].tolist(), "sampling_params": {"max_new_tokens": 12,
+                                                                                    "temperature": 0.0}})
+        assert answer["output_ids"][-1] == think and answer["meta_info"]["finish_reason"] == {"type": "stop",
+                                                                                              "matched": think}
+    finally:
+        standin.close()
+    tokenizer.add_tokens(["<|eom_id|>"])
+    eom = tokenizer.convert_tokens_to_ids("<|eom_id|>")
+    with pytest.raises(ValueError) as error:
+        sglang_engine.check_extra_stops(tokenizer, (tokenizer.eos_token_id,))
+    assert str(error.value) == (f"engine = 'sglang': SGLang 0.5.23 also stops at the tokenizer's {{'<|eom_id|>': "
+                                f"{eom}}}, which the model's files do not name as EOS (eos ids [1]): the other engines "
+                                f"would go on there; add it to eos_token_id in the model's generation_config.json")
+    sglang_engine.check_extra_stops(tokenizer, (tokenizer.eos_token_id, eom))
 
 
 # ------------------------------------------------------------------ sampling
@@ -275,7 +470,8 @@ def test_a_weight_sync_changes_what_the_server_samples(tmp_path, monkeypatch, ho
         after = engine.generate(ids, mask, sampling, seeds=list(range(3 * G)))
         update = f"/update_weights_from_{how}"
         sent = bodies(standin, update)
-        assert routes(standin, start) == [update] * len(sent) + ["/flush_cache", "/generate"]
+        session = (["/begin_weight_update"], ["/end_weight_update"]) if how == "tensor" else ([], [])
+        assert routes(standin, start) == session[0] + [update] * len(sent) + session[1] + ["/flush_cache", "/generate"]
         assert all(b["flush_cache"] is False and b["weight_version"] == engine.version for b in sent)
         assert engine.version.startswith("grpo-edu-") and standin.weight_version == engine.version
         if how == "tensor":
@@ -528,8 +724,8 @@ def test_grpo_edu_train_starts_the_server_syncs_sleeps_and_stops_it(fake_sglang,
                           "--enable-memory-saver --enable-deterministic-inference")
     assert launched["SGLANG_USE_CPU_ENGINE"] == "1" and launched["SGLANG_RETURN_ORIGINAL_LOGPROB"] is None
     calls = [route for _, route, _ in lines[1:] if route != "/health_generate"]
-    cycle = ["/resume_memory_occupation", "/update_weights_from_tensor", "/flush_cache", "/resume_memory_occupation",
-             "/generate", "/release_memory_occupation"]
+    cycle = ["/resume_memory_occupation", "/begin_weight_update", "/update_weights_from_tensor", "/end_weight_update",
+             "/flush_cache", "/resume_memory_occupation", "/generate", "/release_memory_occupation"]
     assert calls == ["/server_info", "/model_info", "/release_memory_occupation"] + cycle * 3
     metrics = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert [m["step"] for m in metrics] == [1, 2, 3]

@@ -38,6 +38,31 @@ def test_two_rollouts_train_through_the_bridge(tmp_path):
     assert {"rewards/accuracy/mean", "rewards/format/mean"} <= logged   # our reward names
 
 
+def test_trls_completions_end_at_every_eos_id_of_the_models_files(tmp_path):
+    """TRL 1.16 ends a completion at generation_config's EOS ids and the tokenizer's (read here from
+    its source); the bridge names config.json's there too, so TRL's 'finished' is every engine's."""
+    import inspect
+    import json
+    import shutil
+    from trl import GRPOTrainer
+    from grpo_edu.policy.models import STARTING_POLICY, load_policy
+    source = inspect.getsource(GRPOTrainer.__init__)
+    assert "eos_token_ids = model.generation_config.eos_token_id" in source
+    model_dir = tmp_path / "model"
+    shutil.copytree(STARTING_POLICY, model_dir)
+    _, tokenizer = load_policy(model_dir)
+    think = tokenizer.convert_tokens_to_ids("</think>")
+    config_json = json.loads((model_dir / "config.json").read_text())
+    (model_dir / "config.json").write_text(json.dumps({**config_json, "eos_token_id": [tokenizer.eos_token_id, think]}))
+    model, tokenizer = load_policy(model_dir)
+    assert model.generation_config.eos_token_id == tokenizer.eos_token_id   # config.json's second id is not there
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        trainer = trl_bridge.grpo_trainer(bridged(tmp_path, prompts_per_step=2, num_generations=2), model=model,
+                                          tokenizer=tokenizer)
+    assert sorted(trainer.eos_token_ids) == sorted([tokenizer.eos_token_id, think])
+
+
 LOSSES = [dict(loss_type=t, beta=b) for t in ("grpo", "bnpo", "dr_grpo", "dapo") for b in (0.0, 0.04)] + \
     [dict(loss_type="dapo", beta=0.04, epsilon_high=0.28, importance_sampling_level="sequence")]
 

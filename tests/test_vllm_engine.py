@@ -251,7 +251,8 @@ def test_to_rollout_when_the_pad_token_is_eos():
             self.index, self.token_ids = index, tokens
             self.logprobs = [{t: type("Logprob", (), {"logprob": -0.5})()} for t in tokens]
     rows = [[Completion(0, [3, 9]), Completion(1, [3, 4, 5])]]
-    r = vllm_engine._to_rollout(torch.tensor([[1, 2]]), torch.tensor([[1, 1]]), rows, SamplingParams(2, 3), Tokenizer())
+    r = vllm_engine._to_rollout(torch.tensor([[1, 2]]), torch.tensor([[1, 1]]), rows, SamplingParams(2, 3), Tokenizer(),
+                                (9,))
     assert r.completion_mask.tolist() == [[True, True, False], [True, True, True]]
     assert r.finished.tolist() == [True, False]
     assert r.completion_ids.tolist() == [[3, 9, 9], [3, 4, 5]]
@@ -443,6 +444,66 @@ def test_trls_client_has_what_server_mode_uses():
             target = getattr(getattr(importlib.import_module(module_name), owner), attribute)
         parameters = inspect.signature(target).parameters
         assert set(arguments) <= set(parameters), f"{key}: trl takes {list(parameters)}"
+
+
+# ------------------------------------------------------------------ the state vLLM keeps across the engine's calls
+
+def sleep_state(llm) -> tuple[set, bool]:
+    """(the tags asleep, whether the scheduler is paused) of a vllm.LLM: vLLM's own (its executor's
+    sleeping_tags, its engine core's pause state) or the stand-in's."""
+    if hasattr(llm, "_sleeping"):
+        return set(llm._sleeping), llm._paused
+    core = llm.llm_engine.engine_core.engine_core
+    return set(core.model_executor.sleeping_tags), core.is_scheduler_paused()
+
+
+def check_sleep_rules(llm) -> None:
+    """vLLM 0.31.0's sleep bookkeeping, on an awake engine built with enable_sleep_mode (tests/real_vllm
+    runs this on vLLM itself, and reads each rule from its source):
+    - sleep(level >= 1) pauses the scheduler and marks both tags asleep (vllm/v1/engine/core.py
+      EngineCore.sleep; vllm/v1/executor/abstract.py SLEEP_TAGS, Executor.sleep);
+    - a sleep while the weights sleep changes nothing (Executor.sleep's first lines);
+    - wake_up(tags) wakes those tags, and nothing at all when one of them is not asleep, or when
+      nothing is (Executor.wake_up); the scheduler resumes only once no tag sleeps (EngineCore.wake_up).
+    The engine wakes one tag at a time, each once: weights before loading them, the KV cache
+    before generating."""
+    both = {"weights", "kv_cache"}
+    assert sleep_state(llm) == (set(), False)
+    steps = [(lambda: llm.sleep(level=2), (both, True)),
+             (lambda: llm.sleep(level=2), (both, True)),
+             (lambda: llm.wake_up(tags=["weights"]), ({"kv_cache"}, True)),
+             (lambda: llm.wake_up(tags=["weights", "kv_cache"]), ({"kv_cache"}, True)),
+             (lambda: llm.wake_up(tags=["kv_cache"]), (set(), False)),
+             (lambda: llm.wake_up(tags=["kv_cache"]), (set(), False)),
+             (lambda: llm.sleep(level=1), (both, True)),
+             (lambda: llm.wake_up(), (set(), False))]
+    for number, (step, expected) in enumerate(steps):
+        step()
+        assert sleep_state(llm) == expected, f"step {number}: {sleep_state(llm)}, expected {expected}"
+
+
+def test_the_stand_in_keeps_vllms_sleep_state():
+    with fake_vllm() as vllm:
+        check_sleep_rules(vllm.LLM(str(STARTING_POLICY), enable_sleep_mode=True, dtype="float32"))
+
+
+def test_trls_client_opens_and_closes_vllms_weight_update_session_around_every_update():
+    """vLLM 0.31.0's server keeps a weight-update session (vllm/v1/worker/gpu_worker.py: update_weights
+    without start_weight_update, a second start, a finish without a start are refused; a failed
+    update ends the session). The server engine never calls those routes itself: TRL 1.16's
+    VLLMClient.update_named_params posts /start_weight_update before the weights and
+    /finish_weight_update after them (read here from TRL's source), and the engine calls it once
+    per sync (test_server_mode_streams_the_weights_then_samples_each_prompt_with_its_seed)."""
+    from trl.generation import vllm_client
+    source = inspect.getsource(vllm_client.VLLMClient.update_named_params)
+    start = source.index("self._start_weight_update()")
+    update = source.index('f"{self.base_url}/update_weights"')
+    finish = source.index("self._finish_weight_update()")
+    assert start < update < finish
+    assert '"/start_weight_update"' in inspect.getsource(vllm_client.VLLMClient._start_weight_update).replace(
+        "{self.base_url}", "")
+    assert '"/finish_weight_update"' in inspect.getsource(vllm_client.VLLMClient._finish_weight_update).replace(
+        "{self.base_url}", "")
 
 
 # ------------------------------------------------------------------ server mode

@@ -220,13 +220,18 @@ def train_dataset(config: TrainConfig, size: int = 10_000):
 def grpo_trainer(config: TrainConfig, *, model=None, tokenizer=None, dataset=None, **trainer_kwargs):
     """TRL's GRPOTrainer for `config`: its policy (config.run.model; 'start' is the committed tiny
     policy), task and rewards, and with lora_rank > 0 its LoRA adapters (peft_config). trainer_kwargs
-    go to GRPOTrainer (callbacks, a peft_config of your own, ...)."""
+    go to GRPOTrainer (callbacks, a peft_config of your own, ...). The model's generation config is
+    given every EOS id of the model's files, so that TRL's completions end where grpo_edu's do."""
     from trl import GRPOTrainer
 
-    from grpo_edu.policy.models import load_policy, policy_source
+    from grpo_edu.policy.models import eos_token_ids, load_policy, policy_source
     args = grpo_config(config)
     if model is None:
         model, tokenizer = load_policy(policy_source(config.run.model))
+    if tokenizer is not None and getattr(model, "generation_config", None) is not None:
+        # TRL 1.16 ends a completion at the generation config's EOS ids and the tokenizer's; grpo_edu's
+        # engines at config.json's too (eos_token_ids). Named in the generation config, all end alike.
+        model.generation_config.eos_token_id = list(eos_token_ids(model, tokenizer))
     functions, weights = reward_functions(config)
     args.reward_weights = weights
     if config.lora.lora_rank and "peft_config" not in trainer_kwargs:

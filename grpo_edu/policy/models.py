@@ -166,6 +166,31 @@ def load_policy(name_or_path: str | Path = STARTING_POLICY, *, dtype: torch.dtyp
     return model.eval(), tokenizer
 
 
+def eos_token_ids(model, tokenizer) -> tuple[int, ...]:
+    """Every token id that ends a completion, from the model's own files: the eos_token_id of
+    config.json (model.config) and of generation_config.json (model.generation_config), each an
+    int or a list, and the tokenizer's; the tokenizer's first, then the others ascending.
+
+    SGLang 0.5.23 and vLLM 0.31.0 stop at these by themselves (docs/gpu.md, "Where a completion
+    ends"), so every engine stops at them too, and marks a completion finished where it does:
+    a Qwen2.5 instruct model names two (<|im_end|> and <|endoftext|>). `model` may be wrapped
+    (DistributedDataParallel's .module, PEFT's LoRA model)."""
+    while not hasattr(model, "config") and hasattr(model, "module"):
+        model = model.module
+    found = [tokenizer.eos_token_id]
+    for where, source in (("config.json", getattr(model, "config", None)),
+                          ("generation_config.json", getattr(model, "generation_config", None))):
+        value = getattr(source, "eos_token_id", None)
+        values = [] if value is None else [value] if isinstance(value, int) else value
+        if not isinstance(values, (list, tuple)) or not all(isinstance(v, int) and not isinstance(v, bool) and v >= 0
+                                                           for v in values):
+            raise ValueError(f"the model's {where}: eos_token_id must be a token id or a list of them, got {value!r}")
+        found += values
+    if found[0] is None:
+        raise ValueError("the tokenizer has no eos token (eos_token_id is None): every engine needs one")
+    return (found[0], *sorted(set(found[1:]) - {found[0]}))
+
+
 def save_policy(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, directory: str | Path) -> Path:
     """Write model (safetensors + config + generation config) and tokenizer to `directory`."""
     directory = Path(directory)
@@ -205,7 +230,7 @@ def generate_completions(model: PreTrainedModel, tokenizer: PreTrainedTokenizerB
             output = model.generate(**batch, max_new_tokens=max_new_tokens,
                                     num_return_sequences=num_samples,
                                     pad_token_id=tokenizer.pad_token_id,
-                                    eos_token_id=tokenizer.eos_token_id, **sampling)
+                                    eos_token_id=list(eos_token_ids(model, tokenizer)), **sampling)
             new_tokens = output[:, batch["input_ids"].shape[1]:]
             texts += tokenizer.batch_decode(new_tokens, skip_special_tokens=True)
     return [texts[i * num_samples:(i + 1) * num_samples] for i in range(len(prompts))]

@@ -47,6 +47,7 @@ import torch.nn.functional as F
 from grpo_edu.algorithm.logprobs import check_completion_inputs, position_ids_from_attention_mask, token_entropies, token_logprobs
 from grpo_edu.policy.lora import effective_weight as weight
 from grpo_edu.runtime.distributed import World
+from grpo_edu.policy.models import eos_token_ids
 from grpo_edu.sampling.rollout import Rollout, SamplingParams, Seeded, completion_mask_from_ids
 
 SUPPORTED_MODELS = ("LlamaForCausalLM", "Qwen2ForCausalLM")
@@ -347,7 +348,7 @@ class FusedEngine:
     """The rollout engine of the fused path: prompts run once, a shared KV cache, a plain decode loop.
 
     Same contract as grpo_edu.sampling.rollout.HFEngine (prompt-major Rollout, sampler
-    log-probs at the sampling temperature, EOS-terminated masks).
+    log-probs at the sampling temperature, masks that end at any EOS id of the model's files).
     """
 
     def __init__(self, model, tokenizer):
@@ -355,6 +356,7 @@ class FusedEngine:
         if tokenizer.eos_token_id is None or tokenizer.pad_token_id is None:
             raise ValueError("tokenizer needs an eos and a pad token for batched generation")
         self.model, self.tokenizer = model, tokenizer
+        self.eos_token_ids = eos_token_ids(model, tokenizer)
 
     def sync_weights(self) -> None:
         """Samples with the policy module itself (fused afresh each call): nothing to copy."""
@@ -392,7 +394,8 @@ class FusedEngine:
                              f"got {tuple(uniforms.shape)}")
         weights = fuse(self.model)
         D, Hkv = weights.head_dim, weights.kv_heads
-        eos, pad = self.tokenizer.eos_token_id, self.tokenizer.pad_token_id
+        pad = self.tokenizer.pad_token_id
+        ends = torch.tensor([*self.eos_token_ids, *sampling.stop_token_ids], device=prompt_ids.device)
 
         # Prefill: B prompts, then every cache row is repeated for the prompt's G completions.
         real = prompt_mask.bool()
@@ -429,9 +432,8 @@ class FusedEngine:
             token = token.masked_fill(done, pad)
             tokens[rows, t] = token
             logp[rows, t] = step_logp.gather(-1, token[:, None]).squeeze(-1)
-            done |= token == eos
-            for stop in sampling.stop_token_ids:   # a turn handed to the environment (grpo_edu.training.episodes)
-                done |= token == stop
+            # any EOS id of the model's, or a turn handed to the environment (grpo_edu.training.episodes)
+            done |= torch.isin(token, ends)
             steps = t + 1
             if t == L - 1 or bool(done.all()):
                 break
@@ -460,7 +462,8 @@ class FusedEngine:
             position = position + 1
 
         completion_ids = tokens[:, :steps]
-        completion_mask, finished = completion_mask_from_ids(completion_ids, eos, sampling.stop_token_ids)
+        completion_mask, finished = completion_mask_from_ids(completion_ids, self.eos_token_ids,
+                                                             sampling.stop_token_ids)
         sampler_logp = logp[:, :steps].masked_fill(~completion_mask, 0.0)
         completion_ids = completion_ids.masked_fill(~completion_mask, pad)
         return Rollout(prompt_ids.repeat_interleave(G, dim=0), prompt_mask.repeat_interleave(G, dim=0),

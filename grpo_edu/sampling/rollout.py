@@ -21,6 +21,7 @@ from typing import Callable, Protocol
 import torch
 
 from grpo_edu.algorithm.logprobs import completion_logprobs
+from grpo_edu.policy.models import eos_token_ids
 from grpo_edu.runtime.distributed import World
 
 
@@ -103,11 +104,14 @@ class RolloutEngine(Protocol):
 Seeded = Callable[[int, torch.Tensor, torch.Tensor, SamplingParams, torch.Tensor], Rollout]
 
 
-def completion_mask_from_ids(completion_ids: torch.Tensor, eos_token_id: int,
+def completion_mask_from_ids(completion_ids: torch.Tensor, eos_token_id: int | tuple[int, ...],
                              stop_token_ids: tuple[int, ...] = ()) -> tuple[torch.Tensor, torch.Tensor]:
     """(N, S) ids -> (mask (N, S), finished (N,)): tokens up to and including the
-    first EOS (or stop token) are real; everything after it is padding."""
-    is_eos = completion_ids == eos_token_id
+    first EOS (any of eos_token_id's: grpo_edu.policy.models.eos_token_ids) or stop
+    token are real; everything after it is padding."""
+    ends = torch.tensor([eos_token_id] if isinstance(eos_token_id, int) else [*eos_token_id],
+                        dtype=completion_ids.dtype, device=completion_ids.device)
+    is_eos = torch.isin(completion_ids, ends)
     for stop in stop_token_ids:
         is_eos |= completion_ids == stop
     finished = is_eos.any(dim=1)
@@ -119,13 +123,15 @@ def completion_mask_from_ids(completion_ids: torch.Tensor, eos_token_id: int,
 
 
 class HFEngine:
-    """Sampling with transformers' `model.generate` (KV cache, any causal LM)."""
+    """Sampling with transformers' `model.generate` (KV cache, any causal LM). It stops at every
+    EOS id of the model's files (eos_token_ids), as the other engines do."""
 
     def __init__(self, model, tokenizer):
         self.model = model
         self.tokenizer = tokenizer
         if tokenizer.eos_token_id is None or tokenizer.pad_token_id is None:
             raise ValueError("tokenizer needs an eos and a pad token for batched generation")
+        self.eos_token_ids = eos_token_ids(model, tokenizer)
 
     def sync_weights(self) -> None:
         """Samples with the policy module itself: nothing to copy."""
@@ -161,12 +167,11 @@ class HFEngine:
             do_sample=not greedy, temperature=None if greedy else T, top_k=None if greedy else 0,
             top_p=None if greedy else 1.0,
             pad_token_id=self.tokenizer.pad_token_id,
-            eos_token_id=[self.tokenizer.eos_token_id, *sampling.stop_token_ids] if sampling.stop_token_ids
-            else self.tokenizer.eos_token_id,
+            eos_token_id=[*self.eos_token_ids, *sampling.stop_token_ids],
             output_logits=True, return_dict_in_generate=True)
         self.model.train(was_training)
         completion_ids = out.sequences[:, ids.shape[1]:]
-        completion_mask, finished = completion_mask_from_ids(completion_ids, self.tokenizer.eos_token_id,
+        completion_mask, finished = completion_mask_from_ids(completion_ids, self.eos_token_ids,
                                                              sampling.stop_token_ids)
         # out.logits: one (N, V) tensor per generated position, before temperature. Each becomes
         # its sampled token's log-prob on its own: stacking them first would hold N x S x V floats
@@ -182,9 +187,10 @@ class HFEngine:
 
 def rollout_from_tokens(prompt_ids: torch.Tensor, prompt_mask: torch.Tensor,
                         completions: list[tuple[list[int], list[float]]], sampling: SamplingParams,
-                        tokenizer) -> Rollout:
+                        tokenizer, eos_ids: tuple[int, ...]) -> Rollout:
     """A server engine's answer -> the Rollout every engine returns: per completion, prompt-major
-    (G per prompt), its token ids and each sampled token's log-prob (vLLM's and SGLang's)."""
+    (G per prompt), its token ids and each sampled token's log-prob (vLLM's and SGLang's).
+    eos_ids: the model's EOS ids (eos_token_ids), which end a completion beside the stop tokens."""
     G, pad = sampling.num_generations, tokenizer.pad_token_id
     S = max(1, max(len(tokens) for tokens, _ in completions))
     ids = torch.full((len(completions), S), pad, dtype=torch.long)
@@ -192,13 +198,11 @@ def rollout_from_tokens(prompt_ids: torch.Tensor, prompt_mask: torch.Tensor,
     for i, (tokens, logprobs) in enumerate(completions):
         ids[i, :len(tokens)] = torch.tensor(tokens, dtype=torch.long)
         logp[i, :len(tokens)] = torch.tensor(logprobs, dtype=torch.float32)
-    mask, _ = completion_mask_from_ids(ids, tokenizer.eos_token_id, sampling.stop_token_ids)
+    mask, _ = completion_mask_from_ids(ids, eos_ids, sampling.stop_token_ids)
     # A pad id that equals EOS would make padding look like an ending: only real tokens count.
     lengths = torch.tensor([len(tokens) for tokens, _ in completions])
     mask &= torch.arange(S)[None, :] < lengths[:, None]
-    ends = ids == tokenizer.eos_token_id
-    for stop in sampling.stop_token_ids:
-        ends |= ids == stop
+    ends = torch.isin(ids, torch.tensor([*eos_ids, *sampling.stop_token_ids], dtype=torch.long))
     finished = ends.logical_and(mask).any(dim=1)
     device = prompt_ids.device
     return Rollout(prompt_ids.repeat_interleave(G, dim=0), prompt_mask.repeat_interleave(G, dim=0),

@@ -22,19 +22,29 @@ The weights reach the server in one of two ways (sglang_weight_sync), each tagge
 weight_version that every /generate answer must carry back:
 
     disk    a safetensors folder in the run directory, then /update_weights_from_disk: any server
-            that reads the trainer's file system
-    tensor  /update_weights_from_tensor: SGLang's MultiprocessingSerializer format, rebuilt here
+            that reads the trainer's file system. One call: SGLang restores the model's weights
+            for loading and post-processes them inside it.
+    tensor  /begin_weight_update, one /update_weights_from_tensor per chunk, /end_weight_update:
+            SGLang 0.5.23 takes tensors only inside a weight-update session (it refuses them
+            outside one, and refuses a second session or closing none), as its own HTTP client
+            sends them. The tensors in SGLang's MultiprocessingSerializer format, rebuilt here
             (multiprocessing's ForkingPickler with torch's reductions, base64, one copy per
             tensor-parallel rank): CUDA tensors travel as CUDA IPC handles (the device named by
             its UUID, as SGLang's monkey_patch_torch_reductions does), CPU tensors by value in
             the request; the server copies them into its model. A server on this machine only.
+            A failed update still closes the session.
 
-Sleep (sglang_sleep, a server that shares the trainer's GPU): after a rollout the server
-releases its weights, KV cache and CUDA graphs (/release_memory_occupation); before the next
-one it takes back the weights, loads the trainer's, then the rest (/resume_memory_occupation).
+Sleep (sglang_sleep, a server that shares the trainer's GPU): after a rollout, once every rank's
+/generate has been answered (SGLang requires an idle server), the server releases its weights,
+KV cache and CUDA graphs (/release_memory_occupation); before the next one it takes back the
+weights, loads the trainer's, then the rest (/resume_memory_occupation). Each tag is resumed only
+after it was released: SGLang's scheduler fails on any other, and the server ends.
 
-Stops: the tokenizer's EOS and the sampling's stop tokens (a multi-turn environment's hand-over,
-one token), sent as stop_token_ids, kept in the output. Never a stop string: SGLang matches one
+Stops: every EOS id of the model's files (config.json's, generation_config.json's and the
+tokenizer's: grpo_edu.policy.models.eos_token_ids, which SGLang stops at by itself) and the
+sampling's stop tokens (a multi-turn environment's hand-over, one token), sent as stop_token_ids,
+kept in the output. SGLang also stops at a few added tokens (EXTRA_STOP_TEXTS); a tokenizer that
+has one the model's files do not name as EOS is refused. Never a stop string: SGLang matches one
 in the decoded text, which can end a turn inside a longer token where the other engines go on.
 
 Log-probs: meta_info's output_token_logprobs, SGLang's log softmax(logits / T) at the sampled
@@ -47,6 +57,7 @@ from __future__ import annotations
 
 import atexit
 import base64
+import contextlib
 import copyreg
 import dataclasses
 import http.client
@@ -69,6 +80,7 @@ from pathlib import Path
 import torch
 
 from grpo_edu.policy import lora
+from grpo_edu.policy.models import eos_token_ids
 from grpo_edu.runtime import distributed
 from grpo_edu.runtime.precision import compute_dtype
 from grpo_edu.sampling.rollout import Rollout, SamplingParams, Seeded, rollout_from_tokens
@@ -83,6 +95,8 @@ ROUTES: dict[str, tuple[str, str | None, tuple[str, ...]]] = {
                                   ("model_path", "flush_cache", "weight_version")),
     "/update_weights_from_tensor": ("POST", "UpdateWeightsFromTensorReqInput",
                                     ("serialized_named_tensors", "flush_cache", "weight_version")),
+    "/begin_weight_update": ("POST", "BeginWeightUpdateReqInput", ("selector",)),   # a tensor sync's session
+    "/end_weight_update": ("POST", "EndWeightUpdateReqInput", ()),
     "/flush_cache": ("POST", None, ()),   # no body (an optional ?timeout=, not sent)
     "/release_memory_occupation": ("POST", "ReleaseMemoryOccupationReqInput", ("tags",)),
     "/resume_memory_occupation": ("POST", "ResumeMemoryOccupationReqInput", ("tags",)),
@@ -101,6 +115,8 @@ READ = {
     "server_info": ("version", "tp_size", "enable_deterministic_inference", "enable_memory_saver"),
     "UpdateWeightFromDiskReqOutput": ("success", "message"),
     "UpdateWeightsFromTensorReqOutput": ("success", "message"),
+    "BeginWeightUpdateReqOutput": ("success", "message"),
+    "EndWeightUpdateReqOutput": ("success", "message"),
 }
 # ServerArgs field: its flag, for the server started here
 LAUNCH_FLAGS = {"model_path": "--model-path", "host": "--host", "port": "--port", "device": "--device",
@@ -108,10 +124,13 @@ LAUNCH_FLAGS = {"model_path": "--model-path", "host": "--host", "port": "--port"
                 "enable_memory_saver": "--enable-memory-saver",
                 "enable_deterministic_inference": "--enable-deterministic-inference"}
 MEMORY_TAGS = ("weights", "kv_cache", "cuda_graph")   # sglang/srt/constants.py GPU_MEMORY_TYPE_*
+# Added tokens SGLang also stops at, whatever the request says (sglang/srt/utils/hf_transformers/common.py)
+EXTRA_STOP_TEXTS = ("<|eom_id|>", "<|content_model_end_sampling|>", "<|ifm|im_end|>")
 RAW_LOGPROBS_VARIABLE = "SGLANG_RETURN_ORIGINAL_LOGPROB"   # log-probs before the temperature: not what TIS needs
 CPU_ENGINE_VARIABLE = "SGLANG_USE_CPU_ENGINE"   # SGLang's CPU backend runs only with it set to 1
 TENSOR_REQUEST_BYTES = 1 << 30   # a tensor sync's request carries at most this much (the copies it holds)
 DISK_SHARD_BYTES = 2 << 30       # a disk sync writes safetensors files of at most this much
+ENDING_SECONDS = 5.0             # a started server whose connection broke: how long to wait for its exit
 
 
 def warn(message: str) -> None:
@@ -143,6 +162,18 @@ class Settings:
     dtype: str = "float32"      # the server's, and the synced weights' ('bfloat16' under bf16 precision)
     seed: int = 0
     output_dir: str = "."
+
+
+def check_extra_stops(tokenizer, eos_ids: tuple[int, ...]) -> None:
+    """SGLang also ends a completion at any of EXTRA_STOP_TEXTS the tokenizer has as an added
+    token. One that is not among the model's EOS ids would end SGLang's completions where the
+    other engines go on: refused, in one line."""
+    added = tokenizer.get_added_vocab() if hasattr(tokenizer, "get_added_vocab") else {}
+    extra = {text: added[text] for text in EXTRA_STOP_TEXTS if text in added and added[text] not in eos_ids}
+    if extra:
+        raise ValueError(f"engine = 'sglang': SGLang {SGLANG_VERSION} also stops at the tokenizer's {extra}, which "
+                         f"the model's files do not name as EOS (eos ids {list(eos_ids)}): the other engines would go "
+                         f"on there; add it to eos_token_id in the model's generation_config.json")
 
 
 # --------------------------------------------------------------------------- HTTP
@@ -189,11 +220,11 @@ class Client:
         except urllib.error.URLError as error:
             if isinstance(error.reason, (TimeoutError, socket.timeout)):
                 raise failed(f"no answer within {wait:g} s (config key {key})") from None
-            self._check_alive()
+            self._check_alive(0.0 if isinstance(error.reason, ConnectionRefusedError) else ENDING_SECONDS)
             raise failed(f"cannot connect ({error.reason})", "; start the server or fix config key sglang_url "
                                                              "('' starts one)") from None
         except (ConnectionError, http.client.HTTPException) as error:
-            self._check_alive()
+            self._check_alive(ENDING_SECONDS)
             raise failed(f"the connection broke ({type(error).__name__}: {error})") from None
         text = raw.decode(errors="replace")
         if not json_answer:
@@ -203,8 +234,15 @@ class Client:
         except json.JSONDecodeError:
             raise failed(f"answered with a body that is not JSON: {text[:80]!r}") from None
 
-    def _check_alive(self) -> None:
-        if self.server is not None and (ended := self.server.ended()):
+    def _check_alive(self, wait: float = 0.0) -> None:
+        """A server this run started that ended is the failure to report. A broken connection waits
+        `wait` s for the exit to show: the socket closes a moment before (SGLang kills its own
+        process tree)."""
+        if self.server is None:
+            return
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self.server.process.wait(timeout=wait)
+        if ended := self.server.ended():
             raise SGLangServerError(ended)
 
 
@@ -374,6 +412,8 @@ class SGLangEngine:
         if tokenizer.eos_token_id is None or tokenizer.pad_token_id is None:
             raise ValueError("tokenizer needs an eos and a pad token for batched generation")
         self.policy, self.tokenizer, self.world, self.settings = policy, tokenizer, world, settings
+        self.eos_token_ids = eos_token_ids(policy, tokenizer)
+        check_extra_stops(tokenizer, self.eos_token_ids)
         self.server: LaunchedServer | None = None
         self.weights_dir = Path(settings.output_dir) / "sglang_weights"
         self._dtype = getattr(torch, settings.dtype)
@@ -453,23 +493,38 @@ class SGLangEngine:
             return
         if self.settings.sleep:
             self.client.call("POST", "/resume_memory_occupation", {"tags": ["weights"]})
-        if self.settings.weight_sync == "disk":
+        if self.settings.weight_sync == "disk":   # one call: SGLang restores and post-processes inside it
             write_safetensors(named_weights(self.policy), self.weights_dir, self._dtype)
             self._updated("/update_weights_from_disk", {"model_path": str(self.weights_dir.resolve()),
                                                         "flush_cache": False, "weight_version": version})
         else:
-            for chunk in _chunks(named_weights(self.policy), self._dtype, TENSOR_REQUEST_BYTES):
-                # one serialisation per tensor-parallel rank: each deserialises its own
-                payloads = [serialize_named_tensors(chunk) for _ in range(self.tp_size)]
-                self._updated("/update_weights_from_tensor", {"serialized_named_tensors": payloads,
-                                                              "flush_cache": False, "weight_version": version})
+            self._tensor_sync(version)
         self.client.call("POST", "/flush_cache", json_answer=False)   # prefixes cached with the old weights
         if self.settings.sleep:
             self.client.call("POST", "/resume_memory_occupation", {"tags": ["kv_cache", "cuda_graph"]})
         self.version, self.released = version, False
         self.world.barrier()   # no rank samples before the server has the new weights
 
+    def _tensor_sync(self, version: str) -> None:
+        """/update_weights_from_tensor inside a weight-update session, as SGLang's own HTTP client
+        (HttpServerEngineAdapter) sends it: SGLang 0.5.23 refuses a tensor update outside one.
+        A failed update still closes the session, so that the server takes the next sync."""
+        self._updated("/begin_weight_update", {"selector": "all"})
+        try:
+            for chunk in _chunks(named_weights(self.policy), self._dtype, TENSOR_REQUEST_BYTES):
+                # one serialisation per tensor-parallel rank: each deserialises its own
+                payloads = [serialize_named_tensors(chunk) for _ in range(self.tp_size)]
+                self._updated("/update_weights_from_tensor", {"serialized_named_tensors": payloads,
+                                                              "flush_cache": False, "weight_version": version})
+        except SGLangServerError:
+            with contextlib.suppress(SGLangServerError):
+                self.client.call("POST", "/end_weight_update", {})
+            raise
+        self._updated("/end_weight_update", {})
+
     def _updated(self, route: str, body: dict) -> None:
+        """One weight-update call; SGLang's refusal (HTTP 400, or success false) is one line that
+        names the call and carries SGLang's message."""
         answer = self.client.call("POST", route, body)
         if not isinstance(answer, dict) or answer.get("success") is not True:
             message = answer.get("message") if isinstance(answer, dict) else answer
@@ -504,7 +559,7 @@ class SGLangEngine:
             raise ValueError(f"seeds: expected one per completion ({len(rows)}), got {len(seeds)}")
         params = {"max_new_tokens": sampling.max_new_tokens, "temperature": sampling.temperature, "top_p": 1.0,
                   "top_k": -1, "min_p": 0.0,   # the whole softmax(logits / T): what the trainer's log-probs describe
-                  "stop_token_ids": [self.tokenizer.eos_token_id, *sampling.stop_token_ids]}
+                  "stop_token_ids": [*self.eos_token_ids, *sampling.stop_token_ids]}
         per_row = seeds is not None and self.settings.deterministic
         rids = [f"grpo-edu-{uuid.uuid4().hex}-{i}" for i in range(len(rows))]
         body = {"rid": rids, "input_ids": rows, "return_logprob": True,
@@ -516,7 +571,8 @@ class SGLangEngine:
             if self.world.is_main:
                 self._release(self.client)
             self.released = True
-        return rollout_from_tokens(prompt_ids, prompt_mask, completions, sampling, self.tokenizer)
+        return rollout_from_tokens(prompt_ids, prompt_mask, completions, sampling, self.tokenizer,
+                                   self.eos_token_ids)
 
     def _completions(self, answer, rids: list[str]) -> list[tuple[list[int], list[float]]]:
         where = f"SGLang server at {self.client.url}: POST /generate"

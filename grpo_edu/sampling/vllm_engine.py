@@ -77,6 +77,7 @@ from pathlib import Path
 import torch
 
 from grpo_edu.policy import lora
+from grpo_edu.policy.models import eos_token_ids
 from grpo_edu.runtime import distributed
 from grpo_edu.runtime.precision import compute_dtype
 from grpo_edu.sampling.rollout import Rollout, SamplingParams, Seeded, rollout_from_tokens
@@ -258,6 +259,7 @@ class VLLMEngine:
         if tokenizer.eos_token_id is None or tokenizer.pad_token_id is None:
             raise ValueError("tokenizer needs an eos and a pad token for batched generation")
         self.policy, self.tokenizer, self.world, self.sleep_mode = policy, tokenizer, world, sleep_mode
+        self.eos_token_ids = eos_token_ids(policy, tokenizer)
         from vllm.inputs import TokensPrompt
         self._vllm, self._tokens_prompt = vllm, TokensPrompt
         _launcher_environment(world)
@@ -328,19 +330,21 @@ class VLLMEngine:
             self.llm.sleep(level=2)
             self._weights_asleep = True
         completions = [sorted(output.outputs, key=lambda c: c.index) for output in outputs]
-        return _to_rollout(prompt_ids, prompt_mask, completions, sampling, self.tokenizer)
+        return _to_rollout(prompt_ids, prompt_mask, completions, sampling, self.tokenizer, self.eos_token_ids)
 
     def _sampling_params(self, sampling: SamplingParams, seed: int | None):
         # top_p 1 and top_k 0 (vLLM's "off"): the full softmax(logits / T), the distribution the
-        # trainer's log-probs describe. Stop at the tokenizer's EOS (kept in the output).
+        # trainer's log-probs describe. Stop at every EOS id of the model's files (vLLM adds
+        # generation_config.json's by itself; named here, the other engines' ids are vLLM's) and
+        # at the sampling's stop tokens, kept in the output.
         return self._vllm.SamplingParams(
             n=sampling.num_generations, temperature=sampling.temperature, top_p=1.0, top_k=0,
             max_tokens=sampling.max_new_tokens, logprobs=0, seed=seed,
-            stop_token_ids=[self.tokenizer.eos_token_id, *sampling.stop_token_ids], detokenize=False)
+            stop_token_ids=[*self.eos_token_ids, *sampling.stop_token_ids], detokenize=False)
 
 
 def _to_rollout(prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, completions: list[list],
-                sampling: SamplingParams, tokenizer) -> Rollout:
+                sampling: SamplingParams, tokenizer, eos_ids: tuple[int, ...]) -> Rollout:
     """vLLM's outputs (per prompt, G CompletionOutputs with token ids and the sampled token's
     log-prob at each position) -> the Rollout every engine returns."""
     G = sampling.num_generations
@@ -353,7 +357,7 @@ def _to_rollout(prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, completions
         if c.logprobs is None or len(c.logprobs) != len(tokens):
             raise RuntimeError("vLLM returned no log-prob for some sampled token (logprobs=0 asks for one each)")
         pairs.append((tokens, [position[token].logprob for position, token in zip(c.logprobs, tokens)]))
-    return rollout_from_tokens(prompt_ids, prompt_mask, pairs, sampling, tokenizer)
+    return rollout_from_tokens(prompt_ids, prompt_mask, pairs, sampling, tokenizer, eos_ids)
 
 
 class VLLMServerEngine:
@@ -367,6 +371,7 @@ class VLLMServerEngine:
         if client_class is None:
             from trl.generation.vllm_client import VLLMClient as client_class
         self.policy, self.tokenizer, self.world = policy, tokenizer, world
+        self.eos_token_ids = eos_token_ids(policy, tokenizer)
         self.client = client_class(base_url=url, connection_timeout=timeout)
         if world.is_main:
             self.client.init_communicator(device=world.device)
@@ -399,11 +404,11 @@ class VLLMServerEngine:
             extra = {} if seeds is None else {"seed": seeds[i]}
             out = self.client.generate(prompts=[prompt], n=G, temperature=sampling.temperature, top_p=1.0,
                                        top_k=0, max_tokens=sampling.max_new_tokens, logprobs=0,
-                                       generation_kwargs={"stop_token_ids": [self.tokenizer.eos_token_id,
+                                       generation_kwargs={"stop_token_ids": [*self.eos_token_ids,
                                                                             *sampling.stop_token_ids], **extra})
             completions.append([_ServerCompletion(g, ids, [row[0] for row in logps])
                                 for g, (ids, logps) in enumerate(zip(out["completion_ids"], out["logprobs"]))])
-        return _to_rollout(prompt_ids, prompt_mask, completions, sampling, self.tokenizer)
+        return _to_rollout(prompt_ids, prompt_mask, completions, sampling, self.tokenizer, self.eos_token_ids)
 
 
 class _ServerCompletion:

@@ -135,7 +135,7 @@ def roll_out_episodes(generate, samples: list[dict], prompt_ids: torch.Tensor, p
     """
     factory = load_environment(path)
     stop = stop_token(path, factory, tokenizer)
-    eos, pad = tokenizer.eos_token_id, tokenizer.pad_token_id
+    pad = tokenizer.pad_token_id
     G, L = sampling.num_generations, sampling.max_new_tokens
     episodes = []
     for b, sample in enumerate(samples):
@@ -151,7 +151,7 @@ def roll_out_episodes(generate, samples: list[dict], prompt_ids: torch.Tensor, p
 
     rows = list(range(len(episodes)))
     first = generate(0, prompt_ids, prompt_mask, SamplingParams(G, L, sampling.temperature, (stop,)), rows)
-    _append_turn(episodes, rows, first, stop, eos, L)
+    _append_turn(episodes, rows, first, stop, L)
     for turn in range(1, max_turns + 1):
         for episode in (e for e in episodes if e.open):
             if episode.turns >= max_turns:   # its last allowed turn handed over: left unanswered
@@ -171,12 +171,14 @@ def roll_out_episodes(generate, samples: list[dict], prompt_ids: torch.Tensor, p
         room = max(L - len(episodes[i].tokens) for i in rows)
         rollout = generate(turn, ids.to(prompt_ids.device), mask.to(prompt_ids.device),
                            SamplingParams(1, room, sampling.temperature, (stop,)), rows)
-        _append_turn(episodes, rows, rollout, stop, eos, L)
+        _append_turn(episodes, rows, rollout, stop, L)
     return _as_rollout(episodes, prompt_ids, prompt_mask, G, pad)
 
 
-def _append_turn(episodes: list[_Episode], rows: list[int], rollout: Rollout, stop: int, eos: int, L: int) -> None:
-    """Each row's sampled turn into its episode, cut at the episode's room (then it ends there)."""
+def _append_turn(episodes: list[_Episode], rows: list[int], rollout: Rollout, stop: int, L: int) -> None:
+    """Each row's sampled turn into its episode, cut at the episode's room (then it ends there).
+    It ended the episode where the engine says the turn finished on a token other than the
+    hand-over (any EOS id of the model's: the engine's finished flag, not the tokenizer's one EOS)."""
     for r, i in enumerate(rows):
         episode = episodes[i]
         n = int(rollout.completion_mask[r].sum())
@@ -187,7 +189,7 @@ def _append_turn(episodes: list[_Episode], rows: list[int], rollout: Rollout, st
         episode.logp += rollout.sampler_logp[r, :kept].tolist()
         episode.turns += 1
         last = tokens[-1] if tokens else None
-        episode.finished = last == eos
+        episode.finished = kept == n and bool(rollout.finished[r]) and last != stop
         episode.open = last == stop and kept == n and len(episode.tokens) < L
 
 

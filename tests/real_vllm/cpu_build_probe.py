@@ -18,7 +18,7 @@ from grpo_edu.environment import tasks
 from grpo_edu.sampling import vllm_engine
 from grpo_edu.runtime.distributed import World
 from grpo_edu.algorithm.logprobs import completion_logprobs
-from grpo_edu.policy.models import STARTING_POLICY, load_policy
+from grpo_edu.policy.models import STARTING_POLICY, eos_token_ids, load_policy
 from grpo_edu.sampling.rollout import SamplingParams
 
 T, G, L = 0.7, 4, 12
@@ -126,7 +126,8 @@ def main() -> None:
 
 def _gap(policy, ids, mask, outputs, tokenizer) -> float:
     completions = [sorted(o.outputs, key=lambda c: c.index) for o in outputs]
-    rollout = vllm_engine._to_rollout(ids, mask, completions, SamplingParams(G, L, T), tokenizer)
+    rollout = vllm_engine._to_rollout(ids, mask, completions, SamplingParams(G, L, T), tokenizer,
+                                      eos_token_ids(policy, tokenizer))
     full = torch.cat([rollout.prompt_ids, rollout.completion_ids], 1)
     attention = torch.cat([rollout.prompt_mask, rollout.completion_mask.long()], 1)
     with torch.no_grad():

@@ -206,3 +206,25 @@ def test_a_weight_change_reaches_the_sampler(setup):
         with torch.no_grad():
             for (_, parameter), (_, kept) in zip(policy.named_parameters(), old.named_parameters()):
                 parameter.copy_(kept)
+
+
+def test_vllm_keeps_its_sleep_state_as_the_stand_in_does(setup):
+    """tests/test_vllm_engine.py's check_sleep_rules on vLLM itself (the bookkeeping is vLLM's own on
+    the CPU too: the scheduler pauses, the executor tracks the sleeping tags; the shim only lets
+    sleep mode through): a sleep pauses and marks both tags, a second sleep changes nothing, a
+    wake-up with a tag that is not asleep wakes nothing, the scheduler resumes once no tag sleeps.
+    Each rule's place in vLLM's source: test_real_vllm_protocol.py."""
+    from test_vllm_engine import check_sleep_rules
+    engine = setup["engine"]
+    engine.llm.wake_up()   # the fixture's engine sleeps between rollouts
+    try:
+        check_sleep_rules(engine.llm)
+    finally:
+        engine.llm.sleep(level=2)
+        engine._weights_asleep = True
+
+
+def test_the_engine_ends_at_every_eos_id_of_the_models_files(real_vllm_for_the_contract, tmp_path):
+    """tests/test_engines.py's two-EOS model (generation_config.json names <eos> and </think>), on vLLM."""
+    test_engines.test_every_engine_ends_a_completion_at_every_eos_id_of_the_models_files(
+        "vllm", test_engines.make_prompts(), tmp_path)

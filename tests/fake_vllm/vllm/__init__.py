@@ -10,6 +10,12 @@ vLLM. It keeps vLLM's rules and refuses, with an error, a call out of order:
   GPU): after wake_up(["weights"]) the weights are NaN until every parameter is loaded
   again, and generate needs the KV cache woken too. Without enable_sleep_mode, sleep only
   pauses the scheduler (vLLM's CPU build, measured: its worker's sleep is a no-op);
+- vLLM's sleep bookkeeping (vllm/v1/executor/abstract.py, vllm/v1/engine/core.py): a sleep of
+  level 1 or 2 pauses the scheduler and marks both tags, weights and kv_cache, asleep; a sleep
+  while the weights sleep changes nothing; wake_up(tags) wakes nothing at all when one of the
+  tags is not asleep (or nothing is), else those tags (None: all), and the scheduler resumes
+  only once no tag sleeps (tests/test_vllm_engine.py and tests/real_vllm check the same rules
+  on both);
 - generate while asleep or paused is an error here; vLLM itself waits forever (measured on
   its CPU build), which is why the engine refuses first;
 - a prefix cached before load_weights is stale: generate after a load needs
@@ -140,12 +146,17 @@ class LLM:
         module = AutoModelForCausalLM.from_pretrained(model, dtype=torch_dtype or "auto").eval()
         transformers_logging.enable_progress_bar()
         self._seed, self._sleep_mode, self._logprobs_mode = seed, enable_sleep_mode, logprobs_mode
-        self._weights_awake = self._kv_awake = True
+        self._sleeping: set[str] = set()   # vLLM's executor's sleeping_tags
+        self._paused = False                # vLLM's scheduler pause
         self._prefix_stale = False
         self._eos = module.generation_config.eos_token_id
         self._model = _Model(module)
         self.llm_engine = _LLMEngine(_Executor(_Worker(_ModelRunner(self._model))))
         self._model.load_weights = self._tracked_load(self._model.load_weights)
+
+    @property
+    def _weights_awake(self) -> bool:
+        return "weights" not in self._sleeping
 
     def _tracked_load(self, load):
         def load_weights(weights):
@@ -159,7 +170,10 @@ class LLM:
 
     def sleep(self, level: int = 1) -> None:
         _record("sleep", level)
-        self._weights_awake = self._kv_awake = False
+        self._paused = True
+        if level < 1 or "weights" in self._sleeping:   # level 0 pauses only; asleep already: nothing more
+            return
+        self._sleeping |= {"weights", "kv_cache"}
         if level == 2 and self._sleep_mode:   # the weights are discarded, not kept on the host
             with torch.no_grad():
                 for parameter in self._model.module.parameters():
@@ -168,12 +182,12 @@ class LLM:
 
     def wake_up(self, tags: list[str] | None = None) -> None:
         _record("wake_up", tags)
-        tags = tags or ["weights", "kv_cache"]
-        unknown = set(tags) - {"weights", "kv_cache", "scheduling"}
-        if unknown:
-            raise ValueError(f"fake vllm: unknown wake_up tags {sorted(unknown)}")
-        self._weights_awake |= "weights" in tags
-        self._kv_awake |= "kv_cache" in tags
+        if tags is not None:
+            tags = [t for t in tags if t != "scheduling"]
+        if (tags is None or tags) and self._sleeping and all(t in self._sleeping for t in tags or []):
+            self._sleeping -= set(self._sleeping if tags is None else tags)
+        if not self._sleeping:
+            self._paused = False
 
     def reset_prefix_cache(self) -> bool:
         _record("reset_prefix_cache")
@@ -182,7 +196,7 @@ class LLM:
 
     @torch.no_grad()
     def generate(self, prompts, sampling_params=None, *, use_tqdm=True) -> list[RequestOutput]:
-        if not (self._weights_awake and self._kv_awake):   # vLLM: waits forever
+        if self._paused:   # vLLM: waits forever
             raise RuntimeError("fake vllm: generate while asleep (wake_up weights and kv_cache first)")
         if self._model.loaded != self._model.names:
             missing = sorted(self._model.names - self._model.loaded)
