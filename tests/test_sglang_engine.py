@@ -681,9 +681,10 @@ def test_training_through_the_server_improves_as_training_with_the_fused_engine_
     from test_trainer import small_config
     curves = {}
     for engine in ("fused", "sglang"):
+        server_only = {"sglang_url": server.url} if engine == "sglang" else {}
         config = small_config(tmp_path / engine, steps=8, max_completion_length=12, eval_size=4, eval_every=1000,
-                              checkpoint_every=0, learning_rate=3e-3, beta=0.0, engine=engine, sglang_url=server.url,
-                              rewards={"test_sglang_engine:short_completions": 1.0})
+                              checkpoint_every=0, learning_rate=3e-3, beta=0.0, engine=engine,
+                              rewards={"test_sglang_engine:short_completions": 1.0}, **server_only)
         history = trainer.train(config, log=lambda _: None).history
         curves[engine] = [m["reward/mean"] for m in history]
         if engine == "sglang":
