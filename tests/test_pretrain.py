@@ -2,6 +2,7 @@
 script's outputs, and the committed checkpoint against its model card."""
 
 import json
+import math
 import tomllib
 from pathlib import Path
 
@@ -101,6 +102,55 @@ def test_the_script_fails_when_the_target_is_not_reached(monkeypatch, tmp_path):
     flags = [f"--{key.replace('_', '-')}={value}" for key, value in TINY.items()]
     assert pretrain.main([*flags, f"--output-dir={tmp_path}"]) == 1
     assert not (tmp_path / "model.safetensors").exists()
+
+
+def test_the_learning_rate_warms_up_then_stays_or_decays_by_cosine():
+    constant = PretrainConfig(warmup_steps=4)
+    assert [pretrain.learning_rate_factor(constant, s) for s in range(6)] == [0.25, 0.5, 0.75, 1.0, 1.0, 1.0]
+    cosine = PretrainConfig(warmup_steps=2, schedule="cosine", steps=12, min_lr_ratio=0.1)
+    factors = [pretrain.learning_rate_factor(cosine, s) for s in range(13)]
+    assert factors[:3] == [0.5, 1.0, 1.0]
+    assert factors[7] == pytest.approx(0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * 5 / 10)), abs=1e-15)   # halfway: 0.55
+    assert factors[12] == pytest.approx(0.1, abs=1e-15) and all(a >= b for a, b in zip(factors[2:], factors[3:]))
+
+
+def test_fixed_steps_train_exactly_that_many_whatever_the_accuracy(monkeypatch):
+    monkeypatch.setattr(pretrain, "evaluate", _scripted_evaluate([0.9, 0.95, 0.99]))
+    result = pretrain.pretrain(PretrainConfig(**{**TINY, "max_steps": 100, "steps": 15}), log=lambda line: None)
+    assert result.reached and result.steps == 15 and [h["step"] for h in result.history] == [5, 10, 15]
+
+
+@pytest.mark.parametrize("change, message", [
+    ({"schedule": "linear"}, "schedule must be 'constant' or 'cosine'"),
+    ({"schedule": "cosine"}, "give --steps"),
+    ({"steps": -1}, "steps must be >= 0"),
+    ({"min_lr_ratio": 1.5}, r"min_lr_ratio must be in \[0, 1\]"),
+    ({"mixture": "direct=1"}, "mixture is a mixture flag of a task whose card reads it"),
+    ({"worked_max_depth": 11}, "worked_max_depth is a mixture flag"),
+    ({"task": "digitsum", "mixture": "direct=0.5,worked=0.6"}, "sum to 1"),
+    ({"task": "digitsum", "depths": "3"}, "lowest-highest"),
+    ({"task": "digitsum", "depths": "3-30"}, "<= 26"),
+])
+def test_bad_schedule_and_mixture_flags_name_themselves(change, message):
+    with pytest.raises(ValueError, match=message):
+        pretrain.validate(PretrainConfig(**{**TINY, **change}))
+
+
+def test_a_digitsum_base_records_its_mixture_and_precondition_in_its_card(tmp_path):
+    flags = [f"--{key.replace('_', '-')}={value}" for key, value in {**TINY, "max_new_tokens": 56}.items()]
+    assert pretrain.main([*flags, "--task=digitsum", "--mixture=direct=0.5,worked=0.5", "--depths=3-5",
+                          "--worked-max-depth=4", "--steps=4", "--eval-every=2", "--max-position-embeddings=128",
+                          f"--output-dir={tmp_path}"]) == 0
+    card = (tmp_path / "README.md").read_text()
+    assert "direct 50%, worked 50%, check 0%; depths 3 to 5" in card
+    assert "worked and check traces up to depth 4, direct answers only above it" in card
+    assert "training ran its 4 steps (--steps: no early stop)" in card
+    table = card[card.index("## Before any RL"):]
+    assert [line.split(" | ")[0] for line in table.splitlines() if line.startswith("| ") and line[2].isdigit()] == \
+        ["| 3", "| 4", "| 5", "| 6"]   # the depths it was taught, and one beyond
+    log = json.loads((tmp_path / "pretrain.json").read_text())
+    assert log["config"]["mixture"] == "direct=0.5,worked=0.5" and log["config"]["worked_max_depth"] == 4
+    assert pretrain.parse_args(log["command"].split()[3:]) == PretrainConfig(**log["config"])
 
 
 # --------------------------------------------------------------------------- the committed policy

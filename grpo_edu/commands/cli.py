@@ -222,6 +222,11 @@ def _train(args) -> int:
                                              summary["final_accuracy_interval_95"])]
     label = f"95% interval ({summary['eval_problems']} problems)"
     print(f"{label:<28}{spans[0]:>12}{spans[1]:>12}")
+    ends = summary.get("rollouts") or {}
+    if ends:
+        print(f"\n{'rollouts (mean of ' + str(ends['window']) + ' steps)':<28}{'first':>12}{'last':>12}")
+        for key in ends["first"]:
+            print(f"{key:<28}{ends['first'][key]:>12.4f}{ends['last'][key]:>12.4f}")
     print(f"steps {summary['steps']}, {summary['seconds']:.0f} s, "
           f"median {summary['median_steps_per_second']:.1f} steps/s")
     run = Path(config.logging.output_dir)

@@ -35,7 +35,10 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import hashlib
+import importlib
 import json
+import math
 import platform
 import random
 import sys
@@ -65,8 +68,13 @@ class PretrainConfig:
     seed: int = _doc("seed of the initial weights and of the training problems", 0)
     threads: int = _doc("torch CPU threads (results are bitwise reproducible for a fixed count)", 1)
     batch_size: int = _doc("training problems per optimizer step", 64)
-    learning_rate: float = _doc("AdamW peak learning rate (linear warmup, then constant)", 2e-3)
+    learning_rate: float = _doc("AdamW peak learning rate (linear warmup, then --schedule)", 2e-3)
     warmup_steps: int = _doc("steps of linear learning-rate warmup", 50)
+    schedule: str = _doc("after the warmup: 'constant', or 'cosine' (down to --min-lr-ratio of the peak at "
+                         "--steps; needs --steps)", "constant")
+    min_lr_ratio: float = _doc("schedule 'cosine': the learning rate at the last step, a share of the peak", 0.1)
+    steps: int = _doc("train exactly this many steps, with no early stop (0: stop at --target-accuracy, "
+                      "within --max-steps)", 0)
     weight_decay: float = _doc("AdamW weight decay", 0.0)
     max_steps: int = _doc("give up (and fail) if the target is not reached by this step", 5000)
     eval_every: int = _doc("steps between held-out greedy evaluations (the jump takes ~20 steps)", 2)
@@ -81,6 +89,14 @@ class PretrainConfig:
                              "([47*85], its answer =3995 kept out of the loss: the environment writes it); the "
                              "rest answer in the head", 0.0)
     max_turns: int = _doc("task 'multiply': the most policy turns of an evaluation episode", 2)
+    mixture: str = _doc("task 'digitsum': the share of each completion format, 'direct=0.5,worked=0.4,check=0.1' "
+                        "(grpo_edu.environment.digitsum.Mixture; '' is that one)", "")
+    depths: str = _doc("task 'digitsum': the depths (digit counts) pretrained on, 'lowest-highest', weighted "
+                       "towards short ones", "3-12")
+    worked_max_depth: int = _doc("task 'digitsum': worked and check traces only up to this depth, direct answers "
+                                 "above it (0: every depth)", 0)
+    check_wrong_share: float = _doc("task 'digitsum': the share of check traces that end wrong (a second wrong "
+                                    "value, not flagged; Gandhi et al., 2025)", 0.25)
     device: str = _doc("'cpu' or 'cuda'", "cpu")
     max_position_embeddings: int = _doc("positions the model has: prompt + completion must fit "
                                         "(arithmetic: 64; countdown: 128)", 64)
@@ -193,6 +209,21 @@ def validate(config: PretrainConfig) -> None:
                          f"'multiply'), got tool_share {config.tool_share} with task {config.task!r}")
     if config.max_turns <= 0:
         raise ValueError(f"max_turns must be positive, got {config.max_turns}")
+    if config.steps < 0:
+        raise ValueError(f"steps must be >= 0 (0: stop at target_accuracy), got {config.steps}")
+    if config.schedule not in ("constant", "cosine"):
+        raise ValueError(f"schedule must be 'constant' or 'cosine', got {config.schedule!r}")
+    if config.schedule == "cosine" and not config.steps:
+        raise ValueError("schedule 'cosine' decays to its end at --steps: give --steps (a fixed length), got 0")
+    if not 0 <= config.min_lr_ratio <= 1:
+        raise ValueError(f"min_lr_ratio must be in [0, 1], got {config.min_lr_ratio}")
+    defaults = PretrainConfig()
+    for name in ("mixture", "depths", "worked_max_depth", "check_wrong_share"):
+        if getattr(config, name) != getattr(defaults, name) and name not in card(config).mixture:
+            raise ValueError(f"{name} is a mixture flag of a task whose card reads it ('digitsum'), got {name} "
+                             f"{getattr(config, name)!r} with task {config.task!r}: it would change nothing")
+    if card(config).mixture:
+        card(config).stream(config)   # the mixture's flags checked before any training
     if config.device not in ("cpu", "cuda") or (config.device == "cuda" and not torch.cuda.is_available()):
         raise ValueError(f"device must be 'cpu' or a 'cuda' torch can see, got {config.device!r}")
 
@@ -203,21 +234,21 @@ def pretrain(config: PretrainConfig, log=print) -> PretrainResult:
     torch.set_num_threads(config.threads)
     torch.manual_seed(config.seed)
     start = time.perf_counter()
-    tokenizer = char_tokenizer()
+    tokenizer = char_tokenizer(config.max_position_embeddings)
     model = tiny_llama(tokenizer, seed=config.seed, hidden_size=config.hidden_size,
                        num_layers=config.num_layers, num_heads=config.num_heads,
                        intermediate_size=config.intermediate_size,
                        max_position_embeddings=config.max_position_embeddings).to(config.device)
     optimizer = torch.optim.AdamW(model.parameters(), lr=config.learning_rate,
                                   weight_decay=config.weight_decay, betas=(0.9, 0.99))
-    schedule = torch.optim.lr_scheduler.LambdaLR(
-        optimizer, lambda step: min(1.0, (step + 1) / max(1, config.warmup_steps)))
+    schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: learning_rate_factor(config, step))
     stream = training_stream(config)
     held_out = tasks.make_dataset(config.task, config.eval_problems, "test", seed=EVAL_SEED)
     episodes = _episodes(config)
 
     history, step, reached, losses = [], 0, False, []
-    while step < config.max_steps and not reached:
+    last = config.steps or config.max_steps
+    while step < last and not reached:
         model.train()
         batch = {k: v.to(config.device) for k, v in
                  sft_batch(tokenizer, [next(stream) for _ in range(config.batch_size)],
@@ -239,9 +270,21 @@ def pretrain(config: PretrainConfig, log=print) -> PretrainResult:
             log(f"step {step:5d}  loss {record['loss']:.4f}  held-out greedy accuracy "
                 f"{metrics['greedy_accuracy']:.4f}  format {metrics['greedy_format']:.4f}"
                 + (f"  tool calls {metrics['tool_call_rate']:.4f}" if episodes else ""))
-            reached = metrics["greedy_accuracy"] >= config.target_accuracy
+            reached = not config.steps and metrics["greedy_accuracy"] >= config.target_accuracy
+    reached = reached or step == config.steps
     model.eval().to("cpu")   # written and evaluated for the card on the CPU, as it is loaded
     return PretrainResult(model, tokenizer, step, reached, history, time.perf_counter() - start)
+
+
+def learning_rate_factor(config: PretrainConfig, step: int) -> float:
+    """The learning rate at optimizer step `step` (0-based), a share of the peak: linear warmup,
+    then constant, or cosine down to min_lr_ratio at config.steps."""
+    if step < config.warmup_steps:
+        return (step + 1) / config.warmup_steps
+    if config.schedule == "constant":
+        return 1.0
+    progress = (step - config.warmup_steps) / max(1, config.steps - config.warmup_steps)
+    return config.min_lr_ratio + (1 - config.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * min(1.0, progress)))
 
 
 def pretrainable_tasks() -> tuple[str, ...]:
@@ -275,7 +318,8 @@ def use_lines(config: PretrainConfig) -> str:
 
 
 def model_card(config: PretrainConfig, result: PretrainResult, report: dict, seconds: float,
-               cpu_seconds: float, command: str) -> str:
+               cpu_seconds: float, command: str, extra: str = "") -> str:
+    """The README.md of a pretrained policy; `extra`, the task's own section (card_extra)."""
     parameters = sum(p.numel() for p in result.model.parameters())
     k = config.pass_k
     jump = ", ".join(f"{r['step']}: {r['greedy_accuracy']:.3f}" for r in result.history[-6:])
@@ -286,19 +330,25 @@ def model_card(config: PretrainConfig, result: PretrainResult, report: dict, sec
     episodes = "" if not card(config).environment else (
         f"; every completion an episode with the calculator\n(`{card(config).environment}`, at most "
         f"{config.max_turns} policy turns), scored on its whole text")
+    describe = card(config).describe
+    schedule = ("" if config.schedule == "constant" else
+                f", then cosine down to {config.min_lr_ratio:g} of it at the last step")
+    stopped = (f"training ran its {config.steps} steps (--steps: no early stop)" if config.steps else
+               f"training stopped at step {result.steps},\nthe first evaluation at or above "
+               f"{config.target_accuracy:.2f}")
     return f"""{card(config).card.format(name=Path(config.output_dir).name, layers=config.num_layers,
                                      width=config.hidden_size, parameters=parameters,
-                                     tool_percent=100 * config.tool_share)}
+                                     tool_percent=100 * config.tool_share,
+                                     mixture_text=describe(config) if describe else "")}
 
 ## How it was made
 
     {command}
 
 Next-token cross-entropy on the completion tokens, AdamW (lr {config.learning_rate:g},
-{config.warmup_steps} warmup steps, weight decay {config.weight_decay:g}), batch {config.batch_size},
+{config.warmup_steps} warmup steps{schedule}, weight decay {config.weight_decay:g}), batch {config.batch_size},
 seed {config.seed}, {config.threads} CPU thread(s). Every {config.eval_every} steps the held-out greedy
-accuracy on {config.eval_problems} problems was measured; training stopped at step {result.steps},
-the first evaluation at or above {config.target_accuracy:.2f}. The last evaluations (step: accuracy):
+accuracy on {config.eval_problems} problems was measured; {stopped}. The last evaluations (step: accuracy):
 {jump}.
 
 Run time: {seconds:.0f} s wall-clock from start to written files ({result.seconds:.0f} s of it
@@ -323,13 +373,31 @@ train and held-out problems never overlap), at most {config.max_new_tokens} new 
 
 Accuracy and format are `grpo_edu.environment.rewards.accuracy_reward` and `format_reward`.
 `{'tests/test_tools.py' if card(config).environment else 'tests/test_pretrain.py'}` recomputes the greedy figures from these weights.
-
+{extra}
 ## Use
 
 ```python
 {use_lines(config)}
 ```
 """
+
+
+def weights_digest(model: torch.nn.Module) -> str:
+    """SHA-256 of the weights (every tensor's bytes, by name): a remake from the recorded command,
+    under the same kernels and thread count, gives the same digest."""
+    digest = hashlib.sha256()
+    for name, tensor in sorted(model.state_dict().items()):
+        digest.update(name.encode())
+        digest.update(tensor.detach().cpu().contiguous().numpy().tobytes())
+    return digest.hexdigest()
+
+
+def card_extra(config: PretrainConfig, result: PretrainResult) -> str:
+    """The task's own section of the card (its Pretraining.extra, "module:function"), or ""."""
+    if not card(config).extra:
+        return ""
+    module, _, function = card(config).extra.partition(":")
+    return "\n" + getattr(importlib.import_module(module), function)(result.model, result.tokenizer, config)
 
 
 def write_policy(config: PretrainConfig, result: PretrainResult, command: str,
@@ -343,11 +411,13 @@ def write_policy(config: PretrainConfig, result: PretrainResult, command: str,
     report_set = card(config).report[1]()
     report = evaluate(result.model, result.tokenizer, report_set, pass_k=config.pass_k,
                       max_new_tokens=config.max_new_tokens, **_episodes(config))
+    extra = card_extra(config, result)
     seconds, cpu_seconds = time.perf_counter() - started[0], time.process_time() - started[1]
     output = save_policy(result.model, result.tokenizer, config.output_dir)
-    (output / "README.md").write_text(model_card(config, result, report, seconds, cpu_seconds, command))
+    (output / "README.md").write_text(model_card(config, result, report, seconds, cpu_seconds, command, extra))
     (output / "pretrain.json").write_text(json.dumps(
         {"command": command, "config": dataclasses.asdict(config), "steps": result.steps,
+         "weights_sha256": weights_digest(result.model),
          "seconds": round(seconds, 1), "cpu_seconds": round(cpu_seconds, 1),
          "history": result.history, "held_out": report}, indent=1) + "\n")
     return report

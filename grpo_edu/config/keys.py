@@ -2,7 +2,9 @@
 
     SECTIONS        the sections every config has, by attribute (= TOML table; the run is the
                     file's top level)
-    all_sections    those and each registered engine's settings section
+    registered_sections  each registered engine's and task's own section ([vllm], [digitsum]),
+                    titled by its name
+    all_sections    the two, in that order
     key_index       every key -> the title of its section (a key in two sections: an error)
     key_field       a key's dataclass field: its doc and rules (field.metadata)
     key_type        a key's type
@@ -17,6 +19,7 @@ import typing
 
 from grpo_edu.config.sections import (Advantages, Data, Logging, Lora, Loss, OffPolicy, Optimisation, Rollout,
                                       Run)
+from grpo_edu.environment.registry import TASKS
 from grpo_edu.runtime.settings import Section
 from grpo_edu.sampling.engines import ENGINES
 
@@ -26,13 +29,24 @@ SECTIONS: dict[str, type[Section]] = {"run": Run, "data": Data, "rollout": Rollo
                                       "logging": Logging}
 
 
-def engine_sections() -> dict[str, type[Section]]:
-    """The sections of the registered engines that have settings, by title."""
-    return {engine.settings.title: engine.settings for engine in ENGINES.values() if engine.settings is not None}
+def registered_sections() -> dict[str, type[Section]]:
+    """The sections of the registered engines, then tasks, that have settings, by title (each the
+    engine's or the task's name: a section configures only the engine or task of its name)."""
+    out: dict[str, type[Section]] = {}
+    for kind, registry in (("engine", ENGINES), ("task", TASKS)):
+        for name, entry in registry.items():
+            if entry.settings is None:
+                continue
+            title = entry.settings.title
+            if title in out or title in SECTIONS:
+                raise ValueError(f"{kind} {name!r}: its settings section [{title}] has the title of another "
+                                 f"section; give it the {kind}'s own name")
+            out[title] = entry.settings
+    return out
 
 
 def all_sections() -> dict[str, type[Section]]:
-    return {**SECTIONS, **engine_sections()}
+    return {**SECTIONS, **registered_sections()}
 
 
 def key_index() -> dict[str, str]:

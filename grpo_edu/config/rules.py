@@ -15,7 +15,7 @@ from grpo_edu.algorithm.surrogates import SURROGATES
 from grpo_edu.environment.registry import TASKS, step_verified_tasks
 from grpo_edu.environment.rewards import check_overlong_cache
 from grpo_edu.runtime.settings import default_of, named
-from grpo_edu.sampling.engines import on_this_machine
+from grpo_edu.sampling.engines import ENGINES, on_this_machine
 
 
 # --------------------------------------------------------------------------- checks of one key
@@ -114,11 +114,13 @@ def _surrogate_refuses(config) -> str | None:
     return None
 
 
-def _inactive_engine_settings(config) -> list[str]:
-    """Keys of an engine's section set to other than their defaults while config key engine names
-    another engine: they would configure nothing."""
-    return [key for title, section in config.engine_settings.items() if title != config.run.engine
-            for key in section.keys() if _changed(config, key)]
+def _inactive_settings(config) -> list[tuple[str, str, str]]:
+    """(key, 'engine' or 'task', its owner) for each key of a registered engine's or task's section
+    set to other than its default while config key engine (task) names another: it would
+    configure nothing."""
+    active = {config.run.engine, config.run.task}
+    return [(key, "engine" if title in ENGINES else "task", title) for title, section in config.registered.items()
+            if title not in active for key in section.keys() if _changed(config, key)]
 
 
 def _overlong_cache_refuses(config) -> str | None:
@@ -132,10 +134,10 @@ def _overlong_cache_refuses(config) -> str | None:
 
 RULES = (
     # the task and its engine
-    Rule(("engine",), lambda c: bool(_inactive_engine_settings(c)),
-         lambda c: f"config key {_inactive_engine_settings(c)[0]!r} configures another engine than engine = "
-                   f"{c.run.engine!r}, so it would do nothing: set engine to the one it configures, or leave it at "
-                   f"its default"),
+    Rule(("engine", "task"), lambda c: bool(_inactive_settings(c)),
+         lambda c: "config key {0!r} configures the {1} {2!r}, not {1} = {3!r}, so it would do nothing: set {1} to "
+                   "{2!r}, or leave it at its default".format(*_inactive_settings(c)[0],
+                                                              c.value(_inactive_settings(c)[0][1]))),
     # rollout and evaluation
     Rule(("eval_samples", "environment"), lambda c: bool(c.rollout.environment and c.logging.eval_samples),
          lambda c: f"config keys 'eval_samples' ({c.logging.eval_samples}) and 'environment' "

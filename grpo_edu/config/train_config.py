@@ -6,8 +6,9 @@
     config.to_dict()                                   # {key: value}, flat (a run's config.json)
 
 The sections are grpo_edu.config.sections' nine, in the order a TOML file reads them, and one
-per registered engine that has settings (grpo_edu.sampling.engines: [vllm], [sglang]); each
-checks its own keys when it is made, then the rules across keys run (grpo_edu.config.rules).
+per registered engine or task that has settings (grpo_edu.sampling.engines: [vllm], [sglang];
+grpo_edu.environment.digitsum: [digitsum]); each checks its own keys when it is made, then the
+rules across keys run (grpo_edu.config.rules).
 Key names are unique across sections, so a key is named without its section everywhere outside
 the code: `--set beta=0`, config.json, error messages (`--set loss.beta=0` names it with its
 section too). Reading a config file, with its base and the source of every key, is
@@ -20,7 +21,7 @@ import dataclasses
 import typing
 
 from grpo_edu.config import files
-from grpo_edu.config.keys import SECTIONS, all_sections, coerce, engine_sections, key_index, key_type
+from grpo_edu.config.keys import SECTIONS, all_sections, coerce, key_index, key_type, registered_sections
 from grpo_edu.config.rules import RULES, import_modules
 from grpo_edu.config.sections import Advantages, Data, Logging, Lora, Loss, OffPolicy, Optimisation, Rollout, Run
 from grpo_edu.runtime.settings import Section
@@ -45,7 +46,7 @@ class TrainConfig:
     loss: Loss
     advantages: Advantages
     logging: Logging
-    engine_settings: dict[str, Section]
+    registered: dict[str, Section]   # the registered engines' and tasks' own sections, by title
 
     def __init__(self, **given):
         """TrainConfig(beta=0.0, steps=200): keys by name, or whole sections (loss=Loss(...)); the
@@ -74,15 +75,16 @@ class TrainConfig:
         built = {title: whole.get(title) or sections[title](**by_section[title]) for title in sections}
         for title in SECTIONS:
             setattr(self, title, built[title])
-        self.engine_settings = {title: built[title] for title in engine_sections()}
+        self.registered = {title: built[title] for title in registered_sections()}
         self.validate()
 
     def __getattr__(self, name: str):
-        # An engine's section (config.vllm, config.sglang); a key named without its section, a hint.
-        if name == "engine_settings" or name.startswith("__"):
+        # A registered engine's or task's section (config.vllm, config.digitsum); a key named without
+        # its section, a hint.
+        if name == "registered" or name.startswith("__"):
             raise AttributeError(name)
-        if name in self.engine_settings:
-            return self.engine_settings[name]
+        if name in self.registered:
+            return self.registered[name]
         title = key_index().get(name)
         if title is not None:
             raise AttributeError(f"TrainConfig has no attribute {name!r}: the key is in section "
@@ -100,7 +102,7 @@ class TrainConfig:
 
     def sections(self) -> dict[str, Section]:
         """Every section, by title, in reading order."""
-        return {**{title: getattr(self, title) for title in SECTIONS}, **self.engine_settings}
+        return {**{title: getattr(self, title) for title in SECTIONS}, **self.registered}
 
     def section_of(self, key: str) -> Section:
         return self.sections()[key_index()[key]]

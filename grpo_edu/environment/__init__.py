@@ -7,10 +7,12 @@
     rewards.py   one scalar per completion from rules: accuracy, format, language
     process.py   process supervision: the chain task (registered there), its step verifier, each
                  step's reward at its token
+    digitsum.py  the digit sum mod 10 of controlled depth (registered there): its pretraining
+                 mixtures, and what a completion does (its format, its checks)
 
-Importing the package registers the built-in tasks (tasks.py and process.py).
+Importing the package registers the built-in tasks (tasks.py, process.py and digitsum.py).
 
 Imports grpo_edu.runtime, grpo_edu.algorithm and grpo_edu.policy.
 """
 
-from grpo_edu.environment import process, tasks  # noqa: F401  (the built-in tasks register themselves)
+from grpo_edu.environment import digitsum, process, tasks  # noqa: F401  (the built-in tasks register themselves)

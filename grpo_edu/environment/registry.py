@@ -19,6 +19,13 @@ a task, so that adding one touches no other module (docs/contributing.md, "Addin
                    (process supervision, grpo_edu.environment.process), or None
     pretraining    how `python -m grpo_edu.commands.pretrain --task NAME` trains and describes a
                    starting policy for it (Pretraining), or None: not pretrainable here
+    settings       the task's own config keys, a grpo_edu.runtime.settings.Section whose title is
+                   the task's name (digitsum's [digitsum]: its depths), or None. Its problems are
+                   then drawn with them: draw(rng, settings)
+    completion_metrics  completion_metrics(texts, rows) -> {name: [value per completion]}: what a
+                   run logs of this task beside the rewards, each averaged over the rollout
+                   (digitsum's format shares and checks); called with no completions, it
+                   names them all (empty lists); or None
 
 The built-in tasks register themselves where they are written (grpo_edu.environment.tasks:
 arithmetic, multiply, countdown, gsm8k; grpo_edu.environment.process: chain); importing
@@ -29,6 +36,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Callable, Iterator, Mapping
+
+from grpo_edu.runtime.settings import Section
 
 
 @dataclass(frozen=True)
@@ -42,6 +51,11 @@ class Pretraining:
     environment: evaluate its policy in episodes with this environment ("module:Class"), "" = no
     stream: (pretraining config) -> endless training samples, each with a "solution"; None: the
         task's train split with its own solutions (grpo_edu.environment.tasks.iterate_samples)
+    mixture: the pretraining config's mixture flags this task reads (--mixture, --depths, ...), an
+        empty tuple: none (the command refuses them set for another task)
+    describe: (pretraining config) -> the mixture in words, the card's {mixture_text}; or None
+    extra: "module:function", function(model, tokenizer, pretraining config) -> a markdown section
+        of the card after its held-out figures (digitsum's precondition table); "" = none
     """
 
     card: str
@@ -50,6 +64,9 @@ class Pretraining:
                 "model, tokenizer = load_policy({output_dir!r})")
     environment: str = ""
     stream: Callable[..., Iterator[dict]] | None = None
+    mixture: tuple[str, ...] = ()
+    describe: Callable[..., str] | None = None
+    extra: str = ""
 
 
 @dataclass(frozen=True)
@@ -67,6 +84,8 @@ class Task:
     pretraining: Pretraining | None = None
     instruction_in_prompt: bool = False
     example: dict | None = None
+    settings: type[Section] | None = None
+    completion_metrics: Callable[[list[str], list[dict]], dict[str, list[float]]] | None = None
 
     def __post_init__(self):
         given = [name for name in ("pool", "draw", "load") if getattr(self, name) is not None]
@@ -75,6 +94,15 @@ class Task:
                              f"from), got {given or 'none'}")
         if self.load is not None and self.example is None:
             raise ValueError(f"task {self.name!r}: a task read from files needs an example (one sample, for probes)")
+        if self.settings is not None and self.settings.title != self.name:
+            raise ValueError(f"task {self.name!r}: its settings section must have the task's name as its title "
+                             f"(config table [{self.name}]), got {self.settings.title!r}")
+
+    def draw_with(self, rng, settings: Section | None = None) -> dict:
+        """One drawn problem: draw(rng), or with the task's settings (their defaults when None)."""
+        if self.settings is None:
+            return self.draw(rng)
+        return self.draw(rng, settings if settings is not None else self.settings())
 
     @property
     def generated(self) -> bool:

@@ -358,10 +358,19 @@ def _check_task_and_split(task: str, split: str) -> None:
         raise ValueError(f"split must be one of {SPLITS}, got {split!r}")
 
 
-def iterate_samples(task: str = "arithmetic", split: str = "train", seed: int = 0) -> Iterator[dict]:
+def _check_settings(task: str, settings) -> None:
+    expected = TASKS[task].settings
+    if settings is not None and (expected is None or not isinstance(settings, expected)):
+        raise ValueError(f"settings: task {task!r} " + (f"takes a {expected.__name__}" if expected else "has none")
+                         + f", got {type(settings).__name__}")
+
+
+def iterate_samples(task: str = "arithmetic", split: str = "train", seed: int = 0, settings=None) -> Iterator[dict]:
     """An endless, seeded stream of samples of one split, uniform over its
-    problems (duplicates possible)."""
+    problems (duplicates possible). settings: the task's own section (digitsum's depths), for a
+    task that has one; None, its defaults."""
     _check_task_and_split(task, split)
+    _check_settings(task, settings)
     rng = random.Random(f"{task}/{split}/{seed}")
     registered = TASKS[task]
     if registered.pool is not None:  # small space: draw from the split's list
@@ -369,7 +378,7 @@ def iterate_samples(task: str = "arithmetic", split: str = "train", seed: int = 
         while True:
             yield dict(rng.choice(pool))
     while True:  # a space too big to list: draw, keep the split's
-        sample = registered.draw(rng)
+        sample = registered.draw_with(rng, settings)
         if split_of(sample["prompt"]) == split:
             yield sample
 
@@ -378,9 +387,9 @@ MAX_REPEATED_DRAWS = 200_000  # give up on finding a new distinct problem after 
 
 
 def make_dataset(task: str = "arithmetic", n: int = 1000, split: str = "train", seed: int = 0,
-                 unique: bool = True) -> list[dict]:
+                 unique: bool = True, settings=None) -> list[dict]:
     """`n` samples of one split, distinct prompts unless unique=False. Same arguments,
-    same list.
+    same list. settings: the task's own section, as iterate_samples takes it.
 
     The arithmetic and multiply spaces are small (16,200 problems: 14,624 train and
     1,576 held-out; 8,100), so asking for more distinct problems than a split holds is
@@ -394,7 +403,7 @@ def make_dataset(task: str = "arithmetic", n: int = 1000, split: str = "train", 
         raise ValueError(f"n = {n} distinct {task} problems requested from split {split!r}, which "
                          f"holds {len(pool(split)):,}; ask for fewer or pass unique=False")
     samples, seen, misses = [], set(), 0
-    stream = iterate_samples(task, split, seed)
+    stream = iterate_samples(task, split, seed, settings)
     while len(samples) < n:
         sample = next(stream)
         if unique:
@@ -488,13 +497,22 @@ def training_pool_size(task: str, size: int = TRAIN_POOL) -> int:
     return min(size, len(pool("train"))) if pool is not None else size
 
 
-def training_problems(task: str, dataset: str, size: int = TRAIN_POOL) -> list[dict]:
+def training_problems(task: str, dataset: str, size: int = TRAIN_POOL, settings=None) -> list[dict]:
     """The problems a run's prompts are drawn from: a task read from files, its train split (from
-    `dataset`); a generated one, training_pool_size(task, size) distinct train problems."""
+    `dataset`); a generated one, training_pool_size(task, size) distinct train problems (a task with
+    its own settings: drawn with them, repeats allowed)."""
     registered = task_named(task)
     if registered.load is not None:
         return registered.load("train", dataset)
-    return make_dataset(task, n=training_pool_size(task, size), split="train", seed=0)
+    # A task's own settings can make its space small (digitsum at depth 3 has 912 train problems):
+    # its pool is drawn with repeats, as the prompts are drawn from it.
+    return make_dataset(task, n=training_pool_size(task, size), split="train", seed=0, settings=settings,
+                        unique=registered.settings is None)
+
+
+def task_settings(config):
+    """The config's section of its task's own keys ([digitsum]), or None for a task without one."""
+    return config.sections().get(config.run.task) if TASKS[config.run.task].settings is not None else None
 
 
 def task_pools(config, tokenizer) -> tuple[list[dict], list[dict]]:
@@ -502,13 +520,15 @@ def task_pools(config, tokenizer) -> tuple[list[dict], list[dict]]:
     data section and eval_size are read): the registered task's pool the prompts are drawn from,
     and its held-out problems (the first eval_size of the test split), with their prompts as the
     policy reads them (the task's instruction added when task_instruction, then inside the
-    tokenizer's chat template when chat_template). A task read from files reads `dataset`."""
+    tokenizer's chat template when chat_template). A task read from files reads `dataset`; a task
+    with its own keys ([digitsum]) draws both with them."""
     task, data, eval_size = config.run.task, config.data, config.logging.eval_size
-    train_pool = training_problems(task, data.dataset)
+    settings = task_settings(config)
+    train_pool = training_problems(task, data.dataset, settings=settings)
     if task_named(task).load is not None:
         held_out = task_named(task).load("test", data.dataset)[:eval_size]
     else:
-        held_out = make_dataset(task, n=eval_size, split="test", seed=0)
+        held_out = make_dataset(task, n=eval_size, split="test", seed=0, settings=settings)
     if data.task_instruction:
         train_pool, held_out = [with_instruction(s) for s in train_pool], [with_instruction(s) for s in held_out]
     if data.chat_template:

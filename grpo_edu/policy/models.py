@@ -46,8 +46,9 @@ def completion_text(reasoning: str, answer: str) -> str:
 CHARACTERS = "\n" + "".join(chr(c) for c in range(32, 127))
 
 # The starting policies committed with the package (see grpo_edu/commands/pretrain.py), by the names a
-# config's `model` key gives them: "start" (arithmetic), "multiply-start" (calls a calculator) and
-# "chain-start" (sums chains step by step: process supervision).
+# config's `model` key gives them: "start" (arithmetic), "multiply-start" (calls a calculator),
+# "chain-start" (sums chains step by step: process supervision) and the digitsum bases (chapter 9:
+# "digitsum-start", pretrained on the main mixture, and its two controls).
 ASSETS = Path(__file__).resolve().parent.parent / "assets"
 STARTING_POLICY = ASSETS / "tiny-arithmetic-start"
 TOOL_POLICY = ASSETS / "tiny-multiply-start"
@@ -55,8 +56,12 @@ CHAIN_POLICY = ASSETS / "tiny-chain-start"   # sums three numbers step by step (
 # the default run's policy (configs/cpu-tiny.toml, seed 0): where most groups are all right
 # (benchmarks/dynamic_sampling.py --trained-policy makes it; chapter 8 trains from it)
 TRAINED_POLICY = ASSETS / "tiny-arithmetic-trained"
+# digitsum (grpo_edu.environment.digitsum): direct answers, worked chains and checks, in known shares
+DIGITSUM_POLICIES = {"digitsum-start": ASSETS / "tiny-digitsum-start",                  # 50/40/10
+                     "digitsum-no-check": ASSETS / "tiny-digitsum-no-check",            # 50/50/0: never a check
+                     "digitsum-no-top-worked": ASSETS / "tiny-digitsum-no-top-worked"}  # no working at the top depth
 COMMITTED_POLICIES = {"start": STARTING_POLICY, "multiply-start": TOOL_POLICY, "chain-start": CHAIN_POLICY,
-                      "trained": TRAINED_POLICY}
+                      "trained": TRAINED_POLICY, **DIGITSUM_POLICIES}
 
 
 def policy_source(model: str) -> str | Path:

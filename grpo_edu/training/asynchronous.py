@@ -156,7 +156,8 @@ def to_record(flight: InFlight) -> dict:
                  "advantages": plan.advantages.cpu(), "lengths": plan.lengths.cpu(), "finished": plan.finished.cpu(),
                  "mini_batches": [m.cpu() for m in plan.mini_batches], "owned": (plan.owned.start, plan.owned.stop),
                  "group_size": plan.group_size, "episode": {k: v.cpu() for k, v in plan.episode.items()},
-                 "sampling": dict(plan.sampling), "process": {k: v.cpu() for k, v in plan.process.items()}},
+                 "sampling": dict(plan.sampling), "process": {k: v.cpu() for k, v in plan.process.items()},
+                 "observed": {k: v.cpu() for k, v in plan.observed.items()}},
         "sampled_at": flight.sampled_at,
         "seconds": dict(flight.seconds),
     }
@@ -169,7 +170,8 @@ def from_record(record: dict, device: torch.device | str = "cpu") -> InFlight:
     plan = Plan(rewards=p["rewards"], components=dict(p["components"]), advantages=p["advantages"],
                 lengths=p["lengths"], finished=p["finished"], mini_batches=list(p["mini_batches"]),
                 owned=slice(*p["owned"]), group_size=p["group_size"], episode=dict(p.get("episode", {})),
-                sampling=dict(p.get("sampling", {})), process=dict(p.get("process", {})))
+                sampling=dict(p.get("sampling", {})), process=dict(p.get("process", {})),
+                observed=dict(p.get("observed", {})))
     return InFlight(list(record["samples"]), batch, plan, int(record["sampled_at"]), dict(record["seconds"]))
 
 

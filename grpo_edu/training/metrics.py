@@ -5,7 +5,8 @@
     sampler_gap       the trainer's log-probs of the sampled tokens against the sampler's
     tie_spread        equal rewards in a group must get equal advantages: the largest gap
     step_metrics      one step's metrics over all B prompts (the plan holds them gathered)
-    run_summary       summary.json: accuracies with intervals, speed, the time split
+    run_summary       summary.json: accuracies with intervals, the rollouts at both ends, speed,
+                      the time split
 
 Every metric is documented where it is computed; chapter 6 explains each one and what a
 healthy value looks like.
@@ -20,6 +21,7 @@ import torch
 
 from grpo_edu.algorithm.advantages import zero_std_groups
 from grpo_edu.algorithm.surrogates import SURROGATES
+from grpo_edu.environment.registry import TASKS
 from grpo_edu.training.batch import RolloutBatch
 from grpo_edu.runtime.distributed import World
 from grpo_edu.training.evaluation import wilson_interval
@@ -143,11 +145,12 @@ def step_metrics(plan: Plan, batch: RolloutBatch, update: dict[str, float], seco
         "reward/mean": plan.rewards.mean().item(), "reward/std": plan.rewards.std().item(),
         **{f"reward/{name}": values.mean().item() for name, values in plan.components.items()},
         "zero_std_groups": zero_std_groups(plan.rewards).float().mean().item(),
-        "completion_length/mean": lengths.mean().item(), "completion_length/min": lengths.min().item(),
-        "completion_length/max": lengths.max().item(),
+        "completion_length/mean": lengths.mean().item(), "completion_length/std": lengths.std(correction=0).item(),
+        "completion_length/min": lengths.min().item(), "completion_length/max": lengths.max().item(),
         "truncated": 1.0 - plan.finished.double().mean().item(),
         **{f"episode/{name}": values.mean().item() for name, values in plan.episode.items()},
         **{f"dynamic_sampling/{name}": value for name, value in plan.sampling.items()},
+        **{name: values.mean().item() for name, values in plan.observed.items()},   # the task's own (format/...)
         # Mean over completion tokens of -log pi(token): a Monte-Carlo estimate of the sampling
         # policy's entropy per token (exact in expectation).
         "entropy": float(entropy[0] / entropy[1]),
@@ -171,10 +174,33 @@ def step_seconds(metrics: dict) -> float:
     return metrics.get("time/step", sum(metrics[f"time/{key}"] for key in TIME_SPLIT))
 
 
+ROLLOUT_WINDOW = 10   # steps at each end of a run that its summary's rollout figures average
+
+
+def observed_names(task: str) -> tuple[str, ...]:
+    """The names of what a task observes in each completion (its registered completion_metrics,
+    called with no completions, names them all); () for a task without them."""
+    function = TASKS[task].completion_metrics if task in TASKS else None
+    return tuple(function([], [])) if function is not None else ()
+
+
+def rollout_ends(history: list[dict], task: str) -> dict:
+    """The rollouts at the two ends of a run: the mean over its first and its last ROLLOUT_WINDOW
+    steps (fewer in a shorter run) of the reward, the completion length (mean and spread) and
+    what the task observes (observed_names: digitsum's format/worked, ...)."""
+    keys = ("reward/mean", "completion_length/mean", "completion_length/std", *observed_names(task))
+    window = min(ROLLOUT_WINDOW, len(history))
+    if not window:
+        return {}
+    return {"window": window, **{end: {key: statistics.fmean(m[key] for m in part) for key in keys}
+                                  for end, part in (("first", history[:window]), ("last", history[-window:]))}}
+
+
 def run_summary(config: dict, history: list[dict], start_accuracy: float, seconds: float,
                 finished: bool, eval_problems: int) -> dict:
     """summary.json: the run's held-out accuracies (with 95% Wilson intervals over the
-    eval_problems problems), its evaluation curve, its speed and the config (as a dict)."""
+    eval_problems problems), its evaluation curve, its rollouts at both ends (rollout_ends: the
+    length, and what the task observes), its speed and the config (as a dict)."""
     evals = [(m["step"], m["eval/greedy_accuracy"]) for m in history if "eval/greedy_accuracy" in m]
     step_times = [step_seconds(m) for m in history]
     final_accuracy = evals[-1][1] if evals else start_accuracy
@@ -201,5 +227,6 @@ def run_summary(config: dict, history: list[dict], start_accuracy: float, second
             key: statistics.median(m[f"time/{key}"] for m in history) if history else 0.0
             for key in TIME_SPLIT},
         "eval_curve": evals,
+        "rollouts": rollout_ends(history, config["task"]),
         "config": config,
     }

@@ -54,6 +54,9 @@ class Plan:
     # With supervision = "process" the advantages above are each completion's first-token advantage (the
     # batch holds them per token).
     process: dict[str, torch.Tensor] = field(default_factory=dict)
+    # What the task observes in each completion (its registered completion_metrics: digitsum's
+    # format shares and checks): name -> (B, G) float64; empty for a task without them.
+    observed: dict[str, torch.Tensor] = field(default_factory=dict)
 
     def local_groups(self, k: int) -> torch.Tensor:
         """(B / N,) bool: which of this rank's prompts mini-batch k holds."""

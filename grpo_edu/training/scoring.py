@@ -4,6 +4,7 @@ into group advantages, and plan the update's mini-batches (grpo_edu.training.pla
     score          rewards (B, G) of every completion, gathered from all ranks; the advantages
                    and the Plan from all of them; this rank's RolloutBatch
     reward_terms   this rank's reward terms by name, and their weighted sum
+    observe        what the task observes in each completion (its completion_metrics), by name
     gather_rows    this rank's per-completion rows -> (B, G) over every rank's prompts
 """
 
@@ -13,6 +14,7 @@ import torch
 
 from grpo_edu.config import TrainConfig
 from grpo_edu.environment.process import step_rewards
+from grpo_edu.environment.registry import TASKS
 from grpo_edu.environment.rewards import soft_overlong_punishment
 from grpo_edu.runtime.distributed import World
 from grpo_edu.sampling.rollout import Rollout
@@ -51,6 +53,21 @@ def reward_terms(config: TrainConfig, texts: list[str], columns: dict, rollout: 
     return terms, reward
 
 
+def observe(config: TrainConfig, texts: list[str], samples: list[dict], G: int) -> dict[str, torch.Tensor]:
+    """What the run's task observes in each completion (its registered completion_metrics:
+    digitsum's format and checks), {name: (n,) float64}; empty for a task without them."""
+    task = TASKS[config.run.task]
+    if task.completion_metrics is None:
+        return {}
+    rows = [sample for sample in samples for _ in range(G)]
+    values = task.completion_metrics(texts, rows)
+    for name, column in values.items():
+        if len(column) != len(texts):
+            raise ValueError(f"task {task.name!r}: completion_metrics gave {len(column)} values of {name!r} for "
+                             f"{len(texts)} completions")
+    return {name: torch.tensor(column, dtype=torch.float64) for name, column in values.items()}
+
+
 def gather_rows(rows: dict, b: int, G: int, world: World) -> dict:
     """{name: (b * G,) tensor} of this rank -> {name: (B, G) float64} over every rank's prompts
     (one gather for all of them)."""
@@ -77,11 +94,13 @@ def score(config: TrainConfig, samples: list[dict], rollout: Rollout, tokenizer,
     # Steps a rule checks (task "chain"): counted for the log; with supervision = "process", every token's
     # advantage from the rewards of the steps (grpo_edu.environment.process), computed here: a group is whole on its rank.
     token_advantages, process = step_rewards(config, texts, columns, tokenizer, rollout, reward)
+    observed = observe(config, texts, mine, G)
     episode = {k: v for k, v in (rollout.episode or {}).items() if k != "env_reward"}   # gathered for the log
     # Every rank's rows gathered to all B prompts at once, each by name: (b * G,) -> (B, G).
     gathered = gather_rows({"reward": reward, **{("term", k): v for k, v in terms.items()},
                             **{("episode", k): v for k, v in episode.items()},
                             **{("process", k): v for k, v in process.items()},
+                            **{("observed", k): v for k, v in observed.items()},
                             "length": rollout.completion_mask.sum(-1).cpu().double(),   # the policy's tokens
                             "finished": rollout.finished.cpu().double()}, b, G, world)
     reward_matrix = gathered["reward"]
@@ -97,7 +116,8 @@ def score(config: TrainConfig, samples: list[dict], rollout: Rollout, tokenizer,
     plan = Plan(rewards=reward_matrix, components={name: gathered["term", name] for name in terms},
                 advantages=advantages, lengths=gathered["length"].long(), finished=gathered["finished"].bool(),
                 mini_batches=plan_mini_batches(config, reward_matrix), owned=owned, group_size=G,
-                episode={name: gathered["episode", name] for name in episode}, process=gathered_process)
+                episode={name: gathered["episode", name] for name in episode}, process=gathered_process,
+                observed={name: gathered["observed", name] for name in observed})
 
     P, S = rollout.prompt_ids.shape[1], rollout.completion_ids.shape[1]
     sampled_on = rollout.completion_ids.device
