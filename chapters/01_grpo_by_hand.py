@@ -604,7 +604,7 @@ r1_as_keys = {  # grpo_edu key: R1's first RL stage in that key's units
 }
 print(f"{'key':<22} {'R1':>10} {'r1-recipe-tiny':>15}")
 for key, r1_value in r1_as_keys.items():
-    ours = getattr(tiny_r1, key)
+    ours = tiny_r1.value(key)
     print(f"{key:<22} {r1_value:>10g} {ours:>15g}   {'' if ours == r1_value else 'changed'}".rstrip())
 drawn = tiny_r1.optimisation.steps * tiny_r1.rollout.prompts_per_step
 print(f"steps: {tiny_r1.optimisation.steps} rollouts = {tiny_r1.optimisation.steps * tiny_r1.optimisation.num_mini_batches} optimizer steps, "

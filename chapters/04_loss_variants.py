@@ -149,7 +149,7 @@ print(inspect.getsource(aggregation.per_response_mean))   # grpo
 print(inspect.getsource(aggregation.batch_token_mean))    # bnpo
 print(inspect.getsource(aggregation.constant_length))     # dr_grpo
 print(inspect.getsource(aggregation.step_token_mean))     # dapo
-print({name: divisors.__name__ for name, divisors in aggregation.AGGREGATIONS.items()})
+print({name: entry.divisors.__name__ for name, entry in aggregation.AGGREGATIONS.items()})
 
 # %% [markdown]
 # ## The length bias, in numbers

@@ -242,7 +242,7 @@ for name in recipes:
           f"{optimizer_steps_per_rollout(c):>6}{c.rollout.prompts_per_step * c.rollout.num_generations // c.optimisation.num_mini_batches:>13,}"
           f"{micro_batches:>21}")
 qwen = sizes["Qwen2.5-0.5B"]
-share = TrainConfig.from_toml(home.path("configs/qwen2.5-0.5b-gsm8k-1x.toml")).vllm_gpu_memory_utilization
+share = TrainConfig.from_toml(home.path("configs/qwen2.5-0.5b-gsm8k-1x.toml")).vllm.vllm_gpu_memory_utilization
 capacity = int((share * GPU_MIB * 2**20 - 2 * qwen["parameters"]) // qwen["kv_bytes_per_token"])   # bf16 weights
 largest = max(per_engine_tokens[n] for n in recipes if n.startswith("qwen2.5-0.5b"))
 print(f"\nthe Qwen2.5-0.5B recipes' largest rollout per engine: {largest:,} completion tokens at most, "

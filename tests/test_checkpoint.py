@@ -356,6 +356,9 @@ def _where_the_kill_landed(folder, before):
             return "renamed, latest not yet updated"
         if len(steps) > checkpoint.KEEP:
             return "old checkpoint not yet pruned"
+        # latest names the new checkpoint and nothing is left to prune: stopped before the last
+        # flush of the folder, or after the save ended (a random kill that lands later looks the same)
+        return "latest replaced, folder not yet flushed"
     if any(name in before and name in changed for name in steps[:-1]):
         return "pruning an old checkpoint"
     return None

@@ -269,7 +269,7 @@ def test_the_trl_bridge_carries_the_quantile_and_refuses_it_across_micro_batches
                                          "takes the entropy quantile per micro-batch"):
         trl_bridge.grpo_config(TrainConfig(**ready, micro_batch_size=64), "unused")
     assert trl_bridge.grpo_config(TrainConfig(advantage_std="sample", micro_batch_size=64),
-                                  "unused").loss.top_entropy_quantile == 1.0
+                                  "unused").top_entropy_quantile == 1.0
 
 
 # --------------------------------------------------------------------------- benchmarks/entropy.py
