@@ -1,5 +1,5 @@
 """The GPU tier, measured on one CUDA GPU: the recipes' times to their targets, and Qwen-shaped
-models' step time, throughput and memory. Writes one results file for docs/gpu.md and chapter 10.
+models' step time, throughput and memory. Writes one results file for docs/gpu.md and chapter 11.
 
     python benchmarks/gpu.py [--part PART ...] [--out FILE] [--work-dir DIR] [--budget-seconds S]
     python benchmarks/gpu.py --toy          # every part at toy size on the CPU (what CI runs)
@@ -21,10 +21,10 @@ Parts (--part, repeatable; default all):
   qwen2.5-0.5b        Qwen2.5-0.5B- and 1.5B-Instruct-shaped models (the values of Qwen's
   qwen2.5-1.5b        published config.json, below; random weights, nothing downloaded) through
                       full GRPO steps with engine = "hf", bf16: median step time, completion
-                      tokens per second, peak memory, beside chapter 10's memory table.
+                      tokens per second, peak memory, beside chapter 11's memory table.
   qwen2.5-1.5b-lora   the same steps training LoRA adapters (rank 16, alpha 32, every linear layer
   qwen2.5-7b-lora     of every decoder layer; the reference is the base with the adapters off), for
-                      the 1.5B shape and for Qwen2.5-7B's, which chapter 10 finds too large to
+                      the 1.5B shape and for Qwen2.5-7B's, which chapter 11 finds too large to
                       train whole on one H100.
   qwen2.5-7b-lora-mb8 the 7B LoRA steps with micro-batches of 8 completions instead of 16 (the
                       activations of a 16-completion micro-batch take more than an H100 has).
@@ -69,13 +69,13 @@ loss and optimisation are configs/qwen2.5-0.5b-countdown-1x.toml's (DAPO, clip-h
 per step (the recipe's 32 prompts: `generate` keeps N x L x V float32 logits for the sampler's
 log-probs, 10 GB at 64 x 256 over 151,936 entries, 40 GB at 256; vLLM is what the recipe samples
 with). One step warms up, then --qwen-steps are timed. Peak memory is torch.cuda.max_memory_allocated
-over the timed steps; chapter 10's table predicts what the trainer holds between steps, 20 bytes
+over the timed steps; chapter 11's table predicts what the trainer holds between steps, 20 bytes
 per parameter with one GPU (float32 weights 4, gradients 4, AdamW 8, the float32 reference 4; no
 vLLM share here). The tensors the trainer holds are also counted (device-independent, so the toy
 run checks the 20P too); the peak adds activations, the rollout's logits and the KV cache.
 
 Qwen's published config.json values (Qwen/Qwen2.5-0.5B-Instruct and Qwen/Qwen2.5-1.5B-Instruct on
-the Hugging Face hub; the same dimensions as chapter 10's table): see QWEN_SHAPES.
+the Hugging Face hub; the same dimensions as chapter 11's table): see QWEN_SHAPES.
 
 Results file (JSON): {"format": 1, "written_by", "updated_utc", "parts": {PART: entry}}. Every
 entry has "status" ("done", "not_reached", "interrupted" or "failed"), "toy", "measured_utc",
@@ -151,7 +151,7 @@ QWEN_SHAPES = {
     "qwen2.5-1.5b": dict(hidden_size=1536, intermediate_size=8960, num_hidden_layers=28, num_attention_heads=12,
                          num_key_value_heads=2, **QWEN_COMMON),
 }
-# Qwen/Qwen2.5-7B-Instruct's config.json: the model chapter 10 finds too large to train whole on one H100.
+# Qwen/Qwen2.5-7B-Instruct's config.json: the model chapter 11 finds too large to train whole on one H100.
 QWEN_7B = dict(QWEN_COMMON, hidden_size=3584, intermediate_size=18944, num_hidden_layers=28, num_attention_heads=28,
                num_key_value_heads=4, vocab_size=152064, tie_word_embeddings=False)
 # The LoRA parts: the same steps with adapters of rank 16 (alpha 32) on every linear layer of every decoder layer.
@@ -561,7 +561,7 @@ def part_qwen(part: str, args, device: str, previous: dict) -> dict:
 
 
 def prediction(P: int, policy: torch.nn.Module) -> dict:
-    """Chapter 10's table: full fine-tuning holds 16 bytes a parameter (float32 weights, gradients,
+    """Chapter 11's table: full fine-tuning holds 16 bytes a parameter (float32 weights, gradients,
     AdamW's two moments) and the float32 reference 4; LoRA holds the frozen base's float32 weights
     (4 a parameter), 16 a parameter of its adapters, and no reference (the adapters off)."""
     adapters = sum(p.numel() for name, p in policy.named_parameters() if lora.is_adapter(name))
@@ -627,7 +627,7 @@ def report(results: dict) -> str:
     qwen = [(n, e) for n, e in parts.items() if n.startswith("qwen") and e["status"] == "done"]
     if qwen:
         lines += ["", "| model (random weights) | parameters | B x G x L | median step, s (rollout / scoring / update) "
-                      "| completion tokens/s | chapter 10's prediction, GB | tensors held, GB | peak, GB |",
+                      "| completion tokens/s | chapter 11's prediction, GB | tensors held, GB | peak, GB |",
                   "|---|---|---|---|---|---|---|---|"]
         for name, e in qwen:
             w, split = e["workload"], e["time_split_median_s"]

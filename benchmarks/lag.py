@@ -1,4 +1,4 @@
-"""Chapter 11's measurement: rollouts that lag by k updates (config key rollout_lag), with each
+"""Chapter 12's measurement: rollouts that lag by k updates (config key rollout_lag), with each
 correction for the staleness, on the default task, 3 seeds; everything else the default config.
 
     .venv/bin/python benchmarks/lag.py [--lags 0 1 2 4 8 16] [--corrections none clip ...]
@@ -19,9 +19,9 @@ sampler's rounding (the CPU tier's sampler gap, ~1e-7), so the grid trains k = 0
 The first form writes FILE (default benchmarks/results/lag.json): the settings, and per run
 its held-out greedy accuracy at every evaluation (256 problems, every 25 steps), its final
 policy's greedy outcome on each problem (greedy_correct) and the metrics that show the staleness
-at every step; and the verdicts of the comparisons chapter 11 makes (PAIRS: paired over seeds,
+at every step; and the verdicts of the comparisons chapter 12 makes (PAIRS: paired over seeds,
 and within each seed over the same problems; --verdicts FILE recomputes them from FILE's runs). Run it under the book's pinned kernels
-(grpo_edu.runtime.numerics), as `grpo-edu book run` runs chapters: chapter 11 reads the file.
+(grpo_edu.runtime.numerics), as `grpo-edu book run` runs chapters: chapter 12 reads the file.
 
 The second re-trains the named runs (correction:lag:seed; all when not given) for the first
 --steps steps and compares every kept number with FILE's, exactly (tests/test_lag_benchmark.py
@@ -52,7 +52,7 @@ CORRECTIONS = {
     "token_mask": {"old_logprobs": "proximal", "is_mask": "token", "is_mask_band": [0.5, 2.0]},
     "sequence_mask": {"old_logprobs": "proximal", "is_mask": "sequence", "is_mask_band": [0.8, 1.25]},
 }
-# Beyond the grid, seed 0 only: k pushed until training breaks (chapter 11, section 4), written with
+# Beyond the grid, seed 0 only: k pushed until training breaks (chapter 12, section 4), written with
 #   benchmarks/lag.py --runs none:32:0 none:64:0 clip:32:0 clip:64:0 tis:64:0
 PUSHED = ["none:32:0", "none:64:0", "clip:32:0", "clip:64:0", "tis:64:0"]
 # What the file keeps of each step (absent from a step: None).
@@ -61,7 +61,7 @@ KEPT = ("reward/accuracy", "kl", "grad_norm", "entropy", "staleness", "ratio/min
         "tis/truncated", "is/masked", "zero_std_groups", "completion_length/mean", "truncated")
 
 
-# The comparisons chapter 11 makes, a - b, each run named correction:lag: no correction against the
+# The comparisons chapter 12 makes, a - b, each run named correction:lag: no correction against the
 # synchronous run, each correction against none at the same lag, and TIS against the clip at k = 16.
 PAIRS = ([(f"none:{k}", "clip:0") for k in LAGS[1:]]
          + [(f"{c}:{k}", f"none:{k}") for k in LAGS[1:] for c in CORRECTIONS if c != "none"]

@@ -12,7 +12,7 @@ seeds 0 1 2; everything else the default config):
 Writes FILE (default benchmarks/results/lora.json) after every run: per run its held-out greedy
 accuracy at every evaluation (256 problems, every 25 steps) and, per step, the training
 accuracy, the KL to the reference (with LoRA: the base model, the adapters off) and the gradient
-norm. Run it under the book's pinned kernels (grpo_edu.runtime.numerics): chapter 10 reads the file.
+norm. Run it under the book's pinned kernels (grpo_edu.runtime.numerics): chapter 11 reads the file.
 --check re-trains the named runs (variant:seed) for their first --steps steps and compares every
 kept number with FILE's, exactly (tests/test_lora.py runs it, pinned, for lora:0).
 """

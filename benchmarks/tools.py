@@ -1,4 +1,4 @@
-"""Chapter 12's measurement: does a policy that may call a calculator learn to, and does it beat
+"""Chapter 13's measurement: does a policy that may call a calculator learn to, and does it beat
 one that may not? configs/cpu-tools.toml (two-digit products, the committed tool policy
 grpo_edu/assets/tiny-multiply-start, max_turns 2, 100 steps), three ways, 3 seeds each:
 
@@ -28,13 +28,13 @@ calculator's answer (`=3995` after `<think>[47*85]`, teacher-forced): what a lea
 Each measurement also keeps every held-out problem's outcomes, in order ("greedy_correct":
 1 right, 0 wrong; "sample_correct": right samples of 4), for comparisons paired over the same
 problems, and the first 3 unaided completions as text ("unaided_examples"). The file's
-"verdicts" are the paired comparisons chapter 12 prints (`verdicts`).
+"verdicts" are the paired comparisons chapter 13 prints (`verdicts`).
 From the run's own metrics: its training accuracy, KL, sampler gap and environment tokens per
 step, and the doctor's findings on them.
 
 The first form writes FILE (default benchmarks/results/tools.json), after every run. Run it
 under the book's pinned kernels (grpo_edu.runtime.numerics), as `grpo-edu book run` runs chapters:
-chapter 12 reads the file. The second re-trains the named runs (variant:seed; all when not
+chapter 13 reads the file. The second re-trains the named runs (variant:seed; all when not
 given) for the first --steps steps and compares every kept per-step number with FILE's,
 exactly (tests/test_tools.py runs it, pinned, for one run).
 """
@@ -150,7 +150,7 @@ def run(variant: str, seed: int, steps: int, stop_after: int | None = None) -> d
 
 
 def verdicts(payload: dict) -> dict:
-    """The paired comparisons chapter 12 prints, from the file's runs: the tool run against its
+    """The paired comparisons chapter 13 prints, from the file's runs: the tool run against its
     start and against the leak, paired over seeds (Student's t), for greedy and sampled accuracy
     and the sampled tool-call rate; and, within each seed, the tool run against the leak over
     the same held-out problems (McNemar's exact test of the greedy outcomes)."""

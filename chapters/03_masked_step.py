@@ -839,6 +839,6 @@ ch03.check_first_step_gradient(my_first_step_gradient)
 # has moved at all. That is close to a tenth of a clip range of 0.2 spent on rounding; in the
 # other direction it can hide a real change of the same size. Rounded log-probs would also
 # make the first step's ratio differ from 1, the symptom the book uses to detect a sampler
-# and a trainer that disagree (chapter 10 measures it for a bf16 sampler).
+# and a trainer that disagree (chapter 11 measures it for a bf16 sampler).
 #
 # </details>

@@ -135,8 +135,8 @@ print(inspect.getsource(trainer.loop))
 # | 7: metrics, evaluation, checkpoint | `step_metrics`, `evaluate_held_out`, `save_checkpoint` | `metrics`, `trainer`, `checkpoint` |
 #
 # `run.rollouts` is where each update's rollout comes from. Here it samples each rollout just
-# before its update. Chapter 11 swaps in a source that samples k rollouts ahead, and the loop
-# does not change. Nor does it change for 2 processes (chapter 9): `world` is the process's
+# before its update. Chapter 12 swaps in a source that samples k rollouts ahead, and the loop
+# does not change. Nor does it change for 2 processes (chapter 10): `world` is the process's
 # place in such a run, and here there is one process.
 #
 # **The moving reference.** One line of step 7 is off in this chapter. With

@@ -188,7 +188,7 @@ figure = plot_compare({n: results[n] for n in ONE},
 # **Cause.** Under N processes, each rank normalises the rewards it holds. Say a sampler puts
 # 4 of a prompt's 8 completions on one rank and 4 on another. Then each half gets its own mean
 # and std, and the advantages no longer compare a completion with its whole group.
-# `grpo_edu` shards whole prompts (chapter 9), so the lab simulates the careless sampler:
+# `grpo_edu` shards whole prompts (chapter 10), so the lab simulates the careless sampler:
 # `Faults(split_groups=2)` computes each group's advantages in two halves.
 #
 # First, exactly what a split does to one group. Take 3 of 8 completions right (reward 1.5),

@@ -338,7 +338,7 @@ def test_the_asynchronous_variant_is_the_one_gpu_config_with_the_sampler_one_rol
     """configs/gpu-1x-async.toml differs from configs/gpu-1x.toml in the keys its comments name,
     and those make it asynchronous: a lag of one update, sampled in the background, by a vLLM
     that stays awake; the same optimizer steps, each on as many completions; the correction its
-    comments call chapter 11's best at k = 1 is the best in chapter 11's results file."""
+    comments call chapter 12's best at k = 1 is the best in chapter 12's results file."""
     import json
     sync, _ = load("gpu-1x.toml")
     lagged, text = load("gpu-1x-async.toml")
@@ -366,7 +366,7 @@ def test_the_asynchronous_variant_is_the_one_gpu_config_with_the_sampler_one_rol
 def test_the_asynchronous_eight_gpu_variant_samples_in_the_background_on_every_rank():
     """configs/h100-8x-async.toml differs from configs/h100-8x.toml in the keys its comments name:
     a lag of one update sampled in the background by an awake vLLM, pi_old at the update with
-    TIS (no whole copy per rank); its accuracy figures are chapter 11's results file's, and its
+    TIS (no whole copy per rank); its accuracy figures are chapter 12's results file's, and its
     memory arithmetic is recomputed here."""
     import json
     from statistics import mean

@@ -1,144 +1,132 @@
-"""The chapter-9 checkers accept the worked solutions and name what a wrong answer got wrong; their
-accounting is what the library's trainer holds."""
+"""The chapter-10 checkers accept the worked solutions and name what a wrong answer got wrong."""
 
-import dataclasses
-
-import torch
-
+from grpo_edu.runtime.distributed import World
 from grpo_edu.exercises import ch10
-from grpo_edu.policy import lora
-from grpo_edu.policy.models import STARTING_POLICY, load_policy
-from grpo_edu.runtime.distributed import World, memory_bytes
-from grpo_edu.training import placement
-from grpo_edu.config import TrainConfig
-from grpo_edu.training.update import make_optimizer
+from grpo_edu.algorithm.loss import grpo_loss
 
-# ----------------------------------------------------------------- 10.1
+# ----------------------------------------------------------------- 9.1
 
 
-def state_bytes(model, config, gpus):
-    """The worked solution: 16 bytes a trained parameter, 4 a frozen one, the reference's 4 a
-    parameter only for full fine-tuning with beta > 0; 1/gpus of it all."""
-    P = sum(p.numel() for p in model.parameters())
-    if not config.lora.lora_rank:
-        return (16 + (4 if config.loss.beta > 0 else 0)) * P / gpus
-    A = sum(config.lora.lora_rank * (m.in_features + m.out_features) for name, m in model.named_modules()
-            if isinstance(m, torch.nn.Linear) and name.rsplit(".", 1)[-1] in config.lora.lora_target_modules)
-    return (4 * P + 16 * A) / gpus
+def rank_rows(B, G, world_size, rank):
+    """The worked solution: whole prompts, rank r's contiguous B / N of them, all G rows of each."""
+    if B % world_size:
+        raise ValueError(f"{B} prompts do not split into whole prompts over {world_size} ranks")
+    per_rank = B // world_size
+    return list(range(rank * per_rank * G, (rank + 1) * per_rank * G))
 
 
-def test_state_bytes_solution_passes():
-    result = ch10.check_state_bytes(state_bytes)
-    assert result and result.passed == len(ch10.STATE_CASES)
-    assert ch10.check_state_bytes(lambda *args: int(state_bytes(*args)))   # an integer division is within a byte
+def test_rank_rows_solution_passes_and_is_the_trainers_share():
+    result = ch10.check_rank_rows(rank_rows)
+    assert result and result.passed == len(ch10.RANK_ROW_CASES) + len(ch10.INDIVISIBLE_CASES)
+    share = World(rank=1, size=2).shard(16)
+    assert rank_rows(16, 8, 2, 1) == list(range(share.start * 8, share.stop * 8))
 
 
-def test_the_accounting_is_chapter_9s():
-    """Its figures for Qwen2.5-7B: 152.3 GB in full on one GPU, 31.1 GB with LoRA r = 16."""
-    model = ch10.base_model("Qwen2.5-7B")
-    assert round(ch10.state_bytes(model, TrainConfig(), 1) / 1e9, 1) == 152.3
-    assert round(ch10.state_bytes(model, TrainConfig(lora_rank=16, lora_alpha=32.0), 1) / 1e9, 1) == 31.1
-    tiny = ch10.base_model(ch10.TINY)
-    assert ch10.adapter_parameters(tiny, TrainConfig(lora_rank=8)) == 34_816   # the CPU tier's LoRA run
+def test_an_even_split_of_the_rows_is_caught_where_it_cuts_a_group():
+    def even_rows(B, G, world_size, rank):
+        n = B * G // world_size
+        return list(range(rank * n, (rank + 1) * n))
+    result = ch10.check_rank_rows(even_rows)
+    assert result.passed == len(ch10.RANK_ROW_CASES)
+    assert len(result.failures) == 2
+    assert result.failures[1] == (
+        "B=3, G=4, 2 ranks: 3 prompts do not split into whole prompts over 2 ranks, so the trainer refuses "
+        "(a ValueError); yours split prompt 1's 4 completions across ranks [0, 1]")
 
 
-def _held(config):
-    """What the library's trainer holds after one optimizer step on the tiny policy: its
-    parameters, gradients and AdamW state (memory_bytes) and the reference build_models makes."""
-    policy = load_policy(STARTING_POLICY)[0]
-    if config.lora.lora_rank:
-        lora.add_adapters(policy, config)
-    models = placement.build_models(config, World(), policy)
-    optimizer, _ = make_optimizer(config, policy.parameters())
-    policy(torch.tensor([[3, 4, 5, 6]])).logits.square().mean().backward()
-    optimizer.step()
-    held = sum(memory_bytes(policy, optimizer).values())
-    if models.reference is not None:
-        held += memory_bytes(models.reference)["parameters"]
-    return held
+def test_other_wrong_rows_are_named():
+    def interleaved(B, G, world_size, rank):   # whole prompts, but not the trainer's share
+        if B % world_size:
+            raise ValueError("indivisible")
+        return [i * G + j for i in range(rank, B, world_size) for j in range(G)]
+    result = ch10.check_rank_rows(interleaved)
+    assert result.failures[0].startswith("B=16, G=8, 2 ranks: rank 0 (and 1 other rank) owns whole prompts, "
+                                         "but not consecutive ones")
+    assert "rows 0..63" not in str(result)       # the trainer's share is the answer: never printed
+
+    def reversed_blocks(B, G, world_size, rank):   # contiguous blocks, in the wrong order
+        return rank_rows(B, G, world_size, world_size - 1 - rank)
+    result = ch10.check_rank_rows(reversed_blocks)
+    assert "rank 0 (and 1 other rank) owns a contiguous block of whole prompts (rows 64..127), but not the " \
+           "trainer's" in result.failures[0]
+
+    def prompt_indices(B, G, world_size, rank):  # prompts, not rows
+        if B % world_size:
+            raise ValueError("indivisible")
+        return rank_rows(B, 1, world_size, rank)
+    result = ch10.check_rank_rows(prompt_indices)
+    assert any("no rank owns" in failure for failure in result.failures)
+    assert any("completions across ranks" in failure for failure in result.failures)
+
+    raises = ch10.check_rank_rows(lambda *args: 1 / 0)
+    assert "rank 0 raised ZeroDivisionError" in raises.failures[0]
+    assert raises.failures[-1] == ("B=3, G=4, 2 ranks: raised ZeroDivisionError: division by zero; 3 prompts do "
+                                   "not split into whole prompts over 2 ranks, so the trainer refuses (a ValueError)")
 
 
-def test_the_accounting_is_what_the_trainer_holds():
-    tiny = ch10.base_model(ch10.TINY)
-    for keys in (dict(beta=0.04), dict(beta=0.0), dict(lora_rank=8, lora_alpha=16.0),
-                 dict(lora_rank=4, lora_target_modules=["q_proj", "down_proj"], beta=0.0)):
-        config = TrainConfig(**keys)
-        assert _held(config) == ch10.state_bytes(tiny, config, 1), keys
+# ----------------------------------------------------------------- 9.2
+
+def rank_loss(logp, old_logp, advantages, completion_mask, token_counts, completion_counts, loss_type,
+              max_completion_length):
+    """The worked solution: the whole batch's counts, times N (DDP averages the gradients)."""
+    out = grpo_loss(logp, old_logp, advantages, completion_mask, loss_type=loss_type,
+                    max_completion_length=max_completion_length,
+                    num_items=sum(token_counts), num_completions=sum(completion_counts))
+    return out.loss * len(token_counts)
 
 
-def test_state_bytes_mistakes_are_named():
-    def no_reference(model, config, gpus):
-        return 16 * sum(p.numel() for p in model.parameters()) / gpus
-    result = ch10.check_state_bytes(no_reference)
-    assert result.passed == 1 and len(result.failures) == 5
-    assert result.failures[0] == ("Qwen2.5-0.5B, full fine-tuning, beta 0.04, 2 GPUs (FSDP2): no reference: with "
-                                  "beta > 0 the trainer keeps a frozen float32 copy of the policy")
-    assert all("with lora_rank > 0 only the adapters train" in f for f in result.failures[2:])
-
-    def unsharded(model, config, gpus):
-        return state_bytes(model, config, 1)
-    result = ch10.check_state_bytes(unsharded)
-    assert len(result.failures) == 3 and all("a whole copy on every GPU" in f for f in result.failures)
-
-    def lora_with_reference(model, config, gpus):
-        extra = 4 * sum(p.numel() for p in model.parameters()) if config.lora.lora_rank and config.loss.beta else 0
-        return state_bytes(model, config, gpus) + extra / gpus
-    result = ch10.check_state_bytes(lora_with_reference)
-    assert len(result.failures) == 2 and all("the base with its adapters off" in f for f in result.failures)
-
-    def every_projection(model, config, gpus):
-        return state_bytes(model, config.replace(lora_target_modules=ch10.ALL_SEVEN), gpus)
-    result = ch10.check_state_bytes(every_projection)
-    assert len(result.failures) == 1 and "only on those lora_target_modules names" in result.failures[0]
-
-    def tied_twice(model, config, gpus):
-        P = sum(p.numel() for _, p in model.named_parameters(remove_duplicate=False))
-        return (16 + 4 * (config.loss.beta > 0)) * P / gpus if not config.lora.lora_rank else state_bytes(model, config, gpus)
-    result = ch10.check_state_bytes(tied_twice)
-    assert len(result.failures) == 2 and all("counts the tied embedding twice" in f for f in result.failures)
+def test_rank_loss_solution_passes():
+    result = ch10.check_rank_loss(rank_loss)
+    assert result and result.passed == 2 * 4
 
 
-def test_state_bytes_reports_other_answers_without_the_right_one():
-    result = ch10.check_state_bytes(lambda model, config, gpus: 1.5 * state_bytes(model, config, gpus))
-    assert "is too large: about 1.5 times the right value" in result.failures[0]
-    raises = ch10.check_state_bytes(lambda *args: 1 / 0)
-    assert len(raises.failures) == 6 and raises.failures[0].endswith("raised ZeroDivisionError: division by zero")
-    text = ch10.check_state_bytes(lambda *args: "a lot")
-    assert "returned 'a lot', which is not numbers" in text.failures[0]
+def test_the_per_rank_mean_is_named():
+    def own_counts(logp, old_logp, advantages, mask, token_counts, completion_counts, loss_type, L):
+        return grpo_loss(logp, old_logp, advantages, mask, loss_type=loss_type, max_completion_length=L).loss
+    result = ch10.check_rank_loss(own_counts)
+    # grpo and dr_grpo with equal completions per rank hide the mistake; token counts or
+    # uneven completions reveal it.
+    assert result.passed == 2 and len(result.failures) == 6
+    assert result.failures[0] == ("bnpo, 2 ranks of 2 prompts, rank 1's completions longer: each rank divided "
+                                  "by its own counts (grpo_loss's defaults), not the whole batch's")
+    assert all("each rank divided by its own counts" in f for f in result.failures)
 
 
-# ----------------------------------------------------------------- 10.2
-
-def merged_weight(W, A, B, alpha, r):
-    """The worked solution: W + (alpha / r) B A."""
-    return W + (alpha / r) * (B @ A)
-
-
-def test_merged_weight_solution_passes_and_the_policy_is_unchanged():
-    result = ch10.check_merged_weight(merged_weight)
-    assert result and result.passed == len(ch10.MERGE_CASES)
-    policy = ch10.trained_lora_policy(ch10.MERGE_CASES[0][1])
-    assert all(float(layer.lora_B[lora.ADAPTER_NAME].weight.detach().abs().min()) > 0
-               for layer in lora.adapter_layers(policy).values())   # B is no longer 0: the merge shows
+def test_a_missing_world_size_factor_is_named():
+    def without_factor(*args):
+        return rank_loss(*args) / len(args[4])
+    result = ch10.check_rank_loss(without_factor)
+    assert len(result.failures) == 8
+    assert result.failures[0].endswith("the whole batch's counts, but DDP averages the ranks' gradients: 1/2 of "
+                                       "the 1-process gradient")
+    assert "1/3 of the 1-process gradient" in result.failures[-1]
 
 
-def test_merged_weight_mistakes_are_named():
-    result = ch10.check_merged_weight(lambda W, A, B, alpha, r: W + B @ A)
-    assert len(result.failures) == 4
-    assert result.failures[0] == ("r = 8, alpha = 32 on q_proj and v_proj: layers.0.self_attn.q_proj (and 3 more "
-                                  "of its 4 adapted layers): no scale: the adapter adds (alpha / r) B A")
-    result = ch10.check_merged_weight(lambda W, A, B, alpha, r: W + alpha * (B @ A))
-    assert result.passed == 1 and all("scaled by alpha: the scale is alpha / r" in f for f in result.failures)
-    result = ch10.check_merged_weight(lambda W, A, B, alpha, r: W + r / alpha * (B @ A))
-    assert all("scaled by r / alpha" in f for f in result.failures)
-    result = ch10.check_merged_weight(lambda W, A, B, alpha, r: alpha / r * (B @ A))
-    assert all("the adapter's change alone" in f for f in result.failures)
-    result = ch10.check_merged_weight(lambda W, A, B, alpha, r: W + alpha / r * (A.T @ B.T))
-    assert "transposed" in result.failures[0] and "raised RuntimeError" in result.failures[1]
+def test_rank_loss_reports_wrong_types():
+    constant = ch10.check_rank_loss(lambda *args: args[0].detach().sum())
+    assert "does not depend on logp" in constant.failures[0]
+    number = ch10.check_rank_loss(lambda *args: 0.5)
+    assert "expected a scalar tensor" in number.failures[0]
 
 
-def test_merged_weight_reports_exceptions_and_shapes():
-    raises = ch10.check_merged_weight(lambda *args: 1 / 0)
-    assert raises.failures[0].endswith("of its 4 adapted layers): raised ZeroDivisionError: division by zero")
-    shape = ch10.check_merged_weight(lambda W, A, B, alpha, r: (alpha / r) * (A @ B) if A.shape[0] > 1 else W)
-    assert "returned shape (8, 8); the case needs shape (128, 128)" in shape.failures[0]
+# ----------------------------------------------------------------- 9.3
+
+def test_scale_answers():
+    answers = ch10.scale_answers()
+    assert answers == {"prompts_per_rank": 32, "completions_per_rank": 512, "completions_per_step": 4096,
+                       "max_tokens_per_step": 4_194_304, "optimizer_steps_per_rollout": 4,
+                       "fsdp2_bytes_per_rank": 3_000_000_000}
+    assert set(answers) == set(ch10.QUANTITIES)
+    assert ch10.check_scale_answers(ch10.scale_answers)
+
+    def ddp_bytes(quiz):                            # DDP's bytes: a whole replica on every rank
+        return dict(ch10.scale_answers(quiz), fsdp2_bytes_per_rank=quiz["parameters"] * 16)
+    result = ch10.check_scale_answers(ddp_bytes, seed=0)
+    assert result.failures == [
+        "SCALE_QUIZ: fsdp2_bytes_per_rank is wrong: a whole copy on every rank (DDP's), not FSDP2's 1/N shard",
+        "ch10.random_quiz(1): the same as SCALE_QUIZ", "ch10.random_quiz(2): the same as SCALE_QUIZ"]
+    report = str(ch10.check_scale_answers(lambda quiz: {}, seed=0))
+    assert "no number for prompts_per_rank, completions_per_rank" in report
+    assert "unknown keys ['tokens']" in str(ch10.check_scale_answers(lambda quiz: dict(ch10.scale_answers(quiz),
+                                                                                         tokens=1)))
+    assert "returned list, not a dict" in str(ch10.check_scale_answers(lambda quiz: []))

@@ -1,122 +1,140 @@
-"""The chapter-11 checkers accept the worked solutions, name what a wrong answer got wrong,
-report an answer that raises, and check against the library's episodes."""
+"""The chapter-12 checkers accept the worked solutions, name what a wrong answer got wrong,
+report an answer that raises, and check against what the library does."""
 
-import re
+from types import SimpleNamespace
 
+import pytest
 import torch
 
 from grpo_edu.exercises import ch12
-from grpo_edu.policy.models import char_tokenizer
-from grpo_edu.training.episodes import Reply, writers
+from grpo_edu.training import asynchronous
 
-# ----------------------------------------------------------------- 12.1
+# ----------------------------------------------------------------- 11.1
 
 
-class StrictCalculator:
+def sequence_weights(old_logp, sampler_logp, mask, band):
     """The worked solution."""
-
-    stop = "]"
-
-    def reset(self, sample):
-        self.factors = sorted(int(x) for x in sample["prompt"].rstrip("=").split("*"))
-        self.calls = 0
-
-    def step(self, action):
-        self.calls += 1
-        if self.calls > ch12.MAX_CALLS:
-            return Reply("=!", ch12.INVALID_CALL, done=True)
-        call = re.search(r"\[([^\[\]]*)\]$", action)
-        parts = call.group(1).replace(" ", "").split("*") if call else []
-        if len(parts) == 2 and all(p.isdigit() for p in parts) and sorted(map(int, parts)) == self.factors:
-            return Reply(f"={self.factors[0] * self.factors[1]}")
-        return Reply("=?", ch12.INVALID_CALL)
+    low, high = band
+    total = (old_logp - sampler_logp).masked_fill(~mask, 0.0).sum(-1)
+    geometric = torch.exp(total / mask.sum(-1))
+    product = torch.exp(total)
+    return geometric, product, (geometric >= low) & (geometric <= high)
 
 
-def test_strict_calculator_solution_passes():
-    result = ch12.check_strict_calculator(StrictCalculator)
-    assert result and result.passed == len(ch12.strict_cases())
+def test_sequence_weights_solution_passes():
+    result = ch12.check_sequence_weights(sequence_weights)
+    assert result and result.passed == len(ch12.sequence_weight_cases())
+    assert ch12.check_sequence_weights(sequence_weights, seed=3)
 
 
-def test_strict_calculator_reports_a_case_once_and_its_first_failing_play():
-    class NoSpaces(StrictCalculator):
-        def step(self, action):
-            return super().step(action.replace(" ", "#"))
-    result = ch12.check_strict_calculator(NoSpaces)
-    assert len(result.failures) == 1
-    assert result.failures[0].startswith("spaces inside the call: call 1 '[ 12 * 30 ]': its text is not the product")
+def test_the_drift_case_separates_the_geometric_mean_from_the_product():
+    """The case the exercise asks about: the geometric mean keeps three of four, the product none."""
+    name, old, sampler, mask, band = ch12.sequence_weight_cases()[2]
+    geometric, product, keep = ch12.sequence_weights(old, sampler, mask, band)
+    assert "each token off by a constant" in name
+    assert keep.tolist() == [True, True, True, False]
+    assert not ((product >= band[0]) & (product <= band[1])).any()
 
 
-def test_strict_calculator_reports_an_answer_that_raises():
-    class Unwritten(StrictCalculator):
-        def step(self, action):
-            raise NotImplementedError("your step here")
-    result = ch12.check_strict_calculator(Unwritten)
-    assert len(result.failures) == len(ch12.strict_cases())
-    assert all(f.endswith("raised NotImplementedError: your step here") for f in result.failures)
-
-    class NoInit(StrictCalculator):
-        def __init__(self, tool):
-            pass
-    result = ch12.check_strict_calculator(NoInit)
-    assert "raised TypeError" in result.failures[0]
+def test_sequence_weights_keep_is_the_trainers_sequence_mask():
+    from grpo_edu.algorithm.offpolicy import Correction, correction_weights
+    for _, old, sampler, mask, band in ch12.sequence_weight_cases():
+        w, metrics = correction_weights(old, sampler, mask, Correction(is_mask="sequence", is_mask_band=band))
+        keep = sequence_weights(old, sampler, mask, band)[2]
+        assert torch.equal(w[mask], keep[:, None].expand_as(mask)[mask].double())
 
 
-# ----------------------------------------------------------------- 12.2
+def test_sequence_weights_names_the_case_and_the_part():
+    def wrong_product(old_logp, sampler_logp, mask, band):
+        geometric, product, keep = sequence_weights(old_logp, sampler_logp, mask, band)
+        return geometric, 2 * product, keep
+    result = ch12.check_sequence_weights(wrong_product)
+    assert len(result.failures) == len(ch12.sequence_weight_cases())
+    assert result.failures[0].startswith("8 responses of 1-12 tokens, a small mismatch: product: ")
+    assert "all off by the same factor: about 2 times the right values" in result.failures[0]
 
 
-def loss_masks(pieces, tokenizer, length):
+def test_sequence_weights_reports_an_answer_that_raises_or_returns_one_thing():
+    def raises(old_logp, sampler_logp, mask, band):
+        raise NotImplementedError("your weights here")
+    result = ch12.check_sequence_weights(raises)
+    assert not result and result.passed == 0
+    assert all(f.endswith("raised NotImplementedError: your weights here") for f in result.failures)
+    result = ch12.check_sequence_weights(lambda old, sampler, mask, band: sequence_weights(old, sampler, mask,
+                                                                                           band)[0])
+    assert "returned Tensor; return three things: (geometric, product, keep)" in result.failures[0]
+
+
+# ----------------------------------------------------------------- 11.2
+
+
+def run_seconds(phase, steps, lag, overlap):
     """The worked solution."""
-    loss_mask, env_mask = [], []
-    for text, by_env in pieces:
-        n = len(tokenizer(text, add_special_tokens=False)["input_ids"])
-        loss_mask += [not by_env] * n
-        env_mask += [by_env] * n
-    padding = [False] * max(0, length - len(loss_mask))
-    return torch.tensor(loss_mask[:length] + padding), torch.tensor(env_mask[:length] + padding)
+    sample = phase["rollout"] + phase["scoring"]
+    if not overlap:
+        return steps * (sample + phase["update"])
+    alone = min(lag, steps)
+    return alone * sample + (steps - alone) * max(sample, phase["update"]) + alone * phase["update"]
 
 
-def test_loss_masks_solution_passes():
-    result = ch12.check_loss_masks(loss_masks)
-    assert result and result.passed == len(ch12.loss_mask_cases())
+def test_run_seconds_solution_passes():
+    result = ch12.check_run_seconds(run_seconds)
+    assert result and result.passed == len(ch12.RUN_SECONDS_CASES)
 
 
-def test_the_cases_are_the_episodes_the_exercise_names():
-    """Several spans of the calculator's, an answer that ends the episode, and both cuts: the
-    reference masks are roll_out_episodes' and say so."""
-    tokenizer = char_tokenizer()
-    spans = {}
-    for name, sample, text, length in ch12.loss_mask_cases():
-        policy, env = ch12.episode_masks(sample, text, length)
-        assert not (policy & env).any()
-        spans[name] = int((env[1:] & ~env[:-1]).sum() + env[0])
-        tokens = sum(len(tokenizer(piece, add_special_tokens=False)["input_ids"])
-                     for piece, _ in writers(text, ch12.CALCULATOR, sample))
-        assert int((policy | env).sum()) == min(tokens, length)
-        if "cut" in name:
-            assert tokens > length
-    assert list(spans.values()) == [0, 1, 2, 2, 5, 1, 0]
-    assert bool(ch12.episode_masks(*ch12.loss_mask_cases()[4][1:])[1][-2])   # '=!' is the episode's end
+class _Background:
+    """BackgroundSampler's protocol, recording whether a rollout runs beside the update."""
+
+    def __init__(self):
+        self.running = False
+
+    def start(self, models, sample):
+        self.running = True
+
+    def join(self):
+        if not self.running:
+            return None
+        self.running = False
+        return SimpleNamespace(sampled_at=None)
 
 
-def test_loss_masks_reports_an_answer_that_raises_or_returns_one_mask():
-    def raises(pieces, tokenizer, length):
-        raise NotImplementedError("your masks here")
-    result = ch12.check_loss_masks(raises)
-    assert len(result.failures) == len(ch12.loss_mask_cases())
-    assert all(f.endswith("raised NotImplementedError: your masks here") for f in result.failures)
-    result = ch12.check_loss_masks(lambda pieces, tokenizer, length: loss_masks(pieces, tokenizer, length)[0])
-    assert result.failures[0].endswith("returned Tensor; return two masks: (loss_mask, env_mask)")
+@pytest.mark.parametrize("steps, lag, overlap", [(10, 1, True), (50, 4, True), (5, 8, True), (4, 4, True),
+                                                 (12, 3, False), (3, 5, False)])
+def test_run_seconds_is_how_the_rollout_sources_order_the_phases(steps, lag, overlap):
+    """Drive Lagged and Overlapped as the trainer's loop does (next, update, after_update), over a
+    sampler that prices sampling and updating by the phases: the wall time is the reference's."""
+    phase = {"rollout": 0.3, "scoring": 0.2, "update": 0.4}
+    sample = phase["rollout"] + phase["scoring"]
+    seconds = 0.0
+
+    class Sampler:   # what a source asks of its sampler: sample(step) and the models to sync from
+        models = None
+
+        def sample(self, step, engine=None, models=None, world=None):
+            nonlocal seconds
+            seconds += sample
+            return SimpleNamespace(sampled_at=step)
+
+    background = _Background()
+    source = (asynchronous.Overlapped(Sampler(), lag, steps, background) if overlap
+              else asynchronous.Lagged(Sampler(), lag, steps))
+    for step in range(steps):
+        source.next(step)
+        beside = background.running
+        seconds += max(sample, phase["update"]) if beside else phase["update"]
+        source.after_update()
+    assert seconds == pytest.approx(ch12.run_seconds(phase, steps, lag, overlap), abs=1e-12)
+    assert source.in_flight == []   # every rollout sampled was trained on
 
 
-def test_loss_masks_with_a_token_in_both():
-    def both(pieces, tokenizer, length):
-        policy, env = loss_masks(pieces, tokenizer, length)
-        return policy | env, env
-    result = ch12.check_loss_masks(both)
-    assert "one call: the loss mask marks the environment's tokens too" in str(result)
+def test_run_seconds_reports_an_answer_that_raises():
+    def raises(phase, steps, lag, overlap):
+        return phase["sampling"]
+    result = ch12.check_run_seconds(raises)
+    assert len(result.failures) == len(ch12.RUN_SECONDS_CASES)
+    assert result.failures[0].endswith("raised KeyError: 'sampling'")
 
-    def shifted(pieces, tokenizer, length):
-        policy, env = loss_masks(pieces, tokenizer, length)
-        return policy, env.roll(1)
-    result = ch12.check_loss_masks(shifted)
-    assert "one call: a token is in both masks: each token has one writer" in str(result)
+
+def test_run_seconds_names_an_unknown_mistake_by_its_size():
+    result = ch12.check_run_seconds(lambda phase, steps, lag, overlap: 1.5 * run_seconds(phase, steps, lag, overlap))
+    assert "is too large: about 1.5 times the right value" in result.failures[0]

@@ -18,7 +18,7 @@ import torch
 from checker_support import all_values, assert_rejected_without_answer, expected_values
 from grpo_edu.algorithm.advantages import group_advantages
 from grpo_edu.training.episodes import Reply
-from grpo_edu.exercises import ch00, ch01, ch02, ch03, ch04, ch05, ch06, ch07, ch08, ch09, ch10, ch11, ch12, ch13
+from grpo_edu.exercises import ch00, ch01, ch02, ch03, ch04, ch05, ch06, ch07, ch08, ch10, ch11, ch12, ch13, ch14
 from grpo_edu.algorithm.loss import grpo_loss
 
 COVERED: set[str] = set()
@@ -286,14 +286,14 @@ def test_entropy_mask_with_a_strict_comparison_fails_the_ties():
     assert "ties at the threshold, q = 0.5: keep" in report
 
 
-# --------------------------------------------------------------------------- chapter 9
+# --------------------------------------------------------------------------- chapter 10
 
 @covers("9.1")
 def test_rank_rows_split_evenly():
     def even_rows(B, G, world_size, rank):
         n = B * G // world_size
         return list(range(rank * n, (rank + 1) * n))
-    report = assert_rejected_without_answer(ch09.check_rank_rows(even_rows))
+    report = assert_rejected_without_answer(ch10.check_rank_rows(even_rows))
     assert "split prompt 1's 4 completions across ranks [0, 1]" in report
 
 
@@ -302,41 +302,41 @@ def test_rank_loss_without_the_world_size_factor():
     def without_factor(logp, old_logp, advantages, mask, token_counts, completion_counts, loss_type, L):
         return grpo_loss(logp, old_logp, advantages, mask, loss_type=loss_type, max_completion_length=L,
                          num_items=sum(token_counts), num_completions=sum(completion_counts)).loss
-    report = assert_rejected_without_answer(ch09.check_rank_loss(without_factor))
+    report = assert_rejected_without_answer(ch10.check_rank_loss(without_factor))
     assert "1/2 of the 1-process gradient" in report and "1/3 of the 1-process gradient" in report
 
 
 @covers("9.3")
 def test_step_numbers_typed_in_for_one_quiz():
-    typed = dict(ch09.scale_answers())      # right for SCALE_QUIZ, typed in
+    typed = dict(ch10.scale_answers())      # right for SCALE_QUIZ, typed in
 
-    result = ch09.check_scale_answers(lambda quiz: dict(typed), seed=5)
-    right = [v for k in (1, 2) for v in ch09.scale_answers(ch09.random_quiz(10 + k)).values()]
+    result = ch10.check_scale_answers(lambda quiz: dict(typed), seed=5)
+    right = [v for k in (1, 2) for v in ch10.scale_answers(ch10.random_quiz(10 + k)).values()]
     report = assert_rejected_without_answer(result)
-    assert result.passed == 1 and "ch09.random_quiz(11)" in report
+    assert result.passed == 1 and "ch10.random_quiz(11)" in report
     for value in right:
         if value >= 100:
             assert f"{value:,}" not in report and str(value) not in report
 
     def ddp_bytes(quiz):                      # a whole replica per rank: DDP's, not FSDP2's shard
-        answers = ch09.scale_answers(quiz)
+        answers = ch10.scale_answers(quiz)
         answers["fsdp2_bytes_per_rank"] *= quiz["world_size"]
         return answers
-    report = assert_rejected_without_answer(ch09.check_scale_answers(ddp_bytes, seed=0))
+    report = assert_rejected_without_answer(ch10.check_scale_answers(ddp_bytes, seed=0))
     assert "a whole copy on every rank (DDP's)" in report and "3,000,000,000" not in report
 
 
 def test_scale_quizzes_change_at_every_call_and_repeat_from_a_seed():
     def names(result):
-        return re.findall(r"ch09\.random_quiz\(\d+\)", str(result))
-    first, second = (ch09.check_scale_answers(lambda quiz: {}) for _ in range(2))
+        return re.findall(r"ch10\.random_quiz\(\d+\)", str(result))
+    first, second = (ch10.check_scale_answers(lambda quiz: {}) for _ in range(2))
     assert names(first) and set(names(first)).isdisjoint(names(second))
-    assert str(ch09.check_scale_answers(lambda quiz: {}, seed=3)) == str(ch09.check_scale_answers(
+    assert str(ch10.check_scale_answers(lambda quiz: {}, seed=3)) == str(ch10.check_scale_answers(
         lambda quiz: {}, seed=3))
-    assert ch09.check_scale_answers(ch09.scale_answers)
+    assert ch10.check_scale_answers(ch10.scale_answers)
 
 
-# --------------------------------------------------------------------------- chapter 10
+# --------------------------------------------------------------------------- chapter 11
 
 @covers("10.1")
 def test_state_bytes_with_a_reference_copy_under_lora():
@@ -350,7 +350,7 @@ def test_state_bytes_with_a_reference_copy_under_lora():
                 if isinstance(m, torch.nn.Linear) and name.rsplit(".", 1)[-1] in config.lora.lora_target_modules)
         return (4 * P + 16 * A + reference) / gpus
     with expected_values() as seen:
-        result = ch10.check_state_bytes(with_reference)
+        result = ch11.check_state_bytes(with_reference)
     report = assert_rejected_without_answer(result, all_values(seen))
     assert result.passed == 4 and "the reference is the base with its adapters off" in report
     for value in all_values(seen):   # the right byte counts, however printed
@@ -360,11 +360,11 @@ def test_state_bytes_with_a_reference_copy_under_lora():
 
 @covers("10.2")
 def test_merged_weight_without_the_scale():
-    report = rejected(ch10.check_merged_weight, lambda W, A, B, alpha, r: W + B @ A)
+    report = rejected(ch11.check_merged_weight, lambda W, A, B, alpha, r: W + B @ A)
     assert report.count("no scale: the adapter adds (alpha / r) B A") == 4
 
 
-# --------------------------------------------------------------------------- chapter 11
+# --------------------------------------------------------------------------- chapter 12
 
 def _log_ratio(old_logp, sampler_logp, mask):
     return (old_logp - sampler_logp).masked_fill(~mask, 0.0)
@@ -383,7 +383,7 @@ def test_sequence_weights_keeping_by_the_product():
         total = _log_ratio(old_logp, sampler_logp, mask).sum(-1)
         geometric, product = torch.exp(total / mask.sum(-1)), torch.exp(total)
         return _weights(geometric, product, band, by=product)
-    report = rejected(ch11.check_sequence_weights, by_product)
+    report = rejected(ch12.check_sequence_weights, by_product)
     assert "4 responses of 24 tokens" in report and "keep decides by the product's place in the band" in report
     assert "geometric" not in report.replace("the geometric mean's", "")
 
@@ -392,7 +392,7 @@ def test_sequence_weights_averaging_over_the_padding_too():
     def over_padding(old_logp, sampler_logp, mask, band):
         log_r = _log_ratio(old_logp, sampler_logp, mask)
         return _weights(torch.exp(log_r.mean(-1)), torch.exp(log_r.sum(-1)), band)
-    report = rejected(ch11.check_sequence_weights, over_padding)
+    report = rejected(ch12.check_sequence_weights, over_padding)
     assert "with padding: geometric" in report and "200 tokens" not in report   # no padding there: right
 
 
@@ -401,7 +401,7 @@ def test_sequence_weights_with_the_paddings_garbage_in_the_product():
         log_r = _log_ratio(old_logp, sampler_logp, mask)
         geometric = torch.exp(log_r.sum(-1) / mask.sum(-1))
         return _weights(geometric, torch.exp(old_logp - sampler_logp).prod(-1), band)
-    report = rejected(ch11.check_sequence_weights, garbage)
+    report = rejected(ch12.check_sequence_weights, garbage)
     assert "with padding: product" in report and "geometric" not in report
 
 
@@ -409,15 +409,15 @@ def test_sequence_weights_whose_geometric_mean_is_the_product():
     def undivided(old_logp, sampler_logp, mask, band):
         product = torch.exp(_log_ratio(old_logp, sampler_logp, mask).sum(-1))
         return _weights(product, product, band)
-    report = rejected(ch11.check_sequence_weights, undivided)
+    report = rejected(ch12.check_sequence_weights, undivided)
     assert "geometric is each response's product (the sum of the log-ratios, not divided by its length)" in report
 
 
 def test_sequence_weights_keeping_with_weights():
     def weighed(old_logp, sampler_logp, mask, band):
-        geometric, product, keep = ch11.sequence_weights(old_logp, sampler_logp, mask, band)
+        geometric, product, keep = ch12.sequence_weights(old_logp, sampler_logp, mask, band)
         return geometric, product, geometric * keep
-    report = rejected(ch11.check_sequence_weights, weighed)
+    report = rejected(ch12.check_sequence_weights, weighed)
     assert "keep holds weights, not True/False" in report
 
 
@@ -427,7 +427,7 @@ def test_run_seconds_with_every_step_overlapped():
     def every_step(phase, steps, lag, overlap):
         sample = phase["rollout"] + phase["scoring"]
         return steps * (max(sample, phase["update"]) if overlap else sample + phase["update"])
-    report = rejected(ch11.check_run_seconds, every_step)
+    report = rejected(ch12.check_run_seconds, every_step)
     assert "every step counted as overlapped" in report and "not overlapped" not in report
 
 
@@ -438,14 +438,14 @@ def test_run_seconds_scoring_in_the_trainers_lane():
             return steps * (r + s + u)
         alone = min(lag, steps)
         return alone * (r + s) + (steps - alone) * max(r, s + u) + alone * u
-    report = rejected(ch11.check_run_seconds, trainer_scores)
+    report = rejected(ch12.check_run_seconds, trainer_scores)
     assert "scoring counted in the trainer's lane" in report and "rollout < update < rollout + scoring" in report
 
 
 def test_run_seconds_with_one_rollout_ahead_whatever_the_lag():
     def one_ahead(phase, steps, lag, overlap):
-        return ch11.run_seconds(phase, steps, 1, overlap)
-    report = rejected(ch11.check_run_seconds, one_ahead)
+        return ch12.run_seconds(phase, steps, 1, overlap)
+    report = rejected(ch12.check_run_seconds, one_ahead)
     assert "lag 4, 50 steps, overlapped: one rollout sampled alone" in report
     assert "lag 1" not in report
 
@@ -453,14 +453,14 @@ def test_run_seconds_with_one_rollout_ahead_whatever_the_lag():
 def test_run_seconds_forgetting_a_run_shorter_than_its_lag():
     def no_min(phase, steps, lag, overlap):
         if not overlap:
-            return ch11.run_seconds(phase, steps, lag, overlap)
+            return ch12.run_seconds(phase, steps, lag, overlap)
         sample = phase["rollout"] + phase["scoring"]
         return lag * sample + (steps - lag) * max(sample, phase["update"]) + lag * phase["update"]
-    report = rejected(ch11.check_run_seconds, no_min)
+    report = rejected(ch12.check_run_seconds, no_min)
     assert report.count("\n  - ") == 1 and "a run shorter than its lag" in report
 
 
-# --------------------------------------------------------------------------- chapter 12
+# --------------------------------------------------------------------------- chapter 13
 
 class _Strict:
     """The exercise's answer, with a mistake switched on by a subclass."""
@@ -468,8 +468,8 @@ class _Strict:
     stop = "]"
     ordered = False      # the factors only in the prompt's order
     spaces = True        # spaces inside the call allowed
-    penalty = ch12.INVALID_CALL
-    limit = ch12.MAX_CALLS
+    penalty = ch13.INVALID_CALL
+    limit = ch13.MAX_CALLS
 
     def reset(self, sample):
         self.factors = [int(x) for x in sample["prompt"].rstrip("=").split("*")]
@@ -491,17 +491,17 @@ class _Strict:
 
 @covers("12.1")
 def test_strict_calculator_in_the_prompts_order_only():
-    report = rejected(ch12.check_strict_calculator, type("Ordered", (_Strict,), {"ordered": True}))
+    report = rejected(ch13.check_strict_calculator, type("Ordered", (_Strict,), {"ordered": True}))
     assert "its factors the other way round" in report and "its text is not the product" in report
 
 
 def test_strict_calculator_without_the_validity_reward():
-    report = rejected(ch12.check_strict_calculator, type("NoPenalty", (_Strict,), {"penalty": 0.0}))
+    report = rejected(ch13.check_strict_calculator, type("NoPenalty", (_Strict,), {"penalty": 0.0}))
     assert "a sum of the factors" in report and "the reward" in report
 
 
 def test_strict_calculator_that_allows_a_third_call():
-    report = rejected(ch12.check_strict_calculator, type("ThreeCalls", (_Strict,), {"limit": 3}))
+    report = rejected(ch13.check_strict_calculator, type("ThreeCalls", (_Strict,), {"limit": 3}))
     assert "one call too many" in report and "the episode must end here" in report
 
 
@@ -510,13 +510,13 @@ def test_strict_calculator_whose_state_survives_reset():
         def reset(self, sample):
             self.factors = [int(x) for x in sample["prompt"].rstrip("=").split("*")]
             self.calls = getattr(self, "calls", 0)
-    report = rejected(ch12.check_strict_calculator, Sticky)
+    report = rejected(ch13.check_strict_calculator, Sticky)
     assert "(the instance reset from another episode)" in report
     assert "spaces inside the call:" not in report   # fresh instances pass
 
 
 def test_strict_calculator_with_another_stop():
-    report = rejected(ch12.check_strict_calculator, type("Stop", (_Strict,), {"stop": "]="}))
+    report = rejected(ch13.check_strict_calculator, type("Stop", (_Strict,), {"stop": "]="}))
     assert "its stop is ']='" in report
 
 
@@ -524,7 +524,7 @@ def test_strict_calculator_that_returns_a_string():
     class Text(_Strict):
         def step(self, action):
             return super().step(action).text
-    report = rejected(ch12.check_strict_calculator, Text)
+    report = rejected(ch13.check_strict_calculator, Text)
     assert "raised TypeError" in report and "step must return a grpo_edu.training.episodes.Reply" in report
 
 
@@ -532,8 +532,8 @@ def test_strict_calculator_stub_reports_a_case_once():
     """A case that fails in a fresh instance is not played again in a reset one: one line each."""
     class NoLimit(_Strict):
         limit = 99
-    result = ch12.check_strict_calculator(NoLimit)
-    assert len(result.failures) == 2 and result.passed == len(ch12.strict_cases()) - 2
+    result = ch13.check_strict_calculator(NoLimit)
+    assert len(result.failures) == 2 and result.passed == len(ch13.strict_cases()) - 2
     assert "(the instance reset from another episode)" not in str(result)
 
 
@@ -552,7 +552,7 @@ def _masks(pieces, tokenizer, length, count=None, cut=True):
 @covers("12.2")
 def test_loss_masks_counting_characters():
     """'<think>' and '\\boxed{' are one token each: counting characters shifts every later writer."""
-    report = rejected(ch12.check_loss_masks, lambda pieces, tokenizer, length: _masks(pieces, tokenizer, length,
+    report = rejected(ch13.check_loss_masks, lambda pieces, tokenizer, length: _masks(pieces, tokenizer, length,
                                                                                       count=len))
     assert "one call: a mask marks padding after the episode's last token" in report
     assert "answered in the head" in report
@@ -562,18 +562,18 @@ def test_loss_masks_of_every_written_token():
     def written(pieces, tokenizer, length):
         policy, env = _masks(pieces, tokenizer, length)
         return policy | env, env
-    report = rejected(ch12.check_loss_masks, written)
+    report = rejected(ch13.check_loss_masks, written)
     assert "the loss mask marks the environment's tokens too" in report and "answered in the head" not in report
 
 
 def test_loss_masks_swapped():
-    report = rejected(ch12.check_loss_masks, lambda pieces, tokenizer, length: _masks(pieces, tokenizer,
+    report = rejected(ch13.check_loss_masks, lambda pieces, tokenizer, length: _masks(pieces, tokenizer,
                                                                                       length)[::-1])
     assert "two calls: the calculator writes two spans: the two masks are swapped" in report
 
 
 def test_loss_masks_not_cut_at_the_length():
-    report = rejected(ch12.check_loss_masks, lambda pieces, tokenizer, length: _masks(pieces, tokenizer, length,
+    report = rejected(ch13.check_loss_masks, lambda pieces, tokenizer, length: _masks(pieces, tokenizer, length,
                                                                                       cut=False))
     assert "inside the calculator's answer: loss_mask has shape (20,); the case needs 10 values" in report
     assert report.count("\n  - ") == 2
@@ -588,12 +588,12 @@ def test_loss_masks_with_the_first_span_only():
             marked.append((text, by_env and not seen))
             seen = seen or by_env
         return _masks(pieces, tokenizer, length)[0], _masks(marked, tokenizer, length)[1]
-    report = rejected(ch12.check_loss_masks, first_span)
+    report = rejected(ch13.check_loss_masks, first_span)
     assert "two calls: the calculator writes two spans: env_mask: wrong at" in report
     assert "one call" not in report
 
 
-# --------------------------------------------------------------------------- chapter 13
+# --------------------------------------------------------------------------- chapter 14
 
 @covers("13.1")
 def test_run_disk_with_every_checkpoint_of_a_run_whole():
@@ -606,7 +606,7 @@ def test_run_disk_with_every_checkpoint_of_a_run_whole():
         return {"sampler_init": 4 * P if config.run.engine == "vllm" else 0, "checkpoints": KEEP * 20 * P,
                 "model": 4 * P}
     with expected_values() as seen:
-        result = ch13.check_run_disk(whole_state)
+        result = ch14.check_run_disk(whole_state)
     report = assert_rejected_without_answer(result, all_values(seen))
     assert result.passed == 0 and "checkpoints: is too large" in report
     assert "config.run.model is a folder on disk" in report and "a vLLM server loads its model itself" in report
@@ -626,7 +626,7 @@ def test_rollout_numbers_with_the_whole_mini_batch_on_every_gpu():
                 "micro_batches_per_optimizer_step": -(-config.rollout.prompts_per_step * config.rollout.num_generations
                                                       // config.optimisation.num_mini_batches // config.optimisation.micro_batch_size)}
     with expected_values() as seen:
-        result = ch13.check_rollout_numbers(whole_mini_batch)
+        result = ch14.check_rollout_numbers(whole_mini_batch)
     report = assert_rejected_without_answer(result, all_values(seen))
     assert report.count("each GPU holds its share of the mini-batch") == 4
     for value in all_values(seen):

@@ -1,6 +1,6 @@
 """benchmarks/gpu.py: the GPU measurement, run at toy size on the CPU (`--toy`), as a reader or CI
 runs it: the results file's structure, and that its numbers are measured (steps timed, accuracies
-in [0, 1], the tensors the trainer holds equal to chapter 10's 20 bytes per parameter, no GPU peak
+in [0, 1], the tensors the trainer holds equal to chapter 11's 20 bytes per parameter, no GPU peak
 on the CPU but a reason). Its figures on a GPU need a GPU: no test here can check them."""
 
 import importlib.util
@@ -131,7 +131,7 @@ def test_qwen_shaped_steps_hold_what_chapter_9_predicts(toy, gpu_benchmark):
 
 def test_the_lora_steps_hold_the_base_and_the_adapters_training_state_and_no_reference(toy, gpu_benchmark):
     """LoRA (rank 16, alpha 32, every linear layer): float32 base weights, 16 bytes a parameter of
-    the adapters (weights, gradients, AdamW), no reference: exactly chapter 10's LoRA rows."""
+    the adapters (weights, gradients, AdamW), no reference: exactly chapter 11's LoRA rows."""
     _, results, _ = toy
     with torch.device("meta"):
         model = Qwen2ForCausalLM(Qwen2Config(**gpu_benchmark.TOY_QWEN_SHAPE))
@@ -152,7 +152,7 @@ def test_the_lora_steps_hold_the_base_and_the_adapters_training_state_and_no_ref
 
 def test_the_committed_gpu_figures():
     """benchmarks/results/gpu.json, measured on a lent GPU (an H200; the parts that ran): what the
-    trainer holds is chapter 10's prediction to the byte, and Qwen2.5-7B's LoRA steps with
+    trainer holds is chapter 11's prediction to the byte, and Qwen2.5-7B's LoRA steps with
     micro-batches of 8 peaked below one H100's memory, with micro-batches of 16 above it."""
     results = json.loads((ROOT / "benchmarks" / "results" / "gpu.json").read_text())
     parts = results["parts"]
@@ -161,7 +161,7 @@ def test_the_committed_gpu_figures():
         assert entry["status"] == "done" and not entry["toy"] and "H" in entry["environment"]["gpu"], name
         assert entry["state_bytes"]["total"] == entry["chapter9_prediction_bytes"]["total"], name
         assert entry["peak_memory_allocated_bytes"] > entry["state_bytes"]["total"], name
-    h100 = 81_559 * 2**20   # chapter 10's H100 80GB, as nvidia-smi reports it
+    h100 = 81_559 * 2**20   # chapter 11's H100 80GB, as nvidia-smi reports it
     assert parts["qwen2.5-7b-lora-mb8"]["peak_memory_allocated_bytes"] < h100 < parts["qwen2.5-7b-lora"][
         "peak_memory_allocated_bytes"]
     # LoRA at 1.5B: less than two thirds of full fine-tuning's peak
@@ -215,13 +215,13 @@ def test_the_qwen_shapes_are_chapter_9s(gpu_benchmark):
     for name, shape in gpu_benchmark.QWEN_SHAPES.items():
         with torch.device("meta"):
             counts[name] = sum(p.numel() for p in Qwen2ForCausalLM(Qwen2Config(**shape)).parameters())
-    assert [round(c / 1e9, 2) for c in counts.values()] == [0.49, 1.54]   # chapter 10's 0.49 and 1.54 billion
+    assert [round(c / 1e9, 2) for c in counts.values()] == [0.49, 1.54]   # chapter 11's 0.49 and 1.54 billion
     with torch.device("meta"):
         assert round(sum(p.numel() for p in Qwen2ForCausalLM(Qwen2Config(**gpu_benchmark.QWEN_7B)).parameters())
                      / 1e9, 2) == 7.62   # and 7.62
-    # chapter 10 builds its shapes from the table grpo_edu/exercises/ch10.py holds
-    chapter = (ROOT / "grpo_edu" / "exercises" / "ch10.py").read_text()
-    assert "from grpo_edu.exercises.ch10 import QWEN_ARCHITECTURES" in (ROOT / "chapters" / "10_gpu.py").read_text()
+    # chapter 11 builds its shapes from the table grpo_edu/exercises/ch11.py holds
+    chapter = (ROOT / "grpo_edu" / "exercises" / "ch11.py").read_text()
+    assert "from grpo_edu.exercises.ch11 import QWEN_ARCHITECTURES" in (ROOT / "chapters" / "11_gpu.py").read_text()
     for name, shape in gpu_benchmark.QWEN_SHAPES.items():
         dims = ", ".join(f"{key}={shape[key]}" for key in ("hidden_size", "num_hidden_layers", "num_attention_heads",
                                                            "num_key_value_heads"))

@@ -1,4 +1,4 @@
-"""benchmarks/lag.py and its results file (benchmarks/results/lag.json), which chapter 11 reads:
+"""benchmarks/lag.py and its results file (benchmarks/results/lag.json), which chapter 12 reads:
 the grid it holds, and that it is what the trainer computes (one run re-trained, pinned)."""
 
 import json

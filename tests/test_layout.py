@@ -174,7 +174,7 @@ def test_each_subpackage_docstring_lists_its_modules():
     for init in sorted([*PACKAGE.glob("*/__init__.py"), WIDGETS / "__init__.py"]):
         files = {path.name for path in init.parent.glob("*.py")} - {"__init__.py"}
         listed = docstring_names(init) - {"__init__.py"}
-        if init.parent.name == "exercises":   # "ch00.py ... ch13.py": one line for the chapters
+        if init.parent.name == "exercises":   # "ch00.py ... ch14.py": one line for the chapters
             listed |= {name for name in files if re.fullmatch(r"ch\d\d\.py", name)}
         if files != listed:
             problems.append(f"{init.relative_to(ROOT)}: missing {sorted(files - listed)}, "

@@ -228,7 +228,7 @@ def test_the_unpinned_check_takes_every_chapter_in_turn_and_the_same_few_per_com
     chapters = book.load_book(ROOT).chapters
     tagged = {c.path.name for c in chapters if any(numerics.PLATFORM_TAG in cell.metadata.get("tags", [])
                                                    for cell in notebooks.read_source(ROOT / c.source).cells)}
-    assert {"06_tiny_reasoner.ipynb", "07_when_grpo_goes_wrong.ipynb", "11_rollouts_that_lag.ipynb"} <= tagged
+    assert {"06_tiny_reasoner.ipynb", "07_when_grpo_goes_wrong.ipynb", "12_rollouts_that_lag.ipynb"} <= tagged
     for turn in range(8):
         chosen = {path.name for path in unpinned_chapters(turn)}
         assert len(chosen & tagged) == UNPINNED_TAGGED and len(chosen - tagged) == UNPINNED_SAMPLE

@@ -184,7 +184,7 @@ def test_settings_it_cannot_serve_are_refused_in_one_line(tmp_path):
 
 def test_the_benchmark_measures_every_setting_and_the_training_doc_quotes_its_file(tmp_path):
     """benchmarks/overlap.py at toy length (its figures are its own; the committed file's are
-    docs/training.md's and chapter 11's); every setting trains the same weights."""
+    docs/training.md's and chapter 12's); every setting trains the same weights."""
     import subprocess
     import sys
     from pathlib import Path

@@ -114,3 +114,62 @@ def test_an_arithmetic_run_summary_has_the_length_but_no_formats(tmp_path):
     assert "format/worked" not in result.history[0]
     assert set(result.summary["rollouts"]["last"]) == {"reward/mean", "completion_length/mean",
                                                        "completion_length/std"}
+
+
+# --------------------------------------------------------------------------- the committed bases
+
+BASES = {"digitsum-start": ("direct=0.5,worked=0.4,check=0.1", 0),
+         "digitsum-no-check": ("direct=0.5,worked=0.5", 0),
+         "digitsum-no-top-worked": ("direct=0.5,worked=0.4,check=0.1", 11)}
+
+
+def _card_row(card: str, depth: int) -> list[str]:
+    row = next(line for line in card.splitlines() if line.startswith(f"| {depth} | "))
+    return [cell.strip() for cell in row.strip("|").split("|")]
+
+
+@pytest.mark.parametrize("name", BASES)
+def test_a_committed_base_is_packaged_small_and_pretrained_on_its_mixture(name):
+    import tomllib
+    from pathlib import Path
+
+    from grpo_edu.policy.models import policy_source
+    folder = Path(policy_source(name))
+    files = {p.name: p.stat().st_size for p in folder.iterdir()}
+    assert {"model.safetensors", "config.json", "generation_config.json", "tokenizer.json", "README.md",
+            "pretrain.json"} <= set(files) and sum(files.values()) <= 10 * 2 ** 20
+    pyproject = tomllib.loads((folder.parents[2] / "pyproject.toml").read_text())
+    assert f"assets/{folder.name}/*" in pyproject["tool"]["setuptools"]["package-data"]["grpo_edu"]
+    config = json.loads((folder / "pretrain.json").read_text())["config"]
+    mixture, worked_max_depth = BASES[name]
+    assert (config["task"], config["mixture"], config["worked_max_depth"]) == ("digitsum", mixture, worked_max_depth)
+
+
+@pytest.mark.parametrize("name", BASES)
+def test_a_committed_base_shows_the_precondition_its_card_states(name):
+    """Greedy, with the format forced, at depths 3 and 12, recomputed from the weights and equal to
+    the card's table (up to one argmax flipped by rounding on another CPU): direct answers near
+    chance at depth, worked chains right wherever the base was taught to work."""
+    from pathlib import Path
+
+    from grpo_edu.policy.models import load_policy, policy_source
+    torch.set_num_threads(1)
+    folder = Path(policy_source(name))
+    model, tokenizer = load_policy(folder)
+    card = (folder / "README.md").read_text()
+    by_depth = held_out_by_depth([3, 12], 100)
+    got = {}
+    for depth, problems in by_depth.items():
+        for mode in ("direct", "worked"):
+            prefix = reasoning.FORCED[mode]
+            texts, _ = reasoning.complete(model, tokenizer, [p["prompt"] + prefix for p in problems])
+            got[depth, mode] = sum(reasoning._correct([prefix + t[0] for t in texts], problems, 1)) / len(problems)
+        cells = _card_row(card, depth)
+        assert cells[1] == "100"
+        assert float(cells[2]) == pytest.approx(got[depth, "direct"], abs=0.011), (name, depth, "direct")
+        assert float(cells[4]) == pytest.approx(got[depth, "worked"], abs=0.011), (name, depth, "worked")
+    assert got[12, "direct"] <= 0.3
+    if BASES[name][1]:        # never shown a worked chain at depth 12
+        assert got[12, "worked"] <= 0.3 and got[3, "worked"] >= 0.9
+    else:
+        assert got[3, "worked"] >= 0.9 and got[12, "worked"] >= 0.9

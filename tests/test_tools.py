@@ -2,7 +2,7 @@
 solutions, who wrote each piece of a solution, pretraining that keeps the calculator's answers
 out of its loss, the committed tool policy against its model card, configs/cpu-tools.toml, a
 GRPO run that learns to call, evaluation as episodes, and benchmarks/tools.py's results file
-(chapter 12 reads it) against what the trainer computes."""
+(chapter 13 reads it) against what the trainer computes."""
 
 import json
 import math
@@ -264,7 +264,7 @@ def test_the_tool_beats_no_tool_and_the_doctor_names_the_leak_alone():
 
 def test_the_results_file_keeps_each_problems_outcomes_and_its_verdicts():
     """Every measurement keeps its 816 problems' outcomes, whose means are its accuracies; the
-    file's verdicts are what tools.verdicts computes from its runs (chapter 12 prints them)."""
+    file's verdicts are what tools.verdicts computes from its runs (chapter 13 prints them)."""
     results = json.loads(RESULTS.read_text())
     for after in [r["after"] for r in results["runs"]] + list(results["before"].values()):
         assert len(after["greedy_correct"]) == len(after["sample_correct"]) == results["held_out"]

@@ -1,9 +1,9 @@
 """Corrections for tokens a sampler drew with log-probs other than pi_old's.
 
 The sampler's log-probs mu (the rollout's sampler_logp) differ from pi_old's for two reasons:
-its numerics (vLLM's kernels, bf16: chapter 10) and its age (rollout_lag = k with
+its numerics (vLLM's kernels, bf16: chapter 11) and its age (rollout_lag = k with
 old_logprobs = "proximal": the sampler had the weights of k updates ago, pi_old is the policy
-now: chapter 11). With r_t = pi_old(o_t) / mu(o_t) per token, each correction is a constant
+now: chapter 12). With r_t = pi_old(o_t) / mu(o_t) per token, each correction is a constant
 weight w_t on the token's policy term (the KL term is not weighed, as in TRL 1.16):
 
     tis_cap = c             w = min(r, c)                        TRL's "token_truncate"

@@ -13,11 +13,12 @@ never typed in.
     grpo_loop          chapter 6: the training loop, one rollout per step
     failure_lab        chapter 7: one knob changed, the run, the doctor's reading
     dapo_toolbox       chapter 8: where each of DAPO's settings, and two others, acts in a step
-    groups_to_ranks    chapter 9: whole groups dealt out to ranks
-    one_gpu            chapter 10: the trainer and the sampler on one GPU, the weight sync
-    rollouts_in_flight chapter 11: the sampler k rollouts ahead of the trainer
-    episode_writers    chapter 12: who wrote each token of an episode, and the loss mask
-    runbook_path       chapter 13: from an empty GPU machine to a trained model, step by step
+    three_formats      chapter 9: one digit-sum problem answered three ways, and the bases' mixtures
+    groups_to_ranks    chapter 10: whole groups dealt out to ranks
+    one_gpu            chapter 11: the trainer and the sampler on one GPU, the weight sync
+    rollouts_in_flight chapter 12: the sampler k rollouts ahead of the trainer
+    episode_writers    chapter 13: who wrote each token of an episode, and the loss mask
+    runbook_path       chapter 14: from an empty GPU machine to a trained model, step by step
 """
 
 from __future__ import annotations
@@ -306,6 +307,51 @@ def dapo_toolbox(stages=TOOLBOX):
 
 # ----------------------------------------------------------------------------- chapter 9
 
+BASES = (("digitsum-start", "direct=0.5,worked=0.4,check=0.1", 0),
+         ("digitsum-no-check", "direct=0.5,worked=0.5", 0),
+         ("digitsum-no-top-worked", "direct=0.5,worked=0.4,check=0.1", 11))
+
+
+def three_formats(digits=(3, 8, 5, 1, 9), bases=BASES, seed=1):
+    """One digit-sum problem answered in each of the three formats (the library writes them),
+    and each base's pretraining mixture: the share of each format it was taught."""
+    import random
+
+    from grpo_edu.environment.digitsum import FORMATS, Mixture, check_completion, digitsum_sample, read_format
+
+    sample = digitsum_sample(digits)
+    texts = {"direct": sample["direct_solution"], "worked": sample["solution"],
+             "check": check_completion(digits, random.Random(seed))}
+    assert [read_format(texts[name]) for name in FORMATS] == list(FORMATS)
+    colors = {"direct": PROMPT, "worked": POLICY, "check": GOOD}
+    figure, axes = _figure(10, 3.6)
+    axes.text(0.1, 3.25, f"prompt  {sample['prompt']}    answer {sample['answer']}  "
+              f"(the sum of the digits, mod 10)", fontsize=10, family="monospace", weight="bold")
+    for row, name in enumerate(FORMATS):
+        y = 2.55 - row * 0.62
+        _box(axes, 0.1, y, 1.1, 0.45, name, color=colors[name], size=9)
+        axes.text(1.35, y + 0.22, texts[name], fontsize=9.5, family="monospace", va="center")
+    axes.text(0.1, 0.35, "a step, as in b81: the letter b, the digit it reads (8), the running value (1)\n"
+              "a check, as in c51!c56: a wrong value, flagged with !, then the step redone", fontsize=8.5,
+              va="center", color="#555555")
+    axes.text(6.3, 2.95, "what each base was taught", fontsize=9.5, weight="bold")
+    for column, (name, text, worked_max_depth) in enumerate(bases):
+        mixture = Mixture.parse(text, worked_max_depth=worked_max_depth)
+        x, bottom = 6.3 + column * 1.25, 0.55
+        for name_of_format in FORMATS:
+            height = 2.3 * getattr(mixture, name_of_format)
+            if height:
+                axes.add_patch(_rect(x, bottom, 0.9, height, colors[name_of_format], 0.55))
+                axes.text(x + 0.45, bottom + height / 2, f"{getattr(mixture, name_of_format):.0%}",
+                          ha="center", va="center", fontsize=8)
+            bottom += height
+        label = name.replace("digitsum-", "") + ("\n(depth 12: direct\nonly)" if worked_max_depth else "")
+        axes.text(x + 0.45, 0.45, label, ha="center", va="top", fontsize=8)
+    return _done(figure, axes, (0, 10.2), (-0.35, 3.5))
+
+
+# ----------------------------------------------------------------------------- chapter 10
+
 def groups_to_ranks(groups=4, G=4, ranks=2):
     """Whole groups dealt out to ranks: every rank holds complete groups, so each group's mean
     and std are computed where its rewards are."""
@@ -330,7 +376,7 @@ def groups_to_ranks(groups=4, G=4, ranks=2):
     return _done(figure, axes, (-1.4, 5.5 + ranks * 2.4), (-groups * 0.55 + 0.1, 0.9))
 
 
-# ----------------------------------------------------------------------------- chapter 10
+# ----------------------------------------------------------------------------- chapter 11
 
 def one_gpu():
     """One GPU shared by the trainer and the sampler (vLLM): memory for each, the weight sync
@@ -346,7 +392,7 @@ def one_gpu():
     return _done(figure, axes, (-0.1, 9.1), (-0.1, 2.5))
 
 
-# ----------------------------------------------------------------------------- chapter 11
+# ----------------------------------------------------------------------------- chapter 12
 
 def rollouts_in_flight(k=2, steps=6):
     """The sampler runs k rollouts ahead: update n trains on the rollout sampled with the
@@ -364,7 +410,7 @@ def rollouts_in_flight(k=2, steps=6):
     return _done(figure, axes, (-1.5, steps * 1.5), (0, 2.1))
 
 
-# ----------------------------------------------------------------------------- chapter 12
+# ----------------------------------------------------------------------------- chapter 13
 
 def episode_writers(segments=(("prompt", "47*85=", PROMPT), ("policy", "<think>[47*85]", POLICY),
                               ("calculator", "=3995", ENV), ("policy", "</think>\\boxed{3995}", POLICY))):
@@ -387,7 +433,7 @@ def episode_writers(segments=(("prompt", "47*85=", PROMPT), ("policy", "<think>[
     return _done(figure, axes, (-1.6, x + 0.1), (0, 1.8))
 
 
-# ----------------------------------------------------------------------------- chapter 13
+# ----------------------------------------------------------------------------- chapter 14
 
 def runbook_path(steps=(("install", "torch (CUDA build),\npip install '.[gpu]'", PROMPT),
                         ("check", "grpo-edu doctor --gpu", GOOD),

@@ -63,11 +63,11 @@ TRUNCATED_SHARE = 0.5
 # Rollouts that lag (rollout_lag = k) without a correction (old_logprobs = "proximal", no
 # tis_cap or is_mask): the sampler gap is then the staleness itself, mean |log pi_now -
 # log pi_sampler| per token, read at the full lag, the first 10 consecutive steps whose median
-# crosses (benchmarks/lag.py, 150-step runs of the default task; chapter 11 reads its results).
+# crosses (benchmarks/lag.py, 150-step runs of the default task; chapter 12 reads its results).
 # Its highest 10-step median: 0.04-0.05 at k = 1 (final accuracy 0.69-0.73 against the
 # synchronous runs' 0.73-0.77), 0.08-0.09 at k = 2 (0.63-0.70: every seed below every
 # synchronous one), 0.13-0.16 at k = 4, 0.22-0.29 at k = 8 to 64 (0.43-0.62; k = 64 learns
-# nothing). With the clip or a correction the same staleness costs far less (chapter 11), and
+# nothing). With the clip or a correction the same staleness costs far less (chapter 12), and
 # nothing here reads it: the clipped share stays at or below 0.082 up to k = 64.
 STALE_GAP = 0.06
 # Multi-turn episodes (config key environment) whose environment tokens are scored as the policy's

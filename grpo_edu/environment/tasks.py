@@ -180,7 +180,7 @@ supervised fine-tuning on two-digit multiplication (`grpo_edu.environment.tasks`
 {tool_percent:.0f}% of its solutions calling the calculator (`47*85=` ->
 `<think>[47*85]=3995</think>\\boxed{{3995}}`, the `=3995` written by
 `grpo_edu.training.episodes.Calculator` and kept out of the loss), the rest answering in the head
-(`<think>35</think>\\boxed{{3995}}`): the policy chapter 12's GRPO runs start from,
+(`<think>35</think>\\boxed{{3995}}`): the policy chapter 13's GRPO runs start from,
 able to call the tool and to skip it.""",
         report=('`grpo_edu.environment.tasks.make_dataset("multiply", 816, "test", seed=0)`, every held-out one',
                 lambda: make_dataset("multiply", 816, "test", seed=0)),

@@ -8,7 +8,7 @@ the right value:
     >>> ch01.check_group_advantages(my_group_advantages)
 
     checking.py  CheckResult, run_cases and compare: what every checker reports
-    ch00.py ... ch13.py  one module per chapter with exercises
+    ch00.py ... ch14.py  one module per chapter with exercises
     quiz.py      the "Check yourself" questions whose answer is a number: quiz.check(1, 1, ...)
     data/        the fixed cases some checkers read (chapter 7's mystery runs)
 """

@@ -1,257 +1,345 @@
-"""Checkers for chapter 10, "Graduating to a GPU"."""
+"""Checkers for chapter 10, "Scaling out"."""
 
 from __future__ import annotations
 
-import copy
-import numbers
 from typing import Callable
 
+import numpy as np
 import torch
-from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
-from grpo_edu.exercises.checking import CheckResult, compare
-from grpo_edu.policy import lora
-from grpo_edu.policy.models import STARTING_POLICY, load_policy
-from grpo_edu.config import TrainConfig
+from grpo_edu.algorithm.advantages import group_advantages
+from grpo_edu.runtime.distributed import World
+from grpo_edu.exercises.checking import CheckResult
+from grpo_edu.algorithm.aggregation import LOSS_TYPES
+from grpo_edu.algorithm.loss import grpo_loss
 
 F64 = torch.float64
 
 
-# --------------------------------------------------------------------------- 10.1
+# --------------------------------------------------------------------------- 9.1
 
-# Qwen2.5's published dimensions, as chapter 10 builds them on the meta device.
-QWEN_ARCHITECTURES = {
-    "Qwen2.5-0.5B": dict(hidden_size=896, num_hidden_layers=24, num_attention_heads=14, num_key_value_heads=2,
-                         intermediate_size=4864, vocab_size=151936, tie_word_embeddings=True),
-    "Qwen2.5-1.5B": dict(hidden_size=1536, num_hidden_layers=28, num_attention_heads=12, num_key_value_heads=2,
-                         intermediate_size=8960, vocab_size=151936, tie_word_embeddings=True),
-    "Qwen2.5-7B": dict(hidden_size=3584, num_hidden_layers=28, num_attention_heads=28, num_key_value_heads=4,
-                       intermediate_size=18944, vocab_size=152064, tie_word_embeddings=False),
-}
-TINY = "the tiny policy"
-ALL_SEVEN = TrainConfig().lora.lora_target_modules
-
-# (model, GPUs, config keys): none of them a row of the chapter's tables.
-STATE_CASES = [
-    ("Qwen2.5-0.5B", 2, dict(beta=0.04)),
-    ("Qwen2.5-1.5B", 1, dict(beta=0.0)),
-    ("Qwen2.5-7B", 4, dict(beta=0.001)),
-    (TINY, 1, dict(lora_rank=8, lora_alpha=32.0)),
-    ("Qwen2.5-7B", 1, dict(lora_rank=8, lora_alpha=16.0, lora_target_modules=["q_proj", "v_proj"])),
-    ("Qwen2.5-1.5B", 2, dict(lora_rank=64, lora_alpha=128.0, beta=0.0)),
-]
+# (B prompts, G completions each, world size): the rows divide into whole prompts per rank.
+RANK_ROW_CASES = [(16, 8, 2), (16, 8, 4), (6, 4, 3), (4, 3, 1), (8, 2, 8)]
+# B not divisible by the world size: the trainer refuses. In the second, B x G divides, so an
+# even split of the rows would exist, and would cut a group in two.
+INDIVISIBLE_CASES = [(15, 8, 2), (3, 4, 2)]
 
 
-def base_model(name: str) -> torch.nn.Module:
-    """A plain model (no adapters) on the meta device: the parameters' shapes, no memory."""
-    config = LlamaConfig.from_pretrained(STARTING_POLICY) if name == TINY else Qwen2Config(**QWEN_ARCHITECTURES[name])
-    with torch.device("meta"):
-        return (LlamaForCausalLM if name == TINY else Qwen2ForCausalLM)(config)
+def _expected_rows(B: int, G: int, world_size: int, rank: int) -> list[int]:
+    prompts = World(rank=rank, size=world_size).shard(B)
+    return list(range(prompts.start * G, prompts.stop * G))
 
 
-def qwen_sizes() -> dict[str, dict[str, int]]:
-    """Each Qwen2.5 shape of QWEN_ARCHITECTURES, built on the meta device: its parameters (a tied
-    embedding once) and its KV cache's bytes per token (K and V, every layer and KV head, bf16)."""
-    sizes = {}
-    for name, dims in QWEN_ARCHITECTURES.items():
-        head_dim = dims["hidden_size"] // dims["num_attention_heads"]
-        sizes[name] = dict(parameters=_parameters(base_model(name)),
-                           kv_bytes_per_token=2 * dims["num_hidden_layers"] * dims["num_key_value_heads"] * head_dim * 2)
-    return sizes
+def _rows(value) -> list[int]:
+    if isinstance(value, torch.Tensor):
+        value = value.tolist()
+    array = np.asarray(list(value))
+    if array.ndim != 1 or (array.size and array.dtype.kind not in "iu"):
+        raise TypeError(f"expected a flat list of integer row indices, got {value!r}")
+    return [int(v) for v in array]
 
 
-def _parameters(model: torch.nn.Module) -> int:
-    return sum(p.numel() for p in model.parameters())   # a tied embedding counts once
+def _span(rows: list[int]) -> str:
+    if rows and rows == list(range(rows[0], rows[-1] + 1)):
+        return f"rows {rows[0]}..{rows[-1]}"
+    return f"rows {rows}" if len(rows) <= 12 else f"rows {rows[:12]}... ({len(rows)} rows)"
 
 
-def adapter_parameters(model: torch.nn.Module, config: TrainConfig) -> int:
-    """The parameters of the adapters lora.add_adapters gives `model` (counted on a copy, on the
-    meta device: no memory)."""
-    with torch.device("meta"):
-        adapted = lora.add_adapters(copy.deepcopy(model).to("meta"), config)
-    return sum(p.numel() for name, p in adapted.named_parameters() if lora.is_adapter(name))
-
-
-def state_bytes(model: torch.nn.Module, config: TrainConfig, gpus: int, adapters: int | None = None) -> float:
-    """Chapter 10's accounting: the bytes one GPU's trainer holds of the weights, their gradients,
-    AdamW's two moments and the reference, all float32, 1/gpus of each under FSDP2.
-
-    Full fine-tuning: 16 bytes a parameter, and the reference's 4 when beta > 0. LoRA
-    (config.lora.lora_rank > 0): the frozen base's weights (4 bytes a parameter), 16 a parameter of
-    the adapters, no reference (the base with the adapters off). No activations, no vLLM.
-    `adapters`: the adapter parameters, when already counted (adapter_parameters)."""
-    P = _parameters(model)
-    if config.lora.lora_rank:
-        A = adapter_parameters(model, config) if adapters is None else adapters
-        return (4 * P + 16 * A) / gpus
-    return (16 * P + (4 * P if config.loss.beta > 0 else 0)) / gpus
-
-
-def _lora_counts(model: torch.nn.Module, config: TrainConfig) -> dict[str, int]:
-    """Adapter counts a reader gets by mistake: on every projection, or with one matrix only."""
-    r, linear = config.lora.lora_rank, [(name.rsplit(".", 1)[-1], module) for name, module in model.named_modules()
-                                   if isinstance(module, torch.nn.Linear) and ".layers." in f".{name}"]
-    targeted = [module for short, module in linear if short in config.lora.lora_target_modules]
-    return {"every": sum(r * (m.in_features + m.out_features) for _, m in linear),
-            "A only": sum(r * m.in_features for m in targeted), "B only": sum(r * m.out_features for m in targeted)}
-
-
-def _state_mistakes(model: torch.nn.Module, config: TrainConfig, gpus: int, adapters: int) -> list[tuple[float, str]]:
-    """(bytes, what went wrong): the answers of known mistakes in this case (`adapters`: the
-    right count of adapter parameters)."""
-    P, N, A = _parameters(model), gpus, adapters
-    twice = P + (model.get_input_embeddings().weight.numel() if model.config.tie_word_embeddings else 0)
-    tied_twice = ("counts the tied embedding twice (the input and output embeddings are one tensor; "
-                  "model.parameters() gives it once)")
-    if config.lora.lora_rank:
-        right = (4 * P + 16 * A) / N
-        wrong_counts = _lora_counts(model, config)
-        mistakes = [
-            ((4 * twice + 16 * A) / N, tied_twice),
-            (16 * P / N, "full fine-tuning's training state: with lora_rank > 0 only the adapters train"),
-            (20 * P / N, "full fine-tuning's training state and reference: with lora_rank > 0 only the adapters "
-                         "train"),
-            ((8 * P + 16 * A) / N, "a reference copy: with LoRA the reference is the base with its adapters off"),
-            (16 * (P + A) / N, "gradients and AdamW moments for the frozen base: only the adapters have them"),
-            ((20 * P + 16 * A) / N, "the base's training state and a reference: only the adapters train, and the "
-                                    "reference is the base with its adapters off"),
-            ((4 * P + 4 * A) / N, "the adapters' weights alone: each adapter parameter also has a gradient and "
-                                  "two AdamW moments"),
-            ((2 * P + 16 * A) / N, "the base in bf16 (2 bytes a parameter): the trainer holds it in float32"),
-            ((4 * P + 16 * wrong_counts["every"]) / N, "adapters on every projection: only on those "
-                                                       "lora_target_modules names"),
-            ((4 * P + 16 * wrong_counts["A only"]) / N, "counts each adapter's A (r, in) but not its B (out, r)"),
-            ((4 * P + 16 * wrong_counts["B only"]) / N, "counts each adapter's B (out, r) but not its A (r, in)"),
-        ]
-    else:
-        reference = 4 * P if config.loss.beta > 0 else 0
-        right = (16 * P + reference) / N
-        mistakes = [
-            ((16 * twice + (4 * twice if reference else 0)) / N, tied_twice),
-            (16 * P / N, "no reference: with beta > 0 the trainer keeps a frozen float32 copy of the policy"),
-            (20 * P / N, "a reference with beta = 0: the trainer builds none"),
-            ((12 * P + reference) / N, "one AdamW moment short: AdamW keeps two, 4 bytes each"),
-            ((8 * P + reference) / N, "no AdamW moments: AdamW keeps two per parameter, 4 bytes each"),
-            ((4 * P + reference) / N, "the weights alone: training also holds their gradients and AdamW's two "
-                                      "moments"),
-            ((8 * P + (2 * P if reference else 0)) / N, "2 bytes a parameter (bf16): the trainer's weights, "
-                                                        "gradients, moments and reference are float32"),
-        ]
-    if N > 1:
-        mistakes.insert(0, (right * N, "a whole copy on every GPU: under FSDP2 each GPU holds 1/N of every tensor"))
-    return [(value, words) for value, words in mistakes if abs(value - right) > 1]
-
-
-def _describe(name: str, config: TrainConfig, gpus: int) -> str:
-    where = f"{gpus} GPU{'s' * (gpus > 1)}" + (" (FSDP2)" if gpus > 1 else "")
-    if not config.lora.lora_rank:
-        return f"{name}, full fine-tuning, beta {config.loss.beta}, {where}"
-    modules = ("all seven projections" if list(config.lora.lora_target_modules) == list(ALL_SEVEN)
-               else " and ".join(config.lora.lora_target_modules))
-    return (f"{name}, LoRA r = {config.lora.lora_rank} (alpha {config.lora.lora_alpha:g}) on {modules}, beta {config.loss.beta}, "
-            f"{where}")
-
-
-def check_state_bytes(fn: Callable[[torch.nn.Module, TrainConfig, int], float]) -> CheckResult:
-    """Exercise 10.1: fn(model, config, gpus) -> the bytes one GPU's trainer holds of the weights,
-    gradients, AdamW's moments and the reference (state_bytes: float32, 1/gpus of each under FSDP2),
-    for `model` (a plain model on the meta device) trained with config.lora.lora_rank, lora_alpha,
-    lora_target_modules and beta on `gpus` GPUs. Within one byte."""
-    result = CheckResult("exercise 10.1 what one GPU holds")
-    for name, gpus, keys in STATE_CASES:
-        config, model = TrainConfig(**keys), base_model(name)
-        case = _describe(name, config, gpus)
-        adapters = adapter_parameters(model, config) if config.lora.lora_rank else 0
-        expected = state_bytes(model, config, gpus, adapters)
-        try:
-            got = fn(copy.deepcopy(model), config, gpus)
-        except Exception as error:  # the reader's code: report, don't crash
-            result.record(case, [f"raised {type(error).__name__}: {error}"])
-            continue
-        if hasattr(got, "item") and getattr(got, "ndim", 1) == 0:
-            got = got.item()   # a 0-dimensional tensor or array: its number
-        problem = compare(expected, got, 1.0)
-        if problem and isinstance(got, numbers.Real) and not isinstance(got, bool):
-            problem = next((words for value, words in _state_mistakes(model, config, gpus, adapters)
-                            if abs(got - value) <= 1), problem)
-        result.record(case, [problem] if problem else [])
-    return result
-
-
-# --------------------------------------------------------------------------- 10.2
-
-# (description, LoRA keys): adapters on the tiny policy, square and rectangular layers.
-MERGE_CASES = [
-    ("r = 8, alpha = 32 on q_proj and v_proj",
-     dict(lora_rank=8, lora_alpha=32.0, lora_target_modules=["q_proj", "v_proj"])),
-    ("r = 4, alpha = 8 on gate_proj, up_proj and down_proj",
-     dict(lora_rank=4, lora_alpha=8.0, lora_target_modules=["gate_proj", "up_proj", "down_proj"])),
-    ("r = 16, alpha = 8 on all seven projections", dict(lora_rank=16, lora_alpha=8.0)),
-    ("r = 1, alpha = 4 on o_proj and down_proj", dict(lora_rank=1, lora_alpha=4.0,
-                                                      lora_target_modules=["o_proj", "down_proj"])),
-]
-
-
-def trained_lora_policy(keys: dict, seed: int = 0) -> torch.nn.Module:
-    """The tiny policy (float64) with adapters whose B is no longer 0, as after some training."""
-    policy = lora.add_adapters(load_policy(STARTING_POLICY)[0].to(F64), TrainConfig(seed=seed, **keys))
-    generator = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for layer in lora.adapter_layers(policy).values():
-            B = layer.lora_B[lora.ADAPTER_NAME].weight
-            B.copy_(0.05 * torch.randn(B.shape, generator=generator, dtype=F64))
-    return policy
-
-
-def _merge_mistake(got: torch.Tensor, W, A, B, alpha: float, r: int) -> str | None:
-    """What went wrong, where the reader's weight is a known wrong merge."""
-    delta = B @ A
-    candidates = [(W + delta, "no scale: the adapter adds (alpha / r) B A"),
-                  (W + alpha * delta, "scaled by alpha: the scale is alpha / r"),
-                  (W + r / alpha * delta, "scaled by r / alpha: the scale is alpha / r"),
-                  (alpha / r * delta, "the adapter's change alone: the merged weight is W plus it"),
-                  (W - alpha / r * delta, "subtracts the adapter's change: the merged weight is W plus it"),
-                  (W, "W alone: the adapter's change is missing")]
-    if W.shape[0] == W.shape[1]:   # a square layer: a transposed change has W's shape
-        candidates.append((W + alpha / r * (A.T @ B.T), "transposed: the change is B A, (out, r) times (r, in), "
-                                                        "shaped (out, in) like W"))
-    right = W + alpha / r * delta
-    for value, words in candidates:
-        if value.shape == got.shape and not torch.allclose(value, right, rtol=0, atol=1e-9) \
-                and torch.allclose(got.to(F64), value, rtol=0, atol=1e-9):
-            return words
+def _split_groups(B: int, G: int, owners: dict[int, list[int]]) -> str | None:
+    """The first prompt whose G rows more than one rank holds, in words."""
+    holders: dict[int, set[int]] = {}
+    for rank, rows in owners.items():
+        for row in rows:
+            holders.setdefault(row // G, set()).add(rank)
+    for prompt in range(B):
+        ranks = holders.get(prompt, set())
+        if len(ranks) > 1:
+            return f"prompt {prompt}'s {G} completions across ranks {sorted(ranks)}"
     return None
 
 
-def check_merged_weight(fn: Callable) -> CheckResult:
-    """Exercise 10.2: fn(W (out, in), A (r, in), B (out, r), alpha, r) -> the layer's weight with its
-    adapter merged, what vLLM loads: compared with lora.named_merged_weights for every adapted
-    layer of the tiny policy, for each of MERGE_CASES (B random, as after training; float64)."""
-    result = CheckResult("exercise 10.2 the weights vLLM receives")
-    for description, keys in MERGE_CASES:
-        policy = trained_lora_policy(keys)
-        merged = dict(lora.named_merged_weights(policy))
-        alpha, r = keys["lora_alpha"], keys["lora_rank"]
-        wrong, total = [], 0
-        for name, layer in lora.adapter_layers(policy).items():
-            total += 1
-            W = layer.base_layer.weight.detach()
-            A, B = (layer.lora_A[lora.ADAPTER_NAME].weight.detach(), layer.lora_B[lora.ADAPTER_NAME].weight.detach())
-            expected = merged[f"{name}.weight"]
+def check_rank_rows(fn: Callable[[int, int, int, int], list[int]]) -> CheckResult:
+    """Exercise 10.1: fn(B, G, world_size, rank) -> the completion rows rank `rank` owns, in the
+    prompt-major layout (completion j of prompt i is row i * G + j): whole prompts, the
+    trainer's contiguous share (World.shard); a ValueError when B does not divide."""
+    result = CheckResult("exercise 10.1 which rows a rank owns")
+    for B, G, world_size in RANK_ROW_CASES:
+        name = f"B={B}, G={G}, {world_size} ranks"
+        owners, problems = {}, []
+        for rank in range(world_size):
             try:
-                got = fn(W.clone(), A.clone(), B.clone(), alpha, r)
+                owners[rank] = _rows(fn(B, G, world_size, rank))
             except Exception as error:  # the reader's code: report, don't crash
-                wrong.append((name, f"raised {type(error).__name__}: {error}"))
-                continue
-            problem = compare(expected.numpy(), got, 1e-9)
-            if problem:
-                if isinstance(got, torch.Tensor):
-                    problem = _merge_mistake(got.detach(), W, A, B, alpha, r) or problem
-                wrong.append((name, problem))
-        if not wrong:
-            result.record(description, [])
+                problems.append(f"rank {rank} raised {type(error).__name__}: {error}")
+                break
+        if not problems:
+            split = _split_groups(B, G, owners)
+            every_row = sorted(row for rows in owners.values() for row in rows)
+            if split:
+                problems.append(f"{split}: its advantages need all {G} rewards on one rank")
+            elif every_row != list(range(B * G)):
+                missing = sorted(set(range(B * G)) - set(every_row))
+                twice = sorted({row for row in every_row if every_row.count(row) > 1})
+                problems.append(f"the ranks together must own each of the {B * G} rows once"
+                                + (f"; no rank owns {missing[:8]}" if missing else "")
+                                + (f"; more than one rank owns {twice[:8]}" if twice else ""))
+            share_problems = []
+            for rank, rows in owners.items():
+                if split or every_row != list(range(B * G)) or sorted(rows) == _expected_rows(B, G, world_size, rank):
+                    continue
+                prompts = sorted({row // G for row in rows})
+                if not prompts:
+                    share_problems.append((rank, "owns no rows"))
+                elif prompts != list(range(prompts[0], prompts[-1] + 1)):
+                    share_problems.append((rank, f"owns whole prompts, but not consecutive ones ({_span(rows)}): "
+                                                 f"the trainer gives each rank one contiguous block"))
+                else:
+                    share_problems.append((rank, f"owns a contiguous block of whole prompts ({_span(rows)}), but not "
+                                                 f"the trainer's: block r in rank order, B / world_size prompts each"))
+            if share_problems:
+                rank, words = share_problems[0]
+                others = len(share_problems) - 1
+                problems.append(f"rank {rank}" + (f" (and {others} other rank{'s' * (others > 1)})" if others else "")
+                                + f" {words}")
+        result.record(name, problems)
+    for B, G, world_size in INDIVISIBLE_CASES:
+        name = f"B={B}, G={G}, {world_size} ranks"
+        owners, raised = {}, True
+        for rank in range(world_size):
+            try:
+                owners[rank] = _rows(fn(B, G, world_size, rank))
+                raised = False
+            except ValueError:
+                pass
+            except Exception as error:
+                owners, raised = None, False
+                result.failures.append(f"{name}: raised {type(error).__name__}: {error}; {B} prompts do not "
+                                       f"split into whole prompts over {world_size} ranks, so the trainer refuses "
+                                       f"(a ValueError)")
+                break
+        if owners is None:
             continue
-        name, problem = wrong[0]
-        others = f" (and {len(wrong) - 1} more of its {total} adapted layers)" if len(wrong) > 1 else ""
-        result.record(description, [f"{name.removeprefix('model.')}{others}: {problem}"])
+        if raised:
+            result.passed += 1
+            continue
+        why = _split_groups(B, G, owners) if len(owners) == world_size else None
+        result.failures.append(f"{name}: {B} prompts do not split into whole prompts over {world_size} ranks, "
+                               f"so the trainer refuses (a ValueError)" + (f"; yours split {why}" if why else
+                                                                          "; yours returned rows"))
+    return result
+
+
+# --------------------------------------------------------------------------- 9.2
+
+L = 12   # max_completion_length of the exercise's batches (dr_grpo's constant)
+
+
+def _batch(lengths: list[list[int]], seed: int) -> dict:
+    """A fabricated (B, G, S) batch with the given completion lengths, float64."""
+    lengths = torch.tensor(lengths)
+    B, G = lengths.shape
+    generator = torch.Generator().manual_seed(seed)
+    mask = torch.arange(L) < lengths[..., None]
+    old_logp = -3 * torch.rand(B, G, L, generator=generator, dtype=F64) * mask
+    logp = ((old_logp + 0.2 * torch.randn(B, G, L, generator=generator, dtype=F64)).clamp(max=0)) * mask
+    rewards = torch.rand(B, G, generator=generator, dtype=F64).round()
+    rewards[:, 0], rewards[:, 1] = 1.0, 0.0          # no group without signal
+    return {"logp": logp, "old_logp": old_logp, "advantages": group_advantages(rewards), "mask": mask}
+
+
+# (description, completion lengths (B, G), the prompts each rank holds)
+RANK_LOSS_CASES = [
+    ("2 ranks of 2 prompts, rank 1's completions longer",
+     [[3, 5, 2, 4], [6, 2, 3, 5], [12, 9, 11, 7], [10, 12, 8, 12]], [[0, 1], [2, 3]]),
+    ("3 ranks of 2, 1 and 1 prompts",
+     [[3, 5, 2, 4], [6, 2, 3, 5], [12, 9, 11, 7], [1, 12, 2, 12]], [[0, 1], [2], [3]]),
+]
+
+
+def _whole_and_parts(fn, case, loss_type):
+    """(whole loss, whole gradient, each rank's returned loss, DDP's averaged gradient)."""
+    _, lengths, shares = case
+    batch = _batch(lengths, seed=len(shares))
+    mask, adv = batch["mask"], batch["advantages"]
+    whole_logp = batch["logp"].clone().requires_grad_()
+    whole = grpo_loss(whole_logp, batch["old_logp"], adv, mask, loss_type=loss_type, max_completion_length=L).loss
+    whole.backward()
+    token_counts = [int(mask[prompts].sum()) for prompts in shares]
+    completion_counts = [len(prompts) * mask.shape[1] for prompts in shares]
+    # The "parameters" every rank shares: the whole logp. DDP averages each rank's gradient.
+    shared = batch["logp"].clone().requires_grad_()
+    losses, averaged = [], torch.zeros_like(shared)
+    for prompts in shares:
+        loss = fn(shared[prompts], batch["old_logp"][prompts], adv[prompts], mask[prompts],
+                  list(token_counts), list(completion_counts), loss_type, L)
+        if not isinstance(loss, torch.Tensor) or loss.numel() != 1:
+            raise TypeError(f"expected a scalar tensor (the loss to backpropagate), got {loss!r}")
+        if not loss.requires_grad:
+            raise TypeError("the returned loss does not depend on logp (no gradient would reach the policy)")
+        gradient, = torch.autograd.grad(loss.reshape(()), shared, allow_unused=True)
+        averaged += (torch.zeros_like(shared) if gradient is None else gradient) / len(shares)
+        losses.append(float(loss.detach()))
+    return float(whole.detach()), whole_logp.grad, losses, averaged, batch, token_counts, completion_counts
+
+
+def _diagnose(losses, batch, shares, token_counts, completion_counts, loss_type) -> str:
+    """Name the mistake when the reader's rank losses are a known wrong scale."""
+    mask, N = batch["mask"], len(shares)
+
+    def part(prompts, **counts):
+        return float(grpo_loss(batch["logp"][prompts], batch["old_logp"][prompts], batch["advantages"][prompts],
+                               mask[prompts], loss_type=loss_type, max_completion_length=L, **counts).loss)
+    own = [part(p) for p in shares]
+    global_counts = [part(p, num_items=sum(token_counts), num_completions=sum(completion_counts)) for p in shares]
+    if np.allclose(losses, own, rtol=1e-9, atol=1e-12):
+        return "each rank divided by its own counts (grpo_loss's defaults), not the whole batch's"
+    if np.allclose(losses, global_counts, rtol=1e-9, atol=1e-12) and N > 1:
+        return f"the whole batch's counts, but DDP averages the ranks' gradients: 1/{N} of the 1-process gradient"
+    if np.allclose(losses, [N * x for x in own], rtol=1e-9, atol=1e-12) and N > 1:
+        return "multiplied by the world size, but divided by each rank's own counts"
+    return ""
+
+
+def check_rank_loss(fn: Callable) -> CheckResult:
+    """Exercise 10.2: fn(logp, old_logp, advantages, completion_mask, token_counts,
+    completion_counts, loss_type, max_completion_length) -> this rank's loss, whose
+    gradients, averaged over ranks as DDP does, are the 1-process gradient.
+
+    logp, old_logp, completion_mask: this rank's (b, G, S); advantages (b, G);
+    token_counts, completion_counts: every rank's (the gathered counts, a list per rank);
+    one mini-batch, beta = 0."""
+    result = CheckResult("exercise 10.2 a rank's loss")
+    for case in RANK_LOSS_CASES:
+        description, _, shares = case
+        for loss_type in LOSS_TYPES:
+            name = f"{loss_type}, {description}"
+            try:
+                whole, whole_grad, losses, averaged, batch, tokens, completions = _whole_and_parts(fn, case, loss_type)
+            except Exception as error:  # the reader's code: report, don't crash
+                result.failures.append(f"{name}: raised {type(error).__name__}: {error}")
+                continue
+            difference = float((averaged - whole_grad).abs().max())
+            if difference <= 1e-12 * max(1.0, float(whole_grad.abs().max())):
+                result.passed += 1
+                continue
+            why = _diagnose(losses, batch, shares, tokens, completions, loss_type)
+            result.failures.append(f"{name}: {why}" if why else
+                                   f"{name}: the ranks' averaged gradient is not the 1-process gradient "
+                                   f"(off by up to {difference:.1g})")
+    return result
+
+
+# --------------------------------------------------------------------------- 9.3
+
+# A GPU-sized rollout on one node of 8 GPUs, for the arithmetic of exercise 10.3.
+SCALE_QUIZ = {"world_size": 8, "prompts_per_step": 256, "num_generations": 16, "max_completion_length": 1024,
+              "num_iterations": 1, "num_mini_batches": 4, "parameters": 1_500_000_000}
+# What each answer counts (the chapter computes each for its own configs; the formulas are the
+# exercise). fsdp2_bytes_per_rank: AdamW's training state in float32, as the chapter's memory cell.
+QUANTITIES = {
+    "prompts_per_rank": "the prompts one rank samples per step",
+    "completions_per_rank": "the completions one rank samples and scores per step",
+    "completions_per_step": "the completions of one step, all ranks together",
+    "max_tokens_per_step": "the completion tokens of one step, all ranks together, every completion at the limit",
+    "optimizer_steps_per_rollout": "the optimizer steps one rollout feeds",
+    "fsdp2_bytes_per_rank": "the bytes of weights, gradients and AdamW's two moments (float32) one rank holds "
+                            "under FSDP2",
+}
+
+
+def scale_answers(quiz: dict = SCALE_QUIZ) -> dict[str, int]:
+    """The worked answers of exercise 10.3 for a quiz like SCALE_QUIZ."""
+    N, B, G = quiz["world_size"], quiz["prompts_per_step"], quiz["num_generations"]
+    return {"prompts_per_rank": B // N, "completions_per_rank": B // N * G, "completions_per_step": B * G,
+            "max_tokens_per_step": B * G * quiz["max_completion_length"],
+            "optimizer_steps_per_rollout": quiz["num_iterations"] * quiz["num_mini_batches"],
+            "fsdp2_bytes_per_rank": quiz["parameters"] * 16 // N}
+
+
+def random_quiz(seed: int) -> dict:
+    """A quiz like SCALE_QUIZ with other numbers, drawn from random.Random(seed)."""
+    import random
+    draw = random.Random(seed)
+    N = draw.choice([2, 4, 8, 16, 32])
+    return {"world_size": N, "prompts_per_step": N * draw.randint(2, 64), "num_generations": draw.choice([4, 8, 12, 16, 32]),
+            "max_completion_length": draw.choice([256, 512, 1000, 2048, 4096]),
+            "num_iterations": draw.randint(1, 3), "num_mini_batches": draw.choice([1, 2, 4, 8, 16]),
+            "parameters": N * draw.randint(10, 1000) * 1_000_000}
+
+
+# The mistakes a reader makes, by the factor they put on one answer: (key, factor) -> what went wrong.
+_MISTAKES = {
+    ("prompts_per_rank", "N"): "the whole step's prompts, not one rank's share",
+    ("completions_per_rank", "1/G"): "counts prompts, not their G completions each",
+    ("completions_per_rank", "N"): "the whole step's completions, not one rank's share",
+    ("completions_per_step", "1/N"): "one rank's completions, not the whole step's",
+    ("completions_per_step", "1/G"): "counts prompts, not their G completions each",
+    ("max_tokens_per_step", "1/N"): "one rank's tokens, not the whole step's",
+    ("max_tokens_per_step", "1/G"): "counts one completion per prompt, not G",
+    ("max_tokens_per_step", "1/L"): "counts completions, not their tokens",
+    ("fsdp2_bytes_per_rank", "N"): "a whole copy on every rank (DDP's), not FSDP2's 1/N shard",
+    ("fsdp2_bytes_per_rank", "1/4"): "the weights alone, not the gradients and AdamW's two moments",
+    ("fsdp2_bytes_per_rank", "3/4"): "one AdamW moment short (each of the two is 4 bytes per parameter)",
+    ("fsdp2_bytes_per_rank", "1/2"): "the weights and gradients, without AdamW's two moments",
+    ("fsdp2_bytes_per_rank", "1/8"): "2 bytes per parameter (bf16 weights), not float32's training state",
+}
+_counter = iter(range(1 << 62))
+
+
+def _mistake(key: str, got: float, right: int, quiz: dict) -> str:
+    """What is wrong with one answer, in words: a known mistake, or too large / too small."""
+    N, G, L = quiz["world_size"], quiz["num_generations"], quiz["max_completion_length"]
+    factors = {"N": N, "1/N": 1 / N, "1/G": 1 / G, "1/L": 1 / L, "1/4": 1 / 4, "3/4": 3 / 4, "1/2": 1 / 2,
+               "1/8": 1 / 8}
+    for (name, factor), words in _MISTAKES.items():
+        if name == key and got == right * factors[factor]:
+            return f"{key} is wrong: {words}"
+    if key == "optimizer_steps_per_rollout" and got in (quiz["num_iterations"], quiz["num_mini_batches"],
+                                                        quiz["num_iterations"] + quiz["num_mini_batches"]):
+        return f"{key} is wrong: every pass over the rollout (num_iterations) takes num_mini_batches steps"
+    return f"{key} is {'too large' if got > right else 'too small'}"
+
+
+def check_scale_answers(fn: Callable[[dict], dict], seed: int | None = None) -> CheckResult:
+    """Exercise 10.3: fn(quiz) -> {key: number} for each key of QUANTITIES, for a quiz like SCALE_QUIZ.
+
+    The checker asks about SCALE_QUIZ and about two quizzes drawn from `seed` (by default a new seed
+    at every call: 0 at the first call of a session, then 1, ...), so an answer must be computed
+    from the quiz, not typed in. A wrong number is named, with what went wrong where the mistake
+    is a known one, never with the right number."""
+    result = CheckResult("exercise 10.3 a step on N GPUs")
+    seed = next(_counter) if seed is None else seed
+    quizzes = [("SCALE_QUIZ", SCALE_QUIZ)] + [(f"ch10.random_quiz({2 * seed + k})", random_quiz(2 * seed + k))
+                                               for k in (1, 2)]
+    seen: dict[str, str] = {}   # a report already given, and the first quiz that got it
+    for name, quiz in quizzes:
+        try:
+            answers = fn(dict(quiz))
+        except Exception as error:  # the reader's code: report, don't crash
+            result.failures.append(f"{name}: raised {type(error).__name__}: {error}")
+            continue
+        if not isinstance(answers, dict):
+            result.failures.append(f"{name}: returned {type(answers).__name__}, not a dict of {list(QUANTITIES)}")
+            continue
+        problems, missing = [], [key for key in QUANTITIES if answers.get(key) is None]
+        if missing:
+            problems.append(f"no number for {', '.join(missing)}")
+        for key, right in scale_answers(quiz).items():
+            if key in missing:
+                continue
+            try:
+                got = float(answers[key])
+            except (TypeError, ValueError):
+                problems.append(f"{key} is {answers[key]!r}, not a number")
+                continue
+            if got != right:
+                problems.append(_mistake(key, got, right, quiz))
+        unknown = sorted(set(answers) - set(QUANTITIES))
+        if unknown:
+            problems.append(f"unknown keys {unknown}")
+        report = "; ".join(problems)
+        if problems and report in seen:
+            problems = [f"the same as {seen[report]}"]
+        seen.setdefault(report, name)
+        result.record(name, problems)
     return result

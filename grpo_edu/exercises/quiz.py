@@ -40,7 +40,7 @@ from grpo_edu.algorithm.logprobs import completion_logprobs
 from grpo_edu.algorithm.loss import grpo_loss
 from grpo_edu.algorithm.offpolicy import Correction, correction_weights
 from grpo_edu.environment import rewards, tasks
-from grpo_edu.exercises import ch05, ch10
+from grpo_edu.exercises import ch05, ch11
 from grpo_edu.exercises.checking import CheckResult
 from grpo_edu.config import TrainConfig
 from grpo_edu.environment.rewards import soft_overlong_punishment
@@ -335,9 +335,9 @@ def _overlong_rewards():
             "wrong": 1.0 * 0.0 + 0.5 * 1.0 + punishment[1].item()}
 
 
-# --------------------------------------------------------------------------- chapter 9
+# --------------------------------------------------------------------------- chapter 10
 
-@question(9, 2, "how much more a token of rank 0 (30 tokens) weighs than one of rank 1 (81) under bnpo, each "
+@question(10, 2, "how much more a token of rank 0 (30 tokens) weighs than one of rank 1 (81) under bnpo, each "
                 "rank's own counts",
           Number("times", "rank 0's token weight over rank 1's", fixed(1, "{} times"), 1))
 def _rank_token_weights():
@@ -355,7 +355,7 @@ def _policy_of(parameters: float) -> torch.nn.Module:
     return model
 
 
-@question(9, 5, "the GB per GPU of a 7-billion-parameter policy with AdamW in float32 on 8 GPUs: DDP, FSDP2, and "
+@question(10, 5, "the GB per GPU of a 7-billion-parameter policy with AdamW in float32 on 8 GPUs: DDP, FSDP2, and "
                 "FSDP2 with the reference's shard and the sampler's whole copy",
           Number("ddp_gb", "DDP, per rank", fixed(0, "{} GB"), 0),
           Number("fsdp2_gb", "FSDP2, per rank", fixed(0, "{} GB per rank"), 0),
@@ -364,15 +364,15 @@ def _policy_of(parameters: float) -> torch.nn.Module:
 def _ddp_and_fsdp2():
     P, gpus = 7e9, 8
     policy = _policy_of(P)
-    return {"ddp_gb": ch10.state_bytes(policy, TrainConfig(beta=0.0), 1) / GB,
-            "fsdp2_gb": ch10.state_bytes(policy, TrainConfig(beta=0.0), gpus) / GB,
-            "fsdp2_with_reference_and_sampler_gb": (ch10.state_bytes(policy, TrainConfig(beta=0.04), gpus)
+    return {"ddp_gb": ch11.state_bytes(policy, TrainConfig(beta=0.0), 1) / GB,
+            "fsdp2_gb": ch11.state_bytes(policy, TrainConfig(beta=0.0), gpus) / GB,
+            "fsdp2_with_reference_and_sampler_gb": (ch11.state_bytes(policy, TrainConfig(beta=0.04), gpus)
                                                     + 4 * P) / GB}
 
 
-# --------------------------------------------------------------------------- chapter 10
+# --------------------------------------------------------------------------- chapter 11
 
-@question(10, 1, "a weight of 1 after an update of 1e-6, in bf16 and in float32",
+@question(11, 1, "a weight of 1 after an update of 1e-6, in bf16 and in float32",
           Number("bf16", "the weight in bf16", fixed(8, "{} in bf16"), 8),
           Number("float32", "the weight in float32", fixed(8, "{} in float32"), 8))
 def _rounded_update():
@@ -380,7 +380,7 @@ def _rounded_update():
     return {"bf16": in_bf16.float().item(), "float32": (torch.tensor(1.0) + 1e-6).item()}
 
 
-@question(10, 2, "the weight TIS gives a token's loss with tis_cap = 2 and pi_old / pi_sampler = 3",
+@question(11, 2, "the weight TIS gives a token's loss with tis_cap = 2 and pi_old / pi_sampler = 3",
           Number("weight", "its weight", fixed(0, "weight is {}"), 4))
 def _tis_weight():
     weight, _ = correction_weights(torch.tensor([[math.log(3.0)]], dtype=F64), torch.zeros(1, 1, dtype=F64),
@@ -388,20 +388,20 @@ def _tis_weight():
     return {"weight": weight.item()}
 
 
-@question(10, 3, "the GB one GPU holds to train Qwen2.5-7B: full fine-tuning, with the reference, and LoRA at rank 16",
+@question(11, 3, "the GB one GPU holds to train Qwen2.5-7B: full fine-tuning, with the reference, and LoRA at rank 16",
           Number("full_gb", "weights, gradients and AdamW's two moments, float32", fixed(1, "are {} GB"), 1),
           Number("full_with_reference_gb", "the same with the reference", fixed(1, "reference, {} GB"), 1),
           Number("lora_gb", "LoRA at rank 16 on the seven projections", fixed(1, "copy: {} GB"), 1))
 def _qwen_7b_state():
-    model = ch10.base_model("Qwen2.5-7B")
-    return {"full_gb": ch10.state_bytes(model, TrainConfig(beta=0.0), 1) / GB,
-            "full_with_reference_gb": ch10.state_bytes(model, TrainConfig(beta=0.04), 1) / GB,
-            "lora_gb": ch10.state_bytes(model, TrainConfig(lora_rank=16, lora_alpha=32.0), 1) / GB}
+    model = ch11.base_model("Qwen2.5-7B")
+    return {"full_gb": ch11.state_bytes(model, TrainConfig(beta=0.0), 1) / GB,
+            "full_with_reference_gb": ch11.state_bytes(model, TrainConfig(beta=0.04), 1) / GB,
+            "lora_gb": ch11.state_bytes(model, TrainConfig(lora_rank=16, lora_alpha=32.0), 1) / GB}
 
 
-# --------------------------------------------------------------------------- chapter 11
+# --------------------------------------------------------------------------- chapter 12
 
-@question(11, 1, "the weight of a token's policy term at r = 0.256: TIS with cap 2, and the token mask with band "
+@question(12, 1, "the weight of a token's policy term at r = 0.256: TIS with cap 2, and the token mask with band "
                  "[0.5, 2]",
           Number("tis", "TIS's weight", fixed(3, "TIS gives {}"), 3),
           Number("token_mask", "the token mask's weight", fixed(0, "token mask gives {}"), 4))

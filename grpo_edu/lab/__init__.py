@@ -31,7 +31,7 @@ SETTINGS = {"eval_every": 25, "eval_size": 128, "checkpoint_every": 0, "progress
 
 @dataclass(frozen=True)
 class LabRun:
-    failure: int                      # the textbook's failure mode, 1..9 (0: a healthy run; 10: chapter 12's)
+    failure: int                      # the textbook's failure mode, 1..9 (0: a healthy run; 10: chapter 13's)
     knob: str                         # the one thing changed, in words
     steps: int
     overrides: dict = field(default_factory=dict)
@@ -115,7 +115,7 @@ RUNS: dict[str, LabRun] = {
 }
 
 
-# The failures of multi-turn episodes (chapter 12, "Tools and multi-turn episodes"; chapter 7
+# The failures of multi-turn episodes (chapter 13, "Tools and multi-turn episodes"; chapter 7
 # trains RUNS): the tool run of configs/cpu-tools.toml, and the same run with the environment's
 # tokens scored as if the policy had written them.
 TOOLS_CONFIG = DEFAULT_CONFIG.parent / "cpu-tools.toml"

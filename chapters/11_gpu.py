@@ -8,7 +8,7 @@
 # ---
 
 # %% [markdown]
-# # Chapter 10. Graduating to a GPU
+# # Chapter 11. Graduating to a GPU
 #
 # > **You will learn**
 # > - what changes from the CPU tier to one GPU and to eight, key by key
@@ -25,7 +25,7 @@
 # Policy Optimization) trainer to GPUs, and it runs on a CPU too: what a CPU can compute is
 # computed here. It covers what changes and why: the configs key by key, the vLLM engine and
 # its weight sync, bf16, the sampler mismatch, the memory budget with its activations, and
-# LoRA. The runbook that goes with it is [chapter 13](13_gpu_runbook.ipynb), the appendix:
+# LoRA. The runbook that goes with it is [chapter 14](14_gpu_runbook.ipynb), the appendix:
 # setting up a GPU machine, the recipes' batch arithmetic, your own functions in a GPU run, the
 # trained model, and the checks and measurements to run on a GPU.
 #
@@ -100,7 +100,7 @@ print(f"gpu-1x -> h100-8x changes: "
 # engine and the precision change, and `tis_cap` turns on (the mismatch below). B goes from 16
 # prompts to 64, cut into 4 mini-batches, so that each optimizer step still sees what a
 # CPU-tier step sees. From one GPU to eight, B goes to 512, 64 per GPU, in one mini-batch, and
-# the sharding becomes FSDP2's (Fully Sharded Data Parallel, chapter 9). The `vllm_*` keys are
+# the sharding becomes FSDP2's (Fully Sharded Data Parallel, chapter 10). The `vllm_*` keys are
 # in every config, the CPU's too, and are read only where `engine = "vllm"`.
 #
 # A real model changes the rest: the model, the task, the prompt format (`chat_template`),
@@ -186,7 +186,7 @@ print(inspect.getsource(vllm_engine.seeded_by_numbers))
 # Prompt b of a rank's share is prompt `share.start + b` of the batch. vLLM gives its G
 # completions the seeds seed + (share.start + b) G, ..., + G - 1. So completion i of the batch
 # has the seed seed + i on 1 GPU or on 8. The rollout does not depend on how the prompts are
-# split over GPUs: chapter 9's promise, kept on the GPU path up to vLLM's kernels (which are
+# split over GPUs: chapter 10's promise, kept on the GPU path up to vLLM's kernels (which are
 # not bitwise the same for every batch shape).
 #
 # ## Which engine
@@ -300,7 +300,7 @@ for setting in precision.PRECISIONS:
 # would round as coarsely.) Only the forward passes run in bf16, under autocast, which casts
 # each matmul's inputs and leaves the stored weights alone. vLLM keeps its own bf16 copy for
 # sampling. (The fused engine is the CPU's float32 fast path: on a GPU the trainer refuses it,
-# chapter 9.)
+# chapter 10.)
 #
 # ## The mismatch, measured with the CPU's engines
 #
@@ -354,7 +354,7 @@ show_claims({
 # drawn by pi_old. **Truncated importance sampling** (`tis_cap`, 2 in the GPU configs) weighs
 # each token's loss by min(pi_old / pi_sampler, tis_cap). For one token, that makes the
 # expected gradient pi_old's again, up to the cap. (Over a sequence of tokens the per-token
-# weight is an approximation: chapter 11.) Truncated importance sampling itself is old. Yao et
+# weight is an approximation: chapter 12.) Truncated importance sampling itself is old. Yao et
 # al. (2025) turned it against this mismatch in reinforcement learning (RL) trainers, in the
 # blog post "Your Efficient RL Framework Secretly Brings You Off-Policy RL Training".
 #
@@ -402,8 +402,8 @@ show_claims({
 # the parameter counts are exact:
 
 # %%
-from grpo_edu.exercises.ch10 import QWEN_ARCHITECTURES as ARCHITECTURES   # Qwen2.5's published dimensions
-from grpo_edu.exercises.ch10 import qwen_sizes
+from grpo_edu.exercises.ch11 import QWEN_ARCHITECTURES as ARCHITECTURES   # Qwen2.5's published dimensions
+from grpo_edu.exercises.ch11 import qwen_sizes
 
 sizes = qwen_sizes()   # each shape built on the meta device: parameters, KV-cache bytes per token
 for name, dims in ARCHITECTURES.items():
@@ -558,7 +558,7 @@ print(f"\nthe reference's float32 copy LoRA does without, Qwen2.5-7B: {4 * sizes
 # `benchmarks/gpu.py --part lora` wrote these parts into `benchmarks/results/gpu.json`, with
 # the machine each ran on: `environment.gpu` "NVIDIA H200", `environment.gpu_memory_bytes`
 # 150,109,880,320, torch 2.11.0+cu130, `vllm` null, and `workload.engine` "hf". The cell below
-# reads that file; chapter 13 prints its whole report.
+# reads that file; chapter 14 prints its whole report.
 #
 # </details>
 
@@ -788,8 +788,8 @@ show_claims({
 # ## Check yourself
 #
 # Where an answer is a number, check yours before you open it:
-# `quiz.check(10, 1, bf16=..., float32=...)` (`from grpo_edu.exercises import quiz`;
-# `quiz.ask(10)` lists what each question takes).
+# `quiz.check(11, 1, bf16=..., float32=...)` (`from grpo_edu.exercises import quiz`;
+# `quiz.ask(11)` lists what each question takes).
 #
 # 1. A weight of 1 receives an update of 1e-6. What is the weight afterwards in bf16, and in
 #    float32?
@@ -845,11 +845,11 @@ show_claims({
 #
 # ## Exercises
 #
-# Each checker in `grpo_edu.exercises.ch10` runs your answer on several cases and names each
+# Each checker in `grpo_edu.exercises.ch11` runs your answer on several cases and names each
 # case that fails and what is wrong there, never the right answer. Each exercise has a hint
 # and a worked solution, folded: open them when you want them.
 #
-# **10.1 What one GPU holds.** Write `my_state_bytes(model, config, gpus)`: the bytes one GPU's
+# **11.1 What one GPU holds.** Write `my_state_bytes(model, config, gpus)`: the bytes one GPU's
 # trainer holds of the weights, their gradients, AdamW's two moments and the reference.
 # `model` is a plain model on the meta device: its shapes, no memory. `config` sets
 # `lora_rank` (0 is full fine-tuning), `lora_alpha`, `lora_target_modules` and `beta`. With
@@ -884,7 +884,7 @@ show_claims({
 #     return (4 * P + 16 * adapters) / gpus                    # the frozen base, the adapters; no reference
 #
 #
-# ch10.check_state_bytes(my_state_bytes)
+# ch11.check_state_bytes(my_state_bytes)
 # ```
 #
 # The LoRA section's cell counted the adapters another way: `lora.add_adapters` on a copy of
@@ -893,7 +893,7 @@ show_claims({
 # </details>
 
 # %%
-from grpo_edu.exercises import ch10
+from grpo_edu.exercises import ch11
 
 
 def my_state_bytes(model, config, gpus):
@@ -901,10 +901,10 @@ def my_state_bytes(model, config, gpus):
     return 16 * P / gpus                             # full fine-tuning's 16 bytes, whatever the config: fix me
 
 
-ch10.check_state_bytes(my_state_bytes)
+ch11.check_state_bytes(my_state_bytes)
 
 # %% [markdown]
-# **10.2 The weights vLLM receives.** vLLM knows nothing of the adapters: before every rollout
+# **11.2 The weights vLLM receives.** vLLM knows nothing of the adapters: before every rollout
 # it loads each adapted layer's weight with its adapter merged. Write `my_merged_weight(W, A,
 # B, alpha, r)`: that weight, from the base weight W (out, in), the adapter's A (r, in) and B
 # (out, r), `lora_alpha` and `lora_rank`. The checker compares it with
@@ -927,7 +927,7 @@ ch10.check_state_bytes(my_state_bytes)
 #     return W + (alpha / r) * (B @ A)      # (out, r) @ (r, in): shaped like W
 #
 #
-# ch10.check_merged_weight(my_merged_weight)
+# ch11.check_merged_weight(my_merged_weight)
 # ```
 #
 # Bonus: the adapter has r (d + d) parameters and the layer d x d, so they are equal at r = d
@@ -941,4 +941,4 @@ def my_merged_weight(W, A, B, alpha, r):
     return W + B @ A                                 # without LoRA's scale: fix me
 
 
-ch10.check_merged_weight(my_merged_weight)
+ch11.check_merged_weight(my_merged_weight)

@@ -8,7 +8,7 @@
 # ---
 
 # %% [markdown]
-# # Chapter 12. Tools and multi-turn episodes
+# # Chapter 13. Tools and multi-turn episodes
 #
 # > **You will learn**
 # > - how a completion becomes an episode of turns, with a tool's answers between them
@@ -76,7 +76,7 @@ def show_claims(claims):
 # ## 1. A task that needs a tool
 #
 # Two-digit products (`grpo_edu.environment.tasks`, task `"multiply"`): 8,100 problems, a
-# tenth of them held out. The tiny policy of chapters 5-11 learned two-digit sums and
+# tenth of them held out. The tiny policy of chapters 5-12 learned two-digit sums and
 # differences in its head; a product is beyond it. The tool is
 # `grpo_edu.training.episodes.Calculator`. The policy writes a call in brackets, and the
 # closing bracket hands the turn over (the environment's `stop`). The calculator answers
@@ -220,7 +220,7 @@ for name, mask in (("the policy's tokens", rollout.completion_mask), ("every wri
 print("advantages", [round(a, 4) for a in advantages.tolist()])
 
 # %% [markdown]
-# The sampler gap (mean |log pi_trainer - log pi_sampler| per token, chapter 10) tells the two
+# The sampler gap (mean |log pi_trainer - log pi_sampler| per token, chapter 11) tells the two
 # apart from a run's metrics alone. Over the policy's tokens the trainer's forward recomputes
 # what the sampler drew, equal up to float rounding. Over every written token it also compares
 # the policy's log-prob of the calculator's text with a sampler that never drew it (0 in the
@@ -238,7 +238,7 @@ print(f"the doctor's threshold, grpo_edu.doctor.diagnose.ENV_GAP: {ENV_GAP} nats
 # %% [markdown]
 # The doctor's `environment_tokens_trained` reads exactly this. With an environment set, it
 # flags a gap of 0.03 nats per token or more over the early steps
-# (`grpo_edu.doctor.diagnose.ENV_GAP`, chapter 10's mismatch threshold). The tool run of
+# (`grpo_edu.doctor.diagnose.ENV_GAP`, chapter 11's mismatch threshold). The tool run of
 # section 4 measures a gap more than five orders of magnitude below it, the leak run more than
 # ten times above it.
 #
@@ -565,15 +565,15 @@ print(f"an episode's rollout costs x{ratio:.2f} a single-turn completion's")
 #
 # ## Exercises
 #
-# **12.1 A strict calculator.** Write a class `StrictCalculator`, an environment as
+# **13.1 A strict calculator.** Write a class `StrictCalculator`, an environment as
 # `grpo_edu.training.episodes` defines one. It has a class attribute `stop = "]"`,
 # `reset(sample)` for a new episode (the sample's prompt is `"47*85="`), and
 # `step(action) -> Reply`. It answers only the problem's own product. A call `[a*b]` whose two
 # factors are the prompt's (either order, spaces allowed) gets `Reply("=" + product)`. Any
-# other call, or text that is not a call, gets `Reply("=?", ch12.INVALID_CALL)`: a reward of
+# other call, or text that is not a call, gets `Reply("=?", ch13.INVALID_CALL)`: a reward of
 # -0.1, the per-call validity reward the environment adds to the episode's. An episode may
-# hand over `ch12.MAX_CALLS` = 2 times. Every `step` counts toward that limit, text that is
-# not a call included. The third `step` gets `Reply("=!", ch12.INVALID_CALL, done=True)`,
+# hand over `ch13.MAX_CALLS` = 2 times. Every `step` counts toward that limit, text that is
+# not a call included. The third `step` gets `Reply("=!", ch13.INVALID_CALL, done=True)`,
 # whatever it holds. The checker plays scripted episodes against it, in fresh instances and in
 # an instance reset from another episode. Saved in a file, it trains:
 # `environment = "my_env.py:StrictCalculator"` in a config.
@@ -592,7 +592,7 @@ print(f"an episode's rollout costs x{ratio:.2f} a single-turn completion's")
 # ```python
 # import re
 #
-# from grpo_edu.exercises import ch12
+# from grpo_edu.exercises import ch13
 # from grpo_edu.training.episodes import Reply
 #
 #
@@ -605,16 +605,16 @@ print(f"an episode's rollout costs x{ratio:.2f} a single-turn completion's")
 #
 #     def step(self, action):
 #         self.calls += 1
-#         if self.calls > ch12.MAX_CALLS:
-#             return Reply("=!", ch12.INVALID_CALL, done=True)
+#         if self.calls > ch13.MAX_CALLS:
+#             return Reply("=!", ch13.INVALID_CALL, done=True)
 #         call = re.search(r"\[([^\[\]]*)\]$", action)
 #         parts = call.group(1).replace(" ", "").split("*") if call else []
 #         if len(parts) == 2 and all(p.isdigit() for p in parts) and sorted(map(int, parts)) == self.factors:
 #             return Reply(f"={self.factors[0] * self.factors[1]}")
-#         return Reply("=?", ch12.INVALID_CALL)
+#         return Reply("=?", ch13.INVALID_CALL)
 #
 #
-# ch12.check_strict_calculator(StrictCalculator)
+# ch13.check_strict_calculator(StrictCalculator)
 # ```
 #
 # </details>
@@ -623,9 +623,9 @@ print(f"an episode's rollout costs x{ratio:.2f} a single-turn completion's")
 import re
 
 from grpo_edu.training.episodes import Reply
-from grpo_edu.exercises import ch12
+from grpo_edu.exercises import ch13
 
-print(f"ch12.INVALID_CALL = {ch12.INVALID_CALL}, ch12.MAX_CALLS = {ch12.MAX_CALLS}")
+print(f"ch13.INVALID_CALL = {ch13.INVALID_CALL}, ch13.MAX_CALLS = {ch13.MAX_CALLS}")
 
 
 class StrictCalculator:
@@ -640,13 +640,13 @@ class StrictCalculator:
         call = re.search(r"\[(\d+)\*(\d+)\]$", action)       # no spaces allowed: fix me
         if call and sorted(int(x) for x in call.groups()) == self.factors:
             return Reply(f"={self.factors[0] * self.factors[1]}")
-        return Reply("=?", ch12.INVALID_CALL)
+        return Reply("=?", ch13.INVALID_CALL)
 
 
-ch12.check_strict_calculator(StrictCalculator)
+ch13.check_strict_calculator(StrictCalculator)
 
 # %% [markdown]
-# **12.2 Who trains on what.** Write `my_loss_masks(pieces, tokenizer, length)`. `pieces` is
+# **13.2 Who trains on what.** Write `my_loss_masks(pieces, tokenizer, length)`. `pieces` is
 # one episode as `grpo_edu.training.episodes.writers` splits it: (text, written by the
 # environment) pairs, in order. It returns two masks of `length` True/False values, one per
 # token position. The loss mask is True on the policy's tokens, `env_mask` on the
@@ -669,7 +669,7 @@ ch12.check_strict_calculator(StrictCalculator)
 # ```python
 # import torch
 #
-# from grpo_edu.exercises import ch12
+# from grpo_edu.exercises import ch13
 #
 #
 # def my_loss_masks(pieces, tokenizer, length):
@@ -682,7 +682,7 @@ ch12.check_strict_calculator(StrictCalculator)
 #     return torch.tensor(loss_mask[:length] + padding), torch.tensor(env_mask[:length] + padding)
 #
 #
-# ch12.check_loss_masks(my_loss_masks)
+# ch13.check_loss_masks(my_loss_masks)
 # ```
 #
 # </details>
@@ -700,4 +700,4 @@ def my_loss_masks(pieces, tokenizer, length):
     return written, torch.zeros(length, dtype=torch.bool)   # masks only the padding: fix me
 
 
-ch12.check_loss_masks(my_loss_masks)
+ch13.check_loss_masks(my_loss_masks)

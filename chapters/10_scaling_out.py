@@ -8,7 +8,7 @@
 # ---
 
 # %% [markdown]
-# # Chapter 9. Scaling out
+# # Chapter 10. Scaling out
 #
 # > **You will learn**
 # > - how N processes split a GRPO (Group Relative Policy Optimization) step without splitting a group
@@ -120,7 +120,7 @@ except ValueError as error:
 # %% [markdown]
 # A split of the B x G rows into N equal runs would be the same split whenever B divides by
 # N. When only B x G divides, it would cut a group in two (B = 3, G = 4 on 2 ranks: prompt 1's
-# completions on both). Such a config is refused rather than split: exercise 9.1.
+# completions on both). Such a config is refused rather than split: exercise 10.1.
 #
 # Ownership is half of it; the other half is sampling. If each rank drew its own random
 # numbers, 2 ranks would sample other completions than 1 process, and the runs would part at
@@ -365,7 +365,7 @@ print(f"largest rank, fsdp2 / ddp: {fsdp2_total / ddp_total:.4f}")
 # the sampler's weights, 4 bytes per parameter. This copy (`placement.Models.full_policy`) is
 # synced after every update, so that sampling and evaluation run on it without gathering
 # shards. (With `engine = "vllm"` nothing samples from it, and the trainer gathers it only
-# while it evaluates: chapter 10.) The frozen reference model is sharded like the policy.
+# while it evaluates: chapter 11.) The frozen reference model is sharded like the policy.
 # Activations depend on the micro-batch, not on the sharding, and are not counted. So on N
 # ranks FSDP2 holds about 4 + (16 + 4) / N bytes per parameter, and DDP 16 + 4 = 20.
 #
@@ -503,8 +503,8 @@ for P in (1.5e9, 7e9):
 # ## Check yourself
 #
 # Where an answer is a number, check yours before you open it:
-# `quiz.check(9, 2, times=...)` (`from grpo_edu.exercises import quiz`;
-# `quiz.ask(9)` lists what each question takes).
+# `quiz.check(10, 2, times=...)` (`from grpo_edu.exercises import quiz`;
+# `quiz.ask(10)` lists what each question takes).
 #
 # 1. A config sets B = 15 prompts and runs on 2 ranks. What does the trainer do, and why?
 #
@@ -558,11 +558,11 @@ for P in (1.5e9, 7e9):
 # %% [markdown]
 # ## Exercises
 #
-# Each checker in `grpo_edu.exercises.ch09` runs your answer on several cases and names each
+# Each checker in `grpo_edu.exercises.ch10` runs your answer on several cases and names each
 # case that fails and what is wrong there, never the right answer. Each exercise has a hint
 # and a worked solution, folded: open them when you want them.
 #
-# **9.1 Which rows a rank owns.** Write `my_rank_rows(B, G, world_size, rank)`: the rows of
+# **10.1 Which rows a rank owns.** Write `my_rank_rows(B, G, world_size, rank)`: the rows of
 # the prompt-major (B x G)-row batch that rank `rank` owns (completion j of prompt i is row
 # i G + j). The first attempt below splits the rows evenly; run the checker and read which
 # cases it gets wrong, and why a group must not be split.
@@ -585,13 +585,13 @@ for P in (1.5e9, 7e9):
 #     return list(range(rank * prompts * G, (rank + 1) * prompts * G))
 #
 #
-# ch09.check_rank_rows(my_rank_rows)
+# ch10.check_rank_rows(my_rank_rows)
 # ```
 #
 # </details>
 
 # %%
-from grpo_edu.exercises import ch09
+from grpo_edu.exercises import ch10
 
 
 def my_rank_rows(B, G, world_size, rank):
@@ -599,10 +599,10 @@ def my_rank_rows(B, G, world_size, rank):
     return list(range(rank * rows, (rank + 1) * rows))
 
 
-ch09.check_rank_rows(my_rank_rows)
+ch10.check_rank_rows(my_rank_rows)
 
 # %% [markdown]
-# **9.2 A rank's loss.** Write `my_rank_loss(logp, old_logp, advantages, completion_mask,
+# **10.2 A rank's loss.** Write `my_rank_loss(logp, old_logp, advantages, completion_mask,
 # token_counts, completion_counts, loss_type, max_completion_length)`. It returns the loss
 # one rank backpropagates under DDP. It is given the rank's share of a mini-batch ((b, G, S)
 # tensors) and every rank's token and completion counts (gathered: one number per rank).
@@ -633,7 +633,7 @@ ch09.check_rank_rows(my_rank_rows)
 #     return part * len(token_counts)          # DDP divides the summed gradients by the world size
 #
 #
-# ch09.check_rank_loss(my_rank_loss)
+# ch10.check_rank_loss(my_rank_loss)
 # ```
 #
 # </details>
@@ -645,13 +645,13 @@ def my_rank_loss(logp, old_logp, advantages, completion_mask, token_counts, comp
                      max_completion_length=max_completion_length).loss    # this rank's own counts: fix me
 
 
-ch09.check_rank_loss(my_rank_loss)
+ch10.check_rank_loss(my_rank_loss)
 
 # %% [markdown]
-# **9.3 A step on N GPUs.** Write `my_step_numbers(quiz)`. Its argument is a config like
-# `ch09.SCALE_QUIZ`: a dict of world_size, prompts_per_step, num_generations,
+# **10.3 A step on N GPUs.** Write `my_step_numbers(quiz)`. Its argument is a config like
+# `ch10.SCALE_QUIZ`: a dict of world_size, prompts_per_step, num_generations,
 # max_completion_length, num_iterations, num_mini_batches and parameters. It returns a dict
-# with one number for each key of `ch09.QUANTITIES`, which says what each counts. The checker asks
+# with one number for each key of `ch10.QUANTITIES`, which says what each counts. The checker asks
 # about `SCALE_QUIZ` and about two quizzes it draws anew at every call, so the numbers must
 # be computed from the quiz. Bonus: with `SCALE_QUIZ`'s 4 mini-batches dealt out, how many of
 # each rank's prompts does each optimizer step train?
@@ -680,7 +680,7 @@ ch09.check_rank_loss(my_rank_loss)
 #     }
 #
 #
-# ch09.check_scale_answers(my_step_numbers)
+# ch10.check_scale_answers(my_step_numbers)
 # ```
 #
 # Bonus: each mini-batch holds a quarter of the step's prompts, dealt so that every rank
@@ -689,7 +689,7 @@ ch09.check_rank_loss(my_rank_loss)
 # </details>
 
 # %%
-print(ch09.SCALE_QUIZ)
+print(ch10.SCALE_QUIZ)
 
 
 def my_step_numbers(quiz):
@@ -698,4 +698,4 @@ def my_step_numbers(quiz):
             "completions_per_rank": B // N}                # counts prompts: fix me, then add the other four
 
 
-ch09.check_scale_answers(my_step_numbers)
+ch10.check_scale_answers(my_step_numbers)
