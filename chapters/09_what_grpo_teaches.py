@@ -83,25 +83,54 @@ from grpo_edu.policy.models import load_policy, policy_source
 
 results = json.loads(home.path("benchmarks/results/reasoning.json").read_text())
 bases = results["bases"]
-depths = sorted(int(d) for d in bases["digitsum-start"]["precondition"])
 model, tokenizer = load_policy(policy_source("digitsum-start"))
 print(f"digitsum-start: {sum(p.numel() for p in model.parameters()):,} parameters, "
       f"{model.config.num_hidden_layers} layers of width {model.config.hidden_size}")
-print(f"{'depth':>5} {'direct':>8} {'worked':>8} {'free':>8}  (greedy accuracy, 100 held-out problems a depth)")
-for depth in depths:
-    row = bases["digitsum-start"]["precondition"][str(depth)]
-    print(f"{depth:>5} {row['direct/greedy']:>8.2f} {row['worked/greedy']:>8.2f} {row['free/greedy']:>8.2f}")
+
+figure, axes = plt.subplots(1, 3, figsize=(12, 3.2), sharey=True)
+for axis, name in zip(axes, bases):
+    rows = bases[name]["precondition"]
+    depths = sorted(int(d) for d in rows)
+    for key, label, color in (("direct/greedy", "direct, forced", "#9aa5b1"),
+                              ("worked/greedy", "worked, forced", "#4a6fa5"),
+                              ("free/sampled", "its own choice, sampled", "#e39b3b")):
+        axis.plot(depths, [rows[str(d)][key] for d in depths], "o-", color=color, label=label)
+    axis.axhline(0.1, color="#555555", lw=0.8, ls=":")
+    axis.axvspan(12.5, 13.5, color="#f1f1f1")
+    axis.set(title=name.removeprefix("digitsum-"), xlabel="depth (digits)", ylim=(-0.02, 1.05))
+axes[0].set_ylabel("accuracy (greedy unless named)")
+axes[0].legend(frameon=False, fontsize=8)
+figure.tight_layout()
+plt.show()
+
+start = bases["digitsum-start"]["precondition"]
+taught = [str(d) for d in range(3, 13)]
+direct = [start[d]["direct/greedy"] for d in taught]
+worked = [start[d]["worked/greedy"] for d in taught]
+print(f"start, depths 3 to 12: direct answers right {min(direct):.2f} to {max(direct):.2f} of the time "
+      f"(chance: 0.10); worked chains {min(worked):.2f} to {max(worked):.2f}")
+print(f"start, depth 13 (never taught): direct {start['13']['direct/greedy']:.2f}, "
+      f"worked {start['13']['worked/greedy']:.2f}")
+free = [start[d]["free/sampled"] for d in taught]
+print(f"start, its own choice: greedy picks {start['12']['free/greedy_format']} at every depth; sampled, "
+      f"right {min(free):.2f} to {max(free):.2f}, worked share "
+      f"{min(start[d]['free/format/worked'] for d in taught):.2f} to {max(start[d]['free/format/worked'] for d in taught):.2f}")
 
 # %% [markdown]
 # **The precondition.** Emergence needs a base for which working is worth it. Direct
-# answers must fail at depth while each written step stays easy. The table forces each
+# answers must fail at depth while each written step stays easy. The figure forces each
 # format: we write the first tokens of a direct answer (`<think></think>`) or of a worked
-# chain (`<think>a`) and let the model go on. Free lets it choose.
+# chain (`<think>a`) and let the model go on. The dotted line is chance, one digit in ten.
 #
-# PRECONDITION PROSE
+# It holds, and more strongly than we asked. Forced to answer directly, the start base is
+# right no more often than a guess, at every depth, even three digits. Forced to work, it is
+# right every time up to depth 12. At depth 13 it has never seen the letter `m`, and working
+# fails too. The other two bases look the same where they were taught. no-top-worked never saw
+# a worked chain at depth 12, and there its working fails.
 #
-# The base already has the behaviour RL will reward. It just does not choose it: greedy
-# decoding picks the direct answer, the majority of its pretraining.
+# Left to itself, the start base answers directly about half the time, as its pretraining did.
+# Half its samples are then a guess. The behaviour that GRPO could reward is already in the
+# base. Only the choice between the formats is left to learn.
 
 # %% [markdown]
 # ## GRPO on the base, live
@@ -147,26 +176,37 @@ print(f"the live run's first {len(history)} steps equal the results file's seed 
 # %% [markdown]
 # ## Accuracy and length rise together
 #
-# The results file holds the whole 300-step run, on three seeds. The plot shows the mean over
-# the seeds of the reward, the completion length and each format's share.
+# The results file holds the whole run, 150 steps, on three seeds. The figure is R1-Zero's two
+# curves at toy scale, with the format shares beneath: thin lines are seeds, thick ones their
+# mean, each a 5-step moving mean.
 
 # %%
-def mean_curve(arm, key, smooth=10):
-    rows = np.array([r["steps"][key] for r in runs_of(arm)], dtype=float)
-    curve = rows.mean(axis=0)
-    return np.convolve(curve, np.ones(smooth) / smooth, mode="valid")
+def curves(arm, key):
+    """(seeds, steps): a kept step figure of each seed's run."""
+    return np.array([r["steps"][key] for r in runs_of(arm)], dtype=float)
 
 
-figure, axes = plt.subplots(1, 3, figsize=(12, 3.2))
-for key, label in (("reward/mean", "reward (accuracy)"),):
-    axes[0].plot(mean_curve("grpo", key), label=label)
-axes[0].set(title="reward", xlabel="step", ylim=(0, 1))
-axes[1].plot(mean_curve("grpo", "completion_length/mean"), color="C1")
-axes[1].set(title="completion length (tokens)", xlabel="step")
-for key, color in (("format/direct", "#9aa5b1"), ("format/worked", "#4a6fa5"), ("format/check", "#3c8d5a")):
-    axes[2].plot(mean_curve("grpo", key), label=key.split("/")[1], color=color)
-axes[2].set(title="share of completions", xlabel="step", ylim=(0, 1))
-axes[2].legend(frameon=False)
+def smooth(values, width=5):
+    return np.convolve(values, np.ones(width) / width, mode="valid")
+
+
+figure = plt.figure(figsize=(11, 5.6))
+top_left, top_right = figure.add_subplot(2, 2, 1), figure.add_subplot(2, 2, 2)
+bottom = figure.add_subplot(2, 1, 2)
+x = np.arange(1, results["steps"] + 1)
+xs = x[2:-2]   # where a centred 5-step mean is defined
+for axis, key, title in ((top_left, "reward/mean", "accuracy of the rollouts"),
+                         (top_right, "completion_length/mean", "completion length (tokens)")):
+    for seed_curve in curves("grpo", key):
+        axis.plot(xs, smooth(seed_curve), color="#4a6fa5", lw=0.8, alpha=0.35)
+    axis.plot(xs, smooth(curves("grpo", key).mean(axis=0)), color="#4a6fa5", lw=2)
+    axis.set(title=title, xlabel="step")
+top_left.set_ylim(0, 1.02)
+shares = [smooth(curves("grpo", f"format/{name}").mean(axis=0)) for name in ("direct", "worked", "check", "other")]
+bottom.stackplot(xs, shares, labels=["direct", "worked", "check", "other"],
+                 colors=["#9aa5b1", "#4a6fa5", "#3c8d5a", "#e39b3b"], alpha=0.8)
+bottom.set(title="share of each format in the rollouts", xlabel="step", ylim=(0, 1), xlim=(x[0], x[-1]))
+bottom.legend(loc="center right", frameon=False, fontsize=8)
 figure.tight_layout()
 plt.show()
 
@@ -220,6 +260,7 @@ ks = [int(k) for k in base_pass]
 axis.plot(ks, [base_pass[str(k)] for k in ks], "o-", color="#9aa5b1", label="the base")
 trained = np.mean([[r["pass"]["pass_at_k"][str(k)] for k in ks] for r in runs_of("grpo")], axis=0)
 axis.plot(ks, trained, "o-", color="#4a6fa5", label="after GRPO (mean of 3 seeds)")
+axis.plot(ks, [1 - 0.9 ** k for k in ks], ":", color="#555555", label="a guess: 1 - 0.9^k")
 axis.set(xscale="log", xlabel="k (samples a problem)", ylabel="pass@k", ylim=(0, 1.02))
 axis.legend(frameon=False)
 figure.tight_layout()
