@@ -23,7 +23,7 @@ Writes FILE (default benchmarks/results/reasoning.json) after every run or base:
   shares and checks), the trainer's held-out greedy curve, a probe every 50 steps (30 held-out
   problems a depth, 3 to 13: greedy, and 4 samples at temperature 1, by depth: accuracy, format
   shares, length, checks), the final policy's greedy outcome on each probe problem, its pass@k
-  on the bases' problems, and completions from the start and the end;
+  on the bases' problems (the grpo arm's), and completions from the start and the end;
 - the verdicts: the chapter's five questions, each paired over seeds (and over problems where
   the same problems were asked), grpo_edu.algorithm.statistics.
 
@@ -52,6 +52,7 @@ DEPTHS = tuple(range(3, 14))          # the mixtures' 3 to 12, and one beyond
 PROBE_EVERY, PROBE_PER_DEPTH, PROBE_SAMPLES, PROBE_SEED = 50, 30, 4, 1
 PRECONDITION_PER_DEPTH = 100
 PASS_PER_DEPTH, PASS_N = 10, 256
+PASS_ARMS = ("grpo",)                 # pass@k of the trained policy: the main arm (the others' cost time)
 KEPT = ("reward/mean", "completion_length/mean", "completion_length/std", "format/direct", "format/worked",
         "format/check", "format/other", "checks/written", "checks/on_wrong", "checks/fixed", "kl", "grad_norm")
 EXAMPLES = 6                          # completions kept from the start and the end of a run
@@ -188,7 +189,8 @@ def run(arm: str, seed: int, steps: int, stop_after: int | None = None) -> dict:
             "steps": {key: [m.get(key) for m in history] for key in KEPT}})
         if stop_after is None:
             t0 = time.perf_counter()
-            kept["pass"] = pass_curve(policy, state.tokenizer)
+            if arm in PASS_ARMS:
+                kept["pass"] = pass_curve(policy, state.tokenizer)
             kept["examples_end"] = examples(policy, state.tokenizer, seed)
             probe_seconds += time.perf_counter() - t0
         kept["seconds"] = round(time.perf_counter() - started, 1)
@@ -209,7 +211,7 @@ def _depth(probe_entry: dict, depth: int, key: str = "free/sampled") -> float:
 
 def verdicts(payload: dict) -> dict:
     """The chapter's questions, each a paired comparison (grpo_edu.algorithm.statistics)."""
-    from grpo_edu.algorithm.statistics import paired_problems, paired_seeds
+    from grpo_edu.algorithm.statistics import paired_seeds
     runs = {(r["arm"], r["seed"]): r for r in payload["runs"]}
     out = {}
 
@@ -253,10 +255,10 @@ def verdicts(payload: dict) -> dict:
                      "words": verdict.words("the trained policy", "the base")}
             from grpo_edu.training.evaluation import pass_at_k
             per_seed = {}
-            for s in seeds:   # over the same problems: pass@k per problem, trained - base
+            for s in seeds:   # over the same problems: pass@k per problem, trained - base (a t interval)
                 ours = [pass_at_k(PASS_N, c, k) for c in runs[arm, s]["pass"]["correct"]]
                 theirs = [pass_at_k(PASS_N, c, k) for c in base["correct"]]
-                problems_verdict = paired_problems(ours, theirs)
+                problems_verdict = paired_seeds(ours, theirs)
                 per_seed[str(s)] = {"difference": problems_verdict.difference, "low": problems_verdict.low,
                                     "high": problems_verdict.high, "method": problems_verdict.method}
             entry["per_seed"] = per_seed
@@ -304,6 +306,9 @@ def main() -> None:
             if not part:
                 raise SystemExit(f"--merge: {path} is not a results file of this script")
             runs = {(r["arm"], r["seed"]): r for r in merged.get("runs", []) + part.get("runs", [])}
+            for r in runs.values():   # pass@k is the PASS_ARMS' (a run of another arm may carry one)
+                if r["arm"] not in PASS_ARMS:
+                    r.pop("pass", None)
             merged = {**merged, **{k: v for k, v in part.items() if k not in ("bases", "runs")},
                       "bases": {**merged.get("bases", {}), **part.get("bases", {})}, "runs": list(runs.values())}
         _write(Path(args.out), merged)

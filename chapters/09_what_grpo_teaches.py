@@ -159,9 +159,15 @@ for end in range(10, len(history) + 1, 10):
 print(f"held-out greedy accuracy: {live.summary['start_accuracy']:.4f} -> {live.summary['final_accuracy']:.4f}")
 
 # %% [markdown]
-# LIVE PROSE
+# The direct answers die out within the first 50 steps, and the worked chains take their place.
+# Nothing rewarded working. The reward only checked the answer, and the worked answers were the
+# right ones. The held-out greedy accuracy jumps at once: greedy decoding picks the worked
+# format as soon as it is a hair more likely than the direct one.
+#
+# The live run is the results file's seed 0, step for step, on a machine with the book's pinned
+# kernels:
 
-# %%
+# %% tags=["platform-numerics"]
 grid = results["runs"]
 
 
@@ -215,46 +221,88 @@ for name in ("grpo: length, last - first 10 steps", "grpo: worked share, last - 
     print(f"{name}: {verdicts[name]['words']}")
 
 # %% [markdown]
-# HEADLINE PROSE
+# Accuracy and length rise together, as in R1-Zero's paper. Here we can see why. The length
+# grows because the format that wins is longer: a worked chain of depth n costs 3n tokens more
+# than a direct answer. The length's spread falls too, as one format takes over. The curves
+# flatten after about 75 steps: the direct answers are gone, and working is all that is left.
 
 # %% [markdown]
 # ## Five questions, answered on a CPU
 #
-# Each answer below is a paired comparison over the three seeds, or over the same problems.
-# A difference is "separated" only where its 95% interval excludes zero.
+# Each answer below is a paired comparison over the three seeds (or over the same problems).
+# It says "beats" only where its 95% interval excludes zero, and "not separated" otherwise
+# (`grpo_edu.algorithm.statistics`, as in chapter 8).
 
 # %% [markdown]
 # ### 1. Was the self-check there before RL?
 #
-# Q1 PROSE
+# **No, it was there.** The start base writes `!` before RL, and most of its checks flag a value
+# that was wrong. GRPO did not grow the check share. It did not grow the checks that fix an
+# answer either: they fell, because fewer chains go wrong. From the base that never saw a check,
+# no check appeared at all. This is Liu et al.'s finding (2025, "Understanding R1-Zero-Like
+# Training"): the "aha" behaviours are in the base before RL. Gandhi et al. (2025, "Cognitive
+# Behaviors that Enable Self-Improving Reasoners") found that RL amplifies such behaviours only
+# where the base has them.
 
 # %%
-for arm in ("grpo", "no_check"):
-    base = bases[results["arms"][arm][0]]["probe"]["by_depth"]
-    written = sum(row["free/checks/written"] for row in base.values())
-    print(f"{arm:>9} base: '!' written {written} times in {4 * sum(row['problems'] for row in base.values())} "
-          f"samples")
-for name in ("grpo: check share, last - first 10 steps", "grpo: checks that fix, last - first 10 steps",
-             "no_check: check share, last - first 10 steps"):
-    print(f"{name}: {verdicts[name]['words']}")
+def said(name):
+    return verdicts[name]["words"]
+
+
+rows = [bases["digitsum-start"]["precondition"][str(d)] for d in range(3, 13)]
+written = sum(row["free/checks/written"] for row in rows)
+samples = 4 * sum(row["problems"] for row in rows)
+print(f"the start base, depths 3 to 12: {written} '!' in {samples:,} samples; "
+      f"{sum(row['free/checks/on_wrong'] for row in rows)} on a wrong value, "
+      f"{sum(row['free/checks/fixed_to_right_answer'] for row in rows)} in a completion whose answer is right")
+print(f"check share: {said('grpo: check share, last - first 10 steps')}")
+print(f"checks that fix, a completion: {said('grpo: checks that fix, last - first 10 steps')}")
+never = sum(sum(r["steps"]["checks/written"]) for r in runs_of("no_check"))
+print(f"the no-check runs: {never:g} '!' in {3 * results['steps'] * 128:,} rollouts' completions")
 
 # %% [markdown]
-# ### 2. How much of the length is the loss?
+# ### 2. Why does the length grow?
 #
-# Q2 PROSE
+# **Because the right format is longer.** The shares of the three formats alone predict the
+# mean length (exercise 9.2 computes it): the prediction and the measurement agree at both
+# ends. Liu et al. (2025) showed that GRPO's per-completion normaliser also favours long wrong
+# answers, and proposed `dr_grpo`, a constant normaliser. Here the two normalisers grow the length
+# alike: the difference in their growth is not separated from zero.
 
 # %%
-for name in ("length growth, grpo - dr_grpo", "length at the end, grpo - dr_grpo",
-             "dr_grpo: length, last - first 10 steps"):
-    print(f"{name}: {verdicts[name]['words']}")
+from grpo_edu.exercises.ch09 import expected_length
+
+
+def window(run, key, end):
+    values = run["steps"][key][:10] if end == "first" else run["steps"][key][-10:]
+    return float(np.mean(values))
+
+
+for arm in ("grpo", "dr_grpo"):
+    for end in ("first", "last"):
+        measured = np.mean([window(r, "completion_length/mean", end) for r in runs_of(arm)])
+        shares = [np.mean([window(r, f"format/{f}", end) for r in runs_of(arm)]) for f in ("direct", "worked", "check")]
+        print(f"{arm:>8}, {end:>5} 10 steps: {measured:.1f} tokens measured, {expected_length(*shares, (3, 12)):.1f} "
+              f"from the format shares alone")
+for name in ("length growth, grpo - dr_grpo", "length at the end, grpo - dr_grpo"):
+    print(f"{name}: {said(name)}")
 
 # %% [markdown]
 # ### 3. Does RL discover, or sharpen?
 #
-# Q3 PROSE
+# **It sharpens.** pass@k is the chance that at least one of k samples is right (Chen et al.
+# 2021, "Evaluating Large Language Models Trained on Code", give its unbiased estimator). After
+# GRPO, one sample is right far more often. With 16 samples or more, the base solves as many
+# problems, or more. Yue et al. (2025, "Does Reinforcement Learning Really Incentivize Reasoning
+# Capacity in LLMs Beyond the Base Model?") found the same crossing on large models.
+#
+# Our task shows what the crossing can be made of. The answer is one digit, so a guess is right
+# one time in ten, and 1 - 0.9^k guesses reach pass@k close to 1. The base keeps guessing on
+# problems it cannot work, at depth 13 for one. The trained policy works every problem the same
+# way, and where working fails, it fails every time.
 
 # %%
-figure, axis = plt.subplots(figsize=(6, 3.4))
+figure, axis = plt.subplots(figsize=(6.5, 3.4))
 base_pass = bases["digitsum-start"]["pass"]["pass_at_k"]
 ks = [int(k) for k in base_pass]
 axis.plot(ks, [base_pass[str(k)] for k in ks], "o-", color="#9aa5b1", label="the base")
@@ -266,39 +314,111 @@ axis.legend(frameon=False)
 figure.tight_layout()
 plt.show()
 for k in (1, 16, 256):
-    print(f"pass@{k}: {verdicts[f'grpo: pass@{k}, trained - base']['words']}")
+    print(f"pass@{k}: {said(f'grpo: pass@{k}, trained - base')}")
+from grpo_edu.training.evaluation import pass_at_k
+
+n, asked = bases["digitsum-start"]["pass"]["n"], bases["digitsum-start"]["pass"]["depths"]
+for label, keep in (("depths 3 to 12", lambda d: d <= 12), ("depth 13", lambda d: d == 13)):
+    def mean_pass(correct, k):
+        return np.mean([pass_at_k(n, c, k) for c, d in zip(correct, asked) if keep(d)])
+    base_correct = bases["digitsum-start"]["pass"]["correct"]
+    print(f"{label}: pass@1 {mean_pass(base_correct, 1):.2f} -> "
+          f"{np.mean([mean_pass(r['pass']['correct'], 1) for r in runs_of('grpo')]):.2f}, pass@256 "
+          f"{mean_pass(base_correct, 256):.2f} -> {np.mean([mean_pass(r['pass']['correct'], 256) for r in runs_of('grpo')]):.2f}"
+          f" (the base -> after GRPO)")
 
 # %% [markdown]
-# ### 4. Does RL extend what pretraining left out?
+# ### 4. Does RL reach past what pretraining taught?
 #
-# Q4 PROSE
+# **No.** Depth 13 was beyond the bases' pretraining. There the trained policy is no better
+# than before RL; it is slightly worse, as question 3 explains. The no-top-worked base never saw
+# a worked chain at depth 12. RL did not teach it to work there. Zhang, Neubig and Yue (2025,
+# "On the Interplay of Pre-Training, Mid-Training, and RL on Reasoning Language Models") found
+# that RL extends a model only where pretraining leaves it close to competence. A depth with no
+# worked example at all is not close.
 
 # %%
 for arm, depth in (("grpo", 13), ("no_top_worked", 12)):
-    print(f"{arm}, depth {depth}: {verdicts[f'{arm}: depth {depth} sampled accuracy, end - start']['words']}")
+    base = bases[results["arms"][arm][0]]["probe"]["by_depth"][str(depth)]
+    ends = [r["probes"][-1]["by_depth"][str(depth)] for r in runs_of(arm)]
+    print(f"{arm}, depth {depth}: sampled accuracy {base['free/sampled']:.2f} -> "
+          f"{np.mean([e['free/sampled'] for e in ends]):.2f}, worked share {base['free/format/worked']:.2f} -> "
+          f"{np.mean([e['free/format/worked'] for e in ends]):.2f}; "
+          f"{said(f'{arm}: depth {depth} sampled accuracy, end - start')}")
 
 # %% [markdown]
-# ### 5. What the model writes, before and after
+# ### 5. Which behaviour does RL amplify?
 #
-# Q5 PROSE
+# **The format that pays.** From every base, GRPO drove the direct answers out and kept one
+# format: the worked chain, the more accurate one of those that pretraining put there. Zhao et
+# al. (2025, "Echo Chamber: RL Post-training Amplifies Behaviors Learned in Pretraining") saw the
+# same with models trained from scratch on known mixtures. RL chose among the behaviours it
+# found. It did not write a new one.
 
 # %%
+for arm in ("grpo", "no_check", "no_top_worked"):
+    shares = {f: (np.mean([window(r, f"format/{f}", "first") for r in runs_of(arm)]),
+                  np.mean([window(r, f"format/{f}", "last") for r in runs_of(arm)])) for f in ("direct", "worked", "check")}
+    print(f"{arm:>13}: " + ", ".join(f"{f} {a:.2f} -> {b:.2f}" for f, (a, b) in shares.items()))
 first = runs_of("grpo")[0]
+print()
 for (prompt, before), (_, after) in zip(first["examples_start"], first["examples_end"]):
-    print(f"{prompt:<28} before: {before}\n{'':<28} after:  {after}")
+    print(f"{prompt:<22} step 0:   {before}\n{'':<22} step {results['steps']}: {after}")
 
 # %% [markdown]
 # ## What you learned
 #
-# - LEARNED
+# - Outcome reward teaches a behaviour only where the base already has it and it pays: here,
+#   worked chains that are right where direct answers are a guess.
+# - Accuracy and length rose together because the right format is longer. The format shares
+#   alone predict the length, under either normaliser.
+# - The self-check did not emerge. It was in the base, RL did not grow it, and a base without it
+#   never wrote one.
+# - RL sharpened: one sample is right far more often, while many samples of the base solve as
+#   much. It did not reach a depth that pretraining left without worked examples.
+# - Measure the base before RL. What RL can do is decided there.
 #
 # ## Check yourself
 #
-# 1. Q
+# 1. A base answers directly 3 times in 5 and works otherwise. Direct answers are right one
+#    time in 10, worked ones always. What is its sampled accuracy, and what does outcome reward
+#    push it towards?
 #
 #    <details><summary>Answer</summary>
 #
-#    A
+#    3/5 x 1/10 + 2/5 x 1 = 23/50, or 46%. Within a group, the worked completions are right more
+#    often, so their advantages are positive and the policy moves towards working.
+#
+#    </details>
+#
+# 2. Why did the held-out greedy accuracy jump from chance to perfect in the first steps, while
+#    the rollouts' accuracy climbed slowly?
+#
+#    <details><summary>Answer</summary>
+#
+#    Greedy decoding takes the likelier first token. The base gave `</think>` (direct) a hair
+#    more probability than `a` (worked). A few updates tip it, and every greedy answer becomes a
+#    worked chain. The samples keep the mixture until the direct share has drained away.
+#
+#    </details>
+#
+# 3. The trained policy's pass@256 at depth 13 is below the base's. Does that mean the base
+#    "can reason" at depth 13?
+#
+#    <details><summary>Answer</summary>
+#
+#    No. Both are near chance there. The base often answers directly, and a direct answer is a
+#    guess that is right one time in ten: enough samples find the answer by luck. The trained
+#    policy always works the chain, and at depth 13 the chain fails the same way each time.
+#
+#    </details>
+#
+# 4. Which experiment would show that RL can invent a check? What did ours show?
+#
+#    <details><summary>Answer</summary>
+#
+#    Train from a base that never saw one, and look for `!` after RL. Our no-check base wrote
+#    none in any of its runs' completions.
 #
 #    </details>
 #

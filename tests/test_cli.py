@@ -237,7 +237,8 @@ def test_ctrl_c_says_how_to_continue(capsys, tmp_path, monkeypatch):
 
 def test_a_model_folder_without_config_json(capsys, tmp_path):
     one_line_error(capsys, ["train", "--set", f"model={tmp_path}", "--set", f"output_dir={tmp_path / 'run'}"],
-                   "grpo-edu train: model: expected 'start', 'multiply-start', 'chain-start' or 'trained', a saved model folder", str(tmp_path), "no config.json")
+                   "grpo-edu train: model: expected 'start', 'multiply-start', 'chain-start', 'trained', 'digitsum-start', "
+                   "'digitsum-no-check' or 'digitsum-no-top-worked', a saved model folder", str(tmp_path), "no config.json")
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has a CUDA GPU")

@@ -125,6 +125,7 @@ def test_the_loss_settings_of_a_config_are_what_it_says():
 # One config that breaks each rule across keys (and no key's own rule).
 BREAKS = {
     ("engine",): {"vllm_mode": "server"},
+    ("task",): {"digitsum_depths": [3, 5]},
     ("eval_samples", "environment"): {"environment": "grpo_edu.training.episodes:Calculator", "eval_samples": 4},
     ("num_mini_batches", "prompts_per_step"): {"num_mini_batches": 3},
     ("overlong_cache", "max_completion_length"): {"overlong_cache": 16},
@@ -179,12 +180,17 @@ def test_every_rule_across_keys_is_one_line_naming_its_keys():
     assert len(set(fired)) == len(fired), "two rules answer with the same line"
 
 
-def test_an_engine_setting_for_another_engine_configures_nothing_and_is_refused():
-    with pytest.raises(ValueError, match=r"^config key 'vllm_mode' configures another engine than engine = 'fused'"):
+def test_an_engine_or_task_setting_for_another_one_configures_nothing_and_is_refused():
+    with pytest.raises(ValueError, match=r"^config key 'vllm_mode' configures the engine 'vllm', not engine = 'fused', "
+                                         r"so it would do nothing: set engine to 'vllm', or leave it at its default$"):
         TrainConfig(vllm_mode="server")
-    with pytest.raises(ValueError, match=r"^config key 'sglang_sleep' configures another engine than engine = 'vllm'"):
+    with pytest.raises(ValueError, match=r"^config key 'sglang_sleep' configures the engine 'sglang', not engine = 'vllm'"):
         TrainConfig(engine="vllm", sglang_sleep=True)
     assert TrainConfig(engine="sglang", sglang_sleep=True).sglang.sglang_sleep
+    with pytest.raises(ValueError, match=r"^config key 'digitsum_depths' configures the task 'digitsum', not task = "
+                                         r"'arithmetic'"):
+        TrainConfig(digitsum_depths=[3, 5])
+    assert TrainConfig(task="digitsum", digitsum_depths=[3, 5]).registered["digitsum"].digitsum_depths == [3, 5]
 
 
 def test_each_rule_is_checked_in_one_place():

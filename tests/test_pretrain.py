@@ -301,7 +301,7 @@ def test_the_download_free_recipes_grpo_step_says_when_step_1_has_not_written_it
                           timeout=HANG_SECONDS)
     assert done.returncode == 2
     assert done.stderr == (
-        "grpo-edu train: model: expected 'start', 'multiply-start', 'chain-start' or 'trained', a saved model folder (holding config.json) or a hub id, got "
+        "grpo-edu train: model: expected 'start', 'multiply-start', 'chain-start', 'trained', 'digitsum-start', 'digitsum-no-check' or 'digitsum-no-top-worked', a saved model folder (holding config.json) or a hub id, got "
         "'./runs/countdown-start': no such folder. If an earlier step writes it (a pretraining run, python -m "
         "grpo_edu.commands.pretrain --output-dir ./runs/countdown-start), run that step first: it writes the folder only "
         "once it reaches its --target-accuracy\n")

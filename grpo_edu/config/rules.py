@@ -114,13 +114,14 @@ def _surrogate_refuses(config) -> str | None:
     return None
 
 
-def _inactive_settings(config) -> list[tuple[str, str, str]]:
-    """(key, 'engine' or 'task', its owner) for each key of a registered engine's or task's section
-    set to other than its default while config key engine (task) names another: it would
+def _inactive_settings(config, kind: str) -> list[tuple[str, str, str]]:
+    """(key, kind, its owner) for each key of a registered engine's (kind 'engine') or task's ('task')
+    section set to other than its default while config key engine (task) names another: it would
     configure nothing."""
-    active = {config.run.engine, config.run.task}
-    return [(key, "engine" if title in ENGINES else "task", title) for title, section in config.registered.items()
-            if title not in active for key in section.keys() if _changed(config, key)]
+    active = config.run.engine if kind == "engine" else config.run.task
+    return [(key, kind, title) for title, section in config.registered.items()
+            if (title in ENGINES) == (kind == "engine") and title != active
+            for key in section.keys() if _changed(config, key)]
 
 
 def _overlong_cache_refuses(config) -> str | None:
@@ -134,10 +135,11 @@ def _overlong_cache_refuses(config) -> str | None:
 
 RULES = (
     # the task and its engine
-    Rule(("engine", "task"), lambda c: bool(_inactive_settings(c)),
-         lambda c: "config key {0!r} configures the {1} {2!r}, not {1} = {3!r}, so it would do nothing: set {1} to "
-                   "{2!r}, or leave it at its default".format(*_inactive_settings(c)[0],
-                                                              c.value(_inactive_settings(c)[0][1]))),
+    *(Rule((kind,), lambda c, kind=kind: bool(_inactive_settings(c, kind)),
+           lambda c, kind=kind: "config key {0!r} configures the {1} {2!r}, not {1} = {3!r}, so it would do nothing: "
+                                "set {1} to {2!r}, or leave it at its default".format(*_inactive_settings(c, kind)[0],
+                                                                                      c.value(kind)))
+      for kind in ("engine", "task")),
     # rollout and evaluation
     Rule(("eval_samples", "environment"), lambda c: bool(c.rollout.environment and c.logging.eval_samples),
          lambda c: f"config keys 'eval_samples' ({c.logging.eval_samples}) and 'environment' "
