@@ -18,7 +18,7 @@
 # >
 # > **You need first**: chapter 6 (a tiny model that learns).
 # >
-# > **Reading time**: about 20 minutes. **Compute**: at most 120 s on a 2-core CPU. [Glossary](../docs/glossary.md) · [Notation](../docs/notation.md)
+# > **Reading time**: about 18 minutes. **Compute**: at most 180 s on a 2-core CPU. [Glossary](../docs/glossary.md) · [Notation](../docs/notation.md)
 #
 # DeepSeek-R1-Zero is DeepSeek-V3's base model trained by GRPO (Group Relative Policy
 # Optimization) alone: no supervised fine-tuning first, and a reward that only checks the
@@ -163,6 +163,9 @@ print(f"held-out greedy accuracy: {live.summary['start_accuracy']:.4f} -> {live.
 # Nothing rewarded working. The reward only checked the answer, and the worked answers were the
 # right ones. The held-out greedy accuracy jumps at once: greedy decoding picks the worked
 # format as soon as it is a hair more likely than the direct one.
+#
+# At step 40 the run's doctor (chapter 7) warns of a length bias and advises `dr_grpo`. Question
+# 2 below tests that advice: the length here grows for another reason.
 #
 # The live run is the results file's seed 0, step for step, on a machine with the book's pinned
 # kernels:
