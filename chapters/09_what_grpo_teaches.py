@@ -13,7 +13,7 @@
 # > **You will learn**
 # > - what a base model must already do before outcome rewards can teach it to reason
 # > - why accuracy and completion length rise together, and how much of the length is the loss
-# > - whether a self-check emerges under RL, or was there before it
+# > - whether a self-check emerges under reinforcement learning (RL), or was there before it
 # > - whether RL discovers new answers or sharpens the ones the base could already sample
 # >
 # > **You need first**: chapter 6 (a tiny model that learns).
@@ -136,7 +136,7 @@ print(f"start, its own choice: greedy picks {start['12']['free/greedy_format']} 
 # ## GRPO on the base, live
 #
 # Now the run. `configs/cpu-reasoning.toml` trains the start base with outcome reward alone:
-# 1 for the right answer, 0 otherwise, with no format reward and no KL term. Each step
+# 1 for the right answer, 0 otherwise, with no format reward and no Kullback-Leibler (KL) term. Each step
 # samples G = 8 completions for each of B = 16 problems of depths 3 to 12. Here are its
 # first 50 steps:
 

@@ -18,7 +18,7 @@ import torch
 from checker_support import all_values, assert_rejected_without_answer, expected_values
 from grpo_edu.algorithm.advantages import group_advantages
 from grpo_edu.training.episodes import Reply
-from grpo_edu.exercises import ch00, ch01, ch02, ch03, ch04, ch05, ch06, ch07, ch08, ch10, ch11, ch12, ch13, ch14
+from grpo_edu.exercises import ch00, ch01, ch02, ch03, ch04, ch05, ch06, ch07, ch08, ch09, ch10, ch11, ch12, ch13, ch14
 from grpo_edu.algorithm.loss import grpo_loss
 
 COVERED: set[str] = set()
@@ -286,9 +286,36 @@ def test_entropy_mask_with_a_strict_comparison_fails_the_ties():
     assert "ties at the threshold, q = 0.5: keep" in report
 
 
-# --------------------------------------------------------------------------- chapter 10
+# --------------------------------------------------------------------------- chapter 9
 
 @covers("9.1")
+def test_read_format_that_counts_any_bang_as_a_check():
+    """The chapter's first attempt: a '!' anywhere is a check, and the tail is never read."""
+    import re
+
+    def any_bang(completion):
+        if "!" in completion:
+            return "check"
+        if not completion.startswith("<think>") or "</think>" not in completion:
+            return "other"
+        reasoning, _, rest = completion[len("<think>"):].partition("</think>")
+        if reasoning == "":
+            return "direct"
+        return "worked" if re.fullmatch(r"(?:[a-z]\d\d)+", reasoning) else "other"
+    report = rejected(ch09.check_read_format, any_bang)
+    assert "a '!' in the answer, not in the reasoning" in report and "got 'check'" in report
+    assert "no boxed answer" in report
+
+
+@covers("9.2")
+def test_expected_length_without_the_check_tokens():
+    report = rejected(ch09.check_expected_length, lambda d, w, c, depths: 6 + 3 * (depths[0] + depths[1]) / 2 * (w + c))
+    assert "only checks, depth 5 alone" in report
+
+
+# --------------------------------------------------------------------------- chapter 10
+
+@covers("10.1")
 def test_rank_rows_split_evenly():
     def even_rows(B, G, world_size, rank):
         n = B * G // world_size
@@ -297,7 +324,7 @@ def test_rank_rows_split_evenly():
     assert "split prompt 1's 4 completions across ranks [0, 1]" in report
 
 
-@covers("9.2")
+@covers("10.2")
 def test_rank_loss_without_the_world_size_factor():
     def without_factor(logp, old_logp, advantages, mask, token_counts, completion_counts, loss_type, L):
         return grpo_loss(logp, old_logp, advantages, mask, loss_type=loss_type, max_completion_length=L,
@@ -306,7 +333,7 @@ def test_rank_loss_without_the_world_size_factor():
     assert "1/2 of the 1-process gradient" in report and "1/3 of the 1-process gradient" in report
 
 
-@covers("9.3")
+@covers("10.3")
 def test_step_numbers_typed_in_for_one_quiz():
     typed = dict(ch10.scale_answers())      # right for SCALE_QUIZ, typed in
 
@@ -338,7 +365,7 @@ def test_scale_quizzes_change_at_every_call_and_repeat_from_a_seed():
 
 # --------------------------------------------------------------------------- chapter 11
 
-@covers("10.1")
+@covers("11.1")
 def test_state_bytes_with_a_reference_copy_under_lora():
     """Full fine-tuning's reference kept for LoRA: 4 bytes a base parameter too many."""
     def with_reference(model, config, gpus):
@@ -358,7 +385,7 @@ def test_state_bytes_with_a_reference_copy_under_lora():
             assert text not in report
 
 
-@covers("10.2")
+@covers("11.2")
 def test_merged_weight_without_the_scale():
     report = rejected(ch11.check_merged_weight, lambda W, A, B, alpha, r: W + B @ A)
     assert report.count("no scale: the adapter adds (alpha / r) B A") == 4
@@ -375,7 +402,7 @@ def _weights(geometric, product, band, by=None):
     return geometric, product, (by >= band[0]) & (by <= band[1])
 
 
-@covers("11.1")
+@covers("12.1")
 def test_sequence_weights_keeping_by_the_product():
     """TRL's sequence_mask takes the product: a long response whose every token is a little off
     leaves any band, though each token (and the geometric mean) is close to 1."""
@@ -421,7 +448,7 @@ def test_sequence_weights_keeping_with_weights():
     assert "keep holds weights, not True/False" in report
 
 
-@covers("11.2")
+@covers("12.2")
 def test_run_seconds_with_every_step_overlapped():
     """Section 1's step, times the steps: the first k rollouts and the last k updates run alone."""
     def every_step(phase, steps, lag, overlap):
@@ -489,7 +516,7 @@ class _Strict:
         return Reply("=?", self.penalty)
 
 
-@covers("12.1")
+@covers("13.1")
 def test_strict_calculator_in_the_prompts_order_only():
     report = rejected(ch13.check_strict_calculator, type("Ordered", (_Strict,), {"ordered": True}))
     assert "its factors the other way round" in report and "its text is not the product" in report
@@ -549,7 +576,7 @@ def _masks(pieces, tokenizer, length, count=None, cut=True):
     return torch.tensor(policy + padding), torch.tensor(env + padding)
 
 
-@covers("12.2")
+@covers("13.2")
 def test_loss_masks_counting_characters():
     """'<think>' and '\\boxed{' are one token each: counting characters shifts every later writer."""
     report = rejected(ch13.check_loss_masks, lambda pieces, tokenizer, length: _masks(pieces, tokenizer, length,
@@ -595,7 +622,7 @@ def test_loss_masks_with_the_first_span_only():
 
 # --------------------------------------------------------------------------- chapter 14
 
-@covers("13.1")
+@covers("14.1")
 def test_run_disk_with_every_checkpoint_of_a_run_whole():
     """A checkpoint counted as the whole training state (9.1's 16 bytes and the reference), and
     KEEP of them whatever the run writes."""
@@ -615,7 +642,7 @@ def test_run_disk_with_every_checkpoint_of_a_run_whole():
             assert value == 0 or text not in report
 
 
-@covers("13.2")
+@covers("14.2")
 def test_rollout_numbers_with_the_whole_mini_batch_on_every_gpu():
     def whole_mini_batch(config, gpus):
         prompts = config.rollout.prompts_per_step // gpus

@@ -144,7 +144,7 @@ def test_an_engine_from_outside_trains(outside):
     assert module.MADE == ["mine"] and len(module.SYNCS) == 2
     assert result.history[-1]["optimizer_steps"] == 1.0
     # a key of the engine's section set while another engine is chosen configures nothing: refused
-    with pytest.raises(ValueError, match="config key 'counting_label' configures another engine"):
+    with pytest.raises(ValueError, match="config key 'counting_label' configures the engine 'counting', not engine = "):
         TrainConfig(counting_label="mine")
 
 

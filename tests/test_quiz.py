@@ -171,7 +171,7 @@ def test_a_missing_or_unknown_name_is_a_one_line_error_naming_it():
 
 def test_an_unknown_chapter_or_question_is_a_one_line_error():
     one_line_error(lambda: quiz.check(99, 1, x=1), "chapter", "got 99")
-    one_line_error(lambda: quiz.check(13, 1, x=1), "chapter", "got 12")
+    one_line_error(lambda: quiz.check(14, 1, x=1), "chapter", "got 14")
     one_line_error(lambda: quiz.check("1", 1, x=1), "chapter", "got '1'")
     one_line_error(lambda: quiz.check(1, 2, x=1), "question", "are 1", "got 2")
     one_line_error(lambda: quiz.ask(99), "chapter", "got 99")

@@ -81,7 +81,7 @@ def test_asking_for_more_distinct_problems_than_a_split_holds_is_an_error():
 
 
 def test_bad_arguments_name_themselves():
-    with pytest.raises(ValueError, match=r"task must be one of \('arithmetic', 'multiply', 'countdown', 'chain'\)"):
+    with pytest.raises(ValueError, match=r"task must be one of \('arithmetic', 'multiply', 'countdown', 'digitsum', 'chain'\)"):
         next(tasks.iterate_samples("chess"))
     with pytest.raises(ValueError, match="split must be one of"):
         next(tasks.iterate_samples("arithmetic", "validation"))
@@ -200,7 +200,7 @@ def test_the_cpu_tiers_prompts_stay_bare():
 def test_a_gsm8k_prompt_carries_its_instruction_either_way():
     sample = gsm8k_sample("How many legs do 3 cats have?", "3 * 4 = 12\n#### 12")
     assert tasks.with_instruction(sample) == sample and sample["prompt"].endswith(f"{tasks.GSM8K_INSTRUCTION}\n")
-    with pytest.raises(ValueError, match=r"sample\['task'\] must be one of \('arithmetic', 'multiply', 'countdown', 'gsm8k', 'chain'\), "
+    with pytest.raises(ValueError, match=r"sample\['task'\] must be one of \('arithmetic', 'multiply', 'countdown', 'gsm8k', 'digitsum', 'chain'\), "
                                          r"got 'sudoku'"):
         tasks.with_instruction({"prompt": "?", "task": "sudoku"})
 

@@ -18,6 +18,7 @@
     checkpoint.py        checkpoints that resume bit for bit and survive a kill
     trainer.py           the loop that wires them, step by step; set-up and finishing
     trained.py           the trained model: where a run leaves it, and evaluating it
+    reasoning.py         what a digitsum policy does depth by depth (chapter 9): formats, checks, pass@k
 
 The config they read is grpo_edu.config; the doctor that watches a run, grpo_edu.doctor.
 
