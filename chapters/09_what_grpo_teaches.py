@@ -99,8 +99,8 @@ for axis, name in zip(axes, bases):
     axis.axvspan(12.5, 13.5, color="#f1f1f1")
     axis.set(title=name.removeprefix("digitsum-"), xlabel="depth (digits)", ylim=(-0.02, 1.05))
 axes[0].set_ylabel("accuracy (greedy unless named)")
-axes[0].legend(frameon=False, fontsize=8)
-figure.tight_layout()
+figure.legend(*axes[0].get_legend_handles_labels(), loc="lower center", ncol=3, frameon=False, fontsize=8)
+figure.tight_layout(rect=(0, 0.08, 1, 1))   # the legend below the panels, clear of every curve
 plt.show()
 
 start = bases["digitsum-start"]["precondition"]

@@ -185,3 +185,28 @@ def test_compare_variants_on_another_value_and_bad_names():
     assert entry["difference"] == 1.0 and entry["low"] == entry["high"] == 1.0 and "per_seed" not in entry
     with pytest.raises(ValueError, match="pairs: no run has variant = 'c'"):
         compare_variants(runs, [("a", "c")])
+
+
+def test_every_seed_moving_by_the_same_amount_is_not_separated_on_three_seeds():
+    # A t interval of zero width measures no spread, not certainty: the sign test decides.
+    verdict = paired_seeds([0.51, 0.61, 0.71], [0.50, 0.60, 0.70])
+    assert verdict.low == verdict.high == pytest.approx(0.01) and verdict.sign_p == 0.25
+    assert not verdict.separated
+    assert "not separated" in verdict.words() and "sign test p = 0.25" in verdict.words()
+    # Six seeds of one sign: p = 2 ** -5 = 0.03125 <= 0.05, separated; at 99%, not.
+    six = paired_seeds([1.0] * 6, [0.0] * 6)
+    assert six.separated and six.sign_p == 0.03125 and "beats" in six.words()
+    assert not paired_seeds([1.0] * 6, [0.0] * 6, confidence=0.99).separated
+    # No difference at all: an empty interval at zero, not separated, no sign test needed.
+    same = paired_seeds([0.5, 0.6], [0.5, 0.6])
+    assert (same.low, same.high, same.sign_p, same.separated) == (0.0, 0.0, None, False)
+    # Any spread at all: the t interval as before.
+    assert paired_seeds([0.52, 0.61, 0.71], [0.50, 0.60, 0.70]).sign_p is None
+
+
+def test_a_spread_that_is_only_rounding_is_no_spread():
+    a = [0.1 + 0.2, 0.7 + 0.1, 0.3]
+    b = [0.2, 0.7, 0.2]            # differences 0.1 up to float rounding (1e-17)
+    assert len({x - y for x, y in zip(a, b)}) > 1
+    verdict = paired_seeds(a, b)
+    assert verdict.sign_p == 0.25 and not verdict.separated

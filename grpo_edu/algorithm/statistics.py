@@ -9,7 +9,8 @@ of the difference excludes zero; otherwise "not separated at this size", with th
 
     by_seed          one number per seed, in seed order, from a results file's runs
     paired_seeds     the mean over seeds of (A - B), a seed's number each (its final accuracy,
-                     say), with Student's t interval on n - 1 degrees of freedom
+                     say), with Student's t interval on n - 1 degrees of freedom (where every
+                     seed's difference is the same, the interval has no width: the sign test decides)
     paired_medians   paired measurements (the times of two ways of computing one thing, called
                      in turns): the median of the differences, with the sign test's interval
     paired_problems  per-problem outcomes of one pair of runs: the difference in accuracy with
@@ -44,17 +45,24 @@ class Verdict:
     confidence: float
     method: str      # how the interval was made, in words a reader can look up
     n: int           # the pairs: seeds, or problems
+    # Only for a t interval of zero width (every seed's difference the same): the exact sign
+    # test's two-sided p-value, 2 ** (1 - n), which then decides instead of the empty interval.
+    sign_p: float | None = None
 
     @property
     def separated(self) -> bool:
-        """The interval excludes zero."""
-        return self.low > 0 or self.high < 0
+        """The interval excludes zero; for a t interval of zero width, the sign test also rejects
+        "no difference" at 1 - confidence (see `paired_seeds`)."""
+        excludes = self.low > 0 or self.high < 0
+        return excludes and (self.sign_p is None or self.sign_p <= 1 - self.confidence)
 
     def words(self, a: str = "A", b: str = "B") -> str:
         """What the book may say: "A beats B", "B beats A", or "not separated at this size"."""
         interval = f"{self.difference:+.3f} [{self.low:+.3f}, {self.high:+.3f}]"
         if not self.separated:
-            return f"{a} and {b} are {NOT_SEPARATED}: {a} - {b} = {interval}"
+            why = (f" (every seed's difference is the same; sign test p = {self.sign_p:.3g})"
+                   if self.sign_p is not None and self.difference != 0 else "")
+            return f"{a} and {b} are {NOT_SEPARATED}: {a} - {b} = {interval}{why}"
         winner, loser = (a, b) if self.low > 0 else (b, a)
         return f"{winner} {SEPARATED} {loser}: {a} - {b} = {interval}"
 
@@ -84,8 +92,16 @@ def paired_seeds(a: Sequence[float], b: Sequence[float], confidence: float = 0.9
     mean = math.fsum(differences) / n
     sd = math.sqrt(math.fsum((d - mean) ** 2 for d in differences) / (n - 1))
     half = t_quantile(0.5 + confidence / 2, n - 1) * sd / math.sqrt(n)
-    return Verdict(mean, mean - half, mean + half, confidence,
-                   f"paired t interval over {n} seeds ({n - 1} degrees of freedom)", n)
+    method = f"paired t interval over {n} seeds ({n - 1} degrees of freedom)"
+    if sd <= 1e-12 * max(1.0, abs(mean)) and mean != 0:   # no spread, up to rounding
+        # Every seed moved by exactly the same amount: the t interval has zero width, which
+        # measures no seed-to-seed variance, not certainty. Then n differences of one sign
+        # are what the sign test sees: separated only where 2 ** (1 - n) <= 1 - confidence
+        # (6 seeds at 95%), never on 3 seeds.
+        p = 2.0 ** (1 - n)
+        return Verdict(mean, mean, mean, confidence, method + f"; every seed's difference is the same, "
+                       f"so the sign test decides (p = {p:.3g})", n, sign_p=p)
+    return Verdict(mean, mean - half, mean + half, confidence, method, n)
 
 
 def paired_medians(a: Sequence[float], b: Sequence[float], confidence: float = 0.95) -> Verdict:

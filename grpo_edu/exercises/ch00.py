@@ -31,7 +31,7 @@ def check_rloo(fn) -> CheckResult:
         try:
             got = fn(rewards.clone())
         except Exception as error:  # noqa: BLE001 - the reader's code: report, do not crash
-            result.record(name, [f"raised {type(error).__name__}: {error}"])
+            result.record_raised(name, error)
             continue
         if not isinstance(got, torch.Tensor) or got.shape != rewards.shape:
             shape = tuple(got.shape) if isinstance(got, torch.Tensor) else type(got).__name__
@@ -66,7 +66,7 @@ def check_exact_mean(fn) -> CheckResult:
         try:
             got = np.asarray(fn(bandit.probs.copy(), bandit.rewards.copy(), G, advantage_fn), dtype=np.float64)
         except Exception as error:  # noqa: BLE001
-            result.record(name, [f"raised {type(error).__name__}: {error}"])
+            result.record_raised(name, error)
             continue
         problem = compare(expected, got, 1e-10)
         result.record(name, [problem] if problem else [])

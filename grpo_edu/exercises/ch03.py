@@ -48,7 +48,7 @@ def check_completion_logprobs(fn: Callable) -> CheckResult:
         try:
             got = _numbers(fn(logits.clone(), ids.clone(), S))
         except Exception as error:  # the reader's code: report, don't crash the notebook
-            result.failures.append(f"{description}: raised {type(error).__name__}: {error}")
+            result.record_raised(description, error)
             continue
         problem = compare(expected, got, atol=1e-8)
         if problem is None:

@@ -28,7 +28,7 @@ def check_advantage_function(fn: Callable[[torch.Tensor], torch.Tensor]) -> Chec
             advantages = fn(rewards.clone())
             shifted = fn(rewards + 7.0)
         except Exception as error:  # the reader's code: report, don't crash
-            result.failures.append(f"{name}: raised {type(error).__name__}: {error}")
+            result.record_raised(name, error)
             continue
         if not isinstance(advantages, torch.Tensor) or advantages.shape != rewards.shape:
             result.failures.append(f"{name}: expected a tensor of shape {tuple(rewards.shape)}, got "

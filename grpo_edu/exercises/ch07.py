@@ -117,7 +117,7 @@ def check_tie_spread(fn) -> CheckResult:
         try:
             got = float(fn(rewards.clone(), advantages.clone()))
         except Exception as error:  # noqa: BLE001 - the reader's code: report, do not crash
-            result.record(name, [f"raised {type(error).__name__}: {error}"])
+            result.record_raised(name, error)
             continue
         problem = compare(expected, got, 1e-9)
         result.record(name, [problem] if problem else [])

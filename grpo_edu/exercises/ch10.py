@@ -216,7 +216,7 @@ def check_rank_loss(fn: Callable) -> CheckResult:
             try:
                 whole, whole_grad, losses, averaged, batch, tokens, completions = _whole_and_parts(fn, case, loss_type)
             except Exception as error:  # the reader's code: report, don't crash
-                result.failures.append(f"{name}: raised {type(error).__name__}: {error}")
+                result.record_raised(name, error)
                 continue
             difference = float((averaged - whole_grad).abs().max())
             if difference <= 1e-12 * max(1.0, float(whole_grad.abs().max())):
@@ -316,7 +316,7 @@ def check_scale_answers(fn: Callable[[dict], dict], seed: int | None = None) -> 
         try:
             answers = fn(dict(quiz))
         except Exception as error:  # the reader's code: report, don't crash
-            result.failures.append(f"{name}: raised {type(error).__name__}: {error}")
+            result.record_raised(name, error)
             continue
         if not isinstance(answers, dict):
             result.failures.append(f"{name}: returned {type(answers).__name__}, not a dict of {list(QUANTITIES)}")

@@ -166,7 +166,7 @@ def check_state_bytes(fn: Callable[[torch.nn.Module, TrainConfig, int], float]) 
         try:
             got = fn(copy.deepcopy(model), config, gpus)
         except Exception as error:  # the reader's code: report, don't crash
-            result.record(case, [f"raised {type(error).__name__}: {error}"])
+            result.record_raised(case, error)
             continue
         if hasattr(got, "item") and getattr(got, "ndim", 1) == 0:
             got = got.item()   # a 0-dimensional tensor or array: its number

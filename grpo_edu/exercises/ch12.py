@@ -70,7 +70,7 @@ def check_sequence_weights(fn: Callable, seed: int = 0) -> CheckResult:
                 continue
             got = [torch.as_tensor(x).detach().cpu() for x in got]
         except Exception as error:  # noqa: BLE001 - the reader's code: report, do not crash
-            result.record(name, [f"raised {type(error).__name__}: {error}"])
+            result.record_raised(name, error)
             continue
         problems = []
         got_geometric, got_product, got_keep = got[0].to(F64), got[1].to(F64), got[2]
@@ -150,7 +150,7 @@ def check_run_seconds(fn: Callable) -> CheckResult:
             got = fn(dict(phase), steps, lag, overlap)
             value = float(got)
         except Exception as error:  # noqa: BLE001 - the reader's code: report, do not crash
-            result.record(name, [f"raised {type(error).__name__}: {error}"])
+            result.record_raised(name, error)
             continue
         problem = compare(expected, value, 1e-9)
         if problem:

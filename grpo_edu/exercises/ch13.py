@@ -70,7 +70,7 @@ def check_strict_calculator(environment: type) -> CheckResult:
         try:
             mine = environment()
         except Exception as error:  # noqa: BLE001 - the reader's code: report, do not crash
-            result.record(name, [f"raised {type(error).__name__}: {error}"])
+            result.record_raised(name, error)
             continue
         problems = _play(mine, sample, actions)
         if not problems:
@@ -178,7 +178,7 @@ def check_loss_masks(fn) -> CheckResult:
                 continue
             got_policy, got_env = (torch.as_tensor(x).detach().cpu() for x in got)
         except Exception as error:  # noqa: BLE001 - the reader's code: report, do not crash
-            result.record(name, [f"raised {type(error).__name__}: {error}"])
+            result.record_raised(name, error)
             continue
         result.record(name, _mask_problems(policy, env, got_policy, got_env, length))
     return result

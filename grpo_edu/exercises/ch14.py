@@ -216,7 +216,7 @@ def check_run_disk(fn: Callable[[torch.nn.Module, TrainConfig], dict]) -> CheckR
         try:
             got = fn(copy.deepcopy(model), config)
         except Exception as error:  # the reader's code: report, don't crash
-            result.record(case, [f"raised {type(error).__name__}: {error}"])
+            result.record_raised(case, error)
             continue
         values, problems = _check_dict(got, DISK_PARTS, "one number per folder")
         for part, value in (values or {}).items():
@@ -323,7 +323,7 @@ def check_rollout_numbers(fn: Callable[[TrainConfig, int], dict]) -> CheckResult
         try:
             got = fn(config, gpus)
         except Exception as error:  # the reader's code: report, don't crash
-            result.record(description, [f"raised {type(error).__name__}: {error}"])
+            result.record_raised(description, error)
             continue
         values, problems = _check_dict(got, list(ROLLOUT_KEYS), "see ch14.ROLLOUT_KEYS")
         for key, value in (values or {}).items():

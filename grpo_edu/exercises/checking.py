@@ -8,6 +8,7 @@ copy the answer out of the report.
 
 from __future__ import annotations
 
+import html
 import math
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Mapping
@@ -18,11 +19,19 @@ import torch
 
 @dataclass
 class CheckResult:
-    """What a checker found. Truthy when every case passed; prints as a report."""
+    """What a checker found. Truthy when every case passed.
+
+    Shown in a notebook it is short: the count and the first failing case (text), with the
+    other failures folded one click away (HTML); an exercise not attempted yet (every case
+    raised NotImplementedError) is one line naming the function to write. `str(result)` and
+    `print(result)` give the whole report, every failing case."""
 
     exercise: str
     passed: int = 0
     failures: list[str] = field(default_factory=list)
+    # The name of the reader's function when every case so far raised NotImplementedError.
+    unwritten: str | None = None
+    _raised_not_implemented: int = 0
 
     def __bool__(self) -> bool:
         return not self.failures
@@ -34,15 +43,61 @@ class CheckResult:
         else:
             self.passed += 1
 
-    def __repr__(self) -> str:
+    def record_raised(self, case: str, error: BaseException) -> None:
+        """One case whose call raised `error`: a failure that shows the exception."""
+        self.failures.append(f"{case}: raised {type(error).__name__}: {error}")
+        if isinstance(error, NotImplementedError):
+            self._raised_not_implemented += 1
+            self.unwritten = self.unwritten or _raising_function(error)
+
+    @property
+    def not_attempted(self) -> bool:
+        """Every case raised NotImplementedError: the reader's stub is still in place."""
+        return bool(self.failures) and self._raised_not_implemented == len(self.failures) and not self.passed
+
+    def _head(self) -> str:
         total = self.passed + len(self.failures)
         if not self.failures:
             return f"{self.exercise}: all {total} cases passed"
-        lines = [f"{self.exercise}: {len(self.failures)} of {total} cases failed"]
-        lines += [f"  - {failure}" for failure in self.failures]
+        if self.not_attempted:
+            what = f"write `{self.unwritten}`" if self.unwritten else "write your answer"
+            return f"{self.exercise}: not attempted yet: {what}, then run this cell"
+        return f"{self.exercise}: {len(self.failures)} of {total} cases failed"
+
+    def __str__(self) -> str:
+        """The whole report: every failing case."""
+        if not self.failures or self.not_attempted:
+            return self._head()
+        return "\n".join([self._head()] + [f"  - {failure}" for failure in self.failures])
+
+    def __repr__(self) -> str:
+        """The short report: the count and the first failing case."""
+        if not self.failures or self.not_attempted:
+            return self._head()
+        lines = [self._head() + ("; the first:" if len(self.failures) > 1 else ":"), f"  - {self.failures[0]}"]
+        if len(self.failures) > 1:
+            lines.append(f"  ({len(self.failures) - 1} more: print() the result to see every one)")
         return "\n".join(lines)
 
-    __str__ = __repr__
+    def _repr_html_(self) -> str:
+        """The short report, with the other failing cases folded one click away."""
+        head = html.escape(self._head())
+        if not self.failures or self.not_attempted:
+            return f"<pre>{head}</pre>"
+        first = html.escape(self.failures[0])
+        if len(self.failures) == 1:
+            return f"<pre>{head}:\n  - {first}</pre>"
+        rest = "\n".join(f"  - {html.escape(failure)}" for failure in self.failures[1:])
+        return (f"<pre>{head}; the first:\n  - {first}</pre>"
+                f"<details><summary>the other {len(self.failures) - 1}</summary><pre>{rest}</pre></details>")
+
+
+def _raising_function(error: BaseException) -> str | None:
+    """The name of the function that raised `error` (the innermost frame of its traceback)."""
+    trace = error.__traceback__
+    while trace is not None and trace.tb_next is not None:
+        trace = trace.tb_next
+    return trace.tb_frame.f_code.co_name if trace is not None else None
 
 
 def run_cases(exercise: str, cases: Iterable[tuple[str, Callable[[], Any], Any]],
@@ -57,7 +112,7 @@ def run_cases(exercise: str, cases: Iterable[tuple[str, Callable[[], Any], Any]]
         try:
             got = call()
         except Exception as error:  # the reader's code: report, don't crash the notebook
-            result.failures.append(f"{description}: raised {type(error).__name__}: {error}")
+            result.record_raised(description, error)
             continue
         problem = compare(expected, got, atol) if describe is None else describe(expected, got)
         if problem:
