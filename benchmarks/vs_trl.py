@@ -220,9 +220,12 @@ def speed_vs_trl(runs: list[Run], trl: list[Run], confidence: float = 0.95) -> d
 
     ours = [math.log(statistics.median(run.step_seconds)) for run in runs]
     theirs = [math.log(statistics.median(run.step_seconds)) for run in trl]
+    per_seed = [math.exp(t - o) for t, o in zip(theirs, ours)]
+    if len(runs) < 2:   # one seed: its ratio, and no interval
+        return {"ratio": per_seed[0], "low": None, "high": None, "per_seed": per_seed, "method": "one seed: no interval"}
     verdict = paired_seeds(theirs, ours, confidence)
     return {"ratio": math.exp(verdict.difference), "low": math.exp(verdict.low), "high": math.exp(verdict.high),
-            "per_seed": [math.exp(t - o) for t, o in zip(theirs, ours)], "method": verdict.method}
+            "per_seed": per_seed, "method": verdict.method}
 
 
 def rotated(names: list[str], turn: int) -> list[str]:
@@ -251,8 +254,8 @@ def main(argv=None) -> int:
         parser.error(f"--beta: expected a coefficient >= 0, got {args.beta}")
     if args.steps < 2:
         parser.error(f"--steps must be >= 2 (a step is timed to the start of the next), got {args.steps}")
-    if len(set(args.seeds)) != len(args.seeds) or len(args.seeds) < 2:
-        parser.error(f"--seeds: expected at least 2 distinct seeds (the interval is over seeds), got {args.seeds}")
+    if len(set(args.seeds)) != len(args.seeds):
+        parser.error(f"--seeds: expected distinct seeds (each pairs the three trainers), got {args.seeds}")
     warnings.filterwarnings("ignore")
     torch.set_num_threads(args.threads)
 
@@ -296,7 +299,7 @@ def main(argv=None) -> int:
         accuracies = [run.accuracy for run in runs[name]]
         per_seed = " ".join(f"{a:.4f}" for a in accuracies)
         low, high = speed[name]["low"], speed[name]["high"]
-        print(f"{name:<32}{median:>17.3f}{1 / median:>9.2f}{trl / median:>7.2f}x  {f'[{low:.2f}, {high:.2f}]':<16} "
+        print(f"{name:<32}{median:>17.3f}{1 / median:>9.2f}{trl / median:>7.2f}x  {f'[{low:.2f}, {high:.2f}]' if low is not None else '(one seed)':<16} "
               f"{per_seed} ({statistics.mean(accuracies):.4f})")
     if args.out:
         from grpo_edu.runtime import numerics

@@ -42,3 +42,54 @@ def test_beta_and_learning_rate_reach_both_trainers(monkeypatch, capsys):
                         "--learning-rate", "2.5e-4"]) == 0
     assert seen["grpo_edu"] == [(0.0, 2.5e-4)] * 2 and seen["TRL"] == [(0.0, 2.5e-4)] and seen["TRL reference"] is None
     assert "beta 0.0, lr 0.00025" in capsys.readouterr().out
+
+
+def test_the_speed_ratio_is_paired_by_seed_with_a_t_interval_of_the_log_ratios():
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    import math
+    import vs_trl
+
+    def runs(*medians):
+        return [vs_trl.Run([m, m, m * 5], [m] * 3, 0.5) for m in medians]   # the median ignores one slow step
+
+    same = vs_trl.speed_vs_trl(runs(0.1, 0.2), runs(0.1, 0.2))
+    assert same["ratio"] == 1.0 and same["low"] == same["high"] == 1.0
+    twice = vs_trl.speed_vs_trl(runs(0.05, 0.11, 0.2), runs(0.1, 0.2, 0.4))
+    assert all(math.isclose(a, b) for a, b in zip(twice["per_seed"], [2.0, 0.2 / 0.11, 2.0]))
+    assert math.isclose(twice["ratio"], (2.0 * (0.2 / 0.11) * 2.0) ** (1 / 3))
+    assert twice["low"] < twice["ratio"] < twice["high"] and twice["low"] > 1.5 and "3 seeds" in twice["method"]
+    one = vs_trl.speed_vs_trl(runs(0.05), runs(0.1))
+    assert one["ratio"] == 2.0 and one["low"] is None
+
+
+def test_a_config_file_sets_both_trainers_and_out_keeps_every_step(tmp_path, monkeypatch):
+    """--config: grpo_edu and TRL (through the bridge) both train the file's task, policy and sizes."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    import json
+    import vs_trl
+    import trl
+    from grpo_edu.training import trainer
+    seen = {}
+    train, build = trainer.train, trl.GRPOTrainer.__init__
+
+    def recording_train(config, **kwargs):
+        seen.setdefault("grpo_edu", []).append((config.run.task, config.run.model, config.rollout.max_completion_length,
+                                                config.optimisation.learning_rate))
+        return train(config, **kwargs)
+
+    def recording_build(self, *args, **kwargs):
+        seen.setdefault("TRL", []).append((kwargs["args"].max_completion_length, kwargs["args"].learning_rate,
+                                           kwargs["train_dataset"][0]["task"]))
+        build(self, *args, **kwargs)
+    monkeypatch.setattr(trainer, "train", recording_train)
+    monkeypatch.setattr(trl.GRPOTrainer, "__init__", recording_build)
+    out = tmp_path / "vs_trl.json"
+    assert vs_trl.main(["--config", "configs/cpu-reasoning.toml", "--steps", "2", "--seeds", "0", "--eval-size", "4",
+                        "--threads", "1", "--out", str(out)]) == 0
+    assert seen["grpo_edu"] == [("digitsum", "digitsum-start", 56, 5e-5)] * 2
+    assert seen["TRL"] == [(56, 5e-5, "digitsum")]
+    record = json.loads(out.read_text())
+    assert record["settings"]["task"] == "digitsum" and record["settings"]["steps"] == 2
+    assert set(record["runs"]) == set(vs_trl.TRAINERS)
+    assert all(len(run["step_seconds"]) == 1 for runs in record["runs"].values() for run in runs)
+    assert record["speed_vs_trl"]["TRL GRPOTrainer"]["ratio"] == 1.0
