@@ -38,12 +38,17 @@ def every_variant_and_seed(path: Path, benchmark, eval_every: int) -> list[dict]
     return stored["runs"]
 
 
+def run_check(script: str, path: Path, run: str, steps: int) -> subprocess.CompletedProcess:
+    """benchmarks/<script> --check `path` --runs `run` --steps `steps`, under the pinned kernels."""
+    return subprocess.run([sys.executable, str(ROOT / "benchmarks" / script), "--check", str(path),
+                           "--runs", run, "--steps", str(steps)], env=numerics.pinned_env(), cwd=ROOT,
+                          capture_output=True, text=True, timeout=HANG_SECONDS)
+
+
 def reproduces(script: str, path: Path, run: str, steps: int) -> None:
     """benchmarks/<script> --check re-trains `run` (variant:seed) for `steps` steps under the pin:
     every kept number equal to the file's."""
-    done = subprocess.run([sys.executable, str(ROOT / "benchmarks" / script), "--check", str(path),
-                           "--runs", run, "--steps", str(steps)], env=numerics.pinned_env(), cwd=ROOT,
-                          capture_output=True, text=True, timeout=HANG_SECONDS)
+    done = run_check(script, path, run, steps)
     assert done.returncode == 0, done.stdout + done.stderr[-3000:]
     assert f"{run} first {steps} steps: equal to the file" in done.stdout
 

@@ -4,9 +4,6 @@ the trainer running each one, and the comparison's results file re-derived by re
 
 import json
 import math
-import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -15,11 +12,10 @@ import torch
 from hypothesis import given, settings, strategies as st
 
 from grpo_edu.algorithm import baselines
-from grpo_edu.runtime import numerics
 from grpo_edu.training import trainer
 from grpo_edu.algorithm.bandit import Bandit, all_groups, moments, sampled_moments
 from grpo_edu.config import TrainConfig
-from hang_guard import HANG_SECONDS
+import grid_checks
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "benchmarks" / "results" / "estimators.json"
@@ -146,14 +142,11 @@ def test_the_results_file_holds_every_estimator_and_seed():
         assert all(len(values) == results["steps"] for values in run["steps"].values())
 
 
-needs_pin = pytest.mark.skipif(numerics.unpinnable_reason() is not None,
-                               reason=f"no pinned kernels here: {numerics.unpinnable_reason()}")
+needs_pin = grid_checks.PINNED
 
 
 def check(path, run="rloo:0"):
-    return subprocess.run([sys.executable, str(ROOT / "benchmarks" / "estimators.py"), "--check", str(path),
-                           "--runs", run, "--steps", "5"], env=numerics.pinned_env(), cwd=ROOT,
-                          capture_output=True, text=True, timeout=HANG_SECONDS)
+    return grid_checks.run_check("estimators.py", path, run, "5")
 
 
 @needs_pin

@@ -2,22 +2,19 @@
 the grid it holds, and that it is what the trainer computes (one run re-trained, pinned)."""
 
 import json
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-from grpo_edu.runtime import numerics
-from hang_guard import HANG_SECONDS
+import grid_checks
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "benchmarks" / "results" / "lag.json"
 sys.path.insert(0, str(ROOT / "benchmarks"))
 import lag  # noqa: E402
 
-needs_pin = pytest.mark.skipif(numerics.unpinnable_reason() is not None,
-                               reason=f"no pinned kernels here: {numerics.unpinnable_reason()}")
+needs_pin = grid_checks.PINNED
 
 
 def test_the_results_file_holds_the_grid():
@@ -50,9 +47,7 @@ def test_bad_runs_are_named():
 
 
 def check(path, run="tis:4:0", steps=8):
-    return subprocess.run([sys.executable, str(ROOT / "benchmarks" / "lag.py"), "--check", str(path),
-                           "--runs", run, "--steps", str(steps)], env=numerics.pinned_env(), cwd=ROOT,
-                          capture_output=True, text=True, timeout=HANG_SECONDS)
+    return grid_checks.run_check("lag.py", path, run, steps)
 
 
 @needs_pin

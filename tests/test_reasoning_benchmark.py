@@ -9,16 +9,15 @@ from pathlib import Path
 
 import pytest
 
-from grpo_edu.runtime import numerics
 from hang_guard import HANG_SECONDS
+import grid_checks
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "benchmarks" / "results" / "reasoning.json"
 sys.path.insert(0, str(ROOT / "benchmarks"))
 import reasoning  # noqa: E402
 
-needs_pin = pytest.mark.skipif(numerics.unpinnable_reason() is not None,
-                               reason=f"no pinned kernels here: {numerics.unpinnable_reason()}")
+needs_pin = grid_checks.PINNED
 
 
 def test_the_results_file_holds_the_grid_the_bases_and_what_was_tried():
@@ -71,9 +70,7 @@ def test_bad_runs_and_bases_are_named():
 
 
 def check(path, run="grpo:0", steps=4):
-    return subprocess.run([sys.executable, str(ROOT / "benchmarks" / "reasoning.py"), "--check", str(path),
-                           "--runs", run, "--steps", str(steps)], env=numerics.pinned_env(), cwd=ROOT,
-                          capture_output=True, text=True, timeout=HANG_SECONDS)
+    return grid_checks.run_check("reasoning.py", path, run, steps)
 
 
 @needs_pin

@@ -6,19 +6,17 @@ GRPO run that learns to call, evaluation as episodes, and benchmarks/tools.py's 
 
 import json
 import math
-import subprocess
 import sys
 import tomllib
 from pathlib import Path
 
 import pytest
 import torch
-from hang_guard import HANG_SECONDS
+import grid_checks
 
 from grpo_edu import lab
 from grpo_edu.commands import pretrain
 from grpo_edu.environment import tasks
-from grpo_edu.runtime import numerics
 from grpo_edu.training import episodes
 from grpo_edu.config import TrainConfig
 from grpo_edu.config.files import read_file
@@ -33,8 +31,7 @@ CALCULATOR = "grpo_edu.training.episodes:Calculator"
 sys.path.insert(0, str(ROOT / "benchmarks"))
 import tools  # noqa: E402
 
-needs_pin = pytest.mark.skipif(numerics.unpinnable_reason() is not None,
-                               reason=f"no pinned kernels here: {numerics.unpinnable_reason()}")
+needs_pin = grid_checks.PINNED
 
 
 @pytest.fixture(scope="module")
@@ -295,9 +292,7 @@ def test_bad_runs_are_named():
 
 
 def check(path, run="leak:0", steps=6):
-    return subprocess.run([sys.executable, str(ROOT / "benchmarks" / "tools.py"), "--check", str(path),
-                           "--runs", run, "--steps", str(steps)], env=numerics.pinned_env(), cwd=ROOT,
-                          capture_output=True, text=True, timeout=HANG_SECONDS)
+    return grid_checks.run_check("tools.py", path, run, steps)
 
 
 @needs_pin
