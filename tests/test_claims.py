@@ -91,3 +91,8 @@ def test_no_committed_chapter_prints_a_failing_claim_or_a_list_of_claims(noteboo
         assert not lines, f"{notebook.name}: a claims cell prints {len(lines)} lines; end it with Claims(claims)"
         if "Claims(" in "".join(cell["source"]):
             assert len(text.strip().splitlines()) == 1, f"{notebook.name}: a claims cell prints more than one line"
+
+
+def test_a_check_of_one_case_prints_its_one_failure_on_one_line():
+    result = CheckResult("exercise 6.2 read a run", failures=["no diagnoses yet: name each run"])
+    assert repr(result) == str(result) == "exercise 6.2 read a run: no diagnoses yet: name each run"

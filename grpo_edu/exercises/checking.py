@@ -55,10 +55,17 @@ class CheckResult:
         """Every case raised NotImplementedError: the reader's stub is still in place."""
         return bool(self.failures) and self._raised_not_implemented == len(self.failures) and not self.passed
 
+    @property
+    def _one_line(self) -> bool:
+        """Nothing to fold: every case passed, the stub is untouched, or the check is one case."""
+        return not self.failures or self.not_attempted or (len(self.failures) == 1 and not self.passed)
+
     def _head(self) -> str:
         total = self.passed + len(self.failures)
         if not self.failures:
             return f"{self.exercise}: all {total} cases passed"
+        if len(self.failures) == 1 and not self.passed and not self.not_attempted:
+            return f"{self.exercise}: {self.failures[0]}"     # one check, such as "no answers yet"
         if self.not_attempted:
             what = f"write `{self.unwritten}`" if self.unwritten else "write your answer"
             return f"{self.exercise}: not attempted yet: {what}, then run this cell"
@@ -66,13 +73,13 @@ class CheckResult:
 
     def __str__(self) -> str:
         """The whole report: every failing case."""
-        if not self.failures or self.not_attempted:
+        if self._one_line:
             return self._head()
         return "\n".join([self._head()] + [f"  - {failure}" for failure in self.failures])
 
     def __repr__(self) -> str:
         """The short report: the count and the first failing case."""
-        if not self.failures or self.not_attempted:
+        if self._one_line:
             return self._head()
         lines = [self._head() + ("; the first:" if len(self.failures) > 1 else ":"), f"  - {self.failures[0]}"]
         if len(self.failures) > 1:
@@ -82,7 +89,7 @@ class CheckResult:
     def _repr_html_(self) -> str:
         """The short report, with the other failing cases folded one click away."""
         head = html.escape(self._head())
-        if not self.failures or self.not_attempted:
+        if self._one_line:
             return f"<pre>{head}</pre>"
         first = html.escape(self.failures[0])
         if len(self.failures) == 1:
