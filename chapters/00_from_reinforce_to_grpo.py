@@ -30,16 +30,16 @@
 #
 # This chapter builds each idea on a policy small enough that every expectation is a finite
 # sum. So each claim is a number computed exactly, not an inequality to trust. Then it
-# compares six advantage estimators where it counts: the real tiny model trained with each,
-# three seeds apiece.
+# trains the real tiny model with six advantage estimators, three seeds each.
 #
-# The names are those of the rest of the book. $\pi$ is the policy, $r$ a reward, $G$ the
-# number of samples per prompt, $A$ an advantage, and $\rho$ the ratio $\pi / \pi_\text{old}$.
+# $\pi$ is the policy, $r$ a reward, $G$ the number of samples per prompt, $A$ an
+# advantage, and $\rho$ the ratio $\pi / \pi_\text{old}$.
 # In code, `rewards` and `advantages` are (B, G) tensors: B prompts by G completions.
 
 # %%
 # The ladder this chapter climbs, one change at a time.
 from grpo_edu.book import schematics
+from grpo_edu.book.claims import Claims
 
 schematics.grpo_ladder()
 
@@ -100,9 +100,8 @@ print(f"grad J  = {gradient}")
 #
 # $\hat g$ is REINFORCE's estimator (Williams, 1992). With K = 4 and G = 4 there are
 # $4^4$ = 256 possible groups, each with its probability. So $\hat g$'s mean and variance
-# are finite sums, which `grpo_edu.algorithm.bandit.moments` computes. A sampler sees only
-# some groups. Beside the exact numbers, the cell prints a sampler's estimate of the same
-# two from 100,000 sampled groups.
+# are finite sums, which `grpo_edu.algorithm.bandit.moments` computes. Beside them, the cell
+# prints a sampler's estimate from 100,000 sampled groups.
 
 # %%
 exact = moments(bandit, 4)
@@ -154,9 +153,13 @@ for c in (0.0, 1.0, 10.0):
 # | `reinforce` | $r_i$ | none |
 # | `batch_mean` | $r_i - \bar r_\text{batch}$ | the mean of all B x G rewards |
 # | `rloo` | $r_i - \frac{1}{G-1}\sum_{j \ne i} r_j$ | the other G - 1 samples of the group |
-# | `group_mean` | $r_i - \bar r$ | the group's mean, $r_i$ included (Dr. GRPO) |
+# | `group_mean` | $r_i - \bar r$ | the group's mean, $r_i$ included |
 # | `grpo` | $(r_i - \bar r) / \sigma$ | the group's mean, over its population std |
 # | `grpo_sample_std` | $(r_i - \bar r) / s$ | the same, over the sample std (as TRL) |
+#
+# `group_mean` is the advantage of Dr. GRPO (Liu et al., 2025,
+# [`arXiv 2503.20783`](https://arxiv.org/abs/2503.20783)), a variant of
+# GRPO that drops the division by the std.
 #
 # RLOO's baseline (Kool et al., 2019) leaves the sample's own reward out. So it is
 # independent of $a_i$, and the gradient stays unbiased. The group mean includes $r_i$:
@@ -168,7 +171,7 @@ for c in (0.0, 1.0, 10.0):
 # `batch_mean`, which is the group mean when there is one prompt.
 
 # %%
-print(f"{'G':>2} {'estimator':<16} {'E[g_hat] / grad J, per logit':<36} {'cosine':>8} {'noise / signal':>15}")
+print(f"{'G':>2} {'estimator':<16} {'share of grad J, per logit':<36} {'cosine':>8} {'noise / signal':>15}")
 for G in (2, 4, 8):
     for name, (function, _) in baselines.ESTIMATORS.items():
         if name == "batch_mean":
@@ -187,9 +190,9 @@ print(f"\nevery reward + 10, G = 4: mean and variance unchanged for {', '.join(u
 # %% [markdown]
 # Read the table column by column.
 #
-# - *Bias.* `reinforce` and `rloo` give exactly $\nabla J$: a ratio of 1 on every logit. The
+# - *Bias.* `reinforce` and `rloo` give exactly $\nabla J$: a share of 1 on every logit. The
 #   group mean gives exactly $(G-1)/G$ of it (0.5, 0.75, 0.875), in the same direction
-#   (cosine 1). GRPO's std gives a different ratio on each logit, so its direction is a few
+#   (cosine 1). GRPO's std gives a different share on each logit, so its direction is a few
 #   degrees off (cosine below 1). The population and the sample std give the same direction,
 #   since they differ by the constant $\sqrt{G/(G-1)}$.
 # - *Noise.* The last column divides the variance by the squared length of the mean. So a
@@ -197,7 +200,7 @@ print(f"\nevery reward + 10, G = 4: mean and variance unchanged for {', '.join(u
 #   At G = 2 no baseline is the least noisy. The rewards as given put 0 close to
 #   J = 0.2182, so "no baseline" is already a fair one, while RLOO's baseline is a single
 #   other sample. From G = 4 on, the group's baselines are less noisy than none. The std's
-#   division moves the ratio a little either way: above RLOO's at G = 4, below it at G = 8.
+#   division moves this noise figure a little either way: above RLOO's at G = 4, below it at G = 8.
 # - *Shift.* Shift the rewards as above and only `reinforce`'s numbers change. Every
 #   baseline from the group cancels the shift.
 #
@@ -254,11 +257,19 @@ for rho in (0.7, 0.9, 1.1, 1.3):
 # PPO for language models gets $A$ from a learned value network, the critic. It is a second
 # model as large as the policy, trained beside it, and its estimate of the expected reward
 # is the baseline. GRPO (Shao et al., 2024) drops it. It samples G completions of each
-# prompt and takes their mean (and std) as the baseline. The group's rewards estimate the
-# prompt's value as RLOO's do. They cost G samples per prompt, which a rollout wanted
-# anyway. Every token of completion $i$ shares its $A_i$, and the clipped objective above
+# prompt and takes their mean (and std) as the baseline. The group costs G samples per
+# prompt, which a rollout wanted anyway. Every token of completion $i$ shares its $A_i$, and the clipped objective above
 # applies per token.
 #
+# The figure sets the two side by side. PPO as InstructGPT ran it (Ouyang et al., 2022)
+# keeps four networks; GRPO keeps the policy and, optionally, the reference. This book, like
+# DeepSeek-R1, scores completions with a rule instead of a reward model.
+
+# %%
+# PPO's networks against GRPO's: what each runs beside the policy.
+schematics.ppo_vs_grpo()
+
+# %% [markdown]
 # This is only GRPO's policy-gradient part. Chapter 1 computes one whole update by hand and
 # adds the two pieces this chapter leaves out. One is a penalty on the Kullback-Leibler (KL)
 # divergence, which holds the policy near a frozen reference model. The other is the
@@ -267,15 +278,14 @@ for rho in (0.7, 0.9, 1.1, 1.3):
 #
 # ## Measured: six estimators, one task, three seeds
 #
-# Now a real language model. The book's starting policy is a tiny one, a 2-layer Llama
+# The book's starting policy is a tiny one, a 2-layer Llama
 # (chapter 5 builds it, chapter 6 trains it with GRPO). It has learned the format of
 # two-digit addition and subtraction, `<think>...</think>\boxed{answer}`, but gets most
 # answers wrong. Each estimator becomes the real trainer's `advantage_fn`, with everything
 # else the default config. The measure is **held-out greedy accuracy**: the share of 256
 # problems never trained on whose greedy (most likely) completion boxes the right answer.
-# It is evaluated every 20 steps of 300, for seeds 0, 1 and 2. Eighteen such runs take far
-# longer than this chapter's budget of 60 s, so the cell below reads their results from a
-# file.
+# It is evaluated every 20 steps of 300, for seeds 0, 1 and 2. The cell below reads the
+# eighteen runs from a results file.
 #
 # <details><summary>How we know</summary>
 #
@@ -287,8 +297,7 @@ for rho in (0.7, 0.9, 1.1, 1.3):
 #
 # An accuracy measured on 256 problems is itself uncertain. The cell ends with its 95%
 # confidence interval: Wilson's interval for a proportion
-# (`grpo_edu.training.evaluation.wilson_interval`; chapter 6 uses it for every accuracy it
-# reports). It is the range of true accuracies that 256 problems cannot tell apart from the
+# (`grpo_edu.training.evaluation.wilson_interval`). It is the range of true accuracies that 256 problems cannot tell apart from the
 # measured one.
 
 # %%
@@ -320,8 +329,9 @@ print(f"\none final accuracy near 0.85 on 256 problems has a 95% interval of [{l
 # %%
 figure, axis = plt.subplots(figsize=(8, 4.2))
 for name, (_, label) in baselines.ESTIMATORS.items():
-    curves = np.array([[accuracy for _, accuracy in r["eval"]] for r in runs if r["estimator"] == name])
-    steps = [step for step, _ in runs[0]["eval"]]
+    mine = [r for r in runs if r["estimator"] == name]     # each curve from step 0, the starting policy
+    curves = np.array([[r["start_accuracy"]] + [accuracy for _, accuracy in r["eval"]] for r in mine])
+    steps = [0] + [step for step, _ in runs[0]["eval"]]
     line, = axis.plot(steps, curves.mean(axis=0), label=label)
     axis.fill_between(steps, curves.min(axis=0), curves.max(axis=0), color=line.get_color(), alpha=0.15)
 axis.axhline(TARGET, color="0.6", linestyle=":")
@@ -360,7 +370,7 @@ for a, b in [(name, "reinforce") for name in baselined] + [(name, "grpo") for na
 #
 # The five estimators with a baseline are not separated at this size. Against GRPO with the
 # population std, the paired differences run from -0.026 to +0.000, and every interval holds
-# zero. Their means range from 0.826 to 0.852, their seeds from 0.793 to 0.879. So on this task, with AdamW, these runs cannot tell apart the group
+# zero. So on this task, with AdamW, these runs cannot tell apart the group
 # mean's $(G-1)/G$, the std's reweighting, or one baseline for the whole batch. The
 # arithmetic prompts are of a similar difficulty, which may be why. A task whose prompts
 # differ in difficulty is where the group's baseline is meant to matter. That is the case
@@ -394,8 +404,7 @@ claims = {
     "paired by seed, no baselined estimator is separated from GRPO":
         not any(verdicts[name, "grpo"].separated for name in baselined if name != "grpo"),
 }
-for claim, holds in claims.items():
-    print(f"{'holds' if holds else 'FAILS'}: {claim}")
+Claims(claims)
 
 # %% [markdown]
 # ## What you learned

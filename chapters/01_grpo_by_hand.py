@@ -13,29 +13,21 @@
 # > **You will learn**
 # > - how GRPO (Group Relative Policy Optimization) turns one group's rewards into advantages, under either std
 # > - how the ratio, the clip and the Kullback-Leibler (KL) penalty make one update, number by number
+# > - what the k3 estimator of the KL measures, and where its gradient pulls
 # > - why the first update on a fresh rollout has zero loss but a non-zero gradient
-# > - what DeepSeek-R1 trained with, and where the textbook section "Implementing GRPO from Scratch" (its chapter 15) prints numbers its own listing does not produce
 # >
 # > **You need first**: chapter 0 (baselines, the ratio and the clip).
 # >
-# > **Reading time**: about 31 minutes. **Compute**: at most 60 s on a 2-core CPU. [Glossary](../docs/glossary.md) · [Notation](../docs/notation.md)
+# > **Reading time**: about 20 minutes. **Compute**: at most 60 s on a 2-core CPU. [Glossary](../docs/glossary.md) · [Notation](../docs/notation.md)
 #
 # GRPO trains a language model by sampling a *group* of G responses to the same prompt. It
 # scores each response with one scalar reward and pushes up the responses that beat their
 # siblings. There is no value network: the baseline is the group's own mean reward.
 #
 # This chapter follows one GRPO update of one prompt with G = 4 responses, in plain NumPy,
-# and prints every intermediate number. The inputs are the worked example of the textbook
-# section: rewards, token ids, old and reference log-probabilities, and new-policy logits
-# over a 3-token vocabulary. That section prints numbers that its own listing does not
-# produce. The end of this chapter puts the two side by side, so a reader with the section
-# open can see exactly where.
-#
-# Each step is a few lines of NumPy in a loop over the responses, printed as it goes. At the
-# end of step 6, `grpo_edu.algorithm.reference.grpo_update` repeats the whole update and
-# gives the same numbers, bit for bit. It is the loop-per-response implementation that the
-# PyTorch code of later chapters is tested against. Every number in the prose is one that a
-# cell prints.
+# and prints every intermediate number. Each step is a few lines in a loop over the
+# responses. At the end of step 6, `grpo_edu.algorithm.reference.grpo_update` repeats the
+# whole update, bit for bit. The PyTorch code of later chapters is tested against it.
 #
 # <details><summary>How we know</summary>
 #
@@ -81,30 +73,35 @@ def row(values, width=8):
 # $$
 #
 # and the loss is $-\mathcal{J}$. $A_i$ is one number per response, shared by all of its
-# tokens. $\widehat{\mathrm{KL}}_{i,t}$ is Schulman's k3 estimator of the KL divergence to a
-# frozen reference policy. Step 5 says what it estimates, and what it does not.
+# tokens. $\widehat{\mathrm{KL}}_{i,t}$ estimates the KL divergence to a frozen reference
+# policy with k3, an estimator from Schulman's note "Approximating KL Divergence" (2020,
+# [joschu.net/blog/kl-approx.html](http://joschu.net/blog/kl-approx.html)). Step 5 says what
+# it estimates, and what it does not.
 #
-# This per-token form is DeepSeekMath's: a ratio per token, and a mean over each response's
-# $|o_i|$ tokens. It is what the textbook section, this chapter's reference and grpo_edu's
-# `loss_type="grpo"` compute. The DeepSeek-R1 paper (its eq. 1-2) writes the same objective
-# per *sequence*. Its ratio is $\pi_\theta(o_i \mid q) / \pi_{\theta_\text{old}}(o_i \mid q)$,
-# the probability of a whole output. Its KL term compares whole outputs, and its only mean
-# is over the G outputs. A sequence's probability is the product of its tokens'
-# probabilities. So R1's ratio, as written, is $\prod_t \rho_{i,t}$, not a mean of the
-# $\rho_{i,t}$. (GSPO, Group Sequence Policy Optimization, clips a length-normalised form of
-# it: chapter 4.)
+# This per-token form is DeepSeekMath's, and it is what grpo_edu's `loss_type="grpo"`
+# computes. The DeepSeek-R1 paper (DeepSeek-AI, 2025,
+# [`arXiv 2501.12948`](https://arxiv.org/abs/2501.12948)) writes the same objective per
+# whole output.
 #
-# This chapter uses $\varepsilon$ = 0.2 and $\beta$ = 0.04, the values of the textbook
-# section's worked example. That section calls them DeepSeek-R1's; they are not. 0.04 is
-# DeepSeekMath's KL coefficient, and 0.2 is the customary clip range of PPO (Proximal Policy
-# Optimization). R1 trained with a KL coefficient of 0.001 and, in its first reinforcement
-# learning (RL) stage, a clip ratio of 10. The last section of the chapter sets out R1's
-# recipe from its paper.
+# <details><summary>R1's per-output form</summary>
+#
+# In the DeepSeek-R1 paper (its eq. 1-2) the ratio is
+# $\pi_\theta(o_i \mid q) / \pi_{\theta_\text{old}}(o_i \mid q)$, the probability of a whole
+# output. Its KL term compares whole outputs, and its only mean is over the G outputs. A
+# sequence's probability is the product of its tokens' probabilities. So R1's ratio, as
+# written, is $\prod_t \rho_{i,t}$, not a mean of the $\rho_{i,t}$. (GSPO, Group Sequence
+# Policy Optimization, clips a length-normalised form of it: chapter 4.)
+#
+# </details>
+#
+# This chapter uses $\varepsilon$ = 0.2, the customary clip range of PPO (Proximal Policy
+# Optimization), and $\beta$ = 0.04, DeepSeekMath's KL coefficient. **A common mistake** is
+# to call them DeepSeek-R1's. R1 trained with a KL coefficient of 0.001 and, in its first
+# reinforcement learning (RL) stage, a clip ratio of 10 (the last section of the chapter).
 #
 # ## The worked example
 #
-# One prompt, four responses of 3, 2, 2 and 2 tokens over a vocabulary of 3 tokens. The
-# numbers are those of the textbook section's listing, unchanged.
+# One prompt, four responses of 3, 2, 2 and 2 tokens over a vocabulary of 3 tokens.
 
 # %%
 token_ids = [[0, 2, 1], [1, 0], [2, 2], [0, 1]]
@@ -126,13 +123,14 @@ print(f"G = {G}, response lengths = {[len(t) for t in token_ids]}, "
 # ## Step 1. Group mean, group std, advantages
 #
 # The baseline of each response is the mean reward of its group, and the spread is the
-# group's standard deviation. Two standard deviations are in common use, and the textbook
-# section uses both without saying so:
+# group's standard deviation. Two standard deviations are in common use:
 #
-# - its NumPy listing calls `rewards.std()`, which divides by G: the *population* std;
-# - its PyTorch listing calls `rewards.std(dim=1)`, which divides by G - 1: the *sample* std,
-#   with Bessel's correction. Hugging Face's TRL (Transformer Reinforcement Learning)
-#   library uses the sample std too.
+# - the *population* std divides by G: NumPy's `rewards.std()`;
+# - the *sample* std divides by G - 1 (Bessel's correction): PyTorch's `rewards.std(dim=1)`,
+#   and Hugging Face's TRL (Transformer Reinforcement Learning) library.
+#
+# **A common mistake** is to mix them without saying so: a NumPy version and a PyTorch
+# version of the same method, each with its library's default, disagree by a constant factor.
 
 # %%
 # The worked example's group: each response against the group's mean (population std).
@@ -156,8 +154,7 @@ adv_sample = reference.group_advantages(rewards, std="sample")
 print(f"mean(r)            = {mean:.4f}")
 print(f"std, population    = sqrt({((rewards - mean) ** 2).sum() / G:.4f}) = {std_population:.4f}")
 print(f"std, sample        = sqrt({((rewards - mean) ** 2).sum() / (G - 1):.4f}) = {std_sample:.4f}")
-print()
-print("response  reward   r - mean   A (population)   A (sample)")
+print("\nresponse  reward   r - mean   A (population)   A (sample)")
 for i in range(G):
     print(f"o_{i + 1}       {rewards[i]:+.2f}    {rewards[i] - mean:+.4f}        "
           f"{adv_population[i]:+.4f}        {adv_sample[i]:+.4f}")
@@ -170,69 +167,14 @@ print(f"A (population) / A (sample) = {adv_population[0] / adv_sample[0]:.4f} "
 # $A_1$ = +1.1717 and the worst, $o_3$, gets $A_3$ = -1.4321. The advantages sum to zero:
 # whatever pushes some responses up pushes others down by the same total.
 #
-# What does the choice of std change? With the sample std (0.4435) every advantage is
-# smaller by the same factor, 1.1547 for G = 4. That factor reaches only the policy-gradient
-# term. The clip range acts on the ratio, not on $A$, so which tokens clip does not change.
-# The KL term does not contain $A$ at all. So the switch is not just a smaller learning
-# rate:
-#
-# - under plain gradient descent it is a learning rate smaller by 1.1547 *and* a $\beta$
-#   larger by 1.1547;
-# - under Adam, which divides each gradient by a running estimate of its own size, a
-#   constant factor on the whole gradient cancels (up to Adam's small $\epsilon$). Without
-#   a KL term the switch then changes nearly nothing. With one, it only changes how much the
-#   KL counts.
-#
-# The cell below trains the example's logits for 20 steps from a fresh rollout with each
-# std, and compares the results:
-
-# %%
-fresh_logp = [reference.log_softmax(logits)[np.arange(len(ids)), ids]
-              for logits, ids in zip(new_logits, token_ids)]   # pi_old = pi_ref = the starting logits
-
-
-def train_logits(std, beta, optimizer, steps=20, lr=0.05):
-    """`steps` updates of the example's logits on one rollout (pi_old fixed); returns them flat."""
-    logits = [x.copy() for x in new_logits]
-    first = [np.zeros_like(x) for x in logits]
-    second = [np.zeros_like(x) for x in logits]
-    for k in range(1, steps + 1):
-        step_update = reference.grpo_update(token_ids, logits, fresh_logp, fresh_logp, rewards,
-                                            epsilon=epsilon, beta=beta, std=std)
-        for i, terms in enumerate(step_update.responses):
-            g = terms.grad_logits
-            if optimizer == "SGD":
-                logits[i] = logits[i] - lr * g
-            else:  # Adam, betas (0.9, 0.999), eps 1e-8, bias-corrected
-                first[i] = 0.9 * first[i] + 0.1 * g
-                second[i] = 0.999 * second[i] + 0.001 * g ** 2
-                logits[i] = logits[i] - lr * (first[i] / (1 - 0.9 ** k)) / (np.sqrt(second[i] / (1 - 0.999 ** k)) + 1e-8)
-    return np.concatenate([x.ravel() for x in logits])
-
-
-print("optimizer  beta    max |logits(population) - logits(sample)|   largest change of a logit")
-for optimizer, kl_weight in (("SGD", 0.0), ("SGD", beta), ("Adam", 0.0), ("Adam", beta)):
-    trained = {std: train_logits(std, kl_weight, optimizer) for std in ("population", "sample")}
-    start = np.concatenate([x.ravel() for x in new_logits])
-    print(f"{optimizer:<9}  {kl_weight:.2f}    {np.abs(trained['population'] - trained['sample']).max():.1e}"
-          f"                             {np.abs(trained['population'] - start).max():.4f}")
-factor = adv_population[0] / adv_sample[0]
-same = np.allclose(train_logits("sample", beta, "SGD"),
-                   train_logits("population", beta * factor, "SGD", lr=0.05 / factor), rtol=0, atol=1e-12)
-print(f"\nSGD with the sample std = SGD with the population std, lr / {factor:.4f} and beta x {factor:.4f}: {same}")
-
-# %% [markdown]
-# With plain gradient descent the two runs end 9.5e-03 apart, after the logits moved by up
-# to 0.0702. The sample std takes smaller steps. As the last line checks, it is exactly the
-# population std with a smaller learning rate and a larger $\beta$. With Adam and no KL term
-# the runs end 1.5e-07 apart, after moving by up to 0.7374: the choice of std has stopped
-# mattering. With Adam and $\beta$ = 0.04 they differ by 1.0e-02. What is left of the switch
-# is the weight of the KL term next to the policy gradient.
-#
-# The choice matters more in two places. One is comparing numbers across implementations:
-# an advantage of +1.1717 here is +1.0147 in TRL, which uses the sample std. The other is a
-# batch whose groups differ in size, since the factor depends on G. This chapter uses the
-# population std, as the textbook section's worked example does.
+# With the sample std (0.4435) every advantage is smaller by the same factor, 1.1547 for
+# G = 4. The clip acts on the ratio, not on $A$, and the KL term has no $A$ in it. So under
+# plain gradient descent the switch is exactly a learning rate smaller by 1.1547 *and* a
+# $\beta$ larger by 1.1547. Adam divides each gradient by a running estimate of its own
+# size, so a constant factor cancels: only the KL term's weight changes. (The open question
+# at the end of the chapter trains both.) The choice matters when you compare numbers across
+# implementations: an advantage of +1.1717 here is +1.0147 in TRL. This chapter uses the
+# population std.
 #
 # ## Step 2. Log-probabilities of the sampled tokens under the new policy
 #
@@ -251,11 +193,17 @@ for i, (logits, ids) in enumerate(zip(new_logits, token_ids)):
     for t in range(len(ids)):
         print(f"   t={t + 1}  logits [{row(logits[t], 6)}]  ->  log-softmax [{row(log_probs[i][t])}]"
               f"  ->  log pi(token {ids[t]}) = {new_logp[i][t]:+.4f}")
+print(f"\nlog-sum-exp of the first row: {np.log(np.exp(new_logits[0][0]).sum()):.4f}; every row's "
+      f"probabilities sum to 1: {all(np.allclose(np.exp(x).sum(axis=-1), 1) for x in log_probs)}")
 
 # %% [markdown]
 # The first row, logits (1.10, -0.20, 0.30), has log-softmax (-0.5434, -1.8434, -1.3434).
 # Each entry is its logit minus the same log-sum-exp, 1.6434. So sampled token 0 has
 # log-probability -0.5434 under the new policy.
+#
+# **A common mistake** is to subtract some other constant, such as a rounded log-sum-exp.
+# The row still looks like log-probabilities, but its probabilities no longer sum to 1. The
+# last line checks the sum.
 #
 # ## Step 3. Ratios
 #
@@ -276,9 +224,9 @@ print(f"\n{outside.sum()} of {len(all_ratios)} ratios lie outside [{1 - epsilon:
       f"range {all_ratios.min():.4f} to {all_ratios.max():.4f}")
 
 # %% [markdown]
-# These logits are far from the old policy. Five of the nine ratios lie outside the trust
-# region [0.8, 1.2], and they range from 0.8608 to 2.0894. In a real run, the first update
-# of a fresh rollout starts with every ratio at exactly 1 (step 7).
+# Five of the nine ratios lie outside the trust region [0.8, 1.2], and they range from
+# 0.8608 to 2.0894. In a real run, the first update of a fresh rollout starts with every
+# ratio at exactly 1 (step 7).
 #
 # ## Step 4. The clipped surrogate, token by token
 #
@@ -303,14 +251,12 @@ print("response  A        token  ratio    rho*A     clip(rho)*A   min       clip
 for i in range(G):
     for t in range(len(token_ids[i])):
         rho = ratio[i][t]
-        if clipped[i][t]:
-            why = "A > 0 and rho > 1 + eps: gain capped" if A[i] > 0 else "A < 0 and rho < 1 - eps: penalty capped"
-        elif rho > 1 + epsilon:
-            why = "A < 0 and rho > 1 + eps: full penalty, keeps its gradient"
-        elif rho < 1 - epsilon:
-            why = "A > 0 and rho < 1 - eps: full loss, keeps its gradient"
-        else:
+        if 1 - epsilon <= rho <= 1 + epsilon:
             why = "inside [1 - eps, 1 + eps]"
+        elif clipped[i][t]:
+            why = "moved past the range the way A wants: no gradient"
+        else:
+            why = "moved against A: keeps its full gradient"
         print(f"o_{i + 1}       {A[i]:+.4f}  t={t + 1}    {rho:.4f}   {surrogate[i][t]:+.4f}   "
               f"{clipped_surrogate[i][t]:+.4f}       {objective[i][t]:+.4f}   "
               f"{'yes' if clipped[i][t] else 'no ':<7}  {why}")
@@ -318,38 +264,33 @@ print(f"\nclipped tokens: {sum(int(c.sum()) for c in clipped)} of {len(all_ratio
 
 # %% [markdown]
 # Two tokens clip, both in responses with $A > 0$ whose ratio already exceeds 1.2: token 3
-# of $o_1$ (ratio 1.5945) and token 2 of $o_4$ (ratio 2.0894). The new policy already made
-# these good tokens much more likely than the sampler did. PPO's clip stops it from
-# collecting more credit for moving further, and the token's gradient is zero.
+# of $o_1$ (ratio 1.5945) and token 2 of $o_4$ (ratio 2.0894). The policy already made
+# these good tokens much more likely, and the clip stops it collecting more credit.
 #
 # The tokens of $o_2$ and $o_3$ have $A < 0$ and ratios above 1.2. The minimum keeps the
-# *unclipped* term. For example, for token 1 of $o_2$, 1.8767 times -0.3906 is -0.7330,
-# below the clipped -0.4687. The policy made a bad token more likely, and it pays the full
-# penalty, with gradient. The clip is asymmetric by design: it limits how much a token can
-# gain, never how much it is punished for moving the wrong way.
+# *unclipped* term: for token 1 of $o_2$, 1.8767 times -0.3906 is -0.7330, below the
+# clipped -0.4687. A bad token made more likely pays the full penalty, with gradient. The
+# clip limits what a token can gain, never its punishment for moving the wrong way.
 #
-# The one case this example lacks, $A < 0$ with $\rho$ < 0.8, is the mirror image. The
-# policy already moved away from a bad token, and the clip caps that reward. The textbook
-# section illustrates it with invented log-ratios for $o_3$, +0.25 and -0.30, instead of the
-# ratios its logits give. The cell below computes that illustration too:
+# The mirror case, $A < 0$ with $\rho$ < 0.8, is missing here. The cell below makes it up
+# with two log-ratios, +0.25 and -0.30, for the tokens of $o_3$.
 
 # %%
 A3 = adv_population[2]
-illustration_ratio = np.exp(np.array([0.25, -0.30]))
-illustration_surrogate = illustration_ratio * A3
-illustration_clipped = np.clip(illustration_ratio, 1 - epsilon, 1 + epsilon) * A3
-illustration_objective = np.minimum(illustration_surrogate, illustration_clipped)
-print(f"A_3 = {A3:+.4f}, log ratios (+0.25, -0.30) -> ratios [{row(illustration_ratio)}]")
-print(f"rho*A       = [{row(illustration_surrogate)}]")
-print(f"clip(rho)*A = [{row(illustration_clipped)}]")
-print(f"min         = [{row(illustration_objective)}]   clipped: {illustration_clipped < illustration_surrogate}")
-print(f"mean objective = {illustration_objective.mean():+.4f}")
+made_up_ratio = np.exp(np.array([0.25, -0.30]))                 # two made-up ratios for o_3's tokens
+made_up_clipped = np.clip(made_up_ratio, 1 - epsilon, 1 + epsilon) * A3
+made_up_objective = np.minimum(made_up_ratio * A3, made_up_clipped)
+print(f"A_3 = {A3:+.4f}, ratios [{row(made_up_ratio)}]: min(rho A, clip(rho) A) = [{row(made_up_objective)}], "
+      f"clipped: {made_up_clipped < made_up_ratio * A3}")
 
 # %% [markdown]
+# The second token, with ratio 0.7408, clips. The policy already moved away from a bad
+# token, and the clip caps that reward.
+#
 # ## Step 5. KL to the reference, per token (k3)
 #
-# With $d = \log\pi_\text{ref} - \log\pi_\theta$, the k3 estimator is $e^{d} - d - 1$. It is
-# never negative (since $e^d \ge 1 + d$), and zero exactly when the two log-probabilities
+# With $d = \log\pi_\text{ref} - \log\pi_\theta$, Schulman's k3 estimator is $e^{d} - d - 1$.
+# It is never negative (since $e^d \ge 1 + d$), and zero exactly when the two log-probabilities
 # agree. Its mean over tokens drawn from $\pi_\theta$ itself is the exact
 # $\mathrm{KL}(\pi_\theta \,\|\, \pi_\text{ref})$. Both conditions in that sentence matter:
 # the end of this step shows what happens without them.
@@ -372,30 +313,20 @@ for i in range(G):
 
 # %% [markdown]
 # The first token has $d$ = -0.0566 and k3 = 0.00157. The largest, token 2 of $o_4$, has
-# $d$ = -0.6369 and k3 = 0.16581. Multiplied by $\beta$ = 0.04, the KL term is a gentle
-# leash next to objectives of order 1.
+# $d$ = -0.6369 and k3 = 0.16581. Times $\beta$ = 0.04, the KL term is a gentle leash next
+# to objectives of order 1.
 #
-# **What k3 estimates, and what its gradient is.** Two caveats, both easy to miss.
-#
-# - k3 is unbiased only for tokens drawn from $\pi_\theta$. GRPO's tokens come from
-#   $\pi_{\theta_\text{old}}$. The two coincide on the first optimizer step of a rollout.
-#   On every later step (the next mini-batch, the next pass) the mean of k3 estimates
-#   something else.
-# - The loss does not just report k3, it differentiates it. The gradient of a KL estimate
-#   is not an estimate of the KL's gradient.
-#
-# A categorical distribution over 4 tokens shows both exactly, as sums over the vocabulary
-# with no sampling. The gradients are with respect to $\pi_\theta$'s logits:
+# **Two caveats, both easy to miss.** k3 is unbiased only for tokens drawn from
+# $\pi_\theta$, but GRPO's tokens come from $\pi_{\theta_\text{old}}$: the two coincide only
+# on the first optimizer step of a rollout. And the loss differentiates k3: the gradient of
+# a KL estimate is not an estimate of the KL's gradient. A categorical distribution over 4
+# tokens shows both exactly, as sums over the vocabulary (gradients in $\pi_\theta$'s
+# logits):
 
 # %%
-def softmax(z):
-    e = np.exp(z - z.max())
-    return e / e.sum()
-
-
-pi = softmax(np.array([0.5, -0.2, 0.1, -1.0]))          # pi_theta
-pi_ref = softmax(np.array([0.0, 0.3, -0.4, -0.5]))      # the reference
-pi_old = softmax(np.array([0.9, -0.5, 0.1, -0.8]))      # the sampler, a few updates behind pi_theta
+pi = np.exp(reference.log_softmax([0.5, -0.2, 0.1, -1.0]))       # pi_theta
+pi_ref = np.exp(reference.log_softmax([0.0, 0.3, -0.4, -0.5]))   # the reference
+pi_old = np.exp(reference.log_softmax([0.9, -0.5, 0.1, -0.8]))   # the sampler, a few updates behind pi_theta
 k3_per_token = reference.k3(np.log(pi_ref), np.log(pi))  # k3 of each token of the vocabulary
 exact_kl = (pi * np.log(pi / pi_ref)).sum()
 print(f"exact KL(pi || pi_ref)                 {exact_kl:.4f}")
@@ -418,13 +349,11 @@ print(f"mean gradient of k1 = -d, tokens from pi: [{row(np.round(k1_gradient, 12
 # Drawn from $\pi_\theta$, the k3 values average to the exact KL, 0.1159. Drawn from a
 # sampler a few updates behind, they average to 0.1063.
 #
-# On the gradient: the mean gradient of k3 over on-policy tokens is not the gradient of
-# $\mathrm{KL}(\pi_\theta \,\|\, \pi_\text{ref})$. It is, exactly, the gradient of the other
-# direction, $\mathrm{KL}(\pi_\text{ref} \,\|\, \pi_\theta)$, which is
-# $\pi_\theta - \pi_\text{ref}$ in the logits. The two directions have the same minimum,
-# $\pi_\theta = \pi_\text{ref}$, so k3 still pulls the policy towards the reference. But it
-# pulls along a different path than the KL the objective names. k1, the plain log-ratio, is
-# worse as a loss: its mean gradient on on-policy tokens is zero.
+# The mean gradient of k3 over on-policy tokens is exactly that of the other direction,
+# $\mathrm{KL}(\pi_\text{ref} \,\|\, \pi_\theta)$: $\pi_\theta - \pi_\text{ref}$ in the
+# logits. Both directions are smallest at $\pi_\theta = \pi_\text{ref}$, so k3 still pulls
+# the policy towards the reference, along another path. k1, the plain log-ratio, is worse as
+# a loss: its mean gradient on on-policy tokens is zero.
 #
 # ## Step 6. Per-response loss and the group loss
 #
@@ -446,8 +375,8 @@ print(f"\ngroup loss = mean over {G} responses = {loss:+.4f}")
 # responses could earn.
 #
 # Steps 1 to 6 are the whole update. `grpo_edu.algorithm.reference.grpo_update` is the same
-# loop over responses, written once, with its input checks and the gradient that step 7
-# needs. The library call repeats the cells above, number for number:
+# loop, written once, and repeats the cells above number for number. Below are the core
+# lines of its loop; `grpo_edu/algorithm/reference.py` adds input checks and the gradient.
 
 # %%
 update = reference.grpo_update(token_ids, new_logits, old_logp, ref_logp, rewards, epsilon=epsilon, beta=beta)
@@ -457,7 +386,8 @@ same = update.loss == loss and all(
     and np.array_equal(terms.kl, kl[i]) and terms.loss == response_loss[i]
     for i, terms in enumerate(update.responses))
 print(f"reference.grpo_update gives every number of steps 2 to 6, bit for bit: {same}\n")
-print(inspect.getsource(reference.grpo_update))
+source = inspect.getsource(reference.grpo_update)
+print(inspect.cleandoc(source[source.index("        A = float("):source.index("        # d loss / d new_logp")]))
 
 # %% [markdown]
 # ## Step 7. A fresh rollout: zero loss, non-zero gradient
@@ -483,28 +413,25 @@ print(f"gradient norm over all logits = {gradient_norm:.4f}")
 
 # %% [markdown]
 # The loss is -0.0000, zero up to rounding. With every ratio 1, each response's objective is
-# its advantage, and the advantages sum to zero. The gradient is not zero. The derivative of
-# $\rho A$ with respect to $\log\pi_\theta$ is $\rho A = A$. So each token's sampled logit is
-# pushed up in proportion to its response's advantage, divided by G and by the response's
-# length, and times one minus the token's probability (from the softmax). Token 1 of $o_1$
-# gets -0.0409 on its sampled logit, so gradient descent raises it. Token 1 of $o_3$ gets
-# +0.0695, so it is lowered. The gradient's norm over all logits is 0.1527.
+# its advantage, and the advantages sum to zero. The gradient is not zero: the derivative of
+# $\rho A$ with respect to $\log\pi_\theta$ is $\rho A = A$. Each sampled logit is pushed in
+# proportion to its response's advantage, over G and the response's length, times one minus
+# the token's probability. Token 1 of $o_1$ gets -0.0409, so gradient descent raises it.
+# Token 1 of $o_3$ gets +0.0695, so it is lowered. The gradient's norm is 0.1527.
 #
-# The loss value says nothing about learning here; the gradient does all the work. A
-# first-step loss far from 0, or a first-step ratio far from 1, means that the sampler and
-# the trainer compute log-probabilities differently: temperature, dtype, or a mask off by
-# one.
+# **A common mistake** is to expect a loss of about 0 on every step. It is 0 only on a fresh
+# rollout; on the example's drifted logits it was +0.1048 (step 6). A first-step loss far
+# from 0, or a first-step ratio far from 1, means that the sampler and the trainer compute
+# log-probabilities differently: temperature, dtype, or a mask off by one.
 #
 # Nobody has to trust that gradient: here it is against central finite differences.
 
 # %%
 def group_loss(flat_logits):
-    logits, start = [], 0
-    for ids in token_ids:
-        logits.append(flat_logits[start:start + 3 * len(ids)].reshape(len(ids), 3))
-        start += 3 * len(ids)
-    return reference.grpo_update(token_ids, logits, fresh_logp, fresh_logp, rewards,
-                                 epsilon=epsilon, beta=beta).loss
+    """The fresh rollout's group loss, as a function of all 27 logits in one flat vector."""
+    ends = np.cumsum([3 * len(ids) for ids in token_ids])[:-1]          # where each response's logits end
+    logits = [x.reshape(-1, 3) for x in np.split(flat_logits, ends)]
+    return reference.grpo_update(token_ids, logits, fresh_logp, fresh_logp, rewards, epsilon=epsilon, beta=beta).loss
 
 
 flat = np.concatenate([logits.ravel() for logits in new_logits])
@@ -516,166 +443,48 @@ print(f"max |analytic - finite difference| = {np.abs(analytic - numeric).max():.
 # %% [markdown]
 # ## What DeepSeek-R1 trained with
 #
-# The textbook section's $\varepsilon$ and $\beta$ are not R1's. The R1 paper gives its GRPO
-# settings in its "Training details" section, for two models: R1-Zero, and R1, whose RL runs
-# in two stages. The first cell holds what the paper states. A "-" marks a setting the paper
-# does not give. "~ stage 1" marks one where it says only that the second stage keeps most
-# of the first stage's settings.
-
-# %%
-r1_stated = {  # setting: (R1-Zero, R1 first RL stage, R1 second RL stage), from the DeepSeek-R1 paper
-    "learning rate": ("3e-6", "3e-6", "~ stage 1"),
-    "KL coefficient beta": ("0.001", "0.001", "~ stage 1"),
-    "clip ratio epsilon": ("-", "10", "~ stage 1"),
-    "sampling temperature": ("1", "1", "0.7"),
-    "outputs per question G": ("16", "16", "~ stage 1"),
-    "max output length (tokens)": ("32,768; 65,536 from 8.2k", "32,768", "~ stage 1"),
-    "questions per training step": ("32", "32", "~ stage 1"),
-    "outputs per rollout": ("8,192", "8,192", "~ stage 1"),
-    "mini-batches per rollout": ("16", "16", "~ stage 1"),
-    "inner epochs per rollout": ("1", "1", "~ stage 1"),
-    "reference replaced every": ("400 steps", "400 steps", "~ stage 1"),
-    "training steps": ("10,400 = 1.6 epochs", "-", "1,700"),
-    "rewards": ("accuracy + format", "+ language consistency", "+ reward models*"),
-}
-print(f"{'setting':<28} {'R1-Zero':<26} {'R1, RL stage 1':<24} R1, RL stage 2")
-for setting, (zero, stage_1, stage_2) in r1_stated.items():
-    print(f"{setting:<28} {zero:<26} {stage_1:<24} {stage_2}")
-print("* for general (non-reasoning) data, in the last 400 of the 1,700 steps")
-
-# %% [markdown]
-# The counts fit together in one way only, and the next cell works it out. A training step
-# is 32 questions with 16 outputs each. A rollout is 8,192 outputs, split into 16
-# mini-batches and used once. So a mini-batch is exactly one training step, that is one
-# optimizer step, and each rollout feeds 16 of them in a row.
-
-# %%
-questions_per_step, outputs_per_question, mini_batches, inner_epochs = 32, 16, 16, 1
-outputs_per_step = questions_per_step * outputs_per_question
-outputs_per_rollout = questions_per_step * outputs_per_question * mini_batches
-optimizer_steps_per_rollout = mini_batches * inner_epochs
-reference_every_steps, r1_zero_steps, r1_zero_epochs, r1_epsilon = 400, 10_400, 1.6, 10
-print(f"outputs per training step  = {questions_per_step} x {outputs_per_question} = {outputs_per_step} "
-      f"(the paper's 'training batch size of 512')")
-print(f"outputs per rollout        = {questions_per_step} x {outputs_per_question} x {mini_batches} = "
-      f"{outputs_per_rollout:,} (the paper's 8,192)")
-print(f"questions per rollout      = {outputs_per_rollout:,} / {outputs_per_question} = "
-      f"{outputs_per_rollout // outputs_per_question}")
-print(f"optimizer steps per rollout = {optimizer_steps_per_rollout}, of which "
-      f"{optimizer_steps_per_rollout - 1} train on outputs an earlier policy sampled")
-print(f"reference replaced every {reference_every_steps} steps = every "
-      f"{reference_every_steps // optimizer_steps_per_rollout} rollouts")
-print(f"R1-Zero: {r1_zero_steps:,} steps = {r1_zero_steps // optimizer_steps_per_rollout} rollouts, "
-      f"{r1_zero_steps * questions_per_step:,} questions drawn = {r1_zero_epochs} epochs of about "
-      f"{r1_zero_steps * questions_per_step / r1_zero_epochs:,.0f} questions")
-print(f"clip ratio {r1_epsilon}: ratios clipped to [{1 - r1_epsilon}, {1 + r1_epsilon}]")
-
-# %% [markdown]
-# Two consequences are worth a sentence each. First, fifteen of every 16 optimizer steps
-# train on outputs that an earlier policy sampled. That is what the ratio and the clip are
-# for (chapter 3 shows why $\pi_{\theta_\text{old}}$ must then stay the sampler for the whole
-# rollout). Second, a clip ratio of 10 clips ratios to [-9, 11]. A ratio is never negative,
-# so the lower bound never binds. The upper one only stops a token with $A > 0$ whose
-# probability has grown elevenfold since sampling. R1's trust region is wide open. The paper
-# stresses that the value matters: a lower one can cut off the gradients of many tokens and
-# degrade the model, and a higher one can make training unstable.
-#
-# `configs/r1-recipe-tiny.toml` applies this recipe (R1's first RL stage) to the tiny
-# arithmetic task of chapters 5 and 6. In grpo_edu a training step (`steps`) is one rollout.
-# So R1's counts map onto the config's keys as below, and the config's comments say why four
-# values differ.
+# The DeepSeek-R1 paper gives its GRPO settings for R1 and for R1-Zero. DeepSeek-R1-Zero is
+# RL straight from the base model, with no supervised fine-tuning first. The cell puts R1's
+# first RL stage in grpo_edu's config keys, beside `configs/r1-recipe-tiny.toml`, which
+# applies it to the tiny arithmetic task of chapters 5 and 6.
 
 # %%
 from grpo_edu.config import TrainConfig
 
+# A training step of R1 is 32 questions x 16 outputs, and a rollout 16 such mini-batches, one optimizer
+# step each. In grpo_edu a step is one rollout. R1-Zero ran 10,400 optimizer steps: 650 rollouts, 1.6 epochs.
+r1_first_stage = {   # grpo_edu key: R1's value in that key's units
+    "prompts_per_step": 32 * 16, "num_generations": 16, "num_mini_batches": 16, "num_iterations": 1,
+    "learning_rate": 3e-6, "beta": 0.001, "epsilon": 10, "epsilon_high": 10, "temperature": 1.0,
+    "ref_sync_steps": 400 // 16, "max_completion_length": 32_768}   # reference replaced every 400 steps
 tiny_r1 = TrainConfig.from_toml(home.path("configs/r1-recipe-tiny.toml"))
-r1_as_keys = {  # grpo_edu key: R1's first RL stage in that key's units
-    "prompts_per_step": outputs_per_rollout // outputs_per_question,
-    "num_generations": outputs_per_question,
-    "num_mini_batches": mini_batches,
-    "num_iterations": inner_epochs,
-    "learning_rate": 3e-6,
-    "beta": 0.001,
-    "epsilon": r1_epsilon,
-    "epsilon_high": r1_epsilon,
-    "temperature": 1.0,
-    "ref_sync_steps": reference_every_steps // optimizer_steps_per_rollout,
-    "max_completion_length": 32_768,
-}
-print(f"{'key':<22} {'R1':>10} {'r1-recipe-tiny':>15}")
-for key, r1_value in r1_as_keys.items():
+for key, r1_value in r1_first_stage.items():
     ours = tiny_r1.value(key)
-    print(f"{key:<22} {r1_value:>10g} {ours:>15g}   {'' if ours == r1_value else 'changed'}".rstrip())
-drawn = tiny_r1.optimisation.steps * tiny_r1.rollout.prompts_per_step
-print(f"steps: {tiny_r1.optimisation.steps} rollouts = {tiny_r1.optimisation.steps * tiny_r1.optimisation.num_mini_batches} optimizer steps, "
-      f"{drawn:,} prompts drawn, {drawn * tiny_r1.rollout.num_generations:,} completions")
+    print(f"{key:<22} R1 {r1_value:>8g}   r1-recipe-tiny {ours:>8g}   {'' if ours == r1_value else 'changed'}".rstrip())
 
 # %% [markdown]
+# <details><summary>What the table means, and what the tiny recipe changes</summary>
+#
+# Fifteen of every 16 optimizer steps train on outputs that an earlier policy sampled. That
+# is what the ratio and the clip are for (chapter 3 shows why $\pi_{\theta_\text{old}}$ must
+# then stay the sampler for the whole rollout). A clip ratio of 10 clips ratios to [-9, 11].
+# A ratio is never negative, so the lower bound never binds. The upper one only stops a
+# token with $A > 0$ whose probability has grown elevenfold since sampling: R1's trust
+# region is wide open. The paper stresses that the value matters: a lower one can cut off
+# the gradients of many tokens, and a higher one can make training unstable. R1-Zero uses
+# the same learning rate, $\beta$, temperature and counts; the paper gives no clip ratio for
+# it. R1's second RL stage keeps most of the first stage's settings.
+#
 # The length limit shrinks because a correct completion of the tiny task has at most ten
 # tokens. The learning rate grows because 3e-6 was chosen for DeepSeek-V3-Base, the
-# 671-billion-parameter model R1 starts from. Learning rates do not carry across a change of
-# scale that large, and 3e-4 is the tiny policy's tuned value. `grpo_loss` requires
-# $\varepsilon$ < 1, and 0.999 puts the lower bound at 0.001. It binds there only on a token
-# whose probability fell a thousandfold since sampling. Instead of R1-Zero's 650 rollouts,
-# the config keeps its 1.6 epochs: 31 rollouts of 512 prompts draw 15,872 times from the
-# 10,000 training problems the trainer samples from (`grpo_edu.environment.tasks.TRAIN_POOL`).
-# %% [markdown]
-# ## Where the textbook section and its own listing disagree
+# 671-billion-parameter model R1 starts from, and 3e-4 is the tiny policy's tuned value.
+# `grpo_loss` requires $\varepsilon$ < 1, and 0.999 puts the lower bound at 0.001: it binds
+# only on a token whose probability fell a thousandfold since sampling. Instead of
+# R1-Zero's 650 rollouts, the config keeps its 1.6 epochs: 31 rollouts of 512 prompts draw
+# 15,872 times from the 10,000 training problems the trainer samples from
+# (`grpo_edu.environment.tasks.TRAIN_POOL`).
 #
-# The textbook section prints numbers next to its listing. Running the listing shows which
-# of them it does not produce. Here the listing runs as `grpo_edu.algorithm.reference` on the
-# same inputs, which gives the same values as the listing's own code. Each row: what the
-# section prints, and what the computation gives at the same precision.
-
-# %%
-kl_example = reference.k3(-0.600, -0.476)[()]
-textbook_claims = [
-    # (what, printed by the textbook, computed, decimals)
-    ("mean(r)", 0.45, mean, 2),
-    ("population std", 0.384, std_population, 3),
-    ("A_1..A_4", [1.172, -0.391, -1.432, 0.651], adv_population, 3),
-    ("log-softmax of o_1 token 1 row", [-0.476, -1.776, -1.276], update.responses[0].log_probs[0], 3),
-    ("log pi_new of o_1 tokens", [-0.476, -0.176, -0.376], update.responses[0].new_logp, 3),
-    ("ratios of o_1", [1.024, 1.105, 1.052], update.responses[0].ratio, 3),
-    ("rho*A of o_1", [1.200, 1.295, 1.232], update.responses[0].surrogate, 3),
-    ("mean objective of o_1", 1.242, update.responses[0].objective_mean, 3),
-    ("k3 for d = -0.124 (step 5)", 0.0074, kl_example, 4),
-    ("k3 for d = -0.124 (listing note)", 0.0078, kl_example, 4),
-    ("k3 for d = -0.124 (PyTorch note)", 0.0073, kl_example, 4),
-    ("rho*A for invented log ratio +0.25", -1.838, illustration_surrogate[0], 3),
-    ("mean objective, invented o_3", -1.492, illustration_objective.mean(), 3),
-    ("per-response losses", [-1.242, 0.402, 1.492, -0.651], [t.loss for t in update.responses], 3),
-    ("group loss", 0.000, update.loss, 3),
-]
-print(f"{'quantity':<36} {'textbook prints':<31} {'computed':<31} agree")
-for what, claimed, computed, decimals in textbook_claims:
-    claimed, computed = np.atleast_1d(claimed), np.round(np.atleast_1d(computed), decimals)
-    agree = np.allclose(claimed, computed, atol=0.5 * 10 ** -decimals)
-    show = lambda v: ", ".join(f"{x:.{decimals}f}" for x in v)
-    print(f"{what:<36} {show(claimed):<31} {show(computed):<31} {'yes' if agree else 'NO'}")
-
-# %% [markdown]
-# What the table shows:
-#
-# - The group statistics and advantages agree: the section's arithmetic for step 1 is right.
-# - Everything downstream of the logits disagrees. The section's log-softmax row
-#   (-0.476, -1.776, -1.276) is the logits minus 1.576. But the log-sum-exp of that row is
-#   1.6434, so the printed row is not a distribution: its probabilities sum to 1.0697 (see
-#   below). The printed ratios and the printed per-response losses describe logits that are
-#   not the ones in the listing.
-# - The section prints three values for the same k3 term (0.0074, 0.0078, 0.0073). Only the
-#   first is right at four decimals.
-# - With its invented log-ratio of +0.25 for $o_3$, the section prints -1.838, where 1.2840
-#   times -1.4321 gives -1.839. Its mean, -1.492, survives the rounding.
-# - The section's group loss of about 0.000 is true only for a fresh rollout (step 7). On the
-#   listing's drifted logits the loss is +0.1048.
-# - Its two listings also disagree with each other on the std (step 1).
-
-# %%
-printed_row = np.array([-0.476, -1.776, -1.276])
-print(f"sum of exp(printed row) = {np.exp(printed_row).sum():.4f}; "
-      f"logits minus printed row = {new_logits[0][0] - printed_row}; "
-      f"log-sum-exp of the logits = {np.log(np.exp(new_logits[0][0]).sum()):.4f}")
+# </details>
 
 # %% [markdown]
 # ## What you learned
@@ -685,7 +494,7 @@ print(f"sum of exp(printed row) = {np.exp(printed_row).sum():.4f}; "
 # - A token clips only when it has moved past the range in the direction its advantage wants; the clip never stops a correction.
 # - k3 is never negative and, on tokens from $\pi_\theta$, unbiased; its mean gradient is that of $\mathrm{KL}(\pi_\text{ref} \,\|\, \pi_\theta)$.
 # - On a fresh rollout the loss is zero, but the gradient is not.
-# - R1 trained with $\beta$ = 0.001 and a clip ratio of 10, not the textbook section's 0.04 and 0.2.
+# - DeepSeek-R1 trained with $\beta$ = 0.001 and a clip ratio of 10, not DeepSeekMath's 0.04 and PPO's 0.2.
 #
 # ## Check yourself
 #
@@ -749,16 +558,14 @@ print(f"sum of exp(printed row) = {np.exp(printed_row).sum():.4f}; "
 #
 # ## Exercises
 #
-# Each exercise has a checker in `grpo_edu.exercises.ch01` that runs your answer on several
-# cases. It names each case that fails and how your answer is wrong there: its shape, its
-# sign, too large or too small, off by a factor, NaN. It never gives the right value. Each
-# exercise has a hint and a worked solution (for the open question, a written answer),
-# folded: open them when you want them.
+# Each exercise has a checker in `grpo_edu.exercises.ch01`. It names each case your answer
+# fails and how (its shape, its sign, its size, a factor, NaN), never the right value. Hints
+# and worked solutions (for the open question, a written answer) are folded.
 #
 # **1.1 Group advantages.** Write `my_group_advantages(rewards, std)` for one group:
 # `(r - mean) / (std + 1e-8)`, with `std` either `"population"` or `"sample"`. The first
-# attempt below has a bug that the textbook section's two listings share between them. Run
-# the checker, read which cases fail, and fix it. Then make sure an all-equal group returns
+# attempt below makes step 1's common mistake. Run the checker, read which cases fail, and
+# fix it. Then make sure an all-equal group returns
 # zeros, not NaN.
 #
 # <details><summary>Hint</summary>
@@ -799,8 +606,7 @@ ch01.check_group_advantages(my_group_advantages)
 # $\varepsilon$ = 0.2, predict whether the token is clipped: the minimum strictly picks the
 # clipped term, so the token gets no gradient. Write your answers as a list of 8 booleans,
 # then check them. The checker says how many predictions are wrong in each half of the quiz
-# (the pairs with A > 0, those with A < 0), but not which. Naming a wrong yes-or-no would
-# give its answer away.
+# (the pairs with A > 0, those with A < 0), but not which.
 #
 # <details><summary>Hint</summary>
 #
@@ -826,10 +632,8 @@ ch01.check_clip_predictions(my_predictions)
 
 # %% [markdown]
 # **1.3 The k3 estimator.** Write `my_k3(log_ref, log_new)` returning the per-token k3
-# estimate, then check it. Bonus: sample tokens from step 5's $\pi_\theta$. Show that the
-# mean of k3 over samples approaches the exact KL, while k1 = $-d$ takes negative values on
-# single samples. Then sample from its $\pi_{\theta_\text{old}}$ instead, and watch the
-# mean settle somewhere else.
+# estimate, then check it. Bonus: sample tokens from step 5's $\pi_\theta$, then from its
+# $\pi_{\theta_\text{old}}$, and watch the mean of k3 settle at two different values.
 #
 # <details><summary>Hint</summary>
 #
@@ -882,5 +686,52 @@ ch01.check_k3(my_k3)
 # loss and gradients. Without the std (`scale_by_std=False`, Dr. GRPO's advantage) the
 # policy-gradient term would be 10 times larger and the KL term's relative weight 10 times
 # smaller.
+#
+# </details>
+#
+# **Open question: the std under an optimiser.** Check step 1's claims about the two stds.
+# Train the example's logits for 20 steps on one fresh rollout, with each std, with plain
+# gradient descent and with Adam, with $\beta$ = 0 and 0.04. Which pairs of runs end apart?
+#
+# <details><summary>Hint</summary>
+#
+# `reference.grpo_update(..., std=std)` returns each response's `grad_logits`. For a fresh
+# rollout, pass the starting log-probabilities as both the old and the reference ones
+# (step 7). Adam keeps two running averages per logit: of the gradient and of its square.
+#
+# </details>
+#
+# <details><summary>Answer</summary>
+#
+# ```python
+# def train_logits(std, beta, adam, steps=20, lr=0.05):
+#     """The example's logits after `steps` updates on step 7's fresh rollout, flat."""
+#     logits = [x.copy() for x in new_logits]
+#     first, second = [0 * x for x in logits], [0 * x for x in logits]   # Adam's moments
+#     for k in range(1, steps + 1):
+#         out = reference.grpo_update(token_ids, logits, fresh_logp, fresh_logp, rewards,
+#                                     epsilon=epsilon, beta=beta, std=std)
+#         for i, g in enumerate(terms.grad_logits for terms in out.responses):
+#             first[i] = 0.9 * first[i] + 0.1 * g
+#             second[i] = 0.999 * second[i] + 0.001 * g ** 2
+#             adam_step = (first[i] / (1 - 0.9 ** k)) / (np.sqrt(second[i] / (1 - 0.999 ** k)) + 1e-8)
+#             logits[i] = logits[i] - lr * (adam_step if adam else g)
+#     return np.concatenate([x.ravel() for x in logits])
+#
+#
+# for adam in (False, True):
+#     for kl_weight in (0.0, beta):
+#         gap = np.abs(train_logits("population", kl_weight, adam) - train_logits("sample", kl_weight, adam))
+#         print(f"adam={adam}, beta={kl_weight}: the logits end {gap.max():.1e} apart")
+# factor = adv_population[0] / adv_sample[0]
+# print(np.allclose(train_logits("sample", beta, False),
+#                   train_logits("population", beta * factor, False, lr=0.05 / factor), rtol=0, atol=1e-12))
+# ```
+#
+# Under gradient descent the runs end apart, and the last line prints True: the sample std
+# is the population std with the learning rate divided by the factor and $\beta$ multiplied
+# by it. Under Adam without a KL term the two runs agree up to Adam's small $\epsilon$,
+# because Adam divides out a constant factor on the gradient. With $\beta$ = 0.04 they part
+# again: the std now sets the KL term's weight against the policy gradient.
 #
 # </details>

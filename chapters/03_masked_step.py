@@ -24,8 +24,8 @@
 # Chapter 1 computed one GRPO (Group Relative Policy Optimization) update of one group with
 # a Python loop over responses. Each response was its own array, so nothing could leak
 # between them. A trainer cannot afford loops. It holds B prompts with G completions each
-# in padded tensors of shape (B, G, S), runs a real transformer over them, and relies on
-# masks to say which entries are tokens and which are padding. Almost every GRPO bug lives
+# in padded tensors of shape (B, G, S), and runs a real transformer over them. Masks say
+# which entries are tokens and which are padding. Almost every GRPO bug lives
 # in those masks and in one off-by-one between logits and tokens.
 #
 # This chapter builds that step on a tiny Llama: a batch of B = 2 prompts with G = 3
@@ -138,9 +138,9 @@ print(f"input_ids {tuple(input_ids.shape)} = (B, G, T), attention_mask {tuple(at
 
 
 # %% [markdown]
-# Row (prompt 1, completion 0) column by column: the decoded token, the attention mask,
-# the completion mask (defined on the S completion columns only), and the position id that
-# `generate` gave the token. The last column states the one fact that causes most bugs:
+# Row (prompt 1, completion 0), column by column, shows four things. They are the decoded
+# token, the attention mask, the completion mask (defined on the S completion columns
+# only), and the position id that `generate` gave the token. The last column states the one fact that causes most bugs:
 # **the logits at column j predict the token at column j + 1**. The completion's first
 # token, at column P, is scored by the logits at column P - 1, the last prompt token. The
 # logits at the last column predict nothing we have.
@@ -162,17 +162,17 @@ show_row(1, 0)
 
 # %% [markdown]
 # Three things to read off the table. The prompt `3*4=` is 4 characters and P is 5, so
-# column 0 is padding, and its position id is 0 like the first real token's: positions
-# count real tokens, as in `generate`. The completion `\boxed{12}<eos>` is 5 tokens
+# column 0 is padding. Its position id is 0, like the first real token's: positions count
+# real tokens, as in `generate`. The completion `\boxed{12}<eos>` is 5 tokens
 # (`\boxed{` is one); columns 10 to 18 are padding, with attention 0 and completion mask
 # 0. And the end-of-sequence (EOS) token is a completion token: it was sampled, so its
 # log-probability is trained (the model learns when to stop).
 #
 # ### The off-by-one, measured
 #
-# Take the logits of the whole batch and score the completion tokens twice: with the
-# logits one column to the left (right) and with the logits at the token's own column
-# (the classic mistake). The check is the row run alone, unpadded and unbatched.
+# Take the logits of the whole batch and score the completion tokens twice. Once with the
+# logits one column to the left (right), and once with the logits at the token's own
+# column (the classic mistake). The check is the row run alone, unpadded and unbatched.
 
 # %%
 flat_ids, flat_attention = input_ids.view(B * G, -1), attention_mask.view(B * G, -1)
@@ -286,7 +286,7 @@ print(f"grpo_loss: {f4(out.loss.item())}; inline == library: "
 
 # %% [markdown]
 # **Backward, gradient-norm clipping, optimizer step.** `clip_grad_norm_` returns the norm
-# before clipping; a trainer logs it, because a norm that keeps hitting the limit means
+# before clipping, and a trainer logs it. A norm that keeps hitting the limit means that
 # the effective learning rate is the clip, not the one in the config.
 
 # %%
@@ -305,9 +305,9 @@ for name, value in out.metrics.items():
     print(f"{name:24} {f4(value)}")
 
 # %% [markdown]
-# Before the step the new policy *is* the old one: every ratio is 1, nothing is clipped,
-# and approx_kl (how far the policy moved since sampling) and kl (to the reference) are
-# both 0. After the step they are not. This is what a second pass over the same samples sees
+# Before the step the new policy *is* the old one: every ratio is 1 and nothing is clipped.
+# approx_kl (how far the policy moved since sampling) and kl (to the reference) are both
+# 0. After the step they are not. This is what a second pass over the same samples sees
 # (`num_iterations` = 2 in TRL, Hugging Face's Transformer Reinforcement Learning library,
 # or the next mini-batch):
 
@@ -328,7 +328,7 @@ for b in range(B):
 # %% [markdown]
 # One step moved the completions the way their advantages say: those with $A > 0$ became
 # more likely, those with $A < 0$ less likely. The two with A = 0 got no gradient of their
-# own and still moved a little, through the weights they share with the others: a
+# own. They still moved a little, through the weights they share with the others: a
 # token's gradient changes every probability the same weights produce.
 #
 # ## Why pi_old is the sampler, for the whole rollout
@@ -342,18 +342,18 @@ for b in range(B):
 # $\pi_{\theta_\text{old}}$ stays the policy that sampled, from the first step on the
 # rollout to the last.
 #
-# The textbook section "Implementing GRPO from Scratch" (its chapter 15), which chapter 1
-# follows, advises the opposite when a rollout gets several passes. It refreshes the old
-# log-probabilities at the start of every pass, so that the ratio does not drift far from 1
-# and the clipped fraction does not spike. Both symptoms are the trust region doing its job.
+# **A common mistake** is to do the opposite when a rollout gets several passes: to refresh
+# the old log-probabilities at the start of every pass. Then the ratio does not drift far
+# from 1, and the clipped fraction does not spike. But both symptoms are the trust region
+# doing its job.
 # Refreshing removes them by moving the ratio's reference point to wherever the policy has
 # got to. Here are three choices of $\pi_{\theta_\text{old}}$ on this chapter's batch. Each
 # trains from the sampling policy with the same AdamW settings, over 2 passes of 2
 # mini-batches (one prompt's group each), so 4 optimizer steps per rollout:
 #
 # - `sampler`: the log-probs of the policy that sampled, fixed for the whole rollout;
-# - `each pass`: recomputed from the current policy before every pass (the textbook
-#   section's advice);
+# - `each pass`: recomputed from the current policy before every pass (the common mistake
+#   above);
 # - `each step`: the current policy's own log-probs, detached, in every step (the easy
 #   mistake of writing `old_logp = logp.detach()`).
 
@@ -416,22 +416,20 @@ print("3 passes of one mini-batch (PPO-style epochs), clipped share per step: "
 # %% [markdown]
 # With $\pi_{\theta_\text{old}}$ fixed at the sampler, the first step sees ratios of 1 and
 # every later step sees how far the policy has drifted since sampling. In the second pass
-# the ratios span 0.4854 to 1.8383, and the clip stops 0.5833 of the first mini-batch's
+# the ratios span 0.4854 to 1.8383. The clip stops 0.5833 of the first mini-batch's
 # tokens: those that have already moved far enough in their advantage's direction.
 # Refreshed before each pass, the ratio is exactly 1 again on the second pass's first
-# step, so nothing the policy did in the first pass can be clipped there; the clip acts in
-# one step of four instead of two. Take one mini-batch per pass, the textbook section's
-# setting of several PPO-style epochs over one rollout. There refreshing switches the clip
-# off entirely: 0 clipped tokens in every pass, against 0.4091 and 0.5455 in the second and
+# step. So nothing the policy did in the first pass can be clipped there, and the clip acts
+# in one step of four instead of two. Now take one mini-batch per pass: several PPO-style
+# epochs over one rollout. There refreshing switches the clip off entirely: 0 clipped tokens in every pass, against 0.4091 and 0.5455 in the second and
 # third passes with a fixed $\pi_{\theta_\text{old}}$. Computed inside each step, the ratio is 1
 # everywhere, and the loop is plain policy gradient with no trust region at all.
 #
 # The last lines measure the consequence from the sampler's point of view. Without a fixed
 # $\pi_{\theta_\text{old}}$ the policy ends the rollout further from the policy that
 # produced its data (approx_kl 0.1701 and 0.1715 against 0.1026). The clip is not a wall:
-# even with it, ratios end between 0.4491 and 2.3210, because a clipped token's probability
-# still moves through the weights it shares with unclipped tokens and through AdamW's
-# momentum. It is a brake on the gradient, and it only brakes when its reference point is
+# even with it, ratios end between 0.4491 and 2.3210. A clipped token's probability still
+# moves, through the weights it shares with unclipped tokens and through AdamW's momentum. It is a brake on the gradient, and it only brakes when its reference point is
 # the sampler.
 #
 # `grpo_edu.training.trainer` therefore computes $\log\pi_{\theta_\text{old}}$ once per rollout, with
@@ -599,8 +597,8 @@ for name, (B_, G_, P_) in {"this chapter": (B, G, P), "a GPU batch": (64, 16, 51
 #
 # The largest tensor of the step is not an input at all: the logits, N x S x V floats.
 # This chapter's model has a vocabulary of 102, but a real one has 32k to over 150k
-# entries, and `torch.log_softmax(logits)` writes another tensor of that size only to read
-# one entry per row. `token_logprobs` never does: it works through the logits a chunk of
+# entries. `torch.log_softmax(logits)` writes another tensor of that size only to read one
+# entry per row. `token_logprobs` never does: it works through the logits a chunk of
 # rows at a time, and its backward recomputes the softmax chunk by chunk:
 #
 # <details><summary>How we know</summary>

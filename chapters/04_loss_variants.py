@@ -28,7 +28,8 @@
 #   `dapo`): this decides how hard each *token* is pushed, and it depends on the
 #   completion's length;
 # - **which ratio is clipped, and where**: the sequence-level ratio of GSPO (Group Sequence
-#   Policy Optimization), and the clip-higher of DAPO (Decoupled Clip and Dynamic Sampling
+#   Policy Optimization; Zheng et al., 2025,
+#   [`arXiv 2507.18071`](https://arxiv.org/abs/2507.18071)), and the clip-higher of DAPO (Decoupled Clip and Dynamic Sampling
 #   Policy Optimization).
 #
 # Plus one change upstream of the loss: whether advantages are divided by the group's
@@ -91,8 +92,13 @@ print(f"{int(completion_mask.sum())} completion tokens, S = {S}, L = {L}")
 # %% [markdown]
 # ## Side by side
 #
+# > **Ranks, world size, micro-batches.** A run on several GPUs starts one process per GPU.
+# > Each process is a *rank*, numbered from 0, and the *world size* is the number of ranks.
+# > Each rank computes the loss on its own share of the batch, often in several
+# > *micro-batches* whose gradients it adds up before one optimizer step.
+#
 # Six settings on the same batch. The `dapo` row counts the tokens of a generation batch twice
-# this one's, as when it is split across two GPUs, so it differs from `bnpo`; with the local
+# this one's, as when it is split across two ranks, so it differs from `bnpo`. With the local
 # count the two are identical. Every row keeps the same Kullback-Leibler (KL) term,
 # $\beta$ = 0.04, DAPO's included, so that the rows differ only in aggregation and clipping. For each we print the
 # loss and the fraction of tokens clipped. We also print the total gradient each completion
@@ -203,15 +209,15 @@ for length in (10, 100, 1000):
 # They differ in the constant they divide by:
 #
 # - `bnpo`: this batch's token count, which varies from micro-batch to micro-batch;
-# - `dapo`: the token count of the whole generation batch, summed over GPUs and accumulation
-#   steps. When a rollout is split into mini-batches, grpo_edu's trainer divides by the
+# - `dapo`: the token count of the whole generation batch, summed over ranks and
+#   micro-batches. When a rollout is split into mini-batches, grpo_edu's trainer divides by the
 #   rollout's tokens per optimizer step, as TRL (Hugging Face's Transformer Reinforcement
 #   Learning library) does;
 # - `dr_grpo`: N L, with L the generation limit, a true constant.
 #
-# A warning about that constant. The textbook section "Implementing GRPO from Scratch" (its
-# chapter 15) describes Dr. GRPO as dividing by the padded width of the batch. That is not a
-# constant: the same completions padded to a longer batch would get a smaller loss.
+# **A common mistake** is to implement Dr. GRPO by dividing by the padded width of the
+# batch. That is not a constant: the same completions padded to a longer batch would get a
+# smaller loss.
 # `grpo_loss` therefore requires `max_completion_length` for `dr_grpo` instead of inferring
 # it from the tensor:
 

@@ -24,7 +24,7 @@ def _texts(figure):
 def test_the_docstring_lists_every_schematic():
     public = {n for n, f in vars(schematics).items()
               if callable(f) and not n.startswith("_") and getattr(f, "__module__", "") == schematics.__name__}
-    assert set(NAMES) == public and len(NAMES) == 15
+    assert set(NAMES) == public and len(NAMES) == 16
 
 
 @pytest.mark.parametrize("name", NAMES)
@@ -54,8 +54,32 @@ def test_token_weights_shows_the_aggregations_weights():
 def test_bgs_tensor_masks_exactly_the_completion_tokens():
     lengths = ((4, 6, 2), (5, 3, 1))
     figure = schematics.bgs_tensor((3, 5), lengths)
-    ones = sum(t == "1" for t in _texts(figure))
+    texts = _texts(figure)
+    ones, zeros = sum(t == "1" for t in texts), sum(t == "0" for t in texts)
     assert ones == sum(map(sum, lengths))
+    assert ones + zeros == 6 * 6                      # the mask is written on the S = 6 completion columns only
+    plt.close(figure)
+
+
+def test_bgs_tensor_names_prompt_and_completion_columns_apart():
+    """P, S and T = P + S are three numbers: the picture labels each block and the seam."""
+    figure = schematics.bgs_tensor((3, 5), ((4, 6, 2), (5, 3, 1)))
+    texts = _texts(figure)
+    assert "P = 5 prompt columns" in texts and "S = 6 completion columns" in texts
+    assert any(t.startswith("T = P + S = 11 columns") for t in texts) and any("seam" in t for t in texts)
+    assert not any(t.startswith("S = 11") for t in texts)
+    plt.close(figure)
+
+
+def test_ppo_vs_grpo_draws_every_part_and_counts_the_networks():
+    figure = schematics.ppo_vs_grpo()
+    texts = _texts(figure)
+    for method, parts in schematics.PARTS.items():
+        assert {name for name, *_ in parts} <= set(texts), method
+    assert {name for name, *_ in schematics.PARTS["PPO"]} == {"policy", "critic", "reward model", "reference"}
+    assert "critic" not in {name for name, *_ in schematics.PARTS["GRPO"]}
+    assert "PPO: 4 networks, 2 trained" in texts
+    assert "GRPO: 1 network + 1 optional, 1 trained" in texts
     plt.close(figure)
 
 

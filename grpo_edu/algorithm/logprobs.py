@@ -1,7 +1,7 @@
 """Per-token log-probabilities at the sampled tokens, without the full log-softmax.
 
 GRPO needs log pi(o_t | q, o_<t) only at the token that was sampled, one number
-per position. The textbook way, `log_softmax(logits).gather(ids)`, first writes
+per position. The usual way, `log_softmax(logits).gather(ids)`, first writes
 log-probabilities for the whole vocabulary: for 64 completions of 512 tokens over
 a 32k vocabulary that is a 4.2 GB float32 tensor, allocated to keep 131 kB of it.
 Since

@@ -47,7 +47,7 @@ def _group_mean(rewards: np.ndarray) -> float:
 def group_std(rewards, std: str = "population") -> float:
     """Standard deviation of one group's rewards: (G,) -> float.
 
-    std="population" divides by G (NumPy's default, the textbook formula);
+    std="population" divides by G (NumPy's default, the formula as usually written);
     std="sample" divides by G - 1 (Bessel's correction: torch.std and TRL).
     """
     if std not in STD_KINDS:
@@ -144,7 +144,7 @@ def grpo_update(token_ids: Sequence[Sequence[int]], new_logits: Sequence, old_lo
     rewards: (G,) one scalar per response
     epsilon / epsilon_high: clip range [1 - epsilon, 1 + epsilon_high]; epsilon_high
         defaults to epsilon (the symmetric clip that DeepSeekMath and DeepSeek-R1 write)
-    beta: weight of the k3 KL penalty (0.04 is DeepSeekMath's value and the textbook
+    beta: weight of the k3 KL penalty (0.04 is DeepSeekMath's value and chapter 1's
         example's; DeepSeek-R1 used 0.001)
     std, scale_by_std, eps: as in group_advantages
     """

@@ -1,7 +1,6 @@
 """Chapter 1's worked example as data: one prompt, G = 4 responses, one update.
 
-The numbers are those of the listing in the textbook's section on implementing
-GRPO, which chapter 1 works through: 4 responses of 3, 2, 2 and 2 tokens over a
+The numbers are chapter 1's example, which it works through by hand: 4 responses of 3, 2, 2 and 2 tokens over a
 vocabulary of 3 tokens. Chapter 1 types them out for the reader; the explorers
 (chapter 2) and the tests import them from here, so the book has one copy of them
 outside chapter 1's prose.

@@ -5,6 +5,7 @@ picture shows numbers (advantages, a mask, a weight), they are computed here by 
 never typed in.
 
     grpo_ladder        chapter 0: from REINFORCE to GRPO, one change at a time
+    ppo_vs_grpo        chapter 0: the models PPO runs beside the policy, and what GRPO keeps
     group_advantages   chapter 1: one prompt, G completions, their rewards and advantages
     clip_regions       chapter 2: where PPO's clipped objective stops the gradient
     bgs_tensor         chapter 3: the (B, G, S) tensor: prompt, completion and padding, the mask
@@ -85,6 +86,48 @@ def grpo_ladder():
     return _done(figure, axes, (-0.1, 10.3), (-0.1, 1.7))
 
 
+# (name, what it is, trained, a network) for ppo_vs_grpo: the parts each method runs in a step.
+# PPO for language models as in InstructGPT (Ouyang et al., 2022); GRPO as DeepSeekMath
+# (Shao et al., 2024) introduced it, with DeepSeek-R1's rule rewards (DeepSeek-AI, 2025).
+PARTS = {
+    "PPO": [("policy", "the model trained", True, True),
+            ("critic", "the value model: as large\nas the policy, also trained", True, True),
+            ("reward model", "a learned scorer,\nfrozen", False, True),
+            ("reference", "the frozen start,\nfor the KL term", False, True)],
+    "GRPO": [("policy", "the model trained", True, True),
+             ("the group", "G completions per prompt:\ntheir mean is the baseline", False, False),
+             ("rule reward", "a function that checks\nthe answer: no model", False, False),
+             ("reference", "optional: the frozen\nstart, for the KL term", False, True)],
+}
+
+
+def ppo_vs_grpo(parts=PARTS):
+    """What each method runs beside the policy, side by side: PPO's critic, reward model and
+    reference against GRPO's group, rule reward and optional reference. Blue: a trained
+    network; grey: a frozen one; green: no network at all; dashed: optional."""
+    figure, axes = _figure(10, 3.6)
+    for column, (method, items) in enumerate(parts.items()):
+        x0 = column * 5.2
+        networks = [text for _, text, _, network in items if network]
+        optional = sum(text.startswith("optional") for text in networks)
+        trained = sum(is_trained for _, _, is_trained, _ in items)
+        title = (f"{method}: {len(networks) - optional} networks" if not optional else
+                 f"{method}: {len(networks) - optional} network + {optional} optional")
+        axes.text(x0 + 2.3, 3.05, f"{title}, {trained} trained", ha="center", fontsize=10.5, weight="bold")
+        for i, (name, text, is_trained, network) in enumerate(items):
+            x, y = x0 + (i % 2) * 2.4, 1.55 - (i // 2) * 1.45
+            color = POLICY if is_trained else PROMPT if network else GOOD
+            _box(axes, x, y, 2.15, 1.15, "", color=color, fill=0.3 if network else 0.08)
+            if text.startswith("optional"):
+                axes.patches[-1].set_linestyle("--")
+            axes.text(x + 1.075, y + 0.85, name, ha="center", va="center", fontsize=9.5, weight="bold")
+            axes.text(x + 1.075, y + 0.38, text, ha="center", va="center", fontsize=7.8)
+    axes.plot([4.95, 4.95], [0.0, 3.2], color="#cccccc", lw=1)
+    axes.text(5.0, -0.3, "blue: a trained network    grey: a frozen network    green: no network    "
+              "dashed: optional", ha="center", va="center", fontsize=8, color="#555555")
+    return _done(figure, axes, (-0.1, 10.1), (-0.5, 3.3))
+
+
 # ----------------------------------------------------------------------------- chapter 1
 
 def group_advantages(rewards=(1.0, 0.0, 0.0, 1.0), prompt="q"):
@@ -140,36 +183,44 @@ def clip_regions(epsilon_low=0.2, epsilon_high=0.2):
 # ----------------------------------------------------------------------------- chapter 3
 
 def bgs_tensor(prompt_lengths=(3, 5), completion_lengths=((4, 6, 2), (5, 3, 1))):
-    """B prompts x G completions x S positions: what each position holds, and the mask that
-    keeps only completion tokens in the loss."""
+    """B prompts x G completions x T = P + S columns: P prompt columns (left-padded), S completion
+    columns (right-padded), the seam between them, and the completion mask, which is defined on
+    the S completion columns only and keeps only completion tokens in the loss."""
     import matplotlib.pyplot as plt
     from matplotlib.patches import Patch
 
     B, G = len(prompt_lengths), len(completion_lengths[0])
-    S = max(prompt_lengths) + max(max(c) for c in completion_lengths)
-    figure, axes = plt.subplots(figsize=(9, 0.42 * B * G + 1.2))
+    P, S = max(prompt_lengths), max(max(c) for c in completion_lengths)
+    T = P + S
+    figure, axes = plt.subplots(figsize=(9, 0.42 * B * G + 1.9))
     rows = 0
     for b in range(B):
         for g in range(G):
             p, c = prompt_lengths[b], completion_lengths[b][g]
-            pad_left = max(prompt_lengths) - p          # prompts padded on the left
-            for s in range(S):
-                if s < pad_left or s >= max(prompt_lengths) + c:
-                    color, mark = PAD, ""
-                elif s < max(prompt_lengths):
-                    color, mark = PROMPT, ""
+            pad_left = P - p                            # prompts padded on the left
+            for s in range(T):
+                if s < P:                               # prompt columns: no completion mask here
+                    color, mark = (PAD if s < pad_left else PROMPT), ""
                 else:
-                    color, mark = POLICY, "1"
+                    color, mark = (POLICY, "1") if s < P + c else (PAD, "0")
                 axes.add_patch(plt.Rectangle((s, -rows), 0.95, 0.9, color=color))
-                axes.text(s + 0.47, -rows + 0.45, mark or "0", ha="center", va="center", fontsize=7,
-                          color="white" if mark else "#777777")
+                if mark:
+                    axes.text(s + 0.47, -rows + 0.45, mark, ha="center", va="center", fontsize=7,
+                              color="white" if mark == "1" else "#777777")
             axes.text(-0.3, -rows + 0.45, f"b={b}, g={g}", ha="right", va="center", fontsize=8)
             rows += 1
         rows += 0.4
-    axes.set_xlim(-2.2, S + 0.2)
-    axes.set_ylim(-rows + 0.3, 1.2)
+    seam = P - 0.025
+    axes.plot([seam, seam], [-rows + 0.3, 1.4], color=BAD, lw=1.5, ls="--")
+    axes.text(seam, -rows + 0.15, "the seam: every completion starts at column P", ha="center", va="top",
+              fontsize=8, color=BAD)
+    axes.text(P / 2, 1.05, f"P = {P} prompt columns", ha="center", fontsize=9)
+    axes.text(P + S / 2, 1.05, f"S = {S} completion columns", ha="center", fontsize=9)
+    axes.text(T / 2, 1.65, f"T = P + S = {T} columns; the completion mask is defined on the S columns only",
+              ha="center", fontsize=9)
+    axes.set_xlim(-2.2, T + 0.2)
+    axes.set_ylim(-rows - 0.35, 2.0)
     axes.axis("off")
-    axes.text(S / 2, 1.05, f"S = {S} positions; each cell shows the completion mask", ha="center", fontsize=9)
     axes.legend(handles=[Patch(color=PROMPT, label="prompt"), Patch(color=POLICY, label="completion (mask 1)"),
                          Patch(color=PAD, label="padding (mask 0)")],
                 loc="upper center", bbox_to_anchor=(0.5, 0.0), ncol=3, fontsize=8, frameon=False)
