@@ -96,15 +96,24 @@ def test_manifest_reader_paths_name_chapters_of_the_book(tmp_path):
 
 def test_the_book_map_follows_the_manifest():
     """Every chapter has a part of [book] parts, in order; it needs only earlier chapters;
-    the reader paths start where their chapters' needs are met within the path or before it."""
+    every reader path holds each chapter's needs before it (chapter 0 included: chapter 1 needs
+    it), with and without its optional chapters (tests/test_terms.py)."""
+    from test_terms import path_problems
+
     assert BOOK.parts and all(c.part in BOOK.parts for c in BOOK.chapters)
-    for path in BOOK.paths:
-        read = set()
-        for number in path.chapters:
-            missing = [n for n in BOOK.chapter(number).needs
-                       if n not in read and n not in (0,)]   # chapter 0 is the on-ramp: optional
-            assert not missing, f"path {path.name}: chapter {number} needs {missing} first"
-            read.add(number)
+    assert all(n < c.number for c in BOOK.chapters for n in c.needs)
+    assert not path_problems(BOOK), path_problems(BOOK)
+
+
+def test_manifest_optional_chapters_belong_to_their_path(tmp_path):
+    root = _make_book(tmp_path, _entry("chapters/a.ipynb"), ["a.ipynb"])
+    toml = (root / "book.toml").read_text().replace(
+        "[[chapters]]", '[[paths]]\nname = "P"\nwho = "you"\nchapters = [1]\noptional = [2]\n\n[[chapters]]', 1)
+    (root / "book.toml").write_text(toml)
+    with pytest.raises(book.ManifestError, match=r"\[\[paths\]\] 'P': optional must list chapters of the path"):
+        book.load_book(root)
+    (root / "book.toml").write_text(toml.replace("optional = [2]", "optional = [1]"))
+    assert book.load_book(root).paths[0].optional == (1,)
 
 
 def test_building_accepts_a_notebook_not_yet_run(tmp_path):
@@ -142,11 +151,12 @@ def test_book_list_prints_every_chapter(capsys):
 
 
 def test_the_readme_doors_open_with_make_targets():
-    """The README's three doors (Read, Train, Work on it) each open with a make target, and CI
-    runs the last one, make test (tests/test_readme.py checks every other command it shows)."""
+    """The README's three doors (Read, Train, and Work on it for contributors) each open with a
+    make target, and CI runs the last one, make test (tests/test_readme.py checks every other
+    command it shows)."""
     readme = (ROOT / "README.md").read_text()
     firsts = []
-    for door in ("### Read\n", "### Train\n", "### Work on it\n"):
+    for door in ("### Read\n", "### Train\n", "## Work on it\n"):
         block = readme.split(door, 1)[1].split("```bash", 1)[1].split("```", 1)[0]
         firsts.append(block.strip().splitlines()[0].split("#")[0].strip())
     assert firsts == ["make book", "make train", "make test"]
@@ -158,9 +168,11 @@ def test_the_readme_doors_open_with_make_targets():
 
 
 def test_the_readme_states_every_part_of_ci_in_order():
-    """The README's CI table lists .ci/run's make targets, in .ci/run's order, each with a time."""
+    """The CI table (docs/contributing.md, which the README links) lists .ci/run's make targets,
+    in .ci/run's order, each with a time."""
     run = re.findall(r"^make ([\w-]+)$", (ROOT / ".ci" / "run").read_text(), re.M)
-    readme = (ROOT / "README.md").read_text()
+    readme = (ROOT / "docs" / "contributing.md").read_text()
+    assert "](docs/contributing.md)" in (ROOT / "README.md").read_text()
     table = readme.split("| part | command | what it runs | time |", 1)[1].split("\n\n", 1)[0]
     rows = [[cell.strip() for cell in line.strip("|").split("|")] for line in table.strip().splitlines()[1:]]
     listed = [row[1].strip("`").removeprefix("make ") for row in rows if row[1].startswith("`make ")]

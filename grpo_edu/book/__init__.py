@@ -86,10 +86,12 @@ class Chapter:
 
 @dataclass(frozen=True)
 class ReaderPath:
-    """A way through the book for one kind of reader."""
+    """A way through the book for one kind of reader; `optional` are chapters of it a reader may
+    leave out (the README states the path's time with and without them)."""
     name: str
     who: str
     chapters: tuple[int, ...]
+    optional: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -109,6 +111,10 @@ class Book:
         from grpo_edu.book import prose
 
         return prose.reading_minutes(json.loads((self.root / chapter.path).read_text())["cells"])
+
+    def path_minutes(self, path: ReaderPath, leaving_out: tuple[int, ...] = ()) -> int:
+        """A reader path's reading time: the sum of its chapters' (those in leaving_out not read)."""
+        return sum(self.reading_minutes(self.chapter(n)) for n in path.chapters if n not in leaving_out)
 
     def select(self, names: list[str] | None) -> list[Chapter]:
         """Chapters by number ("1"), stem ("01_grpo_by_hand") or path; all when empty."""
@@ -194,12 +200,17 @@ def load_book(root: Path | str = ROOT, *, building: bool = False) -> Book:
     numbers = {c.number for c in chapters}
     paths = []
     for entry in data.get("paths", []):
-        if set(entry) != {"name", "who", "chapters"}:
-            raise ManifestError(f"book.toml [[paths]]: expected the keys name, who, chapters, got {sorted(entry)}")
+        if not {"name", "who", "chapters"} <= set(entry) <= {"name", "who", "chapters", "optional"}:
+            raise ManifestError(f"book.toml [[paths]]: expected the keys name, who, chapters (and optional), "
+                                f"got {sorted(entry)}")
         unknown = [n for n in entry["chapters"] if n not in numbers]
         if unknown:
             raise ManifestError(f"book.toml [[paths]] {entry['name']!r}: chapters {unknown} are not in the book")
-        paths.append(ReaderPath(entry["name"], entry["who"], tuple(entry["chapters"])))
+        optional = entry.get("optional", [])
+        if not isinstance(optional, list) or not set(optional) <= set(entry["chapters"]):
+            raise ManifestError(f"book.toml [[paths]] {entry['name']!r}: optional must list chapters of the path, "
+                                f"got {optional!r}")
+        paths.append(ReaderPath(entry["name"], entry["who"], tuple(entry["chapters"]), tuple(optional)))
     return Book(root, meta["title"], meta["description"], tuple(chapters), tuple(parts), tuple(paths))
 
 
@@ -217,9 +228,19 @@ def chapter_table(book: Book) -> str:
                     f"{book.reading_minutes(c)} min | {c.budget_seconds} s |")
     lines = ["\n".join(rows)]
     if book.paths:
-        lines.append("\n".join(f"- **{p.name}** ({p.who}): " + " → ".join(str(n) for n in p.chapters)
-                               for p in book.paths))
+        lines.append("\n".join(f"- **{p.name}** ({p.who}): {path_line(book, p)}" for p in book.paths))
     return "\n\n".join(lines)
+
+
+def path_line(book: Book, path: ReaderPath) -> str:
+    """A reader path's chapters and its reading time, computed: "0 → 1 → 2, about 63 min", and
+    with its optional chapters left out where it has any ("; 214 min without chapter 9")."""
+    line = " → ".join(str(n) for n in path.chapters) + f", about {book.path_minutes(path)} min"
+    if path.optional:
+        left_out = ", ".join(str(n) for n in path.optional)
+        line += (f"; {book.path_minutes(path, path.optional)} min without chapter"
+                 f"{'s' if len(path.optional) > 1 else ''} {left_out}")
+    return line
 
 
 # --------------------------------------------------------------------------- tiers

@@ -1,5 +1,6 @@
 """The map of the book, drawn from book.toml: one column per part, one box per chapter, an
-arrow from each chapter to the chapters that need it. `grpo-edu book map` writes it as SVG
+arrow from each chapter to the chapters that need it, and under them the reader paths with
+their reading times (computed from the chapters, as the README's table states them). `grpo-edu book map` writes it as SVG
 (docs/images/map.svg, which the README and the website show); the drawing is deterministic
 (text kept as text, no date, a fixed id salt), so tests/test_prose.py can hold the committed
 file to the manifest."""
@@ -9,9 +10,10 @@ from __future__ import annotations
 import io
 import textwrap
 
-from grpo_edu.book import Book
+from grpo_edu.book import Book, path_line
 
 BOX_W, BOX_H, GAP_X, GAP_Y = 2.5, 0.8, 0.9, 0.35
+LINE = 0.32   # the height of one line of the paths' legend
 
 
 def _positions(book: Book) -> dict[int, tuple[float, float]]:
@@ -38,7 +40,9 @@ def draw_map(book: Book) -> str:
     parts = list(book.parts) or [""]
     rows = max(sum(c.part == p for c in book.chapters) for p in parts)
     width = len(parts) * (BOX_W + GAP_X) - GAP_X
-    height = rows * (BOX_H + GAP_Y) + 0.5
+    legend = [f"{p.name}: {path_line(book, p)}" for p in book.paths]
+    legend_top = -rows * (BOX_H + GAP_Y) + BOX_H / 2 - 0.1
+    height = rows * (BOX_H + GAP_Y) + 0.5 + (LINE * (len(legend) + 1) if legend else 0)
     with plt.rc_context({"svg.fonttype": "none", "svg.hashsalt": "grpo-edu-map",
                          "font.family": "sans-serif", "font.size": 9}):
         figure, axes = plt.subplots(figsize=(width * 1.1, height * 1.1))
@@ -54,6 +58,10 @@ def draw_map(book: Book) -> str:
                                           facecolor="#eef3fb", edgecolor="#4a6fa5"))
             label = "\n".join(textwrap.wrap(f"{chapter.number}. {chapter.title}", 26))
             axes.text(x + BOX_W / 2, y, label, ha="center", va="center")
+        if legend:
+            axes.text(0, legend_top, "Ways through the book", ha="left", va="top", fontsize=10, fontweight="bold")
+            for line, text in enumerate(legend, start=1):
+                axes.text(0, legend_top - line * LINE, text, ha="left", va="top")
         for chapter in book.chapters:
             x, y = where[chapter.number]
             for need in chapter.needs:
