@@ -10,8 +10,10 @@
 PYTHON ?= python3
 VENV   ?= .venv
 BIN    := $(VENV)/bin
-# The CPU build on machines without a GPU; on Linux with an NVIDIA GPU the same
-# pin from the package index is the CUDA build (see docs/training.md, "Which PyTorch").
+# The pinned release from the configured package index, unless .venv already holds it. PyPI's
+# Linux wheel is the CUDA build (several GB): a Linux machine without a GPU installs the CPU build
+# into .venv first, `.venv/bin/pip install torch==2.13.0 --index-url https://download.pytorch.org/whl/cpu`
+# (docs/training.md, "Which PyTorch"). CI's package index serves the CPU build under the plain pin.
 TORCH  ?= torch==2.13.0
 
 .PHONY: book html train test test-vllm test-sglang test-kernels test-anywhere setup setup-test gpu-resolves browser check clean

@@ -299,19 +299,6 @@ for loss_type in ("grpo", "dr_grpo", "dapo"):
           f"{np.array2string(shown, precision=4)}")
 
 # %% [markdown]
-# ## How fast the explorers answer
-#
-# A slider that lags teaches less. The target is 100 ms on a laptop CPU, from a slider's
-# change to the new table and picture: the grpo_edu computation plus the figure's redraw.
-# The timings vary by machine, so they are not part of this chapter's checked outputs.
-#
-# <details><summary>How we know</summary>
-#
-# `python benchmarks/widgets.py` times, for each explorer, a slider value change to the new
-# table and picture, and prints the median.
-#
-# </details>
-#
 # ## What you learned
 #
 # - Group scaling turns a nearly solved prompt's small reward differences into advantages as large as any other prompt's; batch scaling or none keeps that prompt quiet.

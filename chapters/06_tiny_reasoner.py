@@ -44,6 +44,7 @@ from grpo_edu.policy.models import generate_completions, load_policy
 from grpo_edu.training.evaluation import evaluate
 from grpo_edu.environment.rewards import accuracy_reward
 from grpo_edu.book import home
+from grpo_edu.book.claims import Claims
 
 home.enter()   # the book's folder: its files are read and its runs written from there
 
@@ -124,6 +125,12 @@ print(inspect.getsource(trainer.loop))
 #   to `metrics.jsonl`, where chapter 7's doctor reads them. A checkpoint is saved when due.
 # - The `t0` to `t3` lines only time the stages.
 #
+# > **Mini-batch and micro-batch.** A mini-batch is the share of a rollout's whole groups that
+# > one optimizer step learns from (`num_mini_batches` of them per rollout; here one). A
+# > micro-batch is the slice of a mini-batch that runs one forward and backward at a time
+# > (`micro_batch_size` completions). The micro-batches' gradients add up before the one
+# > optimizer step, so the micro-batch size sets the memory a step needs, not the update.
+#
 # Each line calls one stage, in the module named for it:
 #
 # | step | function | module |
@@ -148,13 +155,13 @@ print(inspect.getsource(trainer.loop))
 # is taken parameter by parameter, and gives one model whose weights lie between the two. It
 # is not a mixture of policies, which would sample from the policy with probability alpha.
 #
+# <details><summary>How we know, and how TRL counts it</summary>
+#
 # This book counts `ref_sync_steps` in training steps, that is, in rollouts. TRL (Transformer
 # Reinforcement Learning, Hugging Face's library) counts its `ref_model_sync_steps` in
 # optimizer steps: with K optimizer steps per rollout, n here is n x K there. TRL syncs only
 # with `sync_ref_model=True`. It refuses that with beta = 0, its default, and with a PEFT
 # (parameter-efficient fine-tuning) model.
-#
-# <details><summary>How we know</summary>
 #
 # This book: `grpo_edu/config/sections.py` documents `ref_sync_steps` as "every K training steps
 # (rollouts)", and `grpo_edu/training/placement.py` (`Models.sync_reference`) averages the
@@ -243,8 +250,8 @@ print(f"token positions per forward: transformers {padded} (128 rows x {ids.shap
 # slightly lower learning rate, in `configs/cpu-first-run.toml`. Without the KL term there is
 # no reference model, and no forward of it: about a fifth of each step. On this book's CPU
 # that run passed 90% held-out accuracy within 30 seconds of training on each of 5 seeds. It
-# got there sooner than this config and ended as accurate (`benchmarks/first_run.py`). TRL's
-# default is also `beta = 0`. This chapter keeps $\beta$ = 0.04, DeepSeekMath's value, so that
+# got there sooner than this config and ended as accurate (`benchmarks/first_run.py`). The
+# default of TRL (Transformer Reinforcement Learning, Hugging Face's library) is also `beta = 0`. This chapter keeps $\beta$ = 0.04, DeepSeekMath's value, so that
 # you can watch the KL term it explains.
 
 # %% tags=["platform-numerics"]
@@ -274,9 +281,11 @@ figure = plot_run(config.logging.output_dir, start_accuracy=summary["start_accur
 # 200.
 #
 # The figure shows every step. On top: the reward, the held-out accuracy, the completion
-# length, and the gap between the sampler's and the trainer's log-probs. Below: the KL to the
-# reference, the entropy, the clip fraction and the gradient norm. "What the metrics mean"
-# explains each.
+# length, and the share of groups whose rewards are all equal, which give no gradient. Below:
+# the KL to the reference, the entropy, the learning rate and the gradient norm. Two panels of
+# `grpo-edu train`'s figure are flat in this run, so the line under it names them instead: the
+# clip fraction and the sampler/trainer gap. Flat is their healthy reading here, and "What the
+# metrics mean" says why.
 #
 # **Which of these digits hold on your machine.** A run of 200 steps is a chain of 25,600
 # samples, each drawn from probabilities the earlier updates computed. A difference in the
@@ -284,34 +293,27 @@ figure = plot_run(config.logging.output_dir, start_accuracy=summary["start_accur
 # pins its floating-point kernels, so the digits above are exact on every x86-64 machine with
 # AVX2. Elsewhere (Apple silicon, ARM Linux) the run ends at other digits, as a run with
 # another seed would. What the chapter claims about the run must hold everywhere, so the next
-# cell checks it:
+# cell checks it.
 #
-# <details><summary>How we know</summary>
+# <details><summary>Where this run has run</summary>
 #
-# The pin is `grpo_edu.runtime.numerics`: PyTorch's AVX2 kernels and MKL's vendor-neutral
-# branch (AVX-512 rounds a sum in another order than AVX2). `make test` compares the next
-# cell's output on every platform. The accuracies it records for other kernels come from
-# issue 10 and `tests/test_numerics.py`.
+# The pin is `grpo_edu.runtime.numerics` ([docs/exactness.md](../docs/exactness.md)). The
+# accuracies this run reached under other kernels, which set the claim's range, are in
+# [docs/gpu.md, "What has run where"](../docs/gpu.md#what-has-run-where).
 #
 # </details>
 
 # %%
-# Held-out accuracy after this 200-step run, measured with other floating-point kernels
-# (ATen's CPU capability, MKL's branch; issue 10 and tests/test_numerics.py record them).
-RECORDED = {"no vectorisation, MKL COMPATIBLE": 0.793, "AVX2, MKL COMPATIBLE (the pin)": 0.7734,
-            "AVX-512, MKL COMPATIBLE": 0.758, "AVX-512, MKL AUTO (AMD EPYC)": 0.7539,
-            "AVX-512 and AMX, MKL AUTO (Intel Xeon)": 0.7734}
+# The range holds what this run reached under five kernel settings (docs/gpu.md, "What has run where").
 claims = {
-    "held-out accuracy after 200 steps is between 0.70 and 0.85 "
-    f"(recorded: {min(RECORDED.values()):.3f} to {max(RECORDED.values()):.3f})":
+    "held-out accuracy after 200 steps is between 0.70 and 0.85":
         0.70 <= summary["final_accuracy"] <= 0.85,
     "it rose by more than 0.25 over the starting policy":
         summary["final_accuracy"] - summary["start_accuracy"] > 0.25,
     "at the last step most samples are still wrong while greedy decoding is mostly right":
         result.history[-1]["reward/accuracy"] < 0.5 < summary["final_accuracy"],
 }
-for claim, holds in claims.items():
-    print(f"{'holds' if holds else 'FAILS'}: {claim}")
+Claims(claims)
 
 # %% [markdown]
 # Look at `reward/accuracy` below: at the last step most samples are still wrong, while the
@@ -369,8 +371,7 @@ claims = {
     "pass@1 is below the greedy accuracy and pass@8 above it, at the start and the end": all(
         sampled[when]["pass_at_1"] < summary[f"{when}_accuracy"] < sampled[when]["pass_at_8"] for when in sampled),
 }
-for claim, holds in claims.items():
-    print(f"{'holds' if holds else 'FAILS'}: {claim}")
+Claims(claims)
 
 # %% [markdown]
 # The greedy accuracy's 95% intervals do not overlap: [0.359, 0.479] at the start, [0.718,

@@ -29,6 +29,11 @@
 # torchrun --standalone --nproc-per-node 2 -m grpo_edu train --config configs/cpu-tiny.toml  # 2 processes
 # ```
 #
+# > **Rank and world size.** Each of the N processes is a **rank**, numbered 0 to N - 1. N is
+# > the **world size**. The trainer keeps the two in one small object, `World(rank, size)`:
+# > the `world` that chapter 6's loop hands to every stage. One process is rank 0 of a world
+# > of size 1.
+#
 # The promise of this chapter is that the two commands train **the same policy**, up to
 # floating-point rounding. That holds for every loss type, with DDP (Distributed Data
 # Parallel) or FSDP2 (PyTorch's Fully Sharded Data Parallel, second version). Three things
@@ -69,6 +74,7 @@ from grpo_edu.algorithm.aggregation import LOSS_TYPES
 from grpo_edu.algorithm.loss import grpo_loss
 from grpo_edu.policy.models import load_policy
 from grpo_edu.book import home
+from grpo_edu.book.claims import Claims
 
 home.enter()   # the book's folder: its files are read and its runs written from there
 
@@ -334,8 +340,7 @@ claims = {
     "the same held-out accuracy at the start and the end":
         len({(s["start_accuracy"], s["final_accuracy"]) for s in summaries.values()}) == 1,
 }
-for claim, holds in claims.items():
-    print(f"{'holds' if holds else 'FAILS'}: {claim}")
+Claims(claims)
 
 # %% [markdown]
 # ## What FSDP2 saves per rank

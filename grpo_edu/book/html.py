@@ -258,6 +258,10 @@ def _contents(book: Book) -> str:
             f'<td><a class="download" href="notebooks/{c.path.name}" download>.ipynb</a></td></tr>')
     paths = "".join(f"<li><b>{html.escape(p.name)}</b> ({html.escape(p.who)}): "
                     + " &rarr; ".join(f'<a href="{page_name(book.chapter(n))}">{n}</a>' for n in p.chapters)
+                    + f", about {book.path_minutes(p)} min"
+                    + (f" ({book.path_minutes(p, p.optional)} min without chapter"
+                       f"{'s' if len(p.optional) > 1 else ''} {', '.join(str(n) for n in p.optional)})"
+                       if p.optional else "")
                     + "</li>" for p in book.paths)
     return (f"<h1>{html.escape(book.title)}</h1><p>{html.escape(book.description)}</p>"
             "<p>Every number on these pages is a committed output of a chapter that CI re-executes "

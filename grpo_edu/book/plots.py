@@ -21,11 +21,21 @@ HEALTH_PANELS = (
     ("gradient norm (before clipping)", "grad_norm", True),
 )
 
+# What takes the place of a panel that is flat in a run (plot_run): the share of prompts whose
+# G rewards are all equal, which give no gradient, and the learning rate the step took.
+QUIET_RUN_PANELS = (
+    ("groups with all-equal rewards (share)", "zero_std_groups", False),
+    ("learning rate", "learning_rate", False),
+)
+
 
 def plot_run(run_dir: str | Path, path: str | Path | None = None, start_accuracy: float | None = None):
     """Two rows of panels against the step: reward, held-out accuracy, completion length,
     sampler/trainer gap; KL, entropy, clip fraction, gradient norm. Metrics a run did not log
-    (no KL with beta = 0) leave their panel empty, saying so.
+    (no KL with beta = 0) leave their panel empty, saying so. A panel that is flat in this run
+    (a clip fraction 0 at every step, a sampler gap of float32 rounding) gives its place to one
+    a reader should look at (QUIET_RUN_PANELS), and a line under the figure says what was left
+    out and why.
 
     Writes the figure to `path` (PNG) when given; returns the matplotlib Figure.
     """
@@ -56,18 +66,35 @@ def plot_run(run_dir: str | Path, path: str | Path | None = None, start_accuracy
     _ = axes[2].plot(steps, _smooth([m["completion_length/max"] for m in history]), label="max")
     axes[2].set_title("completion length (tokens)")
     axes[2].legend(fontsize=8)
-    _series(axes[3], history, "sampler_gap/mean_abs", "sampler/trainer gap (mean |log-prob diff|)", log=True)
-    for axis, (title, key, log) in zip(grid[1], HEALTH_PANELS):
-        _series(axis, history, key, title, log)
+    panels = [("sampler/trainer gap (mean |log-prob diff|)", "sampler_gap/mean_abs", True), *HEALTH_PANELS]
+    spare = [panel for panel in QUIET_RUN_PANELS if any(panel[1] in m for m in history)]
+    left_out = []
+    for i, (title, key, _) in enumerate(panels):
+        values = [m[key] for m in history if key in m]
+        if not (values and spare):
+            continue
+        if key == "clip_ratio/region" and not any(values):
+            one_step = all(m.get("optimizer_steps", 1) == 1 for m in history)
+            why = "0 at every step" + (" (one optimizer step per rollout: every ratio is 1)" if one_step else "")
+        elif key == "sampler_gap/mean_abs" and max(values) < 1e-5:
+            why = f"at most {max(values):.1e}, float32 rounding (the sampler computes the trainer's maths)"
+        else:
+            continue
+        panels[i] = spare.pop(0)
+        left_out.append(f"{title.split(' (')[0]}: {why}")
+    for axis, (title, key, log) in zip([axes[3], *grid[1]], panels):
+        _series(axis, history, key, title, log, smooth=key != "learning_rate")   # a schedule has no noise
     for axis in grid.flat:
         axis.set_xlabel("training step")
-    figure.tight_layout()
+    if left_out:
+        figure.text(0.5, 0.01, "flat in this run, not drawn: " + "; ".join(left_out), ha="center", fontsize=9)
+    figure.tight_layout(rect=(0, 0.04 if left_out else 0, 1, 1))
     if path is not None:
         figure.savefig(path, dpi=100)
     return figure
 
 
-def _series(axis, history: list[dict], key: str, title: str, log: bool) -> None:
+def _series(axis, history: list[dict], key: str, title: str, log: bool, smooth: bool = True) -> None:
     """One metric against the step (raw, and its moving mean), or a note that the run has none."""
     points = [(m["step"], m[key]) for m in history if key in m]
     axis.set_title(title)
@@ -77,6 +104,9 @@ def _series(axis, history: list[dict], key: str, title: str, log: bool) -> None:
     steps, values = zip(*points)
     if log and all(v > 0 for v in values):
         axis.set_yscale("log")
+    if not smooth:
+        _ = axis.plot(steps, values, linewidth=1.5)
+        return
     _ = axis.plot(steps, values, alpha=0.3, linewidth=0.8)
     _ = axis.plot(steps, _smooth(list(values)), linewidth=1.5)
 
