@@ -79,7 +79,8 @@ np.set_printoptions(precision=4, suppress=True)
 #
 # - drag a reward;
 # - switch the std scaling: `group` is DeepSeekMath's GRPO, `batch` divides by one std over
-#   the whole batch, and `none` is Dr. GRPO;
+#   the whole batch (REINFORCE++'s normalisation, Hu 2025,
+#   [`arXiv 2501.03262`](https://arxiv.org/abs/2501.03262)), and `none` is Dr. GRPO;
 # - switch between the population and the sample std;
 # - shift every reward at once.
 

@@ -17,7 +17,7 @@
 # > - how truncated importance sampling corrects a sampler that differs from the trainer
 # > - what a GPU must hold for a 0.5B, 1.5B and 7B policy, what a step's activations add, and what LoRA (Low-Rank Adaptation) saves
 # >
-# > **You need first**: chapter 6 (training the tiny reasoner).
+# > **You need first**: chapter 6 (training the tiny reasoner), chapter 10 (scaling out: processes and FSDP2).
 # >
 # > **Reading time**: about 36 minutes. **Compute**: at most 60 s on a 2-core CPU. [Glossary](../docs/glossary.md) · [Notation](../docs/notation.md)
 #
@@ -29,13 +29,8 @@
 # setting up a GPU machine, the recipes' batch arithmetic, your own functions in a GPU run, the
 # trained model, and the checks and measurements to run on a GPU.
 #
-# **What has run on a GPU, and what has not.** Four parts of `benchmarks/gpu.py` have run, on
-# one lent NVIDIA H200 with torch 2.11 and `engine = "hf"` (transformers' `generate`, no
-# vLLM). They trained a Qwen2.5-1.5B shape in full and with LoRA, and a Qwen2.5-7B shape with
-# LoRA at two micro-batch sizes, all with random weights. Those are the only GPU measurements
-# in this chapter. The vLLM path, with its sleep mode and weight sync, has never run on a GPU:
-# it is checked on a CPU only, against a stand-in and against vLLM's CPU build. The
-# benchmark's tiny, Countdown and Qwen2.5-0.5B parts have not run either.
+# > **What has run where.** Which parts of this chapter have run on a GPU, on which machine and
+# > with which engine, is kept in one place: [docs/gpu.md, "What has run where"](../docs/gpu.md#what-has-run-where).
 
 # %%
 import contextlib
@@ -59,6 +54,7 @@ from grpo_edu.algorithm.loss import grpo_loss
 from grpo_edu.policy.models import STARTING_POLICY, load_policy
 from grpo_edu.sampling.rollout import SamplingParams
 from grpo_edu.book import home
+from grpo_edu.book.claims import Claims
 
 home.enter()   # the book's folder: its files are read and its runs written from there
 
@@ -68,9 +64,6 @@ configs = {name: TrainConfig.from_toml(home.path(f"configs/{name}.toml"))
            for name in ("cpu-tiny", "gpu-1x", "h100-8x", "qwen2.5-0.5b-gsm8k-8x")}
 
 
-def show_claims(claims):
-    for claim, holds in claims.items():
-        print(f"{'holds' if holds else 'FAILS'}: {claim}")
 
 # %% [markdown]
 # ## What changes, key by key
@@ -194,19 +187,20 @@ print(inspect.getsource(vllm_engine.seeded_by_numbers))
 # Five engines can sample the rollouts (config key `engine`, and `vllm_mode` for vLLM). They
 # differ in where the sampler's weights live, and so in what must be synchronised.
 #
-# | engine | the sampler's weights | the weight sync | choose it when | what has run where |
-# |---|---|---|---|---|
-# | `fused` | the policy module itself | none | a Llama-family model on a CPU | everywhere: the CPU tier and every chapter |
-# | `hf` | the policy module itself | none | another model, or a GPU without vLLM | everywhere, in the test suite |
-# | `vllm`, colocate | a bf16 copy in each training process, on its GPU | every parameter before each rollout; the engine sleeps during the update | one GPU, or N GPUs that each train and sample | vLLM's CPU build here (its own test tier); not yet on a GPU |
-# | `vllm`, server | a separate vLLM server on GPUs of its own | streamed to the server before each rollout | GPUs to spare for sampling | against a stand-in of TRL's client only |
-# | `sglang` | a separate SGLang server, started by grpo-edu or already running | safetensors from disk, or tensors to a server on the same machine; the cache flushed after | you run SGLang already, or want its server beside the trainer | against a stand-in that checks SGLang 0.5.23's own request fields; the real server did not start on this CPU |
+# | engine | the sampler's weights | the weight sync | choose it when |
+# |---|---|---|---|
+# | `fused` | the policy module itself | none | a Llama-family model on a CPU |
+# | `hf` | the policy module itself | none | another model, or a GPU without vLLM |
+# | `vllm`, colocate | a bf16 copy in each training process, on its GPU | every parameter before each rollout; the engine sleeps during the update | one GPU, or N GPUs that each train and sample |
+# | `vllm`, server | a separate vLLM server on GPUs of its own | streamed to the server before each rollout | GPUs to spare for sampling |
+# | `sglang` | a separate SGLang server, started by grpo-edu or already running | safetensors from disk, or tensors to a server on the same machine; the cache flushed after | you run SGLang already, or want its server beside the trainer |
 #
 # The two servers cost a second process and a hop over the network per rollout. They buy a
 # sampler that lives on its own GPUs, in an environment of its own: SGLang 0.5.23 pins
 # torch 2.14.1, and vLLM 0.31.0 pins torch 2.13.0. A colocated engine shares the trainer's GPU
-# and takes turns with it. The fused and `hf` engines need no copy at all, and are the slowest
-# on a GPU.
+# and takes turns with it. The fused and `hf` engines need no copy at all: they sample with the
+# policy module itself. Of the two, only `hf` runs on a GPU. The fused engine is the CPU's
+# float32 fast path, and the trainer refuses it on any other device.
 #
 # <details><summary>How we know</summary>
 #
@@ -334,7 +328,7 @@ for label, gap in gaps.items():
 
 # %%
 gap = {label: g["sampler_gap/mean_abs"] for label, g in gaps.items()}
-show_claims({
+Claims({
     "float32: the recomputation agrees with the sampler to rounding (mean gap below 1e-6)": gap["float32"] < 1e-6,
     "bf16: the mean gap is above 1e-3": gap["bf16 autocast"] > 1e-3,
     "bf16: the mean gap is more than 1000 times float32's": gap["bf16 autocast"] > 1000 * gap["float32"],
@@ -383,7 +377,7 @@ for label, cap in (("without correction", 0.0), ("tis_cap = 1e6", 1e6), ("tis_ca
 print(f"largest importance weight pi / q over the {n:,} samples: {(pi[y] / q[y]).max().item():.4f}")
 
 # %%
-show_claims({
+Claims({
     "without the correction, the gradient is more than 20 standard errors off": errors["without correction"] > 20,
     "with it (either cap), within 3 standard errors": errors["tis_cap = 1e6"] < 3 and errors["tis_cap = 2"] < 3,
 })
@@ -488,7 +482,7 @@ print(f"\nQwen2.5-7B on 8 GPUs with the whole copy kept all the time (engine = '
 # in waves.
 
 # %%
-show_claims({
+Claims({
     "the parameter counts are 0.49, 1.54 and 7.62 billion":
         [round(s["parameters"] / 1e9, 2) for s in sizes.values()] == [0.49, 1.54, 7.62],
     "Qwen2.5-0.5B and -1.5B fit on one H100 beside vLLM's share, with more than 20 GB left":
@@ -506,8 +500,10 @@ show_claims({
 # %% [markdown]
 # ## LoRA: a 7B policy on one GPU
 #
-# With `lora_rank = r` (`grpo_edu/policy/lora.py`) the trainer trains low-rank adapters
-# instead of the weights. Each projection named in `lora_target_modules` computes x W^T +
+# LoRA is from Hu et al. (2021, "LoRA: Low-Rank Adaptation of Large Language Models",
+# [`arXiv 2106.09685`](https://arxiv.org/abs/2106.09685)). With `lora_rank = r`
+# (`grpo_edu/policy/lora.py`) the trainer trains low-rank adapters instead of the weights.
+# Each projection named in `lora_target_modules` computes x W^T +
 # (alpha / r) x A^T B^T. A (r, in) and B (out, r) are the only parameters AdamW sees; W is
 # frozen. B starts at 0, so the starting policy is the base model exactly. The reference is
 # the policy itself with its adapters switched off: no copy. Per GPU the trainer then holds
@@ -549,15 +545,13 @@ print(f"\nthe reference's float32 copy LoRA does without, Qwen2.5-7B: {4 * sizes
 # (the base is `config.run.model`, loaded again on resume).
 #
 # What a GPU measured: the Qwen-shaped steps above with LoRA, B x G x L = 8 x 8 x 256, with
-# random weights and nothing downloaded. The GPU was an NVIDIA H200, the only one lent to this
-# project so far. It reports 150.1 GB of memory, in this book's GB of 1e9 bytes. The
-# rollouts were sampled with `engine = "hf"`, not vLLM:
+# random weights and nothing downloaded. The GPU was an NVIDIA H200, with 150.1 GB of memory in
+# this book's GB of 1e9 bytes. The rollouts were sampled with `engine = "hf"`, not vLLM:
 #
 # <details><summary>How we know</summary>
 #
-# `benchmarks/gpu.py --part lora` wrote these parts into `benchmarks/results/gpu.json`, with
-# the machine each ran on: `environment.gpu` "NVIDIA H200", `environment.gpu_memory_bytes`
-# 150,109,880,320, torch 2.11.0+cu130, `vllm` null, and `workload.engine` "hf". The cell below
+# `benchmarks/gpu.py --part lora` wrote these parts into `benchmarks/results/gpu.json`, each
+# with the machine it ran on (`environment`) and its engine (`workload.engine`). The cell below
 # reads that file; chapter 14 prints its whole report.
 #
 # </details>
@@ -593,11 +587,11 @@ print(f"\nmachine: one {environment['gpu']} ({environment['gpu_memory_bytes'] / 
 #
 # The rollouts are slower with LoRA (12.62 s against 6.76 s at 1.5B): transformers' `generate`
 # runs every adapter as two more small matrix products per projection and token. vLLM samples
-# from the merged weights instead, on a path not yet run on a GPU.
+# from the merged weights instead, so its rollouts carry no such cost.
 
 # %%
 lora_7b = lora_budget["Qwen2.5-7B"]
-show_claims({
+Claims({
     "Qwen2.5-7B with LoRA (rank 16) holds less than a quarter of its whole training state, and fits one H100":
         lora_7b["total"] < lora_7b["full"] / 4 and lora_7b["left"] > 0,
     "measured, every LoRA part held exactly the predicted bytes": all(
@@ -692,7 +686,7 @@ for name, size in base_bytes.items():
 # bf16 copy already does, so the gap does not grow.
 
 # %%
-show_claims({
+Claims({
     "measured: the full 1.5B step's and the 7B LoRA steps' transient memory is more than what 'left' gave "
     "them beside vLLM's share; the 1.5B LoRA step's is less":
         all(transient[part] > left_beside[part] for part in ("qwen2.5-1.5b", "qwen2.5-7b-lora", "qwen2.5-7b-lora-mb8"))
@@ -749,14 +743,14 @@ for (a, b), verdict in lora_verdicts.items():
 # Kullback-Leibler (KL) divergence to the base model stays at about half (0.0428 against
 # 0.0859).
 #
-# A ten times larger learning rate is the usual LoRA setting. "LoRA Without Regret" (Thinking
-# Machines Lab, 2025) found LoRA's best learning rate to be about ten times full
-# fine-tuning's. It also found that even rank-1 adapters suffice for policy-gradient
+# A ten times larger learning rate is the usual LoRA setting. "LoRA Without Regret" (John
+# Schulman with Thinking Machines Lab, 2025) found LoRA's best learning rate to be about ten
+# times full fine-tuning's. It also found that even rank-1 adapters suffice for policy-gradient
 # reinforcement learning. The tiny policy is 128 wide, so rank 8 is a sixteenth of each layer.
 # At 7B, rank 8 is a 448th of a 3,584-wide layer (the rank 16 measured above, a 224th).
 
 # %%
-show_claims({
+Claims({
     "every LoRA run improves on the starting policy by more than 0.2":
         min(final["lora"] + final["lora-3e-4"]) > start + 0.2,
     "paired by seed, full fine-tuning beats LoRA at its own learning rate (3e-4)":

@@ -25,12 +25,10 @@
 # updates on it, and only then samples again. The trainers a reader graduates to do not wait:
 # prime-rl, verl, open-instruct's `grpo_fast` and the experimental `AsyncGRPOTrainer` of
 # Hugging Face's Transformer Reinforcement Learning library (TRL 1.16) all let the sampler run
-# ahead. prime-rl, for one, samples one update ahead by default (`max_async_level = 1`). It
-# drops a rollout once it is more than `max_off_policy_steps` updates stale, counted from the
-# oldest policy that wrote it (8 by default; before May 2026 the key counted the policy
-# versions that wrote one rollout). While the trainer updates, the engine already samples the
-# next rollouts with the weights it last received. The rollout an update trains on then comes from the policy of **k updates
-# earlier**.
+# ahead. prime-rl, for one, lets the sampler run at most one update ahead (`max_async_level =
+# 1`, its default in prime-rl 0.5.0). While the trainer updates, the engine already samples the
+# next rollouts with the weights it last received. The rollout an update trains on then comes
+# from the policy of **k updates earlier**.
 #
 # This chapter makes k a knob of our GRPO (Group Relative Policy Optimization) trainer,
 # `rollout_lag`. It shows on two groups what staleness does to the ratio, and what each
@@ -55,6 +53,7 @@ from grpo_edu.algorithm.logprobs import completion_logprobs
 from grpo_edu.policy.models import load_policy
 from grpo_edu.algorithm.offpolicy import Correction, correction_weights
 from grpo_edu.book import home
+from grpo_edu.book.claims import Claims
 
 home.enter()   # the book's folder: its files are read and its runs written from there
 
@@ -63,9 +62,6 @@ RESULTS = json.loads(home.path("benchmarks/results/lag.json").read_text())
 runs = RESULTS["runs"]
 
 
-def show_claims(claims):
-    for claim, holds in claims.items():
-        print(f"{'holds' if holds else 'FAILS'}: {claim}")
 
 
 # %% [markdown]
@@ -188,16 +184,16 @@ print("the same final weights in every setting:", len({w for f in measured["figu
 
 # %% [markdown]
 # On two cores the lanes do not add hardware, they split it. Each phase runs at about half its
-# speed beside the other. The overlapped step is no faster than the sequential one; it is
-# slower, by the contention of the two thread teams. With OpenMP's threads told to sleep while
-# they wait (`OMP_WAIT_POLICY=PASSIVE`), the overlapped step is the shorter of that setting's
-# two. But only because sleeping threads slow a run that has the cores to itself even more. So
-# the book's runs keep `rollout_overlap = false`: a lag costs no time here and saves none.
+# speed beside the other. So the overlapped step was not faster than the sequential one here.
+# Two repeats give no interval: read the x0.92 as no gain, not as a measured loss. With
+# OpenMP's threads told to sleep while they wait (`OMP_WAIT_POLICY=PASSIVE`), the overlapped
+# step is the shorter of that setting's two. But sleeping threads slow a run that has the
+# cores to itself even more: that sequential step takes about twice the default's. So the
+# book's runs keep `rollout_overlap = false`: a lag costs no time here and saves none.
 #
 # The timeline's speed-up needs a sampler on hardware of its own, such as a GPU's inference
 # engine beside its trainer. `configs/gpu-1x-async.toml` and `configs/h100-8x-async.toml` are
-# that run on one GPU and on eight, with vLLM's own weights as the sampler's. Neither has run
-# on a GPU yet (chapter 11).
+# that run on one GPU and on eight, with vLLM's own weights as the sampler's.
 #
 # ## 2. Staleness on a batch you can see
 #
@@ -263,9 +259,10 @@ print(" ".join(f"{x:>6.3f}" for x in r[row][mask[row]].tolist()))
 #   sampled response is the product of its tokens' ratios, whose variance grows with the
 #   length. The per-token weight is a biased, low-variance approximation of it.
 # - **token mask** (`is_mask = "token"`, band [0.5, 2], proximal): weigh by r inside the band,
-#   drop the token outside it. This is IcePop's rule. IcePop targets the training-inference
-#   mismatch, with a band of about [0.5, 5]; the band [0.5, 2] and its use against staleness
-#   are this book's choices.
+#   drop the token outside it. This is IcePop's rule, from Ant Group's Ring-1T report
+#   ([`arXiv 2510.18855`](https://arxiv.org/abs/2510.18855)). IcePop targets the
+#   training-inference mismatch, with a band of about [0.5, 5]; the band [0.5, 2] and its use
+#   against staleness are this book's choices.
 # - **sequence mask** (`is_mask = "sequence"`, band [0.8, 1.25], proximal): keep or drop each
 #   response whole, by the geometric mean of its tokens' r.
 #
@@ -298,8 +295,10 @@ print("per completion, product of r:        " + " ".join(f"{x:.3f}" for x in pro
 # The product of a response's ratios is the sequence's likelihood ratio, the unbiased weight.
 # It grows or shrinks with the response's length even when every token is only a little stale:
 # completion 15 has a geometric mean of 0.789 but a product of 0.150. The geometric mean is
-# the product's per-token rate, comparable across lengths. That is why the sequence mask here
-# uses it, as verl's geometric rejection does (`rollout_rs = "seq_mean_k1"` in current verl,
+# the product's per-token rate, comparable across lengths. GSPO (Group Sequence Policy
+# Optimization; Zheng et al. 2025, [`arXiv 2507.18071`](https://arxiv.org/abs/2507.18071))
+# builds its sequence-level ratio the same way. That is why the sequence mask here uses it, as
+# verl's geometric rejection does (`rollout_rs = "seq_mean_k1"` in current verl,
 # `"geometric"` in earlier releases). The two differ in one place: verl takes the rejected
 # tokens out of a token-mean normaliser, while this book keeps them in it, as TRL does.
 #
@@ -465,8 +464,9 @@ for lag in LAGS[1:]:
 # Beyond the grid, seed 0 only: k = 32 and 64 without a correction and with the clip, and k =
 # 64 with truncated importance sampling. At k = 64 the sampler runs 64 updates ahead of a
 # 150-update run: the first 64 updates all train on the starting policy's rollouts. Then the
-# doctor reads each run's metrics as the results file kept them (what `grpo-edu doctor` reads
-# from metrics.jsonl), beside the synchronous run's.
+# doctor reads each run. The doctor is `grpo-edu doctor` (chapter 7): it reads a run's logged
+# metrics and names each failure it recognises. Here it reads each run's metrics as the results
+# file kept them (what it reads from metrics.jsonl), beside the synchronous run's.
 
 # %%
 BASE = TrainConfig.from_toml(home.path("configs/cpu-tiny.toml")).to_dict()
@@ -518,8 +518,11 @@ for finding in diagnose(history_of(worst), config_of(worst)):
 #
 # The doctor's `stale_rollouts` flags the gap at 0.06 nats per token, over 10 consecutive
 # steps at the full lag. Every k = 1 seed's highest 10-step median stays below that, and every
-# k = 2 seed's, from 0.080 up, is above it: the threshold sits where the uncorrected runs part
-# from the synchronous ones. Two limits come with it. The threshold was tuned on this same
+# k = 2 seed's, from 0.080 up, is above it. So the threshold parts the k = 1 runs from the k = 2
+# runs by their gap. It does not mark where accuracy starts to suffer. Paired by seed, the
+# uncorrected runs already end below the synchronous ones at k = 1 (-0.044 [-0.064, -0.024]),
+# and the doctor flags none of them. At k = 2, where it flags every run, the paired loss is not
+# separated at this size. Two limits come with it. The threshold was tuned on this same
 # grid, so the table below, which shows it on that grid, is not an independent test: runs
 # held out from the tuning follow it. And the
 # detector returns nothing for a corrected run by construction: with the clip, TIS or a mask
@@ -605,7 +608,7 @@ claims = {
     "on held-out seeds 3-5 it flags every k = 2 run and no k = 1 run":
         all(flagged_ == (lag == 2) for (lag, _), flagged_ in held_out_flagged.items()) and len(held_out_flagged) == 6,
 }
-show_claims(claims)
+Claims(claims)
 
 # %% [markdown]
 # ## What you learned
@@ -613,7 +616,7 @@ show_claims(claims)
 # - An asynchronous trainer samples while it updates, so its rollouts come from the policy of
 #   k updates earlier.
 # - One sampler beside one trainer can at most halve a step; on a shared 2-core CPU the
-#   overlap buys nothing.
+#   overlap gained nothing in two repeats.
 # - Without a correction the lag costs from k = 1: paired by seed, the synchronous runs beat
 #   it (-0.044 [-0.064, -0.024]).
 # - The clip, TIS and the token mask weigh each token by r, and end within 0.06 of the
@@ -658,8 +661,8 @@ show_claims(claims)
 #    <details><summary>Answer</summary>
 #
 #    x1.84 with its own hardware: the overlapped step is the longer lane. On 2 shared cores it
-#    gave x0.92, a little slower than sequential, because each phase ran at about half speed
-#    beside the other.
+#    gave x0.92, no gain, because each phase ran at about half speed beside the other. Two
+#    repeats give no interval, so x0.92 is not a measured loss.
 #
 #    </details>
 #

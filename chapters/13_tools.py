@@ -59,6 +59,7 @@ from grpo_edu.algorithm.loss import grpo_loss
 from grpo_edu.policy.models import TOOL_POLICY, load_policy
 from grpo_edu.sampling.rollout import HFEngine, SamplingParams
 from grpo_edu.book import home
+from grpo_edu.book.claims import Claims
 
 home.enter()   # the book's folder: its files are read and its runs written from there
 
@@ -67,9 +68,6 @@ RESULTS = json.loads(home.path("benchmarks/results/tools.json").read_text())
 CALCULATOR = "grpo_edu.training.episodes:Calculator"
 
 
-def show_claims(claims):
-    for claim, holds in claims.items():
-        print(f"{'holds' if holds else 'FAILS'}: {claim}")
 
 
 # %% [markdown]
@@ -236,18 +234,20 @@ for name, mask in (("the policy's tokens", rollout.completion_mask), ("every wri
 print(f"the doctor's threshold, grpo_edu.doctor.diagnose.ENV_GAP: {ENV_GAP} nats per token")
 
 # %% [markdown]
-# The doctor's `environment_tokens_trained` reads exactly this. With an environment set, it
-# flags a gap of 0.03 nats per token or more over the early steps
-# (`grpo_edu.doctor.diagnose.ENV_GAP`, chapter 11's mismatch threshold). The tool run of
-# section 4 measures a gap more than five orders of magnitude below it, the leak run more than
-# ten times above it.
+# The doctor (`grpo-edu doctor`, chapter 7) reads a run's logged metrics and names each
+# failure it recognises. Its check `environment_tokens_trained` reads exactly this gap. With an
+# environment set, it flags a gap of 0.03 nats per token or more over the early steps
+# (`grpo_edu.doctor.diagnose.ENV_GAP`, the gap at which it also calls a sampler mismatch).
+# The tool run of section 4 measures a gap more than five orders of magnitude below it, the
+# leak run more than ten times above it.
 #
 # ## 4. GRPO learns to call
 #
 # `configs/cpu-tools.toml` is the CPU tier's config with the multiply task, the tool policy,
 # the calculator and two turns. Twenty steps of it, and the same twenty with the calculator's
-# tokens in the loss. Per step, from the runs' metrics: the sampled episodes' accuracy, their
-# mean policy turns (2: it called), the sampler gap and the KL:
+# tokens in the loss. Both are runs of the failure lab (`grpo_edu.lab`, chapter 7): short runs,
+# each with one fault injected on purpose, or none. Per step, from the runs' metrics: the
+# sampled episodes' accuracy, their mean policy turns (2: it called), the sampler gap and the KL:
 #
 # <details><summary>How we know</summary>
 #
@@ -471,7 +471,7 @@ claims = {
     "the live runs of section 4: the doctor names the leak, as the failure lab expects, and nothing in the tool run":
         found["tool"] == [] and lab.TOOL_RUNS["env_leak"].diagnosed_as_expected(set(found["env_leak"])),
 }
-show_claims(claims)
+Claims(claims)
 
 # %% [markdown]
 # ## 7. What an episode costs
