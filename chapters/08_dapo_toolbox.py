@@ -11,29 +11,26 @@
 # # Chapter 8. DAPO's toolbox, measured
 #
 # > **You will learn**
-# > - what a moving reference does to the Kullback-Leibler (KL) penalty, and to a short run
-# > - which tokens entropy masking trains, and why they are the forks of a completion
-# > - what overlong filtering and the soft overlong punishment assume about cut completions
-# > - when dynamic sampling fills a batch with groups that carry signal, and when it cannot
+# > - what each tool of the toolbox does, and what it assumes about the run
+# > - where in the step each one acts
+# > - what each tool did to the tiny reasoner, paired by seed
+# > - how to choose a tool when most comparisons are not separated
 # >
 # > **You need first**: chapter 4 (loss variants) and chapter 7 (the failure lab).
 # >
-# > **Reading time**: about 28 minutes. **Compute**: at most 60 s on a 2-core CPU. [Glossary](../docs/glossary.md) · [Notation](../docs/notation.md)
+# > **Reading time**: about 24 minutes. **Compute**: at most 60 s on a 2-core CPU. [Glossary](../docs/glossary.md) · [Notation](../docs/notation.md)
 #
 # Chapter 4 changed the loss of GRPO (Group Relative Policy Optimization). DAPO (Decoupled
-# Clip and Dynamic Sampling Policy Optimization, Yu et al. 2025) changes more than its loss.
-# It drops the KL term (`beta = 0` in grpo_edu). It leaves truncated completions out of the
-# loss (overlong filtering). It lowers the reward of completions that run close to the length limit (a soft
-# overlong punishment). It replaces groups whose rewards are all equal by sampling more
-# (dynamic sampling).
+# Clip and Dynamic Sampling Policy Optimization) changes more. It is a recipe for large
+# language models (LLM): Yu et al. 2025, "DAPO: An Open-Source LLM Reinforcement Learning
+# System at Scale" ([`arXiv:2503.14476`](https://arxiv.org/abs/2503.14476)). It drops the
+# Kullback-Leibler (KL) term. It handles completions cut at the
+# length limit. It refills groups whose rewards are all equal. Two more tools come from other
+# papers: a moving reference, and entropy masking.
 #
-# Two more settings come from other papers. One moves the reference the KL term pulls
-# toward. The other trains only the tokens where the policy was uncertain (entropy masking,
-# the "80/20" finding).
-#
-# Each is a setting with an assumption about the run it is for. This chapter trains the tiny
-# reasoner of chapter 6 with each one, three seeds apiece, and compares it with the plain run,
-# paired by seed. Where each setting acts in the step:
+# Each tool is a bet about the run. For each, this chapter says what it is, what it assumes
+# and when it helps. Then it trains chapter 6's tiny reasoner with and without it, three seeds
+# apiece, and gives a verdict. A decision table closes the chapter. Where each tool acts:
 
 # %%
 import json
@@ -44,117 +41,154 @@ import torch
 
 from grpo_edu.algorithm.statistics import by_seed, paired_seeds
 from grpo_edu.book import home, schematics
+from grpo_edu.book.claims import Claims
 
 home.enter()   # the book's folder: its files are read and its runs written from there
 
 torch.set_num_threads(1)
-torch.set_printoptions(precision=4, sci_mode=False)
+verdicts = {}   # every paired comparison of the chapter, by (tool, a, b): the decision table reads them
+
+
+def results_of(name):
+    """benchmarks/results/<name>.json: its variants' settings and their runs, one per seed."""
+    return json.loads(home.path(f"benchmarks/results/{name}.json").read_text())
+
+
+def compare(tool, results, pairs, value="final_accuracy"):
+    """Each pair (a, b) of variants paired by seed on `value` (a run's key, or a function of the
+    run): the mean of the differences a - b and its 95% t interval, printed and kept."""
+    for a, b in pairs:
+        verdicts[tool, a, b] = paired_seeds(by_seed(results["runs"], value, variant=a),
+                                            by_seed(results["runs"], value, variant=b))
+        print(f"  {verdicts[tool, a, b].words(a, b)}")
+
+
+def table(results, **columns):
+    """One row per variant: its final held-out accuracy and each column (a function of a run, and
+    its format), as mean (min-max) over seeds; then its settings. Returns {column: {variant: [per seed]}}."""
+    columns = {"final accuracy": (lambda run: run["final_accuracy"], ".3f"), **columns}
+    values = {c: {v: by_seed(results["runs"], f, variant=v) for v in results["variants"]} for c, (f, _) in columns.items()}
+    cells = {v: [f"{np.mean(x[v]):{f}} ({min(x[v]):{f}}-{max(x[v]):{f}})" for x, (_, f) in zip(values.values(), columns.values())]
+             for v in results["variants"]}
+    widths = [max(len(c), *(len(row[j]) for row in cells.values())) + 3 for j, c in enumerate(columns)]
+    print(f"{'variant':<15}" + "".join(f"{c:<{w}}" for c, w in zip(columns, widths)) + "settings")
+    for v, settings in results["variants"].items():
+        print(f"{v:<15}" + "".join(f"{cell:<{w}}" for cell, w in zip(cells[v], widths))
+              + (", ".join(f"{k} = {value}" for k, value in settings.items()) or "-"))
+    return values
+
+
+def mean_curve(axis, results, variant, key, label=None, scale=lambda y: y):
+    """`key` at each step (scaled), the mean over the variant's seeds, as one line."""
+    curves = np.array([[np.nan if x is None else x for x in r["steps"][key]]
+                       for r in results["runs"] if r["variant"] == variant], dtype=float)
+    axis.plot(np.arange(1, curves.shape[1] + 1), scale(np.nanmean(curves, 0)), label=label or variant)
+
+
+def part(*keys):
+    """The schematic below, with only the settings `keys` under their stage of the step."""
+    figure = schematics.dapo_toolbox([(stage, made, [k for k in knobs if k[0] in keys])
+                                      for stage, made, knobs in schematics.TOOLBOX])
+    figure.axes[0].set_ylim(1.75, 3.9)   # one setting per stage: the rows below it are empty
+    figure.set_size_inches(10, 2.2)
+    return figure
+
+
 schematics.dapo_toolbox()
 
 # %% [markdown]
-# Every comparison below is paired: the same seed with and without the setting, the mean
-# difference over the three seeds, and its 95% t interval with 2 degrees of freedom (see
-# `grpo_edu.algorithm.statistics`). A setting "beats" the plain run only where that interval
-# excludes zero. Otherwise the two are not separated at this size.
+# Every comparison is paired by seed: the mean difference over three seeds, with its 95% t
+# interval (`grpo_edu.algorithm.statistics`). A tool "beats" the plain run only where that
+# interval excludes zero; otherwise the two are "not separated at this size".
 #
-# %% [markdown]
-# ## The reference the KL anchors to
+# ## 1. The reference: move it, or drop it
 #
-# The KL term pulls the policy toward a reference, and which reference is a choice of its
-# own. DeepSeekMath and R1 **replace** it by the current policy from time to time. R1 does so
-# every 400 optimizer steps.
+# **What it is.** The KL term pulls the policy toward a reference model. DeepSeekMath (Shao et
+# al. 2024) and DeepSeek-R1 (DeepSeek-AI 2025) **replace** the reference by the current policy
+# from time to time; R1 every 400 optimizer steps. TR-DPO (trust-region direct preference
+# optimization; Gorbatovski et al. 2024, "Learn Your Reference Model for Real Good Alignment")
+# moves it **part of the way**. At every sync, ref = alpha x policy + (1 - alpha) x ref: a
+# Polyak average of the weights (Polyak and Juditsky 1992). DAPO **drops** the term: beta = 0.
 #
-# A reference can also move **part of the way**. TR-DPO proposed it for preference training
-# (Gorbatovski et al. 2024, "Learn Your Reference Model for Real Good Alignment"): at every
-# sync, ref = alpha x policy + (1 - alpha) x ref, a Polyak average of the weights. The
-# open-instruct library and TRL (Transformer Reinforcement Learning, Hugging Face's library)
-# offer it for GRPO. TRL's keys are `ref_model_mixup_alpha` (default 0.6) and `ref_model_sync_steps`,
-# counted in optimizer steps. TRL also needs `sync_ref_model=True`, which it refuses with
-# `beta = 0` (its default) or with a PEFT model.
+# In grpo_edu the keys are `ref_sync_steps` (a sync every K rollouts; 0 = frozen) and
+# `ref_mixup_alpha` (1 = the hard copy). After n syncs, sync k's policy weighs
+# alpha (1 - alpha)^(n - k) in the reference, and the start (1 - alpha)^n. That averages
+# parameters, not the policies' distributions. On one parameter, over five syncs:
 #
-# In grpo_edu the keys are `ref_sync_steps` (every K rollouts, not optimizer steps; 0 = frozen)
-# and `ref_mixup_alpha` (1 = the hard copy). After n syncs each weight of the reference is a
-# weighted average of that weight in the policies it was synced with. The one of sync k weighs
-# alpha (1 - alpha)^(n - k), and the starting policy (1 - alpha)^n. That averages parameters.
-# The model it gives is not a mixture of the policies' distributions. On one
-# parameter, the policy's value at each of five syncs:
+# <details><summary>The same in TRL</summary>
+#
+# TRL (Transformer Reinforcement Learning, Hugging Face's library) and the open-instruct
+# library offer it for GRPO. TRL's keys are `ref_model_mixup_alpha` (default 0.6) and
+# `ref_model_sync_steps`, counted in optimizer steps, not rollouts. TRL also needs
+# `sync_ref_model=True`, which it refuses with `beta = 0` (its default) or with a
+# parameter-efficient fine-tuning (PEFT) model.
+#
+# </details>
 
 # %%
 from grpo_edu.training.placement import Models
 
 policy_values = [1.0, 2.0, 4.0, 3.0, 5.0]
 for alpha in (1.0, 0.6, 0.05):
-    reference = torch.nn.Linear(1, 1, bias=False)
-    policy = torch.nn.Linear(1, 1, bias=False)
-    models = Models(policy, reference, policy, None, None)
-    with torch.no_grad():
-        reference.weight.fill_(0.0)
-    trail = []
+    policy, reference = torch.nn.Linear(1, 1, bias=False), torch.nn.Linear(1, 1, bias=False)
+    models, trail = Models(policy, reference, policy, None, None), []
+    torch.nn.init.zeros_(reference.weight)
     for value in policy_values:
-        with torch.no_grad():
-            policy.weight.fill_(value)
+        torch.nn.init.constant_(policy.weight, value)
         models.sync_reference(alpha)
-        trail.append(reference.weight.item())
-    weights = [alpha * (1 - alpha) ** (len(policy_values) - 1 - k) for k in range(len(policy_values))]
-    by_hand = sum(w * v for w, v in zip(weights, policy_values))
-    print(f"alpha {alpha:<5} reference after each sync {[round(t, 4) for t in trail]}   "
+        trail.append(round(reference.weight.item(), 4))
+    by_hand = sum(alpha * (1 - alpha) ** (len(policy_values) - 1 - k) * v for k, v in enumerate(policy_values))
+    print(f"alpha {alpha:<5} reference after each sync {trail}   "
           f"sum_k alpha (1 - alpha)^(n-k) x policy_k = {by_hand:.4f}   "
           f"the start's weight (1 - alpha)^n = {(1 - alpha) ** len(policy_values):.5f}")
 
 # %% [markdown]
-# What each choice does to a run: frozen; a copy every 25 rollouts; Polyak with alpha 0.6
-# every 25; and alpha 0.05 at every rollout, an exponential moving average. The table gives
-# the held-out greedy accuracy at the end, mean (min-max) over three seeds, and the KL the
-# loss saw, median over the last 25 steps:
+# **What it assumes.** That the policy must travel far from its start, where an anchor would
+# hold it back. Dropping the term also assumes that the reward alone keeps the policy sane.
+#
+# **When it helps.** In a long run, where the policy must change a lot: R1 resets its
+# reference over thousands of steps. Where it acts:
+
+# %%
+part("ref_sync_steps")
+
+# %% [markdown]
+# **What our runs saw.** The default run for 150 steps with four references: frozen; a copy
+# every 25 rollouts; Polyak with alpha 0.6 every 25; and alpha 0.05 at every rollout, an
+# exponential moving average. Then the same run with beta = 0. The table gives the final
+# held-out greedy accuracy and the late KL, as mean (min-max) over seeds.
 #
 # <details><summary>How we know</summary>
 #
 # `benchmarks/reference.py` ran the default run (configs/cpu-tiny.toml) for 150 steps, seeds
 # 0, 1 and 2, with each reference, and wrote `benchmarks/results/reference.json`, which the
-# cell below reads.
+# cell below reads. The beta = 0 runs are `benchmarks/entropy.py`'s (its variants `all` and
+# `all-beta0`; `all` is the frozen run here, with the same seeds).
 #
 # </details>
 
 # %%
-reference_runs = json.loads(home.path("benchmarks/results/reference.json").read_text())
-ref_variants = list(reference_runs["variants"])
-final = {v: [r["final_accuracy"] for r in reference_runs["runs"] if r["variant"] == v] for v in ref_variants}
-late_kl = {v: [float(np.median(r["steps"]["kl"][-25:])) for r in reference_runs["runs"] if r["variant"] == v]
-           for v in ref_variants}
-print(f"{'reference':<10}{'settings':<46}{'final accuracy':<25}late KL")
-for v in ref_variants:
-    settings = ", ".join(f"{k} = {x}" for k, x in reference_runs["variants"][v].items())
-    print(f"{v:<10}{settings:<46}{np.mean(final[v]):.3f} ({min(final[v]):.3f}-{max(final[v]):.3f})      "
-          f"{np.mean(late_kl[v]):.4f} ({min(late_kl[v]):.4f}-{max(late_kl[v]):.4f})")
+reference_runs, entropy_runs = results_of("reference"), results_of("entropy")
+ref = table(reference_runs, **{"late KL": (lambda run: float(np.median(run["steps"]["kl"][-25:])), ".4f")})
+ref_variants, final, late_kl = list(reference_runs["variants"]), ref["final accuracy"], ref["late KL"]
+print("\nfinal accuracy, paired over seeds: mean difference [95% t interval]")
+compare("reference", reference_runs, [(v, "frozen") for v in ref_variants if v != "frozen"])
+compare("beta = 0", entropy_runs, [("all-beta0", "all")])
 figure, axis = plt.subplots(figsize=(8, 3))
 for v in ref_variants:
-    curves = np.array([r["steps"]["kl"] for r in reference_runs["runs"] if r["variant"] == v], dtype=float)
-    axis.plot(np.arange(1, curves.shape[1] + 1), curves.mean(0), label=v)
-axis.set_xlabel("step")
-axis.set_ylabel("KL to the reference (mean of 3 seeds)")
-axis.legend()
+    mean_curve(axis, reference_runs, v, "kl")
+axis.set(xlabel="step", ylabel="KL to the reference\n(mean of 3 seeds)")
+axis.legend(loc="upper left", bbox_to_anchor=(1.01, 1))
 plt.show()
 
-ref_verdicts = {v: paired_seeds(by_seed(reference_runs["runs"], variant=v), by_seed(reference_runs["runs"], variant="frozen"))
-                for v in ref_variants if v != "frozen"}
-print("final accuracy, paired over seeds: mean difference [95% t interval]")
-for v, verdict in ref_verdicts.items():
-    print(f"  {verdict.words(v, 'frozen')}")
-
 # %% [markdown]
-# A moving reference follows the policy, so the KL the loss sees stays small. The pull back
-# toward the start, which a frozen reference exerts, almost vanishes (the copy's KL is exactly
-# 0 right after each sync).
+# A moving reference follows the policy, so the KL the loss sees stays small: the pull back
+# toward the start almost vanishes. Every moving reference, and beta = 0, ends lower on
+# average than the frozen reference, and every interval contains zero. In 150 steps the tiny
+# reasoner does not go far: this is not the run these tools were made for.
 #
-# Final accuracy is not separated at this size. The table prints frozen `0.751 (0.734-0.770)`,
-# copy `0.711 (0.672-0.738)`, Polyak `0.721 (0.699-0.746)` and moving average
-# `0.716 (0.668-0.742)`. Paired by seed, every moving reference ends lower on average, and
-# every interval contains zero: the copy -0.040 [-0.125, +0.044], Polyak -0.030
-# [-0.076, +0.016], the moving average -0.035 [-0.147, +0.077].
-#
-# R1 resets its reference over thousands of steps, where an anchor to the start would hold
-# back a policy that has to travel far. 150 steps of
-# the tiny reasoner do not go far. Checked against the numbers above:
+# **Verdict.** A moving reference keeps the KL small, as designed; in 150 steps neither it nor
+# beta = 0 is separated from a frozen reference.
 
 # %%
 moving = [v for v in ref_variants if v != "frozen"]
@@ -163,45 +197,39 @@ claims = {
         max(max(late_kl[v]) for v in moving) * 20 < min(late_kl["frozen"]),
     "no moving reference ends above the frozen one in mean held-out accuracy":
         all(np.mean(final[v]) < np.mean(final["frozen"]) for v in moving),
-    "paired by seed, no moving reference is separated from the frozen one at this size":
-        not any(verdict.separated for verdict in ref_verdicts.values()),
+    "the entropy benchmark's all-token run is the frozen run, seed by seed":
+        by_seed(entropy_runs["runs"], variant="all") == final["frozen"],
+    "paired by seed, no moving reference and no beta = 0 run is separated from the frozen one at this size":
+        not any(verdicts[key].separated for key in verdicts),
 }
-for claim, holds in claims.items():
-    print(f"{'holds' if holds else 'FAILS'}: {claim}")
+Claims(claims)
 
 # %% [markdown]
-# ## Which tokens train: entropy masking
+# ## 2. Entropy masking: train only the forks
 #
-# So far every token of a completion gets its completion's advantage. Most of those tokens
-# were never in doubt, like the tags and the `\boxed{`. The choices are elsewhere, and
-# closing the reasoning can be one: in the example below, a completion writes `</think>` at a
-# fork of 1.06 nats.
+# **What it is.** So far every token of a completion gets its completion's advantage. Wang et
+# al. 2025, "Beyond the 80/20 Rule: High-Entropy Minority Tokens Drive Effective Reinforcement
+# Learning for LLM Reasoning" ([`arXiv:2506.01939`](https://arxiv.org/abs/2506.01939)),
+# measured the policy's entropy at each token,
+# $H_t = -\sum_v \pi(v \mid o_{<t}) \log \pi(v \mid o_{<t})$. The high-entropy minority are the
+# "forks" of a trace, where the policy chooses. They trained only the top 20% of tokens by
+# entropy (the "80/20" finding). They report parity with training all tokens at 8B
+# parameters, and gains at 14B and 32B. Their runs use DAPO, with no KL term.
 #
-# Wang et al. studied which tokens matter when reinforcement learning trains a large language
-# model to reason ("Beyond the 80/20 Rule: High-Entropy Minority Tokens Drive Effective
-# Reinforcement Learning for LLM Reasoning", 2025). They measured the policy's entropy at each
-# token, $H_t = -\sum_v \pi(v \mid o_{<t}) \log \pi(v \mid o_{<t})$. They found the high-entropy
-# minority to be the "forks" of a trace, and trained only the top 20% of tokens by entropy.
-# They report parity with training all tokens at 8B parameters, and gains at 14B and 32B.
-# Their runs use DAPO, with no KL term.
+# In grpo_edu that is `top_entropy_quantile = q`. Before each optimizer step the trainer
+# takes the threshold $\tau$: the (1 - q)-quantile of the exact entropies of all the step's
+# real tokens. Then it zeroes the policy term of every token below $\tau$. The KL term and the
+# normaliser still count the masked tokens.
 #
-# In grpo_edu that is `top_entropy_quantile = q` (TRL's key of the same name). Before each
-# optimizer step the trainer computes the exact entropy of every token's distribution. It
-# takes the threshold $\tau$ = the (1 - q)-quantile of the entropies of all the step's real
-# tokens: every micro-batch, on every rank. Then it zeroes the policy term of every token
-# below $\tau$. TRL 1.16 takes the quantile per `_compute_loss` call instead, that is per
-# micro-batch, gathered over ranks; the two agree when an optimizer step is one micro-batch.
-# As in TRL, the KL term and the normaliser still count the masked tokens. With $\beta$ = 0.04
-# the KL term keeps pulling the masked tokens toward the reference, which the paper's runs,
-# with no KL term, did not do.
+# <details><summary>How we know, and where TRL differs</summary>
 #
-# <details><summary>How we know</summary>
-#
-# `grpo_edu.algorithm.entropy_mask.threshold` gathers the entropies of every micro-batch on
-# every rank before taking the quantile; `tests/test_entropy_mask.py` checks that
+# TRL has the key of the same name, and also counts the masked tokens in the KL term and the
+# normaliser. `grpo_edu.algorithm.entropy_mask.threshold` gathers the entropies of every
+# micro-batch on every rank before taking the quantile; `tests/test_entropy_mask.py` checks that
 # `micro_batch_size` changes neither the threshold nor the update. TRL 1.16's
-# `get_high_entropy_mask`, called from `_compute_loss`, gathers one micro-batch across
-# processes; `tests/test_trl_parity.py` holds the masked loss equal to TRL's.
+# `get_high_entropy_mask`, called from `_compute_loss`, takes the quantile per micro-batch,
+# gathered across processes; the two agree when an optimizer step is one micro-batch.
+# `tests/test_trl_parity.py` holds the masked loss equal to TRL's, and
 # `grpo_edu.commands.trl_bridge` warns when a config with `top_entropy_quantile` < 1 has
 # several micro-batches per optimizer step, where the two differ.
 #
@@ -214,18 +242,16 @@ for claim, holds in claims.items():
 
 # %%
 from grpo_edu.algorithm import entropy_mask
-from grpo_edu.environment import tasks
 from grpo_edu.algorithm.logprobs import completion_logprobs
+from grpo_edu.environment import tasks
 from grpo_edu.policy.models import load_policy, policy_source
 
 start_policy, tokenizer = load_policy(policy_source("start"))
 problem = tasks.make_dataset("arithmetic", n=1, split="test", seed=0)[0]
-texts = [problem["solution"], "<think>11</think>\\boxed{101}", "<think>1</think>\\boxed{111}",
-         "<think>11</think>\\boxed{11}"]
+texts = [problem["solution"], "<think>11</think>\\boxed{101}", "<think>1</think>\\boxed{111}", "<think>11</think>\\boxed{11}"]
 prompt = tokenizer([problem["prompt"]] * len(texts), return_tensors="pt", add_special_tokens=False)
 tokenizer.padding_side = "right"                      # completions are right-padded
-written = tokenizer([t + tokenizer.eos_token for t in texts], return_tensors="pt", padding=True,
-                    add_special_tokens=False)
+written = tokenizer([t + tokenizer.eos_token for t in texts], return_tensors="pt", padding=True, add_special_tokens=False)
 with torch.no_grad():
     H = completion_logprobs(start_policy, torch.cat([prompt.input_ids, written.input_ids], 1),
                             torch.cat([prompt.attention_mask, written.attention_mask], 1),
@@ -241,14 +267,11 @@ for row, text in enumerate(texts):
                                                  written.attention_mask[row].tolist()) if m))
 
 # %% [markdown]
-# The problem is 49+62, and the reasoning is the units column, 9 + 2 = 11. The kept tokens are
-# the forks. The first is the reasoning's second character, at 1.06 nats: after a first `1`,
-# does the column sum have a second digit (`1`, for 11) or not (`</think>`)? The second is the
-# answer's tens digit, the one the carry changes (0.88 nats in three rows, 0.76 in the third).
-# The tags, the `\boxed{` and the end-of-sequence (EOS) token cost the policy 0.01 to 0.05
-# nats: whatever their advantage, there is little left to learn there. The entropy belongs to
-# the position, not to the token written. The third completion wrote `</think>` where the
-# others wrote a digit, from the same distribution, 1.06 again.
+# The problem is 49+62; the reasoning is the units column, 9 + 2 = 11. The kept tokens are
+# the forks. The first is the reasoning's second character, at 1.06 nats: does the column sum
+# have a second digit or not? The second is the answer's tens digit, which the carry changes.
+# The tags and the end-of-sequence (EOS) token sit at 0.01 to 0.05 nats: little is left to
+# learn there.
 #
 # <details><summary>How we know</summary>
 #
@@ -257,11 +280,19 @@ for row, text in enumerate(texts):
 #
 # </details>
 #
-# What it does to a run, at q = 1, 0.5 and 0.2, and at q = 1 and 0.2 without the KL term
-# (beta = 0, as the paper ran DAPO). The table gives the final held-out greedy accuracy, mean
-# (min-max) over three seeds, and the policy's entropy: the mean over completions of their mean
-# token entropy, averaged over the last 25 steps. Under it, each comparison paired by seed: the
-# mean of the seed-by-seed differences and its 95% interval (Student's t over the 3 seeds).
+# **What it assumes.** Long traces in which a few forks carry the choices. And no KL term, as
+# in the paper: with beta = 0.04 the KL term still pulls the masked tokens toward the
+# reference, which makes it a different method.
+#
+# **When it helps.** On the long traces of a large policy, where most tokens have nothing
+# left to learn. It acts in the loss:
+
+# %%
+part("top_entropy_quantile")
+
+# %% [markdown]
+# **What our runs saw.** The default run at q = 1, 0.5 and 0.2, and at q = 1 and 0.2 with
+# beta = 0. The table adds the policy's late entropy and the share of tokens kept.
 #
 # <details><summary>How we know</summary>
 #
@@ -271,56 +302,32 @@ for row, text in enumerate(texts):
 # </details>
 
 # %%
-entropy_runs = json.loads(home.path("benchmarks/results/entropy.json").read_text())
-ent_variants = list(entropy_runs["variants"])
-ent_final = {v: [r["final_accuracy"] for r in entropy_runs["runs"] if r["variant"] == v] for v in ent_variants}
-late_entropy = {v: [float(np.mean(r["steps"]["entropy/mean"][-25:])) for r in entropy_runs["runs"]
-                    if r["variant"] == v] for v in ent_variants}
-kept_share = {v: [float(np.mean([k for k in r["steps"]["entropy/kept"] if k is not None] or [1.0]))
-                  for r in entropy_runs["runs"] if r["variant"] == v] for v in ent_variants}
-print(f"{'tokens':<13}{'settings':<70}{'final accuracy':<25}{'late entropy':<27}kept")
-for v in ent_variants:
-    settings = ", ".join(f"{k} = {x}" for k, x in entropy_runs["variants"][v].items())
-    print(f"{v:<13}{settings:<70}{np.mean(ent_final[v]):.3f} ({min(ent_final[v]):.3f}-{max(ent_final[v]):.3f})      "
-          f"{np.mean(late_entropy[v]):.4f} ({min(late_entropy[v]):.4f}-{max(late_entropy[v]):.4f})   "
-          f"{np.mean(kept_share[v]):.3f}")
-
-ent_by_seed = {v: by_seed(entropy_runs["runs"], variant=v) for v in ent_variants}
-ent_verdicts = {(a, b): paired_seeds(ent_by_seed[a], ent_by_seed[b])
-                for a, b in (("top20", "all"), ("top50", "all"), ("top20-beta0", "all-beta0"), ("all-beta0", "all"))}
+ent = table(entropy_runs, **{
+    "late entropy": (lambda run: float(np.mean(run["steps"]["entropy/mean"][-25:])), ".4f"),
+    "tokens kept": (lambda run: float(np.mean([k for k in run["steps"]["entropy/kept"] if k is not None] or [1.0])), ".3f")})
+ent_final, late_entropy, kept_share = ent["final accuracy"], ent["late entropy"], ent["tokens kept"]
 print("\nfinal accuracy, paired over seeds: mean difference [95% t interval]")
-for (a, b), verdict in ent_verdicts.items():
-    print(f"  {verdict.words(a, b)}")
-figure, axes = plt.subplots(1, 2, figsize=(10, 3))
-for v in ent_variants:
+compare("entropy masking", entropy_runs, [("top20", "all"), ("top50", "all"), ("top20-beta0", "all-beta0")])
+figure, axes = plt.subplots(1, 2, figsize=(11, 3))
+for v in entropy_runs["variants"]:
+    mean_curve(axes[0], entropy_runs, v, "entropy/mean")
     runs = [r for r in entropy_runs["runs"] if r["variant"] == v]
-    curves = np.array([r["steps"]["entropy/mean"] for r in runs], dtype=float)
-    axes[0].plot(np.arange(1, curves.shape[1] + 1), curves.mean(0), label=v)
-    evals = np.array([[a for _, a in r["eval"]] for r in runs])
-    axes[1].plot([s for s, _ in runs[0]["eval"]], evals.mean(0), marker="o", label=v)
-axes[0].set_xlabel("step")
-axes[0].set_ylabel("policy entropy (nats per token)")
-axes[1].set_xlabel("step")
-axes[1].set_ylabel("held-out accuracy (mean of 3 seeds)")
-axes[0].legend()
+    axes[1].plot([s for s, _ in runs[0]["eval"]], np.mean([[a for _, a in r["eval"]] for r in runs], 0),
+                 marker="o", label=v)
+axes[0].set(xlabel="step", ylabel="policy entropy (nats per token)")
+axes[1].set(xlabel="step", ylabel="held-out accuracy\n(mean of 3 seeds)")
+axes[1].legend(loc="upper left", bbox_to_anchor=(1.01, 1))
 plt.show()
 
 # %% [markdown]
-# On the tiny reasoner, training a fifth of the tokens (q = 0.2) ends lower in every seed:
-# `0.681 (0.652-0.711)` against `0.751 (0.734-0.770)` for all tokens. Paired by seed, the gap
-# is -0.070 [-0.172, +0.031]: not separated at this size. The policy also stays more uncertain,
-# 0.3567 nats against 0.3198: the tokens that would have sharpened are not trained. Half the
-# tokens (q = 0.5) is not separated from all of them either: -0.003 [-0.067, +0.062].
+# Training a fifth of the tokens ends lower in every seed, and its policy stays more uncertain
+# (the left panel): the tokens that would have sharpened are not trained. Paired by seed, the
+# gap is not separated at this size. Without the KL term, as in the paper, a fifth of the
+# tokens ends level with all of them. But these traces are about ten tokens long, with two or
+# three forks each; the paper's run to thousands.
 #
-# Without the KL term the picture changes. At beta = 0 a fifth of the tokens ends level with all
-# of them, +0.003 [-0.012, +0.017], the paper's parity at 8B. With beta = 0.04 the KL term still
-# pulls the masked 80% toward the reference, and this book's masked run is a different method
-# from the paper's. (Dropping the KL term itself costs every token's run -0.044
-# [-0.106, +0.017] here, not separated either.)
-#
-# This run differs from the paper's in more than size. The paper's traces are thousands of
-# tokens long; this policy's are about ten, with two or three forks each. Checked against the
-# numbers above:
+# **Verdict.** On traces of ten tokens, entropy masking is not separated from training every
+# token, with or without the KL term.
 
 # %%
 claims = {
@@ -333,27 +340,36 @@ claims = {
     "each masked run trained its share of tokens, to within 0.01":
         all(abs(np.mean(kept_share[v]) - entropy_runs["variants"][v]["top_entropy_quantile"]) < 0.01
             for v in ("top50", "top20", "top20-beta0")),
-    "paired by seed, none of the four comparisons is separated at this size":
-        not any(verdict.separated for verdict in ent_verdicts.values()),
+    "without the KL term, q = 0.2 ends within 0.01 of q = 1 on average":
+        abs(verdicts["entropy masking", "top20-beta0", "all-beta0"].difference) < 0.01,
+    "paired by seed, none of the three comparisons is separated at this size":
+        not any(v.separated for (tool, _, _), v in verdicts.items() if tool == "entropy masking"),
 }
-for claim, holds in claims.items():
-    print(f"{'holds' if holds else 'FAILS'}: {claim}")
+Claims(claims)
 
 # %% [markdown]
-# ## Completions cut at the limit
+# ## 3. Completions cut at the limit: overlong filtering and punishment
 #
-# A completion that reaches `max_completion_length` without its EOS is cut, and its reward
-# judges an unfinished text. DAPO offers two remedies:
+# **What they are.** A completion that reaches `max_completion_length` without its EOS is cut,
+# and its reward judges an unfinished text. DAPO offers two remedies:
 #
-# - **overlong filtering** (`mask_truncated_completions`, TRL's name) leaves truncated
-#   completions out of the loss. Their tokens count nowhere, while their rewards stay in
-#   their group's advantages and they still count among `grpo`'s N;
+# - **overlong filtering** (`mask_truncated_completions`) leaves truncated completions out
+#   of the loss; their rewards still enter their group's advantages;
 # - a **soft overlong punishment** (`overlong_cache` = c) is a reward term that is 0 up to
 #   L - c tokens and falls linearly to -1 at the limit L.
 #
-# Both assume that what the limit cuts is rambling. At L = 9 tokens that is not so for the
-# tiny reasoner, whose right answers take 7 to 10 tokens, EOS included (the reasoning and the
-# answer are one to three characters each):
+# **What they assume.** That what the limit cuts is rambling, not answers.
+#
+# **When they help.** With a policy that rambles past its answer, under a limit with slack:
+# DAPO trains at L = 20,480 with c = 4,096. Filtering acts in the loss, the punishment on the
+# reward:
+
+# %%
+part("mask_truncated_completions", "overlong_cache")
+
+# %% [markdown]
+# Our test first puts both where the assumption fails. At L = 9 tokens the limit cuts right
+# answers: the tiny reasoner's take 7 to 10 tokens, EOS included.
 
 # %%
 from grpo_edu.environment.rewards import soft_overlong_punishment
@@ -368,64 +384,55 @@ print("punishment at L = 9, c = 2, by length", dict(zip(lengths.tolist(),
                                                         soft_overlong_punishment(lengths, 9, 2).tolist())))
 
 # %% [markdown]
-# So at L = 9 every answer that needs 10 tokens is cut just before its EOS. It is still read,
-# and still right: the accuracy reward reads the boxed answer. With c = 2, L - c = 7 is the
-# length of the shortest right answer, and an answer of 8 tokens costs 0.5 and one of 9 costs
-# 1. The run's reward is accuracy (weight 1) plus format (weight 0.5) plus this term. A right
-# answer of 9 or 10 tokens therefore earns 1 + 0.5 - 1 = 0.5, exactly what a well-formed
-# wrong answer of 7 tokens earns. At this setting the punishment cannot tell most right
-# answers from the shortest wrong ones, so the test below puts the method where it cannot help.
+# So at L = 9 every answer that needs 10 tokens is cut just before its EOS, and is still
+# right: the accuracy reward reads the boxed answer. The run's reward is accuracy
+# (weight 1) plus format (weight 0.5) plus the punishment. A right answer of 9 or 10 tokens
+# therefore earns 1 + 0.5 - 1 = 0.5, exactly what a well-formed wrong answer of 7 tokens earns.
 #
-# So the benchmark also runs the three with DAPO's slack, scaled to this task. DAPO trains at
-# L = 20,480 with c = 4,096, so L - c is 0.8 of the limit. Here L = 13 and c = 3: L - c = 10,
-# the longest right answer. The table gives the held-out greedy accuracy at each run's own
-# limit, and over the last 25 steps the share of truncated completions and the mean completion
-# length. Under it, each method against the plain run at the same limit, paired by seed:
+# Then the same runs with DAPO's slack, scaled to this task: L = 13 and c = 3, so that
+# L - c = 10, the longest right answer. The table adds, over the last 25 steps, the share of
+# truncated completions and the mean completion length; the figure shows that length.
 #
 # <details><summary>How we know</summary>
 #
 # `benchmarks/overlong.py` ran the default run (configs/cpu-tiny.toml: accuracy 1.0, format
 # 0.5) at L = 9 and at L = 13 for 150 steps, seeds 0, 1 and 2, and wrote `benchmarks/results/overlong.json`,
 # which the cell below reads. The punishment is `grpo_edu.environment.rewards.soft_overlong_punishment`,
-# added to the reward with weight 1.
+# added to the reward with weight 1. `mask_truncated_completions` is TRL's name for filtering.
 #
 # </details>
 
 # %%
-overlong_runs = json.loads(home.path("benchmarks/results/overlong.json").read_text())
-ol_variants = list(overlong_runs["variants"])
-ol_final = {v: [r["final_accuracy"] for r in overlong_runs["runs"] if r["variant"] == v] for v in ol_variants}
-ol_late = {v: {key: [float(np.mean(r["steps"][key][-25:])) for r in overlong_runs["runs"] if r["variant"] == v]
-               for key in ("truncated", "completion_length/mean")} for v in ol_variants}
-print(f"{'variant':<11}{'settings':<64}{'final accuracy':<25}{'late truncated':<17}late length")
-for v in ol_variants:
-    settings = ", ".join(f"{k} = {x}" for k, x in overlong_runs["variants"][v].items()) or "-"
-    print(f"{v:<11}{settings:<64}{np.mean(ol_final[v]):.3f} ({min(ol_final[v]):.3f}-{max(ol_final[v]):.3f})      "
-          f"{np.mean(ol_late[v]['truncated']):.3f}            {np.mean(ol_late[v]['completion_length/mean']):.2f}")
-
-ol_by_seed = {v: by_seed(overlong_runs["runs"], variant=v) for v in ol_variants}
-ol_verdicts = {(a, b): paired_seeds(ol_by_seed[a], ol_by_seed[b])
-               for a, b in (("filter", "plain"), ("soft", "plain"), ("filter-13", "plain-13"), ("soft-13", "plain-13"))}
+overlong_runs = results_of("overlong")
+ol = table(overlong_runs, **{key: (lambda run, key=key: float(np.mean(run["steps"][key][-25:])), f)
+                             for key, f in (("truncated", ".3f"), ("completion_length/mean", ".2f"))})
+ol_final = ol["final accuracy"]
+ol_late = {v: {key: ol[key][v] for key in ("truncated", "completion_length/mean")} for v in overlong_runs["variants"]}
 print("\nfinal accuracy, paired over seeds: mean difference [95% t interval]")
-for (a, b), verdict in ol_verdicts.items():
-    print(f"  {verdict.words(a, b)}")
+compare("overlong filtering", overlong_runs, [("filter", "plain"), ("filter-13", "plain-13")])
+compare("overlong punishment", overlong_runs, [("soft", "plain"), ("soft-13", "plain-13")])
+figure, axes = plt.subplots(1, 2, figsize=(11, 3), sharey=True)
+for axis, limit, suffix in ((axes[0], 9, ""), (axes[1], 13, "-13")):
+    for v in ("plain", "filter", "soft"):
+        mean_curve(axis, overlong_runs, v + suffix, "completion_length/mean", label=v)
+    axis.axhline(limit, color="gray", linestyle="--", linewidth=1)
+    axis.set(xlabel="step", title=f"L = {limit}")
+axes[0].set_ylabel("completion length (tokens,\nmean of 3 seeds)")
+axes[1].legend(loc="upper left", bbox_to_anchor=(1.01, 1))
+plt.show()
 
 # %% [markdown]
-# Filtering ends lower in every seed: `0.685 (0.656-0.715)` against `0.743 (0.738-0.754)` for the
-# plain run (three seeds, no paired interval). At L = 9 every right answer that needs 10
-# tokens (211 of the 816 held-out problems above) is truncated, so filtering never trains
-# one; it leaves out every other truncated completion too. The punishment collapses every seed, to
-# `0.003 (0.000-0.008)`. Only a completion of 7 tokens or fewer is free of the punishment, and
-# a right answer of 9 or 10 tokens earns no more than a well-formed wrong one of 7. The
-# group-relative advantage prefers the short ones, and the policy learns to stop at seven
-# tokens (7.02 late), where only a one-character answer fits. Paired by seed, the plain run
-# beats both at L = 9: filtering -0.059 [-0.113, -0.005], the punishment -0.741
-# [-0.771, -0.711].
+# At L = 9, paired by seed, the plain run beats both methods. Filtering never trains a right
+# answer that needs 10 tokens, since every one is truncated. The punishment collapses every
+# seed: the group-relative advantage prefers the short answers, and the policy learns to stop
+# at seven tokens (the left panel), where only a one-character answer fits.
 #
-# With DAPO's slack the methods leave the right answers alone, and the policy truncates under 1%
-# of its completions. Neither method is separated from the plain run at this size: filtering
-# +0.009 [-0.069, +0.088], the punishment +0.018 [-0.052, +0.088]. They are made for a policy that
-# rambles past its answer, and this one does not. Checked against the numbers above:
+# With DAPO's slack the policy truncates under 1% of its completions, and neither method is
+# separated from the plain run at this size. They are made for a policy that rambles past its
+# answer, and this one does not.
+#
+# **Verdict.** Where the limit cuts right answers, the plain run beats both; with DAPO's slack,
+# neither is separated from the plain run.
 
 # %%
 claims = {
@@ -438,183 +445,168 @@ claims = {
     "the plain run truncates a quarter of its completions at the end, and keeps its accuracy":
         0.2 < np.mean(ol_late["plain"]["truncated"]) < 0.3 and np.mean(ol_final["plain"]) > 0.7,
     "paired by seed, the plain run beats filtering and the punishment at L = 9":
-        ol_verdicts["filter", "plain"].high < 0 and ol_verdicts["soft", "plain"].high < 0,
+        verdicts["overlong filtering", "filter", "plain"].high < 0
+        and verdicts["overlong punishment", "soft", "plain"].high < 0,
     "at L = 13 every run truncates under 1% of its completions, and neither method is separated from plain":
         all(np.mean(ol_late[v]["truncated"]) < 0.01 for v in ("plain-13", "filter-13", "soft-13"))
-        and not ol_verdicts["filter-13", "plain-13"].separated and not ol_verdicts["soft-13", "plain-13"].separated,
+        and not verdicts["overlong filtering", "filter-13", "plain-13"].separated
+        and not verdicts["overlong punishment", "soft-13", "plain-13"].separated,
 }
-for claim, holds in claims.items():
-    print(f"{'holds' if holds else 'FAILS'}: {claim}")
+Claims(claims)
 
 # %% [markdown]
-# ## Dynamic sampling, measured
+# ## 4. Dynamic sampling: refill the groups with no signal
 #
-# Chapter 4 showed that a group whose rewards are all equal carries no policy gradient, yet
-# dilutes the rest. `filter_zero_std_groups` drops such groups, and the batch trains on fewer. DAPO's dynamic sampling (`dynamic_sampling_rounds` = k) replaces
-# them with the differing groups of up to k more rollouts of fresh prompts, until the batch is
-# full. At the limit the slots left keep all-equal groups, which do not train, and the step
-# says so (`dynamic_sampling/short`; verl's recipe raises an error there instead).
+# **What it is.** A group whose rewards are all equal carries no policy gradient, yet dilutes
+# the rest (chapter 4). `filter_zero_std_groups` drops such groups, and the batch trains on
+# fewer. DAPO's dynamic sampling (`dynamic_sampling_rounds` = k) replaces them with the
+# differing groups of up to k more rollouts of fresh prompts.
 #
-# DAPO (Yu et al. 2025) made it for saturated groups, whose accuracy is all 1 or all 0; the
-# all-1 share grows as the policy improves. DAPO filters on accuracy. This book's filter
-# reads the total reward and keeps every group whose total rewards differ. A group that
-# differs only in its format reward therefore counts as signal here.
+# **What it assumes.** That fresh prompts hold groups that differ: a policy that solves some
+# prompts and not others. DAPO filters on accuracy. This book's filter reads the total reward,
+# so a group that differs only in its format reward counts as signal here.
 #
-# The test below is a hard case, not the one the method was made for: chapter 7's Countdown
-# failure. The arithmetic policy cannot solve Countdown, so most groups are all wrong, and
-# only the format reward varies within some. Three runs keep, drop and refill (k = 4) the
-# all-equal groups for 40 steps. Per step, the table gives the groups that carry a gradient
-# (whose rewards differ), the rollouts sampled, the steps that reached the limit, the seconds
-# spent sampling, and the KL over the last 10 steps:
+# **When it helps.** As a policy improves, more of its groups are all right, and the batch
+# would shrink. It acts where the completions are sampled:
+
+# %%
+part("dynamic_sampling_rounds")
+
+# %% [markdown]
+# **What our runs saw.** Three runs keep, drop and refill (k = 4) the all-equal groups for 40
+# steps, on two tasks. The first is a hard case: chapter 7's Countdown, which the arithmetic
+# policy never solves, so only the format reward varies within some groups. The second is the
+# regime DAPO made refill for. The committed policy `trained` (the default run's 1,500 steps)
+# answers 0.992 of the held-out arithmetic problems greedy. Sampled, some of its groups hold a
+# wrong answer and many are all right. These runs (`-solved`) continue training it at a tenth
+# of the learning rate, and score pass@1 from 4 samples per problem.
+#
+# The table gives, per step, the groups that carry a gradient, the rollouts sampled, and the
+# steps that reached the limit; then the KL over the last 10 steps. The figure shows the
+# groups with signal.
 #
 # <details><summary>How we know</summary>
 #
-# `benchmarks/dynamic_sampling.py` ran the three variants on Countdown for 40 steps, seeds 0,
-# 1 and 2, and wrote `benchmarks/results/dynamic_sampling.json`, which the cell below reads.
-# The filter is `grpo_edu.algorithm.advantages.zero_std_groups`, applied to the weighted sum of
-# the rewards (`grpo_edu.training.dynamic_sampling`).
-#
-# </details>
-
-# %%
-dynamic_runs = json.loads(home.path("benchmarks/results/dynamic_sampling.json").read_text())
-ds_variants = [v for v in dynamic_runs["variants"] if not v.endswith("-solved")]   # Countdown; the rest below
-B_countdown = 16                                      # prompts_per_step of configs/cpu-tiny.toml
-ds = {v: [r for r in dynamic_runs["runs"] if r["variant"] == v] for v in ds_variants}
-
-
-def per_run(v, value):
-    return [value(r["steps"]) for r in ds[v]]
-
-
-signal = {v: per_run(v, lambda st: B_countdown * (1 - np.mean(st["zero_std_groups"]))) for v in ds_variants}
-ds_kl = {v: per_run(v, lambda st: float(np.mean([k for k in st["kl"][-10:] if k is not None]))) for v in ds_variants}
-print(f"{'variant':<8}{'groups with signal':<22}{'rollouts':<10}{'at the limit':<14}{'s sampling':<12}"
-      f"{'late KL':<18}held-out accuracy")
-for v in ds_variants:
-    rounds = per_run(v, lambda st: np.mean([x if x is not None else 1.0 for x in st["dynamic_sampling/rounds"]]))
-    limit = per_run(v, lambda st: sum(1 for x in st["dynamic_sampling/short"] if x))
-    seconds = per_run(v, lambda st: np.mean(st["time/rollout"]))
-    groups = f"{np.mean(signal[v]):.1f} ({min(signal[v]):.1f}-{max(signal[v]):.1f})"
-    print(f"{v:<8}{groups:<22}{np.mean(rounds):<10.2f}{np.mean(limit):<14.1f}{np.mean(seconds):<12.3f}"
-          f"{np.mean(ds_kl[v]):.2f} ({min(ds_kl[v]):.2f}-{max(ds_kl[v]):.2f})  "
-          f"{max(r['final_accuracy'] for r in ds[v]):.3f}")
-print(f"first rollout's all-equal share under refill: "
-      f"{np.mean(per_run('refill', lambda st: np.mean(st['dynamic_sampling/first_zero_std']))):.3f}")
-
-# %% [markdown]
-# Refilling trains between two and three times as many groups that carry a gradient as
-# dropping does, 13.5 against 5.0 per step. It pays for them in rollouts: 4.13 per step, and
-# it reaches the limit in 19.3 of the 40 steps on average. 0.711 of the first rollout's
-# groups are all equal, and fresh prompts are no easier (the sampling seconds are this
-# machine's).
-#
-# What it cannot do is make signal where there is none. No completion is ever right, so the
-# groups it finds differ in format only. The policy is pushed harder toward that (the KL
-# grows faster), and held-out accuracy stays 0. Under DAPO's accuracy filter every one of
-# these groups would count as all-equal, and refilling would find nothing. Dynamic sampling
-# helps a policy that solves some prompts and not others. For one that solves none, the task
-# or the starting policy has to change (chapter 7). Checked:
-
-# %%
-claims = {
-    "refill trains more than twice as many groups with signal per step as drop, in every seed":
-        min(signal["refill"]) > 2 * max(signal["drop"]),
-    "refill samples more than 3 rollouts per step on average":
-        np.mean(per_run("refill", lambda st: np.mean(st["dynamic_sampling/rounds"]))) > 3,
-    "held-out countdown accuracy is 0 for every variant and seed":
-        all(e == 0.0 for v in ds_variants for r in ds[v] for _, e in r["eval"]),
-    "refill ends with a larger KL than every keep and drop seed":
-        min(ds_kl["refill"]) > max(max(ds_kl["keep"]), max(ds_kl["drop"])),
-}
-for claim, holds in claims.items():
-    print(f"{'holds' if holds else 'FAILS'}: {claim}")
-
-# %% [markdown]
-# Now the regime DAPO made refill for: a policy that solves most of its problems. The
-# committed policy `trained` is what the default run trains (configs/cpu-tiny.toml, 1,500
-# steps, seed 0). It answers 0.992 of these held-out arithmetic problems greedy. Sampled at
-# temperature 1 it is right less often (pass@1, below), so some groups hold a wrong answer
-# and many are all right. The same three runs continue training it
-# for 40 steps, at a tenth of the first run's learning rate, as a second stage would.
-# Greedy accuracy has almost no room left, so each evaluation also samples 4 completions per
-# problem; pass@1 is their share right. The filter still reads the total reward.
-#
-# <details><summary>How we know</summary>
-#
-# The same benchmark ran the `-solved` variants (`model = "trained"`, `task = "arithmetic"`,
-# `learning_rate = 3e-5`, `eval_samples = 4`). The policy is
-# `grpo_edu/assets/tiny-arithmetic-trained`; `benchmarks/dynamic_sampling.py
+# `benchmarks/dynamic_sampling.py` ran the six variants for 40 steps, seeds 0, 1 and 2, and
+# wrote `benchmarks/results/dynamic_sampling.json`, which the cell below reads. The filter is
+# `grpo_edu.algorithm.advantages.zero_std_groups`, applied to the weighted sum of the rewards
+# (`grpo_edu.training.dynamic_sampling`). When k rollouts do not fill the batch, the slots
+# left keep all-equal groups and the step logs `dynamic_sampling/short` (verl's recipe raises
+# an error there instead). The `-solved` variants set `model = "trained"`,
+# `learning_rate = 3e-5` and `eval_samples = 4`; the policy is
+# `grpo_edu/assets/tiny-arithmetic-trained`, and `benchmarks/dynamic_sampling.py
 # --trained-policy` makes it again.
 #
 # </details>
 
 # %%
-solved = [v for v in dynamic_runs["variants"] if v.endswith("-solved")]
-ds_solved = {v: sorted((r for r in dynamic_runs["runs"] if r["variant"] == v), key=lambda r: r["seed"])
-             for v in solved}
+dynamic_runs = results_of("dynamic_sampling")
+B = 16   # prompts_per_step of configs/cpu-tiny.toml, on both tasks
 
 
 def last_pass_at_1(run):
     return [x for x in run["steps"]["eval/pass_at_1"] if x is not None][-1]
 
 
-B_solved = B_countdown   # prompts_per_step: the same config, another task
-solved_signal = {v: [B_solved * (1 - np.mean(r["steps"]["zero_std_groups"])) for r in ds_solved[v]] for v in solved}
-print(f"{'variant':<15}{'groups with signal':<22}{'rollouts':<10}{'first all-equal':<17}{'greedy':<9}pass@1 at step 40")
-for v in solved:
-    rounds = [np.mean([x if x is not None else 1.0 for x in r["steps"]["dynamic_sampling/rounds"]]) for r in ds_solved[v]]
-    first = [np.mean(r["steps"]["dynamic_sampling/first_zero_std"]) for r in ds_solved[v]
-             if r["steps"]["dynamic_sampling/first_zero_std"][0] is not None]
-    final_pass = [last_pass_at_1(r) for r in ds_solved[v]]
-    print(f"{v:<15}{np.mean(solved_signal[v]):<22.1f}{np.mean(rounds):<10.2f}"
-          f"{(f'{np.mean(first):.3f}' if first else '-'):<17}{np.mean([r['final_accuracy'] for r in ds_solved[v]]):<9.3f}"
-          f"{np.mean(final_pass):.3f} ({min(final_pass):.3f}-{max(final_pass):.3f})")
-
-solved_verdicts = {(a, b): paired_seeds([last_pass_at_1(r) for r in ds_solved[a]], [last_pass_at_1(r) for r in ds_solved[b]])
-                   for a, b in (("refill-solved", "keep-solved"), ("refill-solved", "drop-solved"),
-                                ("drop-solved", "keep-solved"))}
+ds = table(dynamic_runs, **{
+    "groups with signal": (lambda run: B * (1 - np.mean(run["steps"]["zero_std_groups"])), ".1f"),
+    "rollouts": (lambda run: np.mean([1.0 if x is None else x for x in run["steps"]["dynamic_sampling/rounds"]]), ".2f"),
+    "steps at the limit": (lambda run: sum(1 for x in run["steps"]["dynamic_sampling/short"] if x), ".1f"),
+    "late KL": (lambda run: np.mean([k for k in run["steps"]["kl"][-10:] if k is not None]), ".4f")})
+signal = ds["groups with signal"]
 print("\npass@1 at step 40, paired over seeds: mean difference [95% t interval]")
-for (a, b), verdict in solved_verdicts.items():
-    print(f"  {verdict.words(a, b)}")
+compare("dynamic sampling", dynamic_runs, [("refill-solved", "keep-solved"), ("refill-solved", "drop-solved"),
+                                           ("drop-solved", "keep-solved")], value=last_pass_at_1)
+figure, axes = plt.subplots(1, 2, figsize=(11, 3), sharey=True)
+for axis, suffix, title in ((axes[0], "", "Countdown (never solved)"), (axes[1], "-solved", "arithmetic (mostly solved)")):
+    for v in ("keep", "drop", "refill"):
+        mean_curve(axis, dynamic_runs, v + suffix, "zero_std_groups", label=v, scale=lambda y: B * (1 - y))
+    axis.set(xlabel="step", title=title)
+axes[0].set_ylabel(f"groups with signal, of {B}\n(mean of 3 seeds)")
+axes[1].legend(loc="upper left", bbox_to_anchor=(1.01, 1))
+plt.show()
 
 # %% [markdown]
-# Here refill does what it was made for. 0.416 of the first rollout's groups have all-equal
-# rewards, so keep and drop train 9.4 groups with signal per step. Refill
-# trains all 16, and pays 2.10 rollouts per step for them, half of what Countdown cost.
+# On Countdown, refilling trains two to three times as many groups with signal as dropping.
+# It pays in rollouts, and reaches the limit in about half the steps. But it cannot make
+# signal where there is none. The groups it finds differ in format only, the KL grows faster,
+# and held-out accuracy stays 0. DAPO's accuracy filter would find them all-equal.
 #
-# What it buys in 40 steps is not visible. Pass@1 at step 40 is 0.891 for refill and 0.890
-# for keep, not separated at this size (+0.001 [-0.013, +0.015]). At this learning rate the
-# policy barely moves in 40 steps, whichever groups it trains on. DAPO reports its gain over
-# a whole training run of a 32B model, where refill also keeps the batch's size steady as
-# accuracy climbs. This measurement shows the mechanism, not that gain.
+# On the solved task refill does what it was made for: it fills all 16 slots, at about half
+# Countdown's rollouts. What that buys is not visible: pass@1 is not separated between any two
+# of the three, and at this learning rate the policy barely moves in 40 steps. DAPO reports its
+# gain over a whole run of a 32B model; this shows the mechanism, not that gain.
+#
+# **Verdict.** Refill fills the batch with groups that carry a gradient, at a price in
+# rollouts; it cannot create signal, and in 40 steps it is not separated from keep or drop.
 
 # %%
-show_solved = {
-    "refill trains every slot of the batch on a group with signal here, where keep and drop train fewer than 12 of 16":
-        min(solved_signal["refill-solved"]) == B_solved
-        and max(solved_signal["keep-solved"] + solved_signal["drop-solved"]) < 12,
-    "more than a third of the first rollout's groups are all-equal under refill":
-        np.mean([x for r in ds_solved["refill-solved"] for x in r["steps"]["dynamic_sampling/first_zero_std"]]) > 1 / 3,
-    "paired by seed, pass@1 at step 40 does not separate refill from keep or drop":
-        not any(solved_verdicts[pair].separated for pair in solved_verdicts),
+first_all_equal = [x for r in dynamic_runs["runs"] if r["variant"] == "refill-solved"
+                   for x in r["steps"]["dynamic_sampling/first_zero_std"]]
+claims = {
+    "Countdown: refill trains more than twice as many groups with signal per step as drop, in every seed":
+        min(signal["refill"]) > 2 * max(signal["drop"]),
+    "Countdown: refill samples more than 3 rollouts per step on average":
+        np.mean(ds["rollouts"]["refill"]) > 3,
+    "held-out Countdown accuracy is 0 for every variant, seed and evaluation":
+        all(a == 0.0 for r in dynamic_runs["runs"] if not r["variant"].endswith("-solved") for _, a in r["eval"]),
+    "Countdown: refill ends with a larger KL than every keep and drop seed":
+        min(ds["late KL"]["refill"]) > max(ds["late KL"]["keep"] + ds["late KL"]["drop"]),
+    "solved: refill trains every slot on a group with signal, where keep and drop train fewer than 12 of 16":
+        min(signal["refill-solved"]) == B and max(signal["keep-solved"] + signal["drop-solved"]) < 12,
+    "solved: more than a third of the first rollout's groups are all-equal under refill":
+        np.mean(first_all_equal) > 1 / 3,
+    "solved: paired by seed, pass@1 at step 40 does not separate refill from keep or drop":
+        not any(v.separated for (tool, _, _), v in verdicts.items() if tool == "dynamic sampling"),
 }
-for claim, holds in show_solved.items():
-    print(f"{'holds' if holds else 'FAILS'}: {claim}")
+Claims(claims)
 
 # %% [markdown]
+# ## Choosing a tool
+#
+# Every paired comparison of this chapter, by tool:
+
+# %%
+print(f"{'tool':<21}{'comparisons':<13}separated (the interval excludes 0)")
+for tool in dict.fromkeys(tool for tool, _, _ in verdicts):
+    mine = {(a, b): v for (t, a, b), v in verdicts.items() if t == tool}
+    print(f"{tool:<21}{len(mine):<13}" + (", ".join(v.words(a, b).split(":")[0] for (a, b), v in mine.items()
+                                                    if v.separated) or "none"))
+separated = sum(v.separated for v in verdicts.values())
+print(f"\n{len(verdicts)} paired comparisons: {separated} separated, {len(verdicts) - separated} not separated at this size")
+
+# %%
+Claims({"the only separated comparisons are the plain run's wins at L = 9":
+        {key for key, v in verdicts.items() if v.separated}
+        == {("overlong filtering", "filter", "plain"), ("overlong punishment", "soft", "plain")}})
+
+# %% [markdown]
+# 12 of the 14 comparisons are not separated. For a reader choosing tools, that means one
+# thing: at this size (a tiny policy, 150 steps or fewer) and with three seeds, our runs cannot
+# tell the tool from no tool. It is not evidence that the tool does nothing. An effect smaller
+# than the interval, or one that needs long traces, a large policy or a long run, would look
+# exactly like this. So choose a tool by its assumption:
+#
+# | Symptom in your run | Tool (key) | It assumes | What our runs saw |
+# |---|---|---|---|
+# | The KL to a frozen reference keeps growing in a long run | a moving reference (`ref_sync_steps`, `ref_mixup_alpha`) | the policy must travel far from its start | the KL stays small; accuracy not separated (3 of 3) |
+# | The KL term holds the policy back | no KL term (`beta = 0`) | the reward alone keeps the policy sane | not separated (1 of 1) |
+# | Most completion tokens are near-certain; the choices sit at a few forks | entropy masking (`top_entropy_quantile`) | long traces, few forks, no KL term | not separated, with or without the KL term (3 of 3) |
+# | Many completions end at `max_completion_length` (`truncated`) | overlong filtering (`mask_truncated_completions`) | what the limit cuts is rambling | plain beats it where the limit cuts right answers; not separated with slack |
+# | The same | soft overlong punishment (`overlong_cache`) | the same, and L - c above every right answer | collapses the run where the limit cuts right answers; not separated with slack |
+# | Many groups are all right or all wrong (`zero_std_groups`) | dynamic sampling (`dynamic_sampling_rounds`) | fresh prompts hold groups that differ | fills the batch; cannot create signal; pass@1 not separated in 40 steps (3 of 3) |
+#
 # ## What you learned
 #
-# - A moving reference keeps the KL the loss sees small, because the anchor follows the
-#   policy. In 150 steps of the tiny reasoner no moving reference separated from the frozen one.
-# - Entropy masking trains the policy term of the forks only: the tokens whose distribution
-#   was uncertain. The KL term and the normaliser still count every token.
-# - Overlong filtering and the soft punishment assume that what the limit cuts is rambling.
-#   Where the limit cuts right answers, both hurt; with DAPO's slack, neither separated from
-#   the plain run.
-# - Dynamic sampling fills the batch with groups whose rewards differ, at the price of more
-#   rollouts. It cannot make signal where no completion is right.
-# - Each setting is a bet about the run. Measure it on yours, paired by seed.
+# - Each tool is a bet about the run: a reference that must move, forks among near-certain
+#   tokens, rambling at the limit, groups that differ somewhere.
+# - A moving reference keeps the KL the loss sees small, because the anchor follows the policy.
+# - Entropy masking trains the policy term of the forks only; the KL term and the normaliser
+#   still count every token.
+# - Overlong filtering and the soft punishment hurt where the limit cuts right answers.
+# - Dynamic sampling fills the batch with groups whose rewards differ, at the price of
+#   rollouts; it cannot make signal where no completion is right.
+# - Choose a tool by its assumption; then measure it on your own run, paired by seed.
 #
 # ## Check yourself
 #

@@ -13,6 +13,7 @@ the tests and the chapter check that it triggers the first, and none outside the
 
     from grpo_edu import lab
     result = lab.run("alias", "runs/lab")      # a RunResult; runs/lab/alias holds its metrics
+    right = lab.held_out_outcomes("alias", result.policy, result.tokenizer)   # 0/1 per held-out problem
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ SETTINGS = {"eval_every": 25, "eval_size": 128, "checkpoint_every": 0, "progress
 
 @dataclass(frozen=True)
 class LabRun:
-    failure: int                      # the textbook's failure mode, 1..9 (0: a healthy run; 10: chapter 13's)
+    failure: int                      # chapter 7's failure mode, 1..9 (0: a healthy run; 10: chapter 13's)
     knob: str                         # the one thing changed, in words
     steps: int
     overrides: dict = field(default_factory=dict)
@@ -102,7 +103,7 @@ RUNS: dict[str, LabRun] = {
                            {"learning_rate": 1e-2, "max_grad_norm": 0.0},
                            expected=frozenset({"kl_runaway", "zero_std_groups"}),
                            also=frozenset({"truncated_completions"})),
-    # 8, the other cause the textbook names: rewards 100x larger, with no std to divide them back
+    # 8, the other cause of a climbing gradient norm: rewards 100x larger, with no std to divide them back
     # (advantage_scale = 'none'), so that the gradient is 100x larger too; clipped and not
     "reward_x100": LabRun(8, "rewards x100, advantage_scale = 'none'", 75,
                           {"rewards": {"accuracy": 100.0, "format": 50.0}, "advantage_scale": "none"}),
@@ -137,6 +138,31 @@ def run(name: str, root: str | Path, seed: int = 0, log: Callable[[str], None] =
         raise ValueError(f"name: expected one of {sorted(runs)}, got {name!r}")
     spec = runs[name]
     return (spec.faults or NONE).train(spec.config(Path(root) / name, seed=seed), log=log)
+
+
+def held_out_outcomes(name: str, policy, tokenizer) -> list[int]:
+    """Each held-out problem's greedy outcome under `policy` (1 right, 0 wrong), in order: the
+    problems lab run `name`'s evaluations score (its task's first eval_size test problems),
+    scored as its trainer scores them. Runs on one task score the same problems, so their
+    outcomes pair problem by problem (grpo_edu.algorithm.statistics: mcnemar, paired_problems);
+    for a run's trained policy their mean is its final_accuracy."""
+    from grpo_edu.environment.tasks import task_pools
+    from grpo_edu.training.evaluation import evaluate
+
+    runs = {**RUNS, **TOOL_RUNS}
+    if name not in runs:
+        raise ValueError(f"name: expected one of {sorted(runs)}, got {name!r}")
+    config = runs[name].config("unused")
+    _, held_out = task_pools(config, tokenizer)
+    training = policy.training
+    policy.eval()
+    try:
+        metrics = evaluate(policy, tokenizer, held_out, max_new_tokens=config.rollout.max_completion_length,
+                           environment=config.rollout.environment, max_turns=config.rollout.max_turns,
+                           per_problem=True)
+    finally:
+        policy.train(training)
+    return metrics["greedy_correct"]
 
 
 def early_late(history: list[dict], key: str) -> tuple[float, float]:
