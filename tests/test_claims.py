@@ -90,7 +90,11 @@ def test_no_committed_chapter_prints_a_failing_claim_or_a_list_of_claims(noteboo
         lines = [line for line in text.splitlines() if line.startswith("holds: ")]
         assert not lines, f"{notebook.name}: a claims cell prints {len(lines)} lines; end it with Claims(claims)"
         if "Claims(" in "".join(cell["source"]):
-            assert len(text.strip().splitlines()) == 1, f"{notebook.name}: a claims cell prints more than one line"
+            shown = [output for output in cell.get("outputs", []) if output.get("output_type") == "execute_result"]
+            assert len(shown) == 1, f"{notebook.name}: a claims cell must end with Claims(claims)"
+            summary = "".join(shown[0]["data"]["text/plain"])
+            assert len(summary.splitlines()) == 1 and summary.endswith("all hold"), \
+                f"{notebook.name}: the claims print more than one line: {summary[:200]}"
 
 
 def test_a_check_of_one_case_prints_its_one_failure_on_one_line():
