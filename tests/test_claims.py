@@ -100,3 +100,18 @@ def test_no_committed_chapter_prints_a_failing_claim_or_a_list_of_claims(noteboo
 def test_a_check_of_one_case_prints_its_one_failure_on_one_line():
     result = CheckResult("exercise 6.2 read a run", failures=["no diagnoses yet: name each run"])
     assert repr(result) == str(result) == "exercise 6.2 read a run: no diagnoses yet: name each run"
+
+
+@pytest.mark.parametrize("notebook", sorted((ROOT / "chapters").glob("[0-9]*.ipynb")), ids=lambda p: p.stem[:2])
+def test_an_untouched_exercise_and_a_wrong_first_attempt_print_short_reports(notebook):
+    """An exercise whose stub still raises prints one line; a report never lists every failing case."""
+    for cell in json.loads(notebook.read_text())["cells"]:
+        if cell["cell_type"] != "code":
+            continue
+        text = "\n".join(_outputs(cell))
+        assert "raised NotImplementedError" not in text, f"{notebook.name}: an untouched exercise lists its cases:\n{text[:300]}"
+        if "not attempted yet" in text:
+            assert len(text.strip().splitlines()) == 1, f"{notebook.name}: {text[:300]}"
+        if "cases failed" in text:
+            listed = [line for line in text.splitlines() if line.startswith("  - ")]
+            assert len(listed) <= 1, f"{notebook.name}: a report lists {len(listed)} failing cases:\n{text[:400]}"
