@@ -58,6 +58,7 @@ import argparse
 import contextlib
 import json
 import math
+import os
 import statistics
 import sys
 import tempfile
@@ -228,6 +229,32 @@ def speed_vs_trl(runs: list[Run], trl: list[Run], confidence: float = 0.95) -> d
             "per_seed": per_seed, "method": verdict.method}
 
 
+def machine() -> dict:
+    """What ran the benchmark: torch, the kernels it chose, and the CPU (its model and whether it has
+    AVX-512, from /proc/cpuinfo where there is one)."""
+    try:
+        info = open("/proc/cpuinfo").read()
+    except OSError:
+        info = ""
+    model = next((line.split(":", 1)[1].strip() for line in info.splitlines() if line.startswith("model name")), None)
+    return {"torch": torch.__version__, "cpu_capability": torch.backends.cpu.get_cpu_capability(),
+            "cpu": model, "avx512": " avx512f" in info, "cores": os.cpu_count()}
+
+
+def markdown_rows(record: dict, setting: str) -> list[str]:
+    """docs/training.md's rows for one results file (--out): per trainer, its median s/step pooled over
+    seeds, its speed against TRL with the 95% interval over seeds, and its held-out accuracy per seed."""
+    rows = []
+    for name, runs in record["runs"].items():
+        median = statistics.median(value for run in runs for value in run["step_seconds"])
+        speed = record["speed_vs_trl"][name]
+        interval = f"[{speed['low']:.2f}, {speed['high']:.2f}]" if speed["low"] is not None else "(one seed)"
+        accuracies = [run["accuracy"] for run in runs]
+        rows.append(f"| {setting} | {name} | {median:.3f} | {speed['ratio']:.2f}x {interval} | "
+                    f"{' / '.join(f'{a:.3f}' for a in accuracies)} ({statistics.mean(accuracies):.3f}) |")
+    return rows
+
+
 def rotated(names: list[str], turn: int) -> list[str]:
     """The trainers' order for the seed at index `turn`: A B C, then B C A, then C A B, ..."""
     shift = turn % len(names)
@@ -302,13 +329,11 @@ def main(argv=None) -> int:
         print(f"{name:<32}{median:>17.3f}{1 / median:>9.2f}{trl / median:>7.2f}x  {f'[{low:.2f}, {high:.2f}]' if low is not None else '(one seed)':<16} "
               f"{per_seed} ({statistics.mean(accuracies):.4f})")
     if args.out:
-        from grpo_edu.runtime import numerics
         record = {"settings": {"config": args.config, "task": task, "model": model, "steps": args.steps,
                                "seeds": args.seeds, "threads": args.threads, "beta": settings.loss.beta,
                                "learning_rate": settings.optimisation.learning_rate,
                                "eval_size": len(held_out), "start_accuracy": start},
-                  "machine": {"torch": torch.__version__, "cpu_capability": torch.backends.cpu.get_cpu_capability(),
-                              "pinned_kernels": numerics.unpinnable_reason() is None},
+                  "machine": machine(),
                   "speed_vs_trl": speed,
                   "runs": {name: [{"seed": seed, "accuracy": run.accuracy, "step_seconds": run.step_seconds}
                                   for seed, run in zip(args.seeds, runs[name])] for name in names}}

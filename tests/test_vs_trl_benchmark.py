@@ -93,3 +93,24 @@ def test_a_config_file_sets_both_trainers_and_out_keeps_every_step(tmp_path, mon
     assert set(record["runs"]) == set(vs_trl.TRAINERS)
     assert all(len(run["step_seconds"]) == 1 for runs in record["runs"].values() for run in runs)
     assert record["speed_vs_trl"]["TRL GRPOTrainer"]["ratio"] == 1.0
+
+
+def test_the_docs_quote_the_committed_results():
+    """docs/training.md's rows against TRL are the results files', interval and accuracies included."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    import json
+    import vs_trl
+    doc = (ROOT / "docs" / "training.md").read_text()
+    files = {"vs_trl.json": "beta 0.04, lr 3e-4", "vs_trl_first_run.json": "make train's: beta 0, lr 2.5e-4",
+             "vs_trl_digitsum.json": "digit sum, 10 steps"}
+    for name, setting in files.items():
+        record = json.loads((ROOT / "benchmarks" / "results" / name).read_text())
+        assert record["settings"]["seeds"] == [0, 1, 2]
+        for row in vs_trl.markdown_rows(record, setting):
+            assert row in doc, row
+        ours = record["speed_vs_trl"]["grpo_edu"]
+        assert ours["low"] > 1, f"{name}: 'beats' needs the interval above 1"
+    digitsum = json.loads((ROOT / "benchmarks" / "results" / "vs_trl_digitsum.json").read_text())
+    speed = digitsum["speed_vs_trl"]
+    assert (f"grpo_edu took {speed['grpo_edu']['ratio']:.2f}x [{speed['grpo_edu']['low']:.2f}, "
+            f"{speed['grpo_edu']['high']:.2f}] TRL's steps per second" in " ".join(doc.split()))
