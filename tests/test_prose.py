@@ -155,3 +155,16 @@ def test_comparisons_are_not_tags_and_quoted_lists_are_items():
         "When A < 0 the ratio falls.", "When A > 0 it rises."]
     assert prose.sentences("> **You will learn**\n> - one thing\n> - another\n>\n> **Then** more.") == [
         "**You will learn**", "one thing", "another", "**Then** more."]
+
+
+# Status and provenance (which machine ran what, what never ran, an issue's number) live in
+# docs/gpu.md's "What has run where" and docs/training.md, never in a chapter's recap.
+STATUS_WORDS = re.compile(r"\b(lent|never ran|not yet run|ha(s|ve)( not)? run|H100|H200|issue \d+|this machine|"
+                          r"kernels? table|status)\b", re.I)
+
+
+@pytest.mark.parametrize("chapter", BOOK.chapters, ids=lambda c: c.name)
+def test_no_recap_holds_a_status_line(chapter):
+    learned = _markdown(chapter).split("## What you learned", 1)[1].split("## Check yourself", 1)[0]
+    found = [line for line in learned.splitlines() if STATUS_WORDS.search(line)]
+    assert not found, f"{chapter.name}: the recap holds status, which belongs in docs/: {found}"
