@@ -75,7 +75,7 @@ def row(values, width=8):
 # and the loss is $-\mathcal{J}$. $A_i$ is one number per response, shared by all of its
 # tokens. $\widehat{\mathrm{KL}}_{i,t}$ estimates the KL divergence to a frozen reference
 # policy with k3, an estimator from Schulman's note "Approximating KL Divergence" (2020,
-# [joschu.net/blog/kl-approx.html](http://joschu.net/blog/kl-approx.html)). Step 5 says what
+# [joschu.net/blog/kl-approx.html](https://joschu.net/blog/kl-approx.html)). Step 5 says what
 # it estimates, and what it does not.
 #
 # This per-token form is DeepSeekMath's, and it is what grpo_edu's `loss_type="grpo"`

@@ -12,6 +12,7 @@ book`, the tests and chapters/conftest.py do.
     schematics.py      the schematic pictures of the chapters, drawn in code
     home.py            where a chapter reads and writes, in the repository or anywhere else
     plots.py           training curves from a run's metrics.jsonl (matplotlib, lazily)
+    claims.py          a chapter's claims cell as one line: "8 claims checked: all hold"
     static/            the website's scripts, styles and KaTeX
 
 A chapter is a jupytext `py:percent` source (chapters/NN_name.py) beside its
