@@ -193,8 +193,8 @@ print(inspect.getsource(trainer.loop))
 # - each prompt runs once for its G completions, which attend to it through a block mask, at
 #   the positions they would have alone;
 # - padding is not computed: a group's tokens are one flat run;
-# - RMSNorm weights ride in the next projection, q, k and v are one matrix product, and the
-#   rotary embedding is one complex multiplication;
+# - RMSNorm (root mean square layer normalization) weights ride in the next projection, q, k
+#   and v are one matrix product, and the rotary embedding is one complex multiplication;
 # - the sampler is a plain decoding loop over a key-value (KV) cache, and finished rows leave
 #   the batch.
 #

@@ -655,7 +655,7 @@ print(f"\n7B LoRA: {per_completion / 1e9:.2f} GB per completion in a micro-batch
 # - **A bf16 frozen base.** Under LoRA the base never trains, so it needs no float32 master
 #   copy. Stored in bf16 it takes half the bytes. The adapters and their AdamW moments stay
 #   float32.
-# - **A 4-bit frozen base**, as QLoRA does (Dettmers et al. 2023, "QLoRA: Efficient Finetuning
+# - **A 4-bit frozen base**, as QLoRA (quantized low-rank adaptation) does (Dettmers et al. 2023, "QLoRA: Efficient Finetuning
 #   of Quantized LLMs"): 4-bit NormalFloat weights, with their scales quantized again, about
 #   4.127 bits a parameter. Each layer's weight is turned back into bf16 when it is used.
 
