@@ -83,11 +83,16 @@ def test_manifest_parts_and_needs_are_checked(tmp_path, extra, message):
         book.load_book(root)
 
 
-def test_manifest_reader_paths_name_chapters_of_the_book(tmp_path):
+def _book_with_a_path(tmp_path, path_toml: str):
+    """A one-chapter book whose manifest also holds the reader path `path_toml`: (its root, its toml)."""
     root = _make_book(tmp_path, _entry("chapters/a.ipynb"), ["a.ipynb"])
-    toml = (root / "book.toml").read_text().replace(
-        "[[chapters]]", '[[paths]]\nname = "Fast"\nwho = "you"\nchapters = [1, 7]\n\n[[chapters]]', 1)
+    toml = (root / "book.toml").read_text().replace("[[chapters]]", f"[[paths]]\n{path_toml}\n\n[[chapters]]", 1)
     (root / "book.toml").write_text(toml)
+    return root, toml
+
+
+def test_manifest_reader_paths_name_chapters_of_the_book(tmp_path):
+    root, toml = _book_with_a_path(tmp_path, 'name = "Fast"\nwho = "you"\nchapters = [1, 7]')
     with pytest.raises(book.ManifestError, match=r"\[\[paths\]\] 'Fast': chapters \[7\] are not in the book"):
         book.load_book(root)
     (root / "book.toml").write_text(toml.replace("[1, 7]", "[1]"))
@@ -106,10 +111,7 @@ def test_the_book_map_follows_the_manifest():
 
 
 def test_manifest_optional_chapters_belong_to_their_path(tmp_path):
-    root = _make_book(tmp_path, _entry("chapters/a.ipynb"), ["a.ipynb"])
-    toml = (root / "book.toml").read_text().replace(
-        "[[chapters]]", '[[paths]]\nname = "P"\nwho = "you"\nchapters = [1]\noptional = [2]\n\n[[chapters]]', 1)
-    (root / "book.toml").write_text(toml)
+    root, toml = _book_with_a_path(tmp_path, 'name = "P"\nwho = "you"\nchapters = [1]\noptional = [2]')
     with pytest.raises(book.ManifestError, match=r"\[\[paths\]\] 'P': optional must list chapters of the path"):
         book.load_book(root)
     (root / "book.toml").write_text(toml.replace("optional = [2]", "optional = [1]"))
