@@ -252,7 +252,7 @@ print("\n".join(line for line in optimise_source.splitlines() if "world.size).ba
 # (`python -m torch.distributed.run`) in front of it. On the CPU the ranks talk through gloo.
 
 # %%
-RUNS = Path(tempfile.mkdtemp(prefix="grpo-edu-chapter-9-"))   # print(RUNS) to look inside
+RUNS = Path(tempfile.mkdtemp(prefix="grpo-edu-chapter-10-"))   # print(RUNS) to look inside
 SETTINGS = ["steps=5", "eval_size=32", "threads=1", "progress=false", "checkpoint_every=0"]
 
 

@@ -212,7 +212,7 @@ schematics.rollouts_in_flight(k=2)
 # %% tags=["platform-numerics"]
 config = TrainConfig.from_toml(home.path("configs/cpu-tiny.toml"), [
     "steps=4", "eval_every=1000", "eval_size=16", "checkpoint_every=0", "progress=false",
-    "output_dir='runs/chapter-10/four-updates'"])
+    "output_dir='runs/chapter-12/four-updates'"])
 then, tokenizer = load_policy()
 engine = placement.make_engine(config, placement.build_models(config, World(), then), tokenizer)
 torch.manual_seed(0)
