@@ -1,10 +1,14 @@
 """Other ways of computing a `make train` step, each timed against what the step does now, on the
 shapes of a real step: what was tried on the way to 3x TRL's speed (docs/training.md, "Why not 3x").
 
-    python benchmarks/speed_probes.py [--warmup 40] [--repeats 30] [--threads 2] [--out FILE]
+    python benchmarks/speed_probes.py [--config FILE] [--probes attention,compile,threads] [--warmup 40]
+                                      [--repeats 30] [--threads 2] [--out FILE]
     ATEN_CPU_CAPABILITY=avx2 python benchmarks/speed_probes.py --out benchmarks/results/speed_probes_avx2.json
+    python benchmarks/speed_probes.py --config configs/cpu-reasoning.toml --probes attention \
+        --out benchmarks/results/speed_probes_digitsum.json
 
-The run is configs/cpu-first-run.toml's (make train's). After --warmup training steps the script
+The run is configs/cpu-first-run.toml's (make train's), or --config's. --probes names the probes to
+run (default all three, below). After --warmup training steps the script
 keeps the last step's rollout and times each probe. The ways compared alternate call by call, so
 that the machine's drift falls on all of them; each gets its median ms and, against the first (what
 the step does now), the median of the paired differences with its 95% interval (`timed`):
@@ -51,6 +55,7 @@ from profile_step import check_positive, quiet_run, write_results
 
 OUT = Path(__file__).parent / "results" / "speed_probes.json"
 CONFIG = Path(__file__).resolve().parents[1] / "configs" / "cpu-first-run.toml"
+PROBES = ("attention", "compile", "threads")
 
 
 def timed(functions: dict, repeats: int, warmup: int = 3) -> dict:
@@ -170,6 +175,8 @@ def compile_probe(model, flat, group_size: int, repeats: int) -> dict:
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--config", default=str(CONFIG), help="TOML config (default: configs/cpu-first-run.toml)")
+    parser.add_argument("--probes", default=",".join(PROBES), help=f"comma-separated, of {', '.join(PROBES)}")
     parser.add_argument("--warmup", type=int, default=40, help="training steps before the probes")
     parser.add_argument("--repeats", type=int, default=30)
     parser.add_argument("--threads", type=int, default=2)
@@ -178,12 +185,18 @@ def main(argv=None) -> int:
     check_positive(parser, args, ("warmup", "repeats", "threads"))
     if args.repeats < 6:
         parser.error(f"--repeats: expected at least 6 (for a 95% interval of paired differences), got {args.repeats}")
+    probes = args.probes.split(",")
+    if not probes or any(probe not in PROBES for probe in probes):
+        parser.error(f"--probes: expected a comma-separated list of {', '.join(PROBES)}, got {args.probes!r}")
+    config_path = Path(args.config)
+    if not config_path.is_file():
+        parser.error(f"--config: expected a TOML config file, got {args.config!r} (no such file)")
 
     from grpo_edu.sampling import fused_llama
     from grpo_edu.training import trainer
 
     with tempfile.TemporaryDirectory() as directory:
-        run = quiet_run(CONFIG, args.warmup + 1, args.threads, directory)
+        run = quiet_run(config_path, args.warmup + 1, args.threads, directory)
         kept: dict = {}
         optimise, rollout_next = run.optimise, run.rollouts.next
 
@@ -200,41 +213,44 @@ def main(argv=None) -> int:
         batch, model = kept["batch"], run.models.policy
         flat = batch.flat()
 
-        # The q, k, v and mask of the update's first layer, as the fused forward builds them.
-        attend = fused_llama._attend
-        seen: list = []
+        payload = {}
+        if "attention" in probes:
+            # The q, k, v and mask of the update's first layer, as the fused forward builds them.
+            attend = fused_llama._attend
+            seen: list = []
 
-        def capture(q, k, v, mask, weights, layout=None):
-            seen.append(tuple(t.detach().transpose(1, 2) for t in (q, k, v)) + (mask,))   # (B, heads, L, D)
-            return attend(q, k, v, mask, weights, layout)
+            def capture(q, k, v, mask, weights, layout=None):
+                seen.append(tuple(t.detach().transpose(1, 2) for t in (q, k, v)) + (mask,))   # (B, heads, L, D)
+                return attend(q, k, v, mask, weights, layout)
 
-        fused_llama._attend = capture
-        try:
-            with torch.no_grad():
-                fused_llama.completion_logprobs(model, flat["input_ids"], flat["attention_mask"],
-                                                flat["completion_mask"], group_size=batch.group_size)
-        finally:
-            fused_llama._attend = attend
-        weights = fused_llama.fuse(model)
-        attention = attention_probe(batch, seen[0], weights.heads, weights.head_dim, args.repeats)
-        compiled = compile_probe(model, flat, batch.group_size, 3 * args.repeats)   # a small difference: more calls
-
-        rollout_args, rollout_options = kept["rollout"]
-        sample = {}
-        for threads in (args.threads, 1):
-            def one_rollout(threads=threads):
-                torch.set_num_threads(threads)
-                rollout_next(*rollout_args, **rollout_options)
-            sample[f"{threads} thread{'s' * (threads > 1)}"] = one_rollout
-        threads = timed(sample, max(6, args.repeats // 3))
-        torch.set_num_threads(args.threads)
+            fused_llama._attend = capture
+            try:
+                with torch.no_grad():
+                    fused_llama.completion_logprobs(model, flat["input_ids"], flat["attention_mask"],
+                                                    flat["completion_mask"], group_size=batch.group_size)
+            finally:
+                fused_llama._attend = attend
+            weights = fused_llama.fuse(model)
+            payload["attention"] = attention_probe(batch, seen[0], weights.heads, weights.head_dim, args.repeats)
+        if "compile" in probes:   # a small difference: more calls
+            payload["compile"] = compile_probe(model, flat, batch.group_size, 3 * args.repeats)
+        if "threads" in probes:
+            rollout_args, rollout_options = kept["rollout"]
+            sample = {}
+            for threads in (args.threads, 1):
+                def one_rollout(threads=threads):
+                    torch.set_num_threads(threads)
+                    rollout_next(*rollout_args, **rollout_options)
+                sample[f"{threads} thread{'s' * (threads > 1)}"] = one_rollout
+            payload["sampler_threads"] = timed(sample, max(6, args.repeats // 3))
+            torch.set_num_threads(args.threads)
 
     payload = {
-        "written_by": "benchmarks/speed_probes.py", "config": CONFIG.name, "warmup": args.warmup,
+        "written_by": "benchmarks/speed_probes.py", "config": config_path.name, "warmup": args.warmup,
         "repeats": args.repeats, "threads": args.threads, "torch": torch.__version__,
         "cpu_capability": torch.backends.cpu.get_cpu_capability(),
         "ATEN_CPU_CAPABILITY": os.environ.get("ATEN_CPU_CAPABILITY", ""), "machine": platform.machine(),
-        "attention": attention, "compile": compiled, "sampler_threads": threads,
+        **payload,
     }
     write_results(Path(args.out), payload, report(payload))
     return 0
@@ -281,15 +297,18 @@ def report(payload: dict) -> str:
         return f"  {title}: {figures}" + (f" (paired, 95%: {against})" if against else "")
 
     lines = [f"speed probes, {payload['config']}, {payload['threads']} threads, "
-             f"{payload['cpu_capability']} kernels (median ms)",
-             line("attention of one layer, forward + backward", payload["attention"]),
-             line("the update's fused forward + backward", payload["compile"])]
-    compiled = payload["compile"]
-    if "compile_seconds" in compiled:
-        lines.append(f"    compiling took {compiled['compile_seconds']} s")
-    if "failed" in compiled:
-        lines.append(f"    torch.compile failed: {compiled['failed']}")
-    lines.append(line("one rollout", payload["sampler_threads"]))
+             f"{payload['cpu_capability']} kernels (median ms)"]
+    if "attention" in payload:
+        lines.append(line("attention of one layer, forward + backward", payload["attention"]))
+    if "compile" in payload:
+        lines.append(line("the update's fused forward + backward", payload["compile"]))
+        compiled = payload["compile"]
+        if "compile_seconds" in compiled:
+            lines.append(f"    compiling took {compiled['compile_seconds']} s")
+        if "failed" in compiled:
+            lines.append(f"    torch.compile failed: {compiled['failed']}")
+    if "sampler_threads" in payload:
+        lines.append(line("one rollout", payload["sampler_threads"]))
     return "\n".join(lines)
 
 

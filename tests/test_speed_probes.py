@@ -101,12 +101,37 @@ def test_a_short_run_writes_every_figure(tmp_path, capsys, monkeypatch):
     assert torch.get_num_threads() == 1
 
 
+def test_config_and_probes_choose_the_run_and_what_is_timed(tmp_path, capsys):
+    """--config trains another config's step (the digit sum: longer completions, another base), and
+    --probes runs only the probes named: here attention, with neither compile nor the sampler timed."""
+    out = tmp_path / "probes.json"
+    config = ROOT / "configs" / "cpu-reasoning.toml"
+    assert speed_probes.main(["--config", str(config), "--probes", "attention", "--warmup", "1",
+                              "--repeats", "6", "--threads", "1", "--out", str(out)]) == 0
+    payload = json.loads(out.read_text())
+    assert payload["config"] == "cpu-reasoning.toml"
+    assert "attention" in payload and "compile" not in payload and "sampler_threads" not in payload
+    B, heads, L, D = payload["attention"]["shapes"]["packed"]
+    assert B == 16 and payload["attention"]["shapes"]["completions"][0] == 128
+    # the digit-sum base's prompts ("a3b8c5d1e9=" and longer) are longer than make train's ("47+85=")
+    assert payload["attention"]["shapes"]["prompts"][2] > 7
+    text = capsys.readouterr().out
+    assert "attention of one layer" in text and "one rollout" not in text and "compiling" not in text
+
+
 def test_bad_arguments_are_one_line(capsys):
     with pytest.raises(SystemExit):
         speed_probes.main(["--repeats", "0"])
     with pytest.raises(SystemExit):
         speed_probes.main(["--repeats", "5"])   # a 95% sign-test interval needs 6 pairs
     assert "--repeats: expected at least 6 (for a 95% interval of paired differences), got 5" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        speed_probes.main(["--probes", "attention,speed"])
+    assert ("--probes: expected a comma-separated list of attention, compile, threads, got 'attention,speed'"
+            in capsys.readouterr().err)
+    with pytest.raises(SystemExit):
+        speed_probes.main(["--config", "no-such.toml"])
+    assert "--config: expected a TOML config file, got 'no-such.toml' (no such file)" in capsys.readouterr().err
 
 
 def test_the_docs_quote_the_results():
@@ -140,3 +165,42 @@ def test_the_docs_quote_the_results():
             and f"{python:.1f} ms ({python / total:.0%})" in section
             and f"about {without:.3f} s: {trl / without:.2f}x" in section
             and f"means {trl / 3:.3f} s a step, not {ours:.3f}" in section)
+
+
+def test_the_docs_say_where_the_digit_sum_steps_time_goes():
+    """docs/training.md, "The digit-sum step": every figure is the committed files', and "wins" or
+    "loses" only where the paired interval excludes zero."""
+    doc = (ROOT / "docs" / "training.md").read_text()
+    section = " ".join(doc.split("### The digit-sum step: where its time goes")[1].split("## Speed")[0].split())
+    results = ROOT / "benchmarks" / "results"
+    profile = json.loads((results / "profile_step_digitsum.json").read_text())
+    probe = json.loads((results / "speed_probes_digitsum.json").read_text())
+    first_run = json.loads((results / "profile_step_first_run.json").read_text())["profiled_ms"]["update"]
+    make_train = json.loads((results / "speed_probes_avx2.json").read_text())["attention"]["minus_first"]["per completion"]
+    assert profile["config"] == probe["config"] == "cpu-reasoning.toml" and profile["warmup"] == probe["warmup"] == 30
+    measured, floor, update = profile["measured_ms"], profile["floor"]["ms"], profile["profiled_ms"]["update"]
+    tokens = profile["tokens_per_step"]
+    attention = probe["attention"]
+    per_completion = attention["minus_first"]["per completion"]
+    low, high = per_completion["interval"]
+    assert high < 0 < make_train["interval"][0]       # a win here, a loss on make train's step
+    layers = json.loads((ROOT / "grpo_edu" / "assets" / "tiny-digitsum-start" / "config.json").read_text())[
+        "num_hidden_layers"]
+    for phrase in [
+        f"The step took {measured['step']:,.1f} ms: the rollout {measured['rollout']:.1f} (floor {floor['rollout']:.1f}), "
+        f"the update {measured['update']:.1f} (floor {floor['update']:.1f})",
+        f"a completion has {tokens['completion_tokens'] / tokens['completions']:.1f} tokens on average",
+        f"{profile['decode_steps_per_rollout']} decode steps a rollout, {profile['ms_per_decode_step']} ms each",
+        f"attention took {update['attention']:.1f} of {update['total']:.1f} ms, beside {update['matrix products']:.1f} ms",
+        f"On make train's step it is {first_run['attention']:.1f} of {first_run['total']:.1f} ms",
+        f"one row of {attention['shapes']['packed'][2]} columns",
+        f"its prompt and itself: {attention['shapes']['keys per completion']} keys",
+        f"in {attention['ms']['per completion']:.2f} ms instead of {attention['ms']['packed']:.2f}: "
+        f"{per_completion['median']:+.2f} ms [{low:+.2f}, {high:+.2f}]",
+        f"Over {layers} layers that is about {-layers * per_completion['median'] / measured['update']:.0%} of the update",
+        f"loses ({make_train['median']:+.2f} ms on AVX2",
+    ]:
+        assert phrase in section, phrase
+    ratio = json.loads((results / "vs_trl_digitsum.json").read_text())["speed_vs_trl"]["grpo_edu"]
+    assert ratio["low"] < 3 < ratio["high"] and ratio["ratio"] < 3
+    assert f"{ratio['ratio']:.2f}x [{ratio['low']:.2f}, {ratio['high']:.2f}]" in section
