@@ -213,7 +213,7 @@ def main(argv=None) -> int:
         batch, model = kept["batch"], run.models.policy
         flat = batch.flat()
 
-        payload = {}
+        probed = {}
         if "attention" in probes:
             # The q, k, v and mask of the update's first layer, as the fused forward builds them.
             attend = fused_llama._attend
@@ -231,9 +231,9 @@ def main(argv=None) -> int:
             finally:
                 fused_llama._attend = attend
             weights = fused_llama.fuse(model)
-            payload["attention"] = attention_probe(batch, seen[0], weights.heads, weights.head_dim, args.repeats)
+            probed["attention"] = attention_probe(batch, seen[0], weights.heads, weights.head_dim, args.repeats)
         if "compile" in probes:   # a small difference: more calls
-            payload["compile"] = compile_probe(model, flat, batch.group_size, 3 * args.repeats)
+            probed["compile"] = compile_probe(model, flat, batch.group_size, 3 * args.repeats)
         if "threads" in probes:
             rollout_args, rollout_options = kept["rollout"]
             sample = {}
@@ -242,7 +242,7 @@ def main(argv=None) -> int:
                     torch.set_num_threads(threads)
                     rollout_next(*rollout_args, **rollout_options)
                 sample[f"{threads} thread{'s' * (threads > 1)}"] = one_rollout
-            payload["sampler_threads"] = timed(sample, max(6, args.repeats // 3))
+            probed["sampler_threads"] = timed(sample, max(6, args.repeats // 3))
             torch.set_num_threads(args.threads)
 
     payload = {
@@ -250,7 +250,7 @@ def main(argv=None) -> int:
         "repeats": args.repeats, "threads": args.threads, "torch": torch.__version__,
         "cpu_capability": torch.backends.cpu.get_cpu_capability(),
         "ATEN_CPU_CAPABILITY": os.environ.get("ATEN_CPU_CAPABILITY", ""), "machine": platform.machine(),
-        **payload,
+        **probed,
     }
     write_results(Path(args.out), payload, report(payload))
     return 0

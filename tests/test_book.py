@@ -91,12 +91,21 @@ def _book_with_a_path(tmp_path, path_toml: str):
     return root, toml
 
 
-def test_manifest_reader_paths_name_chapters_of_the_book(tmp_path):
-    root, toml = _book_with_a_path(tmp_path, 'name = "Fast"\nwho = "you"\nchapters = [1, 7]')
-    with pytest.raises(book.ManifestError, match=r"\[\[paths\]\] 'Fast': chapters \[7\] are not in the book"):
+@pytest.mark.parametrize("path_toml, error, wrong, right, field", [
+    # a path names only chapters of the book
+    ('name = "Fast"\nwho = "you"\nchapters = [1, 7]', r"\[\[paths\]\] 'Fast': chapters \[7\] are not in the book",
+     "[1, 7]", "[1]", "chapters"),
+    # its optional chapters are chapters of the path
+    ('name = "P"\nwho = "you"\nchapters = [1]\noptional = [2]',
+     r"\[\[paths\]\] 'P': optional must list chapters of the path", "optional = [2]", "optional = [1]", "optional"),
+])
+def test_manifest_reader_paths_are_refused_until_they_hold_chapters_of_the_book(tmp_path, path_toml, error, wrong,
+                                                                               right, field):
+    root, toml = _book_with_a_path(tmp_path, path_toml)
+    with pytest.raises(book.ManifestError, match=error):
         book.load_book(root)
-    (root / "book.toml").write_text(toml.replace("[1, 7]", "[1]"))
-    assert book.load_book(root).paths[0].chapters == (1,)
+    (root / "book.toml").write_text(toml.replace(wrong, right))
+    assert getattr(book.load_book(root).paths[0], field) == (1,)
 
 
 def test_the_book_map_follows_the_manifest():
@@ -108,14 +117,6 @@ def test_the_book_map_follows_the_manifest():
     assert BOOK.parts and all(c.part in BOOK.parts for c in BOOK.chapters)
     assert all(n < c.number for c in BOOK.chapters for n in c.needs)
     assert not path_problems(BOOK), path_problems(BOOK)
-
-
-def test_manifest_optional_chapters_belong_to_their_path(tmp_path):
-    root, toml = _book_with_a_path(tmp_path, 'name = "P"\nwho = "you"\nchapters = [1]\noptional = [2]')
-    with pytest.raises(book.ManifestError, match=r"\[\[paths\]\] 'P': optional must list chapters of the path"):
-        book.load_book(root)
-    (root / "book.toml").write_text(toml.replace("optional = [2]", "optional = [1]"))
-    assert book.load_book(root).paths[0].optional == (1,)
 
 
 def test_building_accepts_a_notebook_not_yet_run(tmp_path):
